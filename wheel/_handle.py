@@ -1,0 +1,130 @@
+"""The timer handle: what ``schedule()`` returns, and the wheel's entry at the same time.
+
+A handle is one object with six slots (about 80 bytes); a pending timer costs that, its
+deadline ``int``, and one entry in a bucket ``dict``.
+
+States, read off the fields (no separate state field, to keep the object small):
+
+==========  =================  ======================================
+state       ``_bucket``        ``_callback``
+==========  =================  ======================================
+pending     a bucket ``dict``  the callback
+fired       ``None``           ``_FIRED``
+cancelled   ``None``           ``None`` (callback and args dropped)
+closed out  ``None``           the callback (``close()`` returned it)
+==========  =================  ======================================
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ._core import Entry
+
+if TYPE_CHECKING:
+    from ._driver import TimingWheel
+
+__all__ = ["Timer"]
+
+
+def _FIRED() -> None:  # a sentinel that is also a valid callback
+    """Stands in for the callback of a timer that has fired."""
+
+
+class Timer(Entry):
+    """A pending call, like :class:`asyncio.TimerHandle`. Made by ``TimingWheel.schedule``.
+
+    Not thread-safe: use it from the loop's thread (``loop.call_soon_threadsafe(t.cancel)``
+    from others).
+    """
+
+    __slots__ = ("_args", "_callback", "_context", "_wheel")
+
+    _callback: Callable[..., object] | None  # the function; see the state table above
+    _args: tuple[Any, ...] | None  # its positional arguments; None once dropped
+    _context: contextvars.Context | None  # context to run in; None: the wheel's own
+    _wheel: TimingWheel  # owner, for the tick, the loop's clock and the pending count
+
+    def cancel(self) -> bool:
+        """Cancel the timer, dropping its callback and arguments at once.
+
+        Returns:
+            True if this call prevented the callback from running; False if it had
+            already run, been cancelled, or been returned by ``close()``.
+
+        Runtime complexity: O(1).
+        """
+        bucket = self._bucket
+        if bucket is None:
+            return False
+        del bucket[self]
+        self._bucket = None
+        self._callback = None
+        self._args = None
+        self._context = None
+        wheel = self._wheel
+        core = wheel._core
+        core._len -= 1
+        if not core._len:
+            wheel._disarm()
+        return True
+
+    def cancelled(self) -> bool:
+        """Return True if the timer will not run: cancelled, or returned by ``close()``."""
+        return self._bucket is None and self._callback is not _FIRED
+
+    def pending(self) -> bool:
+        """Return True if the timer is still to run."""
+        return self._bucket is not None
+
+    def when(self) -> float:
+        """Return the loop time the timer is due at: its deadline rounded up to a tick."""
+        return self._deadline * self._wheel._tick
+
+    def reschedule(self, delay: float) -> bool:
+        """Move a pending timer to ``delay`` seconds from now, as if newly scheduled.
+
+        The handle is reused (no allocation), and the timer goes to the back of the queue
+        of its new tick. The idle-timeout reset of a network server.
+
+        Returns:
+            True if the timer was pending and was moved; False if it had already fired
+            or been cancelled (then nothing changes).
+
+        Raises:
+            ValueError: ``delay`` is negative, NaN or infinite.
+            TypeError: ``delay`` is not a real number.
+
+        Runtime complexity: O(1).
+        """
+        wheel = self._wheel
+        return wheel._move(self, wheel._when_after(delay))
+
+    def reschedule_at(self, when: float) -> bool:
+        """Move a pending timer to loop time ``when``; see :meth:`reschedule`."""
+        wheel = self._wheel
+        return wheel._move(self, wheel._check_when(when))
+
+    @property
+    def callback(self) -> Callable[..., object] | None:
+        """The callback; None once the timer has fired or been cancelled."""
+        cb = self._callback
+        return None if cb is _FIRED else cb
+
+    @property
+    def args(self) -> tuple[Any, ...]:
+        """The callback's positional arguments; empty once dropped."""
+        return self._args or ()
+
+    def __repr__(self) -> str:
+        if self._bucket is not None:
+            state = f"pending when={self.when():.6f}"
+        elif self._callback is _FIRED:
+            state = "fired"
+        else:
+            state = "cancelled"
+        cb = self.callback
+        name = getattr(cb, "__qualname__", repr(cb)) if cb is not None else "-"
+        return f"<Timer {state} {name}>"

@@ -1,0 +1,154 @@
+"""Timeouts and sleeps on a wheel, with asyncio's names and semantics.
+
+:class:`Timeout` mirrors :class:`asyncio.Timeout` (``when()``, ``reschedule(when)``,
+``expired()``, :class:`TimeoutError` on expiry, nesting and ``uncancel`` handled the same
+way), so ``asyncio.timeout`` -> ``tickwheel.wheel.timeout`` is a one-name change. The
+difference is the cost of ``reschedule``: it moves the wheel timer in O(1) and allocates
+nothing, where asyncio cancels a heap entry and pushes a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from types import TracebackType
+from typing import TYPE_CHECKING, TypeVar, final
+
+if TYPE_CHECKING:
+    from ._driver import TimingWheel
+    from ._handle import Timer
+
+__all__ = ["Timeout", "sleep_on"]
+
+T = TypeVar("T")
+
+
+class _State(enum.Enum):
+    CREATED = "created"
+    ENTERED = "active"
+    EXPIRING = "expiring"
+    EXPIRED = "expired"
+    EXITED = "finished"
+
+
+@final
+class Timeout:
+    """An ``async with`` block that cancels the current task at a loop time.
+
+    Make one with :func:`tickwheel.wheel.timeout` / :func:`~tickwheel.wheel.timeout_at`
+    or ``TimingWheel.timeout``; not directly.
+    """
+
+    __slots__ = ("_cancelling", "_state", "_task", "_timer", "_wheel", "_when")
+
+    def __init__(self, wheel: TimingWheel, when: float | None) -> None:
+        self._wheel = wheel  # the wheel the expiry is scheduled on
+        self._when = when  # deadline as given (loop time); None: never
+        self._state = _State.CREATED
+        self._timer: Timer | None = None  # the pending expiry, while entered
+        self._task: asyncio.Task[object] | None = None  # the task to cancel
+        self._cancelling = 0  # the task's cancelling() on entry, to tell our cancel apart
+
+    def when(self) -> float | None:
+        """Return the deadline (loop time), or None if it never expires."""
+        return self._when
+
+    def reschedule(self, when: float | None) -> None:
+        """Move the deadline to loop time ``when`` (None: never). O(1), no allocation.
+
+        Raises:
+            RuntimeError: the block has not been entered, or has expired or exited.
+            ValueError: ``when`` is NaN.
+        """
+        if self._state is not _State.ENTERED:
+            if self._state is _State.CREATED:
+                raise RuntimeError("Timeout has not been entered")
+            raise RuntimeError(f"Cannot change state of {self._state.value} Timeout")
+        if when is not None and when != when:  # noqa: PLR0124
+            raise ValueError("when must be a number or None, got nan")
+        self._when = when
+        timer = self._timer
+        if when is None or when == float("inf"):
+            if timer is not None:
+                timer.cancel()
+                self._timer = None
+        elif timer is None or not timer.reschedule_at(when):
+            self._timer = self._wheel.schedule_at(when, self._on_timeout)
+
+    def expired(self) -> bool:
+        """Return True if the timeout expired while the block ran."""
+        return self._state is _State.EXPIRING or self._state is _State.EXPIRED
+
+    def __repr__(self) -> str:
+        when = ""
+        if self._state is _State.ENTERED and self._when is not None:
+            when = f" when={round(self._when, 3)}"
+        return f"<Timeout [{self._state.value}]{when}>"
+
+    async def __aenter__(self) -> Timeout:
+        if self._state is not _State.CREATED:
+            raise RuntimeError("Timeout has already been entered")
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("Timeout should be used inside a task")
+        self._state = _State.ENTERED
+        self._task = task
+        self._cancelling = task.cancelling()
+        self.reschedule(self._when)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> bool | None:
+        timer = self._timer
+        if timer is not None:
+            timer.cancel()
+            self._timer = None
+        if self._state is _State.EXPIRING:
+            self._state = _State.EXPIRED
+            assert self._task is not None
+            if self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
+                # No one else asked to cancel the task: the cancellation is ours.
+                raise TimeoutError from exc_val
+        elif self._state is _State.ENTERED:
+            self._state = _State.EXITED
+        return None
+
+    def _on_timeout(self) -> None:
+        assert self._state is _State.ENTERED
+        assert self._task is not None
+        self._task.cancel()
+        self._state = _State.EXPIRING
+        self._timer = None
+
+
+def _wake(future: asyncio.Future[T], result: T) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+async def sleep_on(wheel: TimingWheel, delay: float, result: T) -> T:
+    """Sleep ``delay`` seconds on ``wheel``; the body of ``sleep`` and ``wheel.sleep``.
+
+    Raises:
+        ValueError: ``delay`` is NaN.
+        TypeError: ``delay`` is not a real number.
+    """
+    if isinstance(delay, bool) or not isinstance(delay, int | float):
+        raise TypeError(f"delay must be a real number, got {delay!r}")
+    if delay != delay:  # noqa: PLR0124
+        raise ValueError("delay must be a number, got nan")
+    if delay <= 0:
+        await asyncio.sleep(0)
+        return result
+    future: asyncio.Future[T] = wheel.loop.create_future()
+    if delay == float("inf"):
+        return await future  # as asyncio.sleep(inf): until cancelled
+    timer = wheel.schedule(delay, _wake, future, result)
+    try:
+        return await future
+    finally:
+        timer.cancel()
