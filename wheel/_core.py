@@ -26,6 +26,10 @@ Ground rules (asserted by :meth:`Core._check`):
    the driver has neither fired nor cancelled yet.
 5. All entries of level ``L`` share with ``elapsed`` every bit above level ``L``'s group,
    hence the lowest non-empty level holds the earliest deadline.
+6. ``fired <= elapsed``: ``fired`` is the tick of the last level-0 bucket handed out. A new
+   deadline is raised to ``max(elapsed, fired + 1)``: an overdue timer joins the current
+   tick if that tick has not been handed out, and the next one if it has, so a callback
+   that reschedules itself at delay 0 cannot spin inside one ``pop_due`` loop.
 
 An entry is removed by deleting it from ``entry._bucket``; the bucket handed out by
 ``pop_due`` keeps working for that, so a callback may cancel a timer that is due in the
@@ -91,12 +95,13 @@ class Core(Generic[E]):
         elapsed: the tick to start at; nothing earlier can be scheduled.
     """
 
-    __slots__ = ("_buckets", "_elapsed", "_len", "_occupied")
+    __slots__ = ("_buckets", "_elapsed", "_fired", "_len", "_occupied")
 
     def __init__(self, elapsed: int = 0) -> None:
         if elapsed < 0:
             raise ValueError(f"elapsed must be >= 0, got {elapsed}")
         self._elapsed = elapsed  # current tick; every entry due before it has been handed out
+        self._fired = -1  # tick of the last level-0 bucket handed out (rule 6)
         self._buckets: list[list[dict[E, None]]] = []  # [level][slot] -> ordered set
         self._occupied: list[int] = []  # [level] -> bitmap of possibly non-empty slots
         self._len = 0  # pending entries, including those handed out and not yet fired
@@ -111,18 +116,14 @@ class Core(Generic[E]):
         return self._elapsed
 
     def insert(self, entry: E, deadline: int) -> int:
-        """Place a new entry, due at ``deadline`` (clamped to after ``elapsed``).
-
-        A deadline at or before ``elapsed`` is placed at ``elapsed + 1``: such an entry is
-        overdue, and placing it at the current tick could make a callback that keeps
-        rescheduling itself at delay 0 spin inside a single ``pop_due`` loop.
+        """Place a new entry, due at ``deadline`` (an overdue one is raised, rule 6).
 
         Returns:
             The deadline used. Runtime complexity: O(1).
         """
         self._len += 1
         if deadline <= self._elapsed:
-            deadline = self._elapsed + 1
+            deadline = self._elapsed if self._elapsed > self._fired else self._fired + 1
         self._place(entry, deadline)
         return deadline
 
@@ -137,7 +138,7 @@ class Core(Generic[E]):
             raise ValueError(f"{entry!r} is not pending")
         del bucket[entry]
         if deadline <= self._elapsed:
-            deadline = self._elapsed + 1
+            deadline = self._elapsed if self._elapsed > self._fired else self._fired + 1
         self._place(entry, deadline)
         return deadline
 
@@ -198,16 +199,22 @@ class Core(Generic[E]):
         return None
 
     def next_deadline(self) -> int | None:
-        """Return the tick at which the driver must next call :meth:`pop_due`, or None.
+        """Return the earliest deadline of all pending entries, or None when empty.
 
-        It is the start of the earliest non-empty bucket: the exact deadline at level 0,
-        the moment to cascade at higher levels. Runtime complexity: O(levels).
+        By rule 5 it lies in the earliest non-empty bucket: exact at level 0; at a higher
+        level the bucket is scanned for its minimum, so the driver sleeps until the first
+        deadline instead of waking at the bucket's start only to cascade. Each entry is
+        scanned at most once per level, like cascading itself.
+
+        Runtime complexity: O(levels), plus O(bucket) above level 0.
         """
         found = self._earliest()
         if found is None:
             return None
         level, slot = found
-        return slot_start(self._elapsed, level, slot)
+        if level == 0:
+            return slot_start(self._elapsed, 0, slot)
+        return min(entry._deadline for entry in self._buckets[level][slot])
 
     def pop_due(self, now: int) -> dict[E, None] | None:
         """Hand out the next bucket of entries due at or before ``now``, or None.
@@ -239,6 +246,7 @@ class Core(Generic[E]):
             occupied[level] &= ~(1 << slot)
             self._elapsed = start
             if level == 0:
+                self._fired = start
                 return bucket
             place = self._place
             for entry in bucket:
@@ -297,6 +305,7 @@ class Core(Generic[E]):
         try:
             count = 0
             elapsed = self._elapsed
+            assert self._fired <= elapsed, f"fired {self._fired} > elapsed {elapsed}"
             assert len(self._buckets) == len(self._occupied), "levels and bitmaps differ"
             for level, level_buckets in enumerate(self._buckets):
                 assert len(level_buckets) == SLOTS, f"level {level} has {len(level_buckets)}"
@@ -321,7 +330,7 @@ class Core(Generic[E]):
             raise AssertionError(f"{exc}\n{self._dump()}") from None
 
     def _dump(self) -> str:
-        lines = [f"Core(elapsed={self._elapsed}, len={self._len})"]
+        lines = [f"Core(elapsed={self._elapsed}, fired={self._fired}, len={self._len})"]
         for level, level_buckets in enumerate(self._buckets):
             lines.append(f"  level {level} occupied={self._occupied[level]:#x}")
             for slot, bucket in enumerate(level_buckets):

@@ -278,14 +278,15 @@ class TimingWheel:
         )
 
     def _check(self) -> None:
-        """Assert the core's and the driver's invariants (for tests)."""
+        """Assert the core's and the driver's invariants (for tests). O(n)."""
         self._core._check()
-        expected = self._core.next_deadline()
-        if expected is None:
+        if self._core._len == 0:
             assert self._handle is None, "armed while empty"
         else:
-            assert self._armed_tick <= expected, (
-                f"armed for tick {self._armed_tick}, earliest bucket starts at {expected}"
+            earliest = min(t._deadline for t in self._core)
+            assert self._handle is not None, "not armed while timers are pending"
+            assert self._armed_tick <= earliest, (
+                f"armed for tick {self._armed_tick}, a timer is due at tick {earliest}"
             )
 
     def __repr__(self) -> str:

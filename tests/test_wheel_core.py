@@ -1,0 +1,249 @@
+"""The pure core on integer ticks: slot arithmetic tables and edge cases."""
+
+from __future__ import annotations
+
+import pytest
+
+from tickwheel.wheel._core import BITS, MASK, SLOTS, Core, Entry, level_for, locate, slot_start
+
+
+class E(Entry):
+    __slots__ = ("name",)
+
+    def __init__(self, name: object) -> None:
+        self.name = name
+        self._bucket = None
+
+    def __repr__(self) -> str:
+        return f"E({self.name!r})"
+
+
+def drain_due(core: Core[E], now: int) -> list[E]:
+    """Fire everything due at or before ``now`` the way the driver does."""
+    out: list[E] = []
+    while (bucket := core.pop_due(now)) is not None:
+        for entry in list(bucket):
+            if entry._bucket is bucket:
+                entry._bucket = None
+                core._len -= 1
+                out.append(entry)
+        core._check()
+    core._check()
+    return out
+
+
+def test_constants_are_a_power_of_two() -> None:
+    assert SLOTS == 1 << BITS
+    assert MASK == SLOTS - 1
+
+
+@pytest.mark.parametrize(
+    ("elapsed", "deadline", "level"),
+    [
+        (0, 0, 0),
+        (0, 1, 0),
+        (0, 63, 0),
+        (0, 64, 1),
+        (63, 64, 1),
+        (64, 127, 0),
+        (0, 4095, 1),
+        (0, 4096, 2),
+        (4095, 4096, 2),
+        (0, 64**3 - 1, 2),
+        (0, 64**3, 3),
+        (0, 64**6, 6),
+        (0, 2**63, 10),
+        (0, 2**200, 33),
+        (1_000_000, 1_000_001, 0),
+        (1_000_000, 1_000_000 + 64, 1),
+        (2**64 - 1, 2**64, 10),
+    ],
+)
+def test_level_for(elapsed: int, deadline: int, level: int) -> None:
+    assert level_for(elapsed, deadline) == level
+
+
+@pytest.mark.parametrize(
+    ("elapsed", "deadline", "where"),
+    [
+        (0, 5, (0, 5)),
+        (0, 64, (1, 1)),
+        (0, 65, (1, 1)),
+        (0, 64 * 63, (1, 63)),
+        (0, 4096 + 64 * 3 + 7, (2, 1)),
+        (100, 100, (0, 100 & MASK)),
+        (64 * 5 + 3, 64 * 5 + 60, (0, 60)),
+        (64 * 5 + 3, 64 * 6, (1, 6)),
+    ],
+)
+def test_locate(elapsed: int, deadline: int, where: tuple[int, int]) -> None:
+    assert locate(elapsed, deadline) == where
+
+
+@pytest.mark.parametrize(
+    ("elapsed", "level", "slot", "start"),
+    [
+        (0, 0, 5, 5),
+        (70, 0, 10, 74),  # level 0 of the range 64..127
+        (70, 1, 2, 128),
+        (5000, 1, 3, 4096 + 192),
+        (5000, 2, 5, 5 * 4096),
+        (2**40 + 3, 2, 1, 2**40 + 4096),
+    ],
+)
+def test_slot_start(elapsed: int, level: int, slot: int, start: int) -> None:
+    assert slot_start(elapsed, level, slot) == start
+
+
+def test_deadline_in_the_past_joins_the_current_tick() -> None:
+    core: Core[E] = Core(100)
+    assert core.insert(E("late"), 50) == 100
+    assert core.insert(E("now"), 100) == 100
+    assert [x.name for x in drain_due(core, 100)] == ["late", "now"]
+    # Tick 100 has been handed out: overdue timers now go to the next one.
+    assert core.insert(E("later"), 99) == 101
+    assert drain_due(core, 100) == []
+    assert [x.name for x in drain_due(core, 101)] == ["later"]
+
+
+def test_fires_exactly_at_deadline_at_every_level() -> None:
+    core: Core[E] = Core(0)
+    deadlines = [1, 63, 64, 65, 4095, 4096, 4097, 64**3 + 1, 64**4 * 3 + 17]
+    for d in deadlines:
+        core.insert(E(d), d)
+    core._check()
+    for d in deadlines:
+        assert drain_due(core, d - 1) == [], f"{d} fired early"
+        assert [x.name for x in drain_due(core, d)] == [d]
+    assert len(core) == 0
+
+
+def test_unbounded_horizon() -> None:
+    core: Core[E] = Core(7)
+    far = 2**200 + 12345
+    e = E("far")
+    assert core.insert(e, far) == far
+    core._check()
+    assert core.next_deadline() is not None
+    assert drain_due(core, far - 1) == []
+    assert drain_due(core, far) == [e]
+    assert len(core._buckets) == 34
+
+
+def test_catch_up_costs_occupied_buckets_not_elapsed_ticks() -> None:
+    class Counting(Core[E]):
+        visits = 0
+
+        def _earliest(self) -> tuple[int, int] | None:
+            self.visits += 1
+            return super()._earliest()
+
+    core = Counting(0)
+    deadlines = [10, 10**6, 10**9, 10**12]
+    for d in deadlines:
+        core.insert(E(d), d)
+    fired = drain_due(core, 10**13)
+    assert [x.name for x in fired] == deadlines
+    # Each timer cascades through at most its number of levels; 10**13 ticks elapsed.
+    assert core.visits <= 4 * 9 + 2
+
+
+def test_fifo_within_a_tick_survives_cascading() -> None:
+    core: Core[E] = Core(0)
+    names = [f"t{i}" for i in range(50)]
+    for n in names:
+        core.insert(E(n), 64**3 + 5)
+    assert [x.name for x in drain_due(core, 64**3 + 5)] == names
+
+
+def test_remove_and_move() -> None:
+    core: Core[E] = Core(0)
+    a, b, c = E("a"), E("b"), E("c")
+    core.insert(a, 10)
+    core.insert(b, 10)
+    core.insert(c, 5000)
+    assert core.remove(a) is True
+    assert core.remove(a) is False
+    core.move(c, 10)  # moves to the back of tick 10's queue
+    core._check()
+    assert drain_due(core, 10) == [b, c]
+    with pytest.raises(ValueError, match="not pending"):
+        core.move(a, 20)
+
+
+def test_removing_from_a_handed_out_bucket() -> None:
+    core: Core[E] = Core(0)
+    a, b = E("a"), E("b")
+    core.insert(a, 3)
+    core.insert(b, 3)
+    bucket = core.pop_due(3)
+    assert bucket is not None
+    assert core.remove(b) is True  # a callback cancelled b before it ran
+    assert len(core) == 1
+    core._check(handed_out=1)
+
+
+def test_restore_puts_back_unfired_entries_in_order() -> None:
+    core: Core[E] = Core(0)
+    entries = [E(i) for i in range(4)]
+    for e in entries:
+        core.insert(e, 7)
+    bucket = core.pop_due(7)
+    assert bucket is not None
+    first = entries[0]
+    first._bucket = None  # the driver fired it, then a KeyboardInterrupt unwound
+    core._len -= 1
+    core.restore(bucket)
+    core._check()
+    assert drain_due(core, 7) == entries[1:]
+
+
+def test_stale_bits_are_cleared_lazily() -> None:
+    core: Core[E] = Core(0)
+    e = E("x")
+    core.insert(e, 5)
+    core.remove(e)
+    assert core._occupied[0] >> 5 & 1  # the cancel left the bit
+    assert core.next_deadline() is None
+    assert core._occupied[0] == 0
+
+
+def test_pop_due_moves_elapsed_to_now_when_nothing_is_due() -> None:
+    core: Core[E] = Core(0)
+    core.insert(E("far"), 10_000)
+    assert core.pop_due(9_000) is None
+    assert core.elapsed == 9_000
+    core._check()
+
+
+def test_advance_idle_only_when_empty() -> None:
+    core: Core[E] = Core(0)
+    core.advance_idle(500)
+    assert core.elapsed == 500
+    core.insert(E("x"), 900)
+    core.advance_idle(800)
+    assert core.elapsed == 500
+
+
+def test_drain_returns_by_deadline_then_fifo() -> None:
+    core: Core[E] = Core(0)
+    order = [(300, "a"), (5, "b"), (300, "c"), (64**5, "d"), (5, "e")]
+    for d, n in order:
+        core.insert(E(n), d)
+    assert [x.name for x in core.drain()] == ["b", "e", "a", "c", "d"]
+    assert len(core) == 0
+    core._check()
+
+
+def test_check_reports_a_broken_wheel_with_a_dump() -> None:
+    core: Core[E] = Core(0)
+    e = E("x")
+    core.insert(e, 100)
+    e._deadline = 7  # corrupt it
+    with pytest.raises(AssertionError, match=r"belongs in[\s\S]*level 1"):
+        core._check()
+
+
+def test_negative_start_is_refused() -> None:
+    with pytest.raises(ValueError, match="elapsed must be >= 0"):
+        Core(-1)
