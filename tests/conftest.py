@@ -10,7 +10,17 @@ from collections.abc import Iterator
 
 import pytest
 
+from vloop import VirtualLoop
+
 from tickwheel.durable._server import RedisServer
+
+
+@pytest.fixture
+def vloop() -> Iterator[VirtualLoop]:
+    """An event loop on a virtual clock (see vloop.py)."""
+    loop = VirtualLoop()
+    yield loop
+    loop.close()
 
 
 @pytest.fixture(scope="session")

@@ -22,13 +22,6 @@ T = TypeVar("T")
 REAL_LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
 
 
-@pytest.fixture
-def vloop() -> Iterator[VirtualLoop]:
-    loop = VirtualLoop()
-    yield loop
-    loop.close()
-
-
 @pytest.fixture(params=["virtual", "asyncio", "uvloop"])
 def loop(request: pytest.FixtureRequest) -> Iterator[asyncio.AbstractEventLoop]:
     """Every behaviour test runs on the virtual clock and on both real loops."""
