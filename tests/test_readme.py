@@ -1,0 +1,27 @@
+"""The README's Quick start and .ci/run must not drift apart."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def quick_start_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    return [block.strip() for block in re.findall(r"```sh\n(.*?)```", section, re.S)]
+
+
+def test_quick_start_has_exactly_two_commands() -> None:
+    commands = quick_start_commands()
+    assert len(commands) == 2
+    assert all("\n" not in c for c in commands)
+    assert commands[0].endswith("tickwheel demo")
+    assert commands[1].endswith("pytest")
+
+
+def test_ci_runs_the_readme_test_command_exactly() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert f'step bash -c "{quick_start_commands()[1]}"' in ci
