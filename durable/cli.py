@@ -43,7 +43,7 @@ class _Run:
 
 
 async def _storm(
-    name: str, timers: int, spread: float, use_wheel: bool, resets: int, seed: int
+    name: str, *, timers: int, spread: float, use_wheel: bool, resets: int, seed: int
 ) -> _Run:
     """Schedule ``timers`` callbacks over ``spread`` seconds; reset a share of them like
     idle timeouts; record how late each fired by the loop's clock."""
@@ -114,7 +114,14 @@ def _demo(args: argparse.Namespace) -> int:
             try:
                 runs.append(
                     loop.run_until_complete(
-                        _storm(name, args.timers, args.spread, use_wheel, args.resets, args.seed)
+                        _storm(
+                            name,
+                            timers=args.timers,
+                            spread=args.spread,
+                            use_wheel=use_wheel,
+                            resets=args.resets,
+                            seed=args.seed,
+                        )
                     )
                 )
             finally:
