@@ -118,44 +118,17 @@ class Core(Generic[E]):
     def insert(self, entry: E, deadline: int) -> int:
         """Place a new entry, due at ``deadline`` (an overdue one is raised, rule 6).
 
-        Returns:
-            The deadline used. Runtime complexity: O(1).
-        """
-        self._len += 1
-        if deadline <= self._elapsed:
-            deadline = self._elapsed if self._elapsed > self._fired else self._fired + 1
-        self._place(entry, deadline)
-        return deadline
-
-    def move(self, entry: E, deadline: int) -> int:
-        """Move a pending entry to a new deadline, at the back of its new tick's queue.
+        This is the one place that computes where an entry goes; ``move``, cascading and
+        ``restore`` all come through it.
 
         Returns:
             The deadline used. Runtime complexity: O(1).
         """
-        bucket = entry._bucket
-        if bucket is None:
-            raise ValueError(f"{entry!r} is not pending")
-        del bucket[entry]
-        if deadline <= self._elapsed:
-            deadline = self._elapsed if self._elapsed > self._fired else self._fired + 1
-        self._place(entry, deadline)
-        return deadline
-
-    def remove(self, entry: E) -> bool:
-        """Remove a pending entry. Returns False if it was not pending. O(1)."""
-        bucket = entry._bucket
-        if bucket is None:
-            return False
-        del bucket[entry]
-        entry._bucket = None
-        self._len -= 1
-        return True
-
-    def _place(self, entry: E, deadline: int) -> None:
-        """Put an entry in the bucket for ``deadline``, which must be >= ``elapsed``."""
-        diff = self._elapsed ^ deadline
-        if diff < SLOTS:  # level 0, the common case for short timers
+        elapsed = self._elapsed
+        if deadline <= elapsed:
+            deadline = elapsed if elapsed > self._fired else self._fired + 1
+        diff = elapsed ^ deadline
+        if diff < SLOTS:  # level 0: the common case for short timers
             level = 0
             slot = deadline & MASK
         else:
@@ -168,6 +141,34 @@ class Core(Generic[E]):
         entry._bucket = bucket
         entry._deadline = deadline
         self._occupied[level] |= 1 << slot
+        self._len += 1
+        return deadline
+
+    def move(self, entry: E, deadline: int) -> int:
+        """Move a pending entry to a new deadline, at the back of its new tick's queue.
+
+        Returns:
+            The deadline used. Runtime complexity: O(1).
+
+        Raises:
+            ValueError: the entry is not pending.
+        """
+        bucket = entry._bucket
+        if bucket is None:
+            raise ValueError(f"{entry!r} is not pending")
+        del bucket[entry]
+        self._len -= 1
+        return self.insert(entry, deadline)
+
+    def remove(self, entry: E) -> bool:
+        """Remove a pending entry. Returns False if it was not pending. O(1)."""
+        bucket = entry._bucket
+        if bucket is None:
+            return False
+        del bucket[entry]
+        entry._bucket = None
+        self._len -= 1
+        return True
 
     def _grow(self, level: int) -> None:
         """Add levels up to ``level`` (the overflow wheels), so no deadline is clamped."""
@@ -248,9 +249,13 @@ class Core(Generic[E]):
             if level == 0:
                 self._fired = start
                 return bucket
-            place = self._place
+            # Cascade. No deadline here is below start, and start is past the last tick
+            # fired (a level-0 bucket at start would have come first), so insert keeps
+            # each deadline as it is.
+            self._len -= len(bucket)
+            insert = self.insert
             for entry in bucket:
-                place(entry, entry._deadline)
+                insert(entry, entry._deadline)
         # Safe: every entry is due after now, so none changes level or slot (rule 5).
         self._elapsed = max(self._elapsed, now)
         return None
@@ -261,9 +266,11 @@ class Core(Generic[E]):
         For a driver unwinding (``KeyboardInterrupt`` in a callback) part-way through a
         bucket: the rest stay due at ``elapsed``, in their order, rather than being lost.
         """
+        self._fired = self._elapsed - 1  # the current tick was not wholly handed out
         for entry in bucket:
             if entry._bucket is bucket:
-                self._place(entry, max(entry._deadline, self._elapsed))
+                self._len -= 1
+                self.insert(entry, entry._deadline)
 
     def advance_idle(self, now: int) -> None:
         """Move ``elapsed`` up to ``now`` while the wheel is empty, so new timers are

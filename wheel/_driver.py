@@ -20,6 +20,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -71,6 +72,7 @@ class TimingWheel:
     __slots__ = (
         "__weakref__",
         "_armed_tick",
+        "_capacity",
         "_closed",
         "_context",
         "_core",
@@ -79,6 +81,8 @@ class TimingWheel:
         "_loop",
         "_max_pending",
         "_tick",
+        "_time",
+        "_timer_type",
         "_wakeups",
     )
 
@@ -106,8 +110,21 @@ class TimingWheel:
                 ) from None
         self._tick = float(tick)  # seconds per tick
         self._loop = loop  # the loop whose clock and call_at drive the wheel
+        # loop.time itself, or time.monotonic when that is all the loop's time() does:
+        # the stdlib's is a Python-level wrapper costing a call per schedule.
+        self._time: Callable[[], float] = (
+            time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else loop.time
+        )
+        # The handles of this wheel: a subclass whose class attribute names the wheel, so
+        # no timer spends a slot on it (see _handle.py).
+        self._timer_type: type[Timer] = type(
+            "Timer", (Timer,), {"__slots__": (), "_wheel": self, "__module__": Timer.__module__}
+        )
         self._core: Core[Timer] = Core(self._floor_tick(loop.time()))  # buckets, on integer ticks
         self._max_pending = max_pending  # cap on pending timers, or None
+        # One comparison on the hot path covers both refusals: inf when unbounded,
+        # max_pending when bounded, -1 once closed (see _refuse).
+        self._capacity: float = _INF if max_pending is None else max_pending
         self._armed_tick: float = _INF  # tick of the armed call_at; inf: none; -inf: firing
         self._handle: asyncio.TimerHandle | None = None  # the armed call_at
         self._closed = False  # set by close(); scheduling then raises WheelClosed
@@ -136,7 +153,7 @@ class TimingWheel:
 
     def time(self) -> float:
         """The loop's clock (``loop.time()``), the clock every deadline refers to."""
-        return self._loop.time()
+        return self._time()
 
     def __len__(self) -> int:
         """Number of pending timers (exact). O(1)."""
@@ -172,7 +189,32 @@ class TimingWheel:
 
         Runtime complexity: O(1).
         """
-        return self._add(self._when_after(delay), callback, args, context)
+        # The body of _add, inlined: this is the hottest path (see bench_wheel).
+        try:
+            if not 0.0 <= delay < _INF:
+                raise ValueError(f"delay must be a finite number >= 0, got {delay!r}")
+            when = self._time() + delay
+        except TypeError:
+            raise TypeError(f"delay must be a real number, got {delay!r}") from None
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {callback!r}")
+        core = self._core
+        if core._len >= self._capacity:
+            self._refuse()
+        tick = self._tick
+        deadline = _ceil(when / tick)
+        if deadline * tick < when:  # float rounding must never make a timer early (G1)
+            deadline += 1
+        if not core._len:
+            core.advance_idle(self._floor_tick(when - delay))
+        timer = _new_timer(self._timer_type)
+        timer._callback = callback
+        timer._args = args
+        timer._context = context
+        deadline = core.insert(timer, deadline)
+        if deadline < self._armed_tick:
+            self._arm(deadline)
+        return timer
 
     def schedule_at(
         self,
@@ -259,6 +301,7 @@ class TimingWheel:
         if self._closed:
             return []
         self._closed = True
+        self._capacity = -1
         self._disarm()
         return self._core.drain()
 
@@ -306,7 +349,7 @@ class TimingWheel:
     def _when_after(self, delay: float) -> float:
         try:
             if 0.0 <= delay < _INF:
-                return self._loop.time() + delay
+                return self._time() + delay
         except TypeError:
             raise TypeError(f"delay must be a real number, got {delay!r}") from None
         raise ValueError(f"delay must be a finite number >= 0, got {delay!r}")
@@ -327,40 +370,30 @@ class TimingWheel:
         args: tuple[Any, ...],
         context: contextvars.Context | None,
     ) -> Timer:
-        if self._closed:
-            raise WheelClosed("cannot schedule on a closed TimingWheel")
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
         core = self._core
-        if self._max_pending is not None and core._len >= self._max_pending:
-            raise WheelFull(f"max_pending={self._max_pending} timers are pending")
+        if core._len >= self._capacity:
+            self._refuse()
         tick = self._tick
         deadline = _ceil(when / tick)
-        if deadline * tick < when:  # float rounding must never make a timer early (G1)
+        if deadline * tick < when:
             deadline += 1
         if not core._len:
-            core.advance_idle(self._floor_tick(self._loop.time()))
-        timer = _new_timer(Timer)
+            core.advance_idle(self._floor_tick(self._time()))
+        timer = _new_timer(self._timer_type)
         timer._callback = callback
         timer._args = args
         timer._context = context
-        timer._wheel = self
         deadline = core.insert(timer, deadline)
         if deadline < self._armed_tick:
             self._arm(deadline)
         return timer
 
-    def _move(self, timer: Timer, when: float) -> bool:
-        if timer._bucket is None:
-            return False
-        tick = self._tick
-        deadline = _ceil(when / tick)
-        if deadline * tick < when:
-            deadline += 1
-        deadline = self._core.move(timer, deadline)
-        if deadline < self._armed_tick:
-            self._arm(deadline)
-        return True
+    def _refuse(self) -> None:
+        if self._closed:
+            raise WheelClosed("cannot schedule on a closed TimingWheel")
+        raise WheelFull(f"max_pending={self._max_pending} timers are pending")
 
     def _arm(self, deadline: int) -> None:
         handle = self._handle
@@ -384,7 +417,7 @@ class TimingWheel:
         self._wakeups += 1
         loop = self._loop
         core = self._core
-        now = self._floor_tick(loop.time())
+        now = self._floor_tick(self._time())
         pop_due = core.pop_due
         fired = 0
         bucket = None

@@ -1,7 +1,10 @@
 """The timer handle: what ``schedule()`` returns, and the wheel's entry at the same time.
 
-A handle is one object with six slots (about 80 bytes); a pending timer costs that, its
-deadline ``int``, and one entry in a bucket ``dict``.
+A handle is one object with five slots (72 bytes); a pending timer costs that, its
+deadline ``int`` and one entry in a bucket ``dict``: about 144 bytes in all, against
+about 216 for ``loop.call_later``. The owning wheel is not a slot but a class attribute:
+each wheel makes its own subclass of :class:`Timer` (``TimingWheel._timer_type``), which
+saves 8 bytes and a store per timer.
 
 States, read off the fields (no separate state field, to keep the object small):
 
@@ -18,8 +21,9 @@ closed out  ``None``           the callback (``close()`` returned it)
 from __future__ import annotations
 
 import contextvars
+import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ._core import Entry
 
@@ -27,6 +31,9 @@ if TYPE_CHECKING:
     from ._driver import TimingWheel
 
 __all__ = ["Timer"]
+
+_INF = math.inf
+_ceil = math.ceil
 
 
 def _FIRED() -> None:  # a sentinel that is also a valid callback
@@ -40,12 +47,12 @@ class Timer(Entry):
     from others).
     """
 
-    __slots__ = ("_args", "_callback", "_context", "_wheel")
+    __slots__ = ("_args", "_callback", "_context")
 
     _callback: Callable[..., object] | None  # the function; see the state table above
     _args: tuple[Any, ...] | None  # its positional arguments; None once dropped
     _context: contextvars.Context | None  # context to run in; None: the wheel's own
-    _wheel: TimingWheel  # owner, for the tick, the loop's clock and the pending count
+    _wheel: ClassVar[TimingWheel]  # owner (class attribute of the wheel's own subclass)
 
     def cancel(self) -> bool:
         """Cancel the timer, dropping its callback and arguments at once.
@@ -100,12 +107,43 @@ class Timer(Entry):
         Runtime complexity: O(1).
         """
         wheel = self._wheel
-        return wheel._move(self, wheel._when_after(delay))
+        try:
+            if not 0.0 <= delay < _INF:
+                raise ValueError(f"delay must be a finite number >= 0, got {delay!r}")
+            when = wheel._time() + delay
+        except TypeError:
+            raise TypeError(f"delay must be a real number, got {delay!r}") from None
+        if self._bucket is None:
+            return False
+        # Inlined deadline rounding: reschedule is the idle-timeout hot path.
+        tick = wheel._tick
+        deadline = _ceil(when / tick)
+        if deadline * tick < when:  # never early (G1)
+            deadline += 1
+        deadline = wheel._core.move(self, deadline)
+        if deadline < wheel._armed_tick:
+            wheel._arm(deadline)
+        return True
 
     def reschedule_at(self, when: float) -> bool:
-        """Move a pending timer to loop time ``when``; see :meth:`reschedule`."""
+        """Move a pending timer to loop time ``when``; see :meth:`reschedule`.
+
+        Raises:
+            ValueError: ``when`` is NaN or infinite.
+            TypeError: ``when`` is not a real number.
+        """
         wheel = self._wheel
-        return wheel._move(self, wheel._check_when(when))
+        when = wheel._check_when(when)
+        if self._bucket is None:
+            return False
+        tick = wheel._tick
+        deadline = _ceil(when / tick)
+        if deadline * tick < when:
+            deadline += 1
+        deadline = wheel._core.move(self, deadline)
+        if deadline < wheel._armed_tick:
+            wheel._arm(deadline)
+        return True
 
     @property
     def callback(self) -> Callable[..., object] | None:
@@ -117,6 +155,11 @@ class Timer(Entry):
     def args(self) -> tuple[Any, ...]:
         """The callback's positional arguments; empty once dropped."""
         return self._args or ()
+
+    @property
+    def context(self) -> contextvars.Context | None:
+        """The context given to ``schedule``; None when the wheel's own is used."""
+        return self._context
 
     def __repr__(self) -> str:
         if self._bucket is not None:
