@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-
 from vloop import VirtualLoop
 
 from tickwheel.durable._server import RedisServer

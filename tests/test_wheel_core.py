@@ -127,7 +127,7 @@ def test_unbounded_horizon() -> None:
     assert core.next_deadline() is not None
     assert drain_due(core, far - 1) == []
     assert drain_due(core, far) == [e]
-    assert len(core._buckets) == 34
+    assert core.levels == 34
 
 
 def test_catch_up_costs_occupied_buckets_not_elapsed_ticks() -> None:
@@ -240,10 +240,48 @@ def test_check_reports_a_broken_wheel_with_a_dump() -> None:
     e = E("x")
     core.insert(e, 100)
     e._deadline = 7  # corrupt it
-    with pytest.raises(AssertionError, match=r"belongs in[\s\S]*level 1"):
+    with pytest.raises(AssertionError, match=r"belongs in \(0, 7\)[\s\S]*1/1 leaf 36: \[7\]"):
         core._check()
 
 
 def test_negative_start_is_refused() -> None:
     with pytest.raises(ValueError, match="elapsed must be >= 0"):
         Core(-1)
+
+
+def test_cascade_moves_leaves_whole() -> None:
+    class Counting(Core[E]):
+        placements = 0
+
+        def insert(self, entry: E, deadline: int) -> int:
+            self.placements += 1
+            return super().insert(entry, deadline)
+
+    core = Counting(0)
+    # 3200 timers spread over one level-2 bucket (ticks 4096..8191), 50 per sub-slot.
+    for i in range(3200):
+        group, j = divmod(i, 50)
+        core.insert(E(i), 4096 + group * 64 + 1 + j)
+    core.placements = 0
+    assert drain_due(core, 4096) == []  # cascades the level-2 bucket at 4096
+    core._check()
+    # Only the sub-slot due soonest (group 0: 50 timers) is placed entry by entry.
+    assert core.placements == 50
+    fired = drain_due(core, 8191)
+    assert [e._deadline for e in fired] == sorted(e._deadline for e in fired)
+    assert len(fired) == 3200
+
+
+def test_fifo_across_a_leaf_that_came_down_whole() -> None:
+    core: Core[E] = Core(0)
+    due = 64**3 + 64 * 5 + 9  # level 3 from 0; group 1 (=5 at level 1) not 0
+    first = [E(f"old{i}") for i in range(3)]
+    for e in first:
+        core.insert(e, due)
+    assert drain_due(core, 64**3) == []  # level-3 bucket cascades: the leaf comes down whole
+    core._check()
+    later = [E(f"new{i}") for i in range(3)]
+    for e in later:
+        core.insert(e, due)  # placed directly, after the old ones
+    core._check()
+    assert drain_due(core, due) == first + later

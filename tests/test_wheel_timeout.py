@@ -11,7 +11,7 @@ import pytest
 import uvloop
 from vloop import VirtualLoop
 
-from tickwheel.wheel import Timeout, TimingWheel, get_wheel, sleep, timeout, timeout_at
+from tickwheel.wheel import TimingWheel, get_wheel, sleep, timeout, timeout_at
 
 
 @pytest.fixture(params=["virtual", "asyncio", "uvloop"])
@@ -125,9 +125,8 @@ def test_outer_cancel_is_not_turned_into_timeout(loop: asyncio.AbstractEventLoop
 def test_nested_timeouts(loop: asyncio.AbstractEventLoop) -> None:
     async def main() -> None:
         with pytest.raises(TimeoutError):
-            async with timeout(0.01) as outer:
-                async with timeout(10) as inner:
-                    await asyncio.sleep(1)
+            async with timeout(0.01) as outer, timeout(10) as inner:
+                await asyncio.sleep(1)
         assert outer.expired()
         assert not inner.expired()
 

@@ -316,7 +316,7 @@ class TimingWheel:
             pending=self._core._len,
             fired=self._fired,
             wakeups=self._wakeups,
-            levels=len(self._core._buckets),
+            levels=self._core.levels,
             next_when=None if self._handle is None else self._armed_tick * self._tick,
         )
 
