@@ -153,7 +153,7 @@ class RedisServer:
         ]  # fmt: skip
 
     def start(self) -> RedisServer:
-        """Start the process and wait until it answers PING.
+        """Start the process and wait until it answers on its port.
 
         Raises:
             RedisServerError: if it exits or does not answer within the start timeout;
@@ -175,7 +175,7 @@ class RedisServer:
                 raise RedisServerError(
                     f"redis-server exited with {self.process.returncode}: {self._log_tail()}"
                 )
-            if self._ping():
+            if self._ready():
                 return self
             time.sleep(0.01)
         self.kill()
@@ -225,13 +225,33 @@ class RedisServer:
         if self.process is not None and self.process.stderr is not None:
             self.process.stderr.close()
 
-    def _ping(self) -> bool:
+    def _ready(self) -> bool:
+        """True once this server (not another on the port) answers, with its data loaded."""
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(64).startswith(b"+PONG")
-        except OSError:
+                s.sendall(b"INFO\r\n")
+                data = b""
+                while b"\r\n" not in data:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        return False
+                    data += chunk
+                header, _, data = data.partition(b"\r\n")
+                if not header.startswith(b"$"):  # an error such as -LOADING
+                    return False
+                size = int(header[1:])
+                while len(data) < size:
+                    chunk = s.recv(65536)
+                    if not chunk:
+                        return False
+                    data += chunk
+        except (OSError, ValueError):
             return False
+        fields = dict(
+            line.split(":", 1) for line in data.decode(errors="replace").splitlines() if ":" in line
+        )
+        assert self.process is not None
+        return fields.get("process_id") == str(self.process.pid) and fields.get("loading") == "0"
 
     def _log_tail(self, lines: int = 20) -> str:
         with contextlib.suppress(OSError):
