@@ -50,10 +50,9 @@ def test_restart_on_the_same_data_keeps_aof_data(tmp_path: Path) -> None:
         assert s.recv(16) == b"+OK\r\n"
     first.kill()  # a crash: no shutdown save
     second = RedisServer(port=first.port, data_dir=tmp_path, appendonly=True)
-    with second:
-        with socket.create_connection(("127.0.0.1", second.port)) as s:
-            s.sendall(b"GET k\r\n")
-            assert s.recv(16) == b"$1\r\nv\r\n"
+    with second, socket.create_connection(("127.0.0.1", second.port)) as s:
+        s.sendall(b"GET k\r\n")
+        assert s.recv(16) == b"$1\r\nv\r\n"
     assert tmp_path.exists(), "a given data dir is kept"
 
 
@@ -80,7 +79,7 @@ def test_a_server_that_cannot_start_says_why(tmp_path: Path) -> None:
     busy = RedisServer()
     with busy:
         clash = RedisServer(port=busy.port)
-        with pytest.raises(RedisServerError, match="exited|did not answer"):
+        with pytest.raises(RedisServerError, match=r"exited|did not answer"):
             clash.start()
         clash.stop()
 
