@@ -106,21 +106,24 @@ class Timer(Entry):
 
         Runtime complexity: O(1).
         """
-        wheel = self._wheel
         try:
             if not 0.0 <= delay < _INF:
                 raise ValueError(f"delay must be a finite number >= 0, got {delay!r}")
+            wheel = self._wheel
             when = wheel._time() + delay
         except TypeError:
             raise TypeError(f"delay must be a real number, got {delay!r}") from None
-        if self._bucket is None:
+        bucket = self._bucket
+        if bucket is None:
             return False
-        # Inlined deadline rounding: reschedule is the idle-timeout hot path.
         tick = wheel._tick
         deadline = _ceil(when / tick)
         if deadline * tick < when:  # never early (G1)
             deadline += 1
-        deadline = wheel._core.move(self, deadline)
+        del bucket[self]
+        core = wheel._core
+        core._len -= 1
+        deadline = core.insert(self, deadline)
         if deadline < wheel._armed_tick:
             wheel._arm(deadline)
         return True
@@ -132,15 +135,27 @@ class Timer(Entry):
             ValueError: ``when`` is NaN or infinite.
             TypeError: ``when`` is not a real number.
         """
-        wheel = self._wheel
-        when = wheel._check_when(when)
-        if self._bucket is None:
+        try:
+            if not -_INF < when < _INF:
+                raise ValueError(f"when must be a finite number, got {when!r}")
+        except TypeError:
+            raise TypeError(f"when must be a real number, got {when!r}") from None
+        return self._move_to(when)
+
+    def _move_to(self, when: float) -> bool:
+        bucket = self._bucket
+        if bucket is None:
             return False
+        wheel = self._wheel
         tick = wheel._tick
         deadline = _ceil(when / tick)
-        if deadline * tick < when:
+        if deadline * tick < when:  # never early (G1)
             deadline += 1
-        deadline = wheel._core.move(self, deadline)
+        # Core.move, without its call: reschedule is the idle-timeout hot path.
+        del bucket[self]
+        core = wheel._core
+        core._len -= 1
+        deadline = core.insert(self, deadline)
         if deadline < wheel._armed_tick:
             wheel._arm(deadline)
         return True

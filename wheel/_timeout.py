@@ -22,6 +22,8 @@ __all__ = ["Timeout", "sleep_on"]
 
 T = TypeVar("T")
 
+_INF = float("inf")
+
 
 class _State(enum.Enum):
     CREATED = "created"
@@ -64,16 +66,14 @@ class Timeout:
             if self._state is _State.CREATED:
                 raise RuntimeError("Timeout has not been entered")
             raise RuntimeError(f"Cannot change state of {self._state.value} Timeout")
-        if when is not None and when != when:  # noqa: PLR0124
-            raise ValueError("when must be a number or None, got nan")
-        self._when = when
         timer = self._timer
-        if when is None or when == float("inf"):
+        if when is None or when == _INF:
             if timer is not None:
                 timer.cancel()
                 self._timer = None
-        elif timer is None or not timer.reschedule_at(when):
+        elif timer is None or not timer.reschedule_at(when):  # raises on NaN, before a change
             self._timer = self._wheel.schedule_at(when, self._on_timeout)
+        self._when = when
 
     def expired(self) -> bool:
         """Return True if the timeout expired while the block ran."""
