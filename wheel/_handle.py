@@ -109,24 +109,10 @@ class Timer(Entry):
         try:
             if not 0.0 <= delay < _INF:
                 raise ValueError(f"delay must be a finite number >= 0, got {delay!r}")
-            wheel = self._wheel
-            when = wheel._time() + delay
+            when = self._wheel._time() + delay
         except TypeError:
             raise TypeError(f"delay must be a real number, got {delay!r}") from None
-        bucket = self._bucket
-        if bucket is None:
-            return False
-        tick = wheel._tick
-        deadline = _ceil(when / tick)
-        if deadline * tick < when:  # never early (G1)
-            deadline += 1
-        del bucket[self]
-        core = wheel._core
-        core._len -= 1
-        deadline = core.insert(self, deadline)
-        if deadline < wheel._armed_tick:
-            wheel._arm(deadline)
-        return True
+        return self._move_to(when)
 
     def reschedule_at(self, when: float) -> bool:
         """Move a pending timer to loop time ``when``; see :meth:`reschedule`.
