@@ -1,0 +1,58 @@
+"""Benchmark summary: ratios of medians within each pytest-benchmark group.
+
+Generic: a benchmark that sets ``extra_info["base"] = True`` is the reference of its
+group, and every row of the group is shown as ``median / reference median`` (above 1:
+slower than the reference), with the ratio of the minimums beside it (steadier on a
+noisy machine; when the two disagree, trust neither). ``extra_info["ops_per_round"]``
+adds a per-operation time. A string in ``extra_info["report"]`` is printed as is (for
+figures that are not times).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+
+def _fmt_seconds(s: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if s >= scale:
+            return f"{s / scale:.3f} {unit}"
+    return f"{s / 1e-9:.1f} ns"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    session = getattr(config, "_benchmarksession", None)  # pytest-benchmark's own state
+    benchmarks = [b for b in getattr(session, "benchmarks", []) if b]
+    if not benchmarks:
+        return
+    groups: dict[str, list[Any]] = {}
+    for bench in benchmarks:
+        groups.setdefault(bench.group or "", []).append(bench)
+    write = terminalreporter.write_line
+    terminalreporter.section("ratios to the base row of each group (median, and min)")
+    for group, rows in sorted(groups.items()):
+        if any("report" in b.extra_info for b in rows):
+            continue
+        base = next((b for b in rows if b.extra_info.get("base")), None)
+        write(f"{group}:")
+        for bench in sorted(rows, key=lambda b: b.stats.median):
+            median = bench.stats.median
+            ops = bench.extra_info.get("ops_per_round")
+            per_op = f"{_fmt_seconds(median / ops):>11}/op" if ops else ""
+            ratio = (
+                f"{median / base.stats.median:6.2f}x (min {bench.stats.min / base.stats.min:.2f}x)"
+                if base
+                else ""
+            )
+            mark = " (base)" if bench is base else ""
+            name = bench.extra_info.get("impl", bench.name)
+            write(f"  {name:<18} {_fmt_seconds(median):>11} {per_op} {ratio}{mark}")
+    reports = [b.extra_info["report"] for b in benchmarks if "report" in b.extra_info]
+    if reports:
+        terminalreporter.section("reports")
+        for report in reports:
+            write(report)
+            write("")
