@@ -100,7 +100,7 @@ def _demo(args: argparse.Namespace) -> int:
 
         loops["uvloop"] = uvloop.new_event_loop
     except ImportError:
-        pass
+        print("(uvloop is not installed, so only the stdlib loop runs: pip install -e '.[uvloop]')")
     print(
         f"tickwheel demo: {args.timers:,} timers due over {args.spread:g}s, "
         f"{args.resets:,} of them reset once (idle-timeout style)\n"
