@@ -25,3 +25,11 @@ def test_quick_start_has_exactly_two_commands() -> None:
 def test_ci_runs_the_readme_test_command_exactly() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert f'step bash -c "{quick_start_commands()[1]}"' in ci
+
+
+def test_readme_python_example_runs() -> None:
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks, "the README shows the wheel in a python block"
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {"__name__": "readme"})

@@ -1,0 +1,66 @@
+"""tickwheel.durable: a Redis lease scheduler for delayed jobs that must survive crashes.
+
+Jobs live in Redis sorted sets, sharded by job id, and move between states only inside
+Lua scripts that read Redis's clock (see DESIGN.md, "durable/"). Start with
+:class:`Scheduler`.
+"""
+
+from __future__ import annotations
+
+from ._check import ServerConfigWarning, ServerReport, check_server
+from ._errors import (
+    DurableError,
+    Fenced,
+    LeaseLost,
+    NotOwner,
+    RedisUnavailable,
+    ServerCheckFailed,
+    ShardCountMismatch,
+)
+from ._keys import MAX_JOB_ID_BYTES, Keys
+from ._model import (
+    ClaimBatch,
+    DeadPage,
+    Job,
+    JobInfo,
+    JobSpec,
+    JobState,
+    ReapResult,
+    ScheduleResult,
+    ScheduleStatus,
+)
+from ._ownership import Ownership
+from ._reaper import Reaper
+from ._recurrence import MissedRun, Recurrence
+from ._scheduler import Scheduler
+from ._store import Store
+
+__all__ = [
+    "MAX_JOB_ID_BYTES",
+    "ClaimBatch",
+    "DeadPage",
+    "DurableError",
+    "Fenced",
+    "Job",
+    "JobInfo",
+    "JobSpec",
+    "JobState",
+    "Keys",
+    "LeaseLost",
+    "MissedRun",
+    "NotOwner",
+    "Ownership",
+    "ReapResult",
+    "Reaper",
+    "Recurrence",
+    "RedisUnavailable",
+    "ScheduleResult",
+    "ScheduleStatus",
+    "Scheduler",
+    "ServerCheckFailed",
+    "ServerConfigWarning",
+    "ServerReport",
+    "ShardCountMismatch",
+    "Store",
+    "check_server",
+]

@@ -1,0 +1,115 @@
+"""Errors of tickwheel.durable, and the one place that translates Redis errors.
+
+Each class says whether it is *transient* (retrying the same call later may succeed) or
+*permanent* (it will not, until the caller changes something). Bad arguments raise the
+built-in ``TypeError``/``ValueError`` naming the parameter, never these.
+
+Lua scripts report refusals with ``redis.error_reply('TW_<CODE> message')``;
+:func:`translate` maps each code to its class. Nothing else parses error text.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import redis.exceptions
+
+__all__ = [
+    "DurableError",
+    "Fenced",
+    "LeaseLost",
+    "NotOwner",
+    "RedisUnavailable",
+    "ServerCheckFailed",
+    "ShardCountMismatch",
+    "translate",
+]
+
+
+class DurableError(Exception):
+    """Base class of the errors a caller of tickwheel.durable acts on."""
+
+    transient: ClassVar[bool] = False  # True: the same call may succeed later
+
+
+class RedisUnavailable(DurableError):
+    """Redis could not be reached or timed out. Transient: retry later.
+
+    The operation was one script (or one MULTI/EXEC), so it was applied whole or not at
+    all; scheduling is idempotent, so a retry cannot double a job.
+    """
+
+    transient = True
+
+
+class Fenced(DurableError):
+    """The caller's shard epoch is stale: another owner took the shard. Permanent.
+
+    The owner must drop the shard (and its leases) and may try to take it again.
+    """
+
+    def __init__(self, message: str, shard: int | None = None) -> None:
+        super().__init__(message)
+        self.shard = shard  # the shard the caller was fenced out of, when known
+
+
+class LeaseLost(DurableError):
+    """The lease of this (job, epoch, attempt) is gone. Permanent for this attempt.
+
+    The lease expired and was reaped, the job was cancelled, or a later attempt holds it:
+    the caller's result must not be recorded.
+    """
+
+
+class NotOwner(DurableError):
+    """The caller does not own the shard it tried to act on. Permanent until taken."""
+
+
+class ShardCountMismatch(DurableError):
+    """The namespace was created with another shard (or bucket) count. Permanent.
+
+    Changing either would map ids to other keys and strand every pending job.
+    """
+
+    def __init__(self, namespace: str, stored: tuple[int, int], given: tuple[int, int]) -> None:
+        super().__init__(
+            f"namespace {namespace!r} was created with shards={stored[0]}, "
+            f"buckets={stored[1]}; got shards={given[0]}, buckets={given[1]}"
+        )
+        self.stored = stored  # (shards, buckets) stored in Redis
+        self.given = given  # (shards, buckets) the caller passed
+
+
+class ServerCheckFailed(DurableError):
+    """The Redis server is unfit for durable jobs (strict mode). Permanent."""
+
+
+# Error codes the scripts emit (first word of the error reply), mapped to classes.
+_CODES: dict[str, type[DurableError]] = {
+    "TW_FENCED": Fenced,
+    "TW_BADARG": DurableError,  # a script received an argument the client should refuse
+}
+
+
+def translate(exc: redis.exceptions.RedisError, shard: int | None = None) -> Exception:
+    """Map a redis-py exception to the exception the caller should see.
+
+    Args:
+        exc: the exception redis-py raised (or returned in a pipeline).
+        shard: the shard the call was for, attached to :class:`Fenced`.
+
+    Returns:
+        A :class:`RedisUnavailable` for connection errors and timeouts, the class of a
+        script's ``TW_*`` code, or ``exc`` itself when it adds nothing to know.
+    """
+    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        return RedisUnavailable(f"redis unavailable: {exc}")
+    if isinstance(exc, redis.exceptions.ResponseError):
+        text = str(exc)
+        code, _, message = text.partition(" ")
+        cls = _CODES.get(code)
+        if cls is Fenced:
+            return Fenced(message, shard)
+        if cls is not None:
+            return cls(message)
+    return exc

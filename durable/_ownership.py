@@ -1,0 +1,131 @@
+"""Shard ownership: take, renew and give back shards, fenced by epochs.
+
+Ground rules:
+
+- An owner holds a shard while its token (``{ns:s}:owner``, with a TTL) is set and the
+  shard's epoch (``{ns:s}:epoch``) is the one it got when it took the shard. Every
+  take INCRs the epoch, so a stalled owner's writes carry a stale epoch and the scripts
+  refuse them (:class:`Fenced`).
+- An owner that sees :class:`Fenced` drops the shard at once: ``owned`` never holds an
+  epoch the owner knows to be stale.
+- Renewal runs every ``ttl / RENEW_FRACTION``, so a token survives two missed renewals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Iterable
+from datetime import timedelta
+
+from ._errors import Fenced, NotOwner
+from ._model import finite_seconds_ms
+from ._store import Store
+
+__all__ = ["DEFAULT_OWNER_TTL", "RENEW_FRACTION", "Ownership"]
+
+logger = logging.getLogger("tickwheel.durable")
+
+# Long enough to ride out a GC pause or a slow renewal round trip; short enough that a
+# crashed owner's shards are taken over within seconds.
+DEFAULT_OWNER_TTL = 10.0
+# Renew three times per TTL: two renewals may fail (a blip) before the token expires.
+RENEW_FRACTION = 3
+
+
+class Ownership:
+    """The shards one process owns, with their epochs.
+
+    Args:
+        store: the store of the namespace.
+        token: this owner's token; a random one when None.
+        ttl: seconds the token lives without renewal.
+
+    Raises:
+        TypeError, ValueError: for a bad ``ttl`` or ``token``.
+    """
+
+    def __init__(
+        self, store: Store, *, token: str | None = None, ttl: float | timedelta = DEFAULT_OWNER_TTL
+    ) -> None:
+        if token is not None and (not isinstance(token, str) or not token):
+            raise ValueError(f"token must be a non-empty str, got {token!r}")
+        self.store = store  # the store of the namespace
+        self.token = token or uuid.uuid4().hex  # this owner's token
+        self.ttl_ms = finite_seconds_ms("ttl", ttl, minimum_ms=1)  # token TTL in ms
+        self.owned: dict[int, int] = {}  # shard -> epoch taken
+
+    def epoch(self, shard: int) -> int:
+        """The epoch this owner holds ``shard`` under.
+
+        Raises:
+            NotOwner: if it does not own ``shard``.
+        """
+        try:
+            return self.owned[shard]
+        except KeyError:
+            raise NotOwner(f"shard {shard} is not owned by {self.token}; take it first") from None
+
+    def drop(self, shard: int) -> None:
+        """Forget ``shard`` (after :class:`Fenced`); no Redis call."""
+        if self.owned.pop(shard, None) is not None:
+            logger.info("tickwheel.durable: dropped shard %d (fenced)", shard)
+
+    async def take(self, shard: int) -> int | None:
+        """Take ``shard`` if it is free (or already ours); return the epoch, or None."""
+        epoch = await self.store.take(shard, self.token, self.ttl_ms)
+        if epoch:
+            self.owned[shard] = epoch
+            return epoch
+        self.owned.pop(shard, None)
+        return None
+
+    async def renew(self, shard: int) -> bool:
+        """Renew ``shard``'s token; on :class:`Fenced` drop it and return False.
+
+        Raises:
+            NotOwner: if it does not own ``shard``.
+        """
+        epoch = self.epoch(shard)
+        try:
+            await self.store.renew(shard, self.token, epoch, self.ttl_ms)
+        except Fenced:
+            self.drop(shard)
+            return False
+        return True
+
+    async def give_back(self, shard: int) -> bool:
+        """Give ``shard`` back (its epoch is bumped, fencing late writes)."""
+        epoch = self.owned.pop(shard, None)
+        if epoch is None:
+            return False
+        return await self.store.give_back(shard, self.token, epoch)
+
+    async def give_back_all(self) -> None:
+        """Give every owned shard back."""
+        for shard in list(self.owned):
+            await self.give_back(shard)
+
+    async def run(
+        self, shards: Iterable[int] | None = None, *, max_shards: int | None = None
+    ) -> None:
+        """Forever: renew owned shards and take free ones, every ``ttl / 3``.
+
+        Args:
+            shards: the shards to try to own; all of the namespace when None.
+            max_shards: own at most this many (share shards between processes).
+
+        Cancel the task to stop; the caller gives the shards back.
+        """
+        wanted = list(range(self.store.keys.shards) if shards is None else shards)
+        period = self.ttl_ms / 1000 / RENEW_FRACTION
+        while True:
+            for shard in list(self.owned):
+                await self.renew(shard)
+            for shard in wanted:
+                if max_shards is not None and len(self.owned) >= max_shards:
+                    break
+                if shard not in self.owned:
+                    await self.take(shard)
+            await asyncio.sleep(period)

@@ -1,0 +1,245 @@
+"""Recurring jobs: occurrences of an interval or a cron expression, and missed runs.
+
+Ground rules:
+
+- Occurrences are computed from the nominal due (the occurrence's identity), never from
+  when a run happened, so an interval never drifts.
+- "Now" is the Redis time the claim script returned, never the client's clock.
+- An occurrence ``o`` is *missed* once the next one is due (``next(o) <= now``) or once it
+  is more than the misfire grace late (``now - o > grace``). A claim a little late (a
+  slow poll, a GC pause) is therefore not a missed run; a downtime is.
+- Lua cannot parse cron, so all of this runs in Python, here, for both kinds; the
+  scripts receive the resulting times.
+- Cron expressions are evaluated in UTC, with cronsim (5 fields, or 6 with seconds).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+
+from cronsim import CronSim, CronSimError
+
+__all__ = [
+    "DEFAULT_MAX_CATCH_UP",
+    "DEFAULT_MISFIRE_GRACE_MS",
+    "MissedRun",
+    "Plan",
+    "Recurrence",
+]
+
+# Quartz's misfireThreshold: one minute late is still "on time", so a failover or a slow
+# poll does not count as a missed run.
+DEFAULT_MISFIRE_GRACE_MS = 60_000
+# 'all' fires at most this many missed runs after a downtime: a minutely job down for a
+# week would otherwise fire ten thousand times.
+DEFAULT_MAX_CATCH_UP = 100
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+_US = timedelta(microseconds=1)
+
+
+class MissedRun(StrEnum):
+    """What a recurring job does about occurrences missed during a downtime."""
+
+    ONCE = "once"  # fire one run now, then resume at the first future occurrence
+    ALL = "all"  # fire every missed occurrence in order (at most max_catch_up of them)
+    SKIP = "skip"  # fire none; resume at the first occurrence that is not missed
+
+
+# Codes stored in the job record (field 10, see lua/_lib.lua).
+POLICY_CODES: dict[MissedRun, int] = {MissedRun.ONCE: 0, MissedRun.ALL: 1, MissedRun.SKIP: 2}
+POLICY_BY_CODE: dict[int, MissedRun] = {v: k for k, v in POLICY_CODES.items()}
+KIND_INTERVAL = 1  # record field 8
+KIND_CRON = 2
+
+
+def _to_dt(ms: int) -> datetime:
+    return _EPOCH + ms * _MS
+
+
+def _to_ms(dt: datetime) -> int:
+    return (dt - _EPOCH) // _MS
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What to do with a claimed occurrence of a recurring job."""
+
+    deliver: bool  # run it now
+    next_due_ms: int  # when deliver: the next occurrence, re-inserted by ack
+    advance_to_ms: int  # when not deliver: the occurrence to move the job to, unrun
+
+
+@dataclass(frozen=True, slots=True)
+class Recurrence:
+    """An interval or a cron schedule with its missed-run policy.
+
+    Build one with :meth:`interval` or :meth:`cron`, which validate their arguments.
+    """
+
+    every_ms: int  # interval in ms; 0 for cron
+    cron: str  # cron expression; "" for an interval
+    missed: MissedRun  # missed-run policy
+    max_catch_up: int  # cap on the runs 'all' fires after a downtime
+    misfire_grace_ms: int  # lateness (ms) below which an occurrence is not missed
+
+    @classmethod
+    def interval(
+        cls,
+        every: float | timedelta,
+        *,
+        missed: MissedRun | str = MissedRun.ONCE,
+        max_catch_up: int = DEFAULT_MAX_CATCH_UP,
+        misfire_grace: float | timedelta = DEFAULT_MISFIRE_GRACE_MS / 1000,
+    ) -> Recurrence:
+        """An occurrence every ``every`` seconds from the first due.
+
+        Raises:
+            TypeError, ValueError: naming the bad parameter.
+        """
+        every_ms = _duration_ms("every", every)
+        if every_ms < 1:
+            raise ValueError(f"every must be at least 1 ms, got {every!r}")
+        return cls(every_ms, "", *_policy(missed, max_catch_up, misfire_grace))
+
+    @classmethod
+    def cron_expr(
+        cls,
+        expr: str,
+        *,
+        missed: MissedRun | str = MissedRun.ONCE,
+        max_catch_up: int = DEFAULT_MAX_CATCH_UP,
+        misfire_grace: float | timedelta = DEFAULT_MISFIRE_GRACE_MS / 1000,
+    ) -> Recurrence:
+        """The occurrences of cron expression ``expr`` (UTC; 5 fields, or 6 with seconds).
+
+        Raises:
+            TypeError, ValueError: naming the bad parameter (a malformed ``cron``).
+        """
+        if not isinstance(expr, str):
+            raise TypeError(f"cron must be a str, got {type(expr).__name__}")
+        try:
+            it = CronSim(expr, _EPOCH)
+            next(it)
+        except (CronSimError, StopIteration, ValueError) as exc:
+            raise ValueError(f"cron is not a valid cron expression: {expr!r} ({exc})") from exc
+        return cls(0, expr, *_policy(missed, max_catch_up, misfire_grace))
+
+    # -- occurrences ---------------------------------------------------------------
+
+    def next_after(self, t: int, anchor: int) -> int:
+        """The first occurrence strictly after ``t`` (ms). O(1) for intervals.
+
+        Args:
+            t: a time in ms.
+            anchor: an occurrence of the series (intervals count from it).
+        """
+        if self.every_ms:
+            if t < anchor:
+                return anchor
+            return anchor + ((t - anchor) // self.every_ms + 1) * self.every_ms
+        return _to_ms(next(CronSim(self.cron, _to_dt(t))))
+
+    def last_at_or_before(self, t: int, anchor: int) -> int:
+        """The last occurrence at or before ``t``, never earlier than ``anchor``."""
+        if self.every_ms:
+            return anchor + max(0, (t - anchor) // self.every_ms) * self.every_ms
+        # cronsim's reverse iteration starts strictly before its time, unless that time
+        # has microseconds, which it strips as the first candidate: so t + 1 us is
+        # "at or before t" (ms times have at most 999000 us, so this never carries).
+        last = _to_ms(next(CronSim(self.cron, _to_dt(t) + _US, reverse=True)))
+        return max(last, anchor)
+
+    def prev(self, o: int, steps: int) -> int:
+        """The occurrence ``steps`` before occurrence ``o``."""
+        if self.every_ms:
+            return o - steps * self.every_ms
+        if steps == 0:
+            return o
+        it = CronSim(self.cron, _to_dt(o), reverse=True)
+        for _ in range(steps - 1):
+            next(it)
+        return _to_ms(next(it))
+
+    # -- missed runs ---------------------------------------------------------------
+
+    def plan(self, nominal: int, now: int) -> Plan:
+        """Decide what a claim of occurrence ``nominal`` does at Redis time ``now``.
+
+        Args:
+            nominal: the claimed occurrence's nominal due (ms).
+            now: Redis's now (ms), as the claim script returned it.
+
+        Returns:
+            A :class:`Plan`: deliver (with the next occurrence for ack), or move unrun.
+        """
+        grace = self.misfire_grace_ms
+        if nominal > now:  # claimed ahead of time by the lookahead
+            return Plan(True, self.next_after(nominal, nominal), 0)
+        last = self.last_at_or_before(now, nominal)
+        last_missed = now - last > grace
+        if last == nominal and not last_missed:  # on time
+            return Plan(True, self.next_after(nominal, nominal), 0)
+        if self.missed is MissedRun.ONCE:
+            return Plan(True, self.next_after(max(now, last), nominal), 0)
+        if self.missed is MissedRun.SKIP:
+            target = self.next_after(last, nominal) if last_missed else last
+            return Plan(False, 0, target)
+        # ALL: fire every missed run in order, the last max_catch_up of them at most.
+        newest_missed = last if last_missed else self.prev(last, 1)
+        cap = self.max_catch_up
+        if self._count(nominal, newest_missed, cap + 1) > cap:
+            return Plan(False, 0, self.prev(newest_missed, cap - 1))
+        return Plan(True, self.next_after(nominal, nominal), 0)
+
+    def _count(self, first: int, last: int, limit: int) -> int:
+        """Occurrences in [first, last], counting no further than ``limit``."""
+        if last < first:
+            return 0
+        if self.every_ms:
+            return min(limit, (last - first) // self.every_ms + 1)
+        n, o = 1, first
+        it = CronSim(self.cron, _to_dt(first))
+        while n < limit:
+            o = _to_ms(next(it))
+            if o > last:
+                break
+            n += 1
+        return n
+
+
+def _policy(
+    missed: MissedRun | str, max_catch_up: int, misfire_grace: float | timedelta
+) -> tuple[MissedRun, int, int]:
+    try:
+        policy = MissedRun(missed)
+    except ValueError:
+        choices = ", ".join(repr(m.value) for m in MissedRun)
+        raise ValueError(f"missed must be one of {choices}, got {missed!r}") from None
+    if not isinstance(max_catch_up, int) or isinstance(max_catch_up, bool):
+        raise TypeError(f"max_catch_up must be an int, got {type(max_catch_up).__name__}")
+    if max_catch_up < 1:
+        raise ValueError(f"max_catch_up must be >= 1, got {max_catch_up}")
+    return policy, max_catch_up, _duration_ms("misfire_grace", misfire_grace)
+
+
+def _duration_ms(name: str, value: float | timedelta) -> int:
+    """A non-negative finite duration in seconds (or a timedelta), as whole ms (rounded up).
+
+    Raises:
+        TypeError: if ``value`` is not a number or timedelta.
+        ValueError: if it is negative, NaN or infinite.
+    """
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise TypeError(f"{name} must be a number of seconds or a timedelta, got {value!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return math.ceil(seconds * 1000)

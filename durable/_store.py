@@ -1,0 +1,441 @@
+"""The store: one awaitable method per Lua script, and nothing else.
+
+Ground rules:
+
+- Each method is one script call (or one pipeline of the same script over shards): no
+  loops over time, no sleeping, no retries. The loops live in ``_ownership.py``,
+  ``_reaper.py`` and ``_scheduler.py``.
+- redis-py's untyped replies stop here: every method returns typed values.
+- Every Redis error goes through :func:`._errors.translate`, so callers see
+  :class:`RedisUnavailable`, :class:`Fenced`, or redis-py's own error.
+- The client must not decode responses: payloads are bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio
+import redis.exceptions
+
+from ._errors import translate
+from ._keys import Keys
+from ._model import (
+    ClaimBatch,
+    DeadPage,
+    Job,
+    JobInfo,
+    JobSpec,
+    JobState,
+    ReapResult,
+    ScheduleResult,
+    ScheduleStatus,
+    decode_payload,
+    encode_payload,
+)
+from ._record import pack_array, pack_record
+from ._recurrence import (
+    KIND_CRON,
+    KIND_INTERVAL,
+    POLICY_BY_CODE,
+    POLICY_CODES,
+    Recurrence,
+)
+from ._scripts import Scripts
+
+__all__ = ["ClaimedRef", "EncodedJob", "Store", "encode_job"]
+
+# Status codes of schedule.lua by value: indexing beats the enum's call in a hot loop.
+_STATUSES: tuple[ScheduleStatus, ...] = (ScheduleStatus.CREATED, *ScheduleStatus)  # [0] unused
+
+# Values per job in the replies of claim.lua (id, due, deadline, dup + 13 record fields)
+# and of get.lua / dead_list.lua (2 + 13).
+_CLAIM_STRIDE = 17
+_ROW_STRIDE = 15
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedJob:
+    """A validated job as schedule.lua takes it: id, mode, time and packed record."""
+
+    id: str  # job id
+    values: tuple[bytes, int, int, bytes]  # id (UTF-8), mode, time (ms), record
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRef:
+    """What ack/release need to name a lease."""
+
+    id: str  # job id
+    attempt: int  # the attempt held
+    nominal_ms: int  # the occurrence held
+    time_ms: int  # ack: next occurrence (0 none); release: the due to go back to
+    renominate: bool = False  # release: time_ms is also the new nominal due
+
+
+def encode_job(spec: JobSpec, payload_limit: int) -> EncodedJob:
+    """Encode a job spec for schedule.lua.
+
+    Raises:
+        TypeError, ValueError: if the payload is not encodable or over ``payload_limit``.
+    """
+    data, flags = encode_payload(spec.payload, payload_limit)
+    fields: list[int | bytes] = [spec.task.encode(), data, spec.max_attempts, flags, 0, 1, 0]
+    rec = spec.recurrence
+    if rec is not None:
+        kind, spec_text = (
+            (KIND_INTERVAL, str(rec.every_ms)) if rec.every_ms else (KIND_CRON, rec.cron)
+        )
+        fields += [
+            kind,
+            spec_text.encode(),
+            POLICY_CODES[rec.missed],
+            rec.max_catch_up,
+            rec.misfire_grace_ms,
+        ]
+    return EncodedJob(spec.id, (spec.id.encode(), spec.mode, spec.time_ms, pack_record(fields)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _recurrence(kind: int, spec: bytes, policy: int, cap: int, grace: int) -> Recurrence | None:
+    if kind == KIND_INTERVAL:
+        return Recurrence(int(spec), "", POLICY_BY_CODE[policy], cap, grace)
+    if kind == KIND_CRON:
+        return Recurrence(0, spec.decode(), POLICY_BY_CODE[policy], cap, grace)
+    return None
+
+
+def _info(job_id: str, shard: int, state: JobState, when: int, f: Sequence[Any]) -> JobInfo:
+    """A JobInfo from the 13 record fields of a reply row."""
+    return JobInfo(
+        id=job_id,
+        shard=shard,
+        state=state,
+        when_ms=when,
+        task=f[0].decode(),
+        payload=decode_payload(f[1], f[3]),
+        nominal_ms=f[4],
+        attempt=f[5],
+        max_attempts=f[2],
+        epoch=f[6],
+        recurrence=_recurrence(f[7], f[8], f[9], f[10], f[11]),
+        last_error=f[12].decode(errors="replace"),
+    )
+
+
+class Store:
+    """One awaitable method per script, over one namespace.
+
+    Args:
+        client: a ``redis.asyncio.Redis`` created with ``decode_responses=False``.
+        keys: the namespace's key names.
+
+    Raises:
+        ValueError: if ``client`` decodes responses.
+    """
+
+    __slots__ = ("_client", "_scripts", "keys")
+
+    def __init__(self, client: redis.asyncio.Redis, keys: Keys) -> None:
+        kwargs = client.connection_pool.connection_kwargs
+        if kwargs.get("decode_responses"):
+            raise ValueError("client must be created with decode_responses=False")
+        self._client = client  # the redis-py client
+        self._scripts = Scripts(client)  # the registered scripts
+        self.keys = keys  # key names of the namespace
+
+    async def _run(self, script: Any, keys: Sequence[str], args: Sequence[Any], shard: int) -> Any:
+        try:
+            return await script(keys, args)
+        except redis.exceptions.RedisError as exc:
+            raise translate(exc, shard) from exc
+
+    # -- namespace -----------------------------------------------------------------
+
+    async def init(self) -> tuple[int, int]:
+        """Store the shard and bucket counts on first use (init.lua); return the stored."""
+        layout = f"{self.keys.shards}:{self.keys.buckets}"
+        reply = await self._run(self._scripts.init, [self.keys.meta], [layout], shard=-1)
+        shards, _, buckets = reply.decode().partition(":")
+        return int(shards), int(buckets or 0)
+
+    async def now(self, shard: int) -> int:
+        """Redis's now for ``shard`` in ms: max(TIME, clock) (now.lua)."""
+        k = self.keys.shard(shard)
+        return int(await self._run(self._scripts.now, [k.clock], [], shard))
+
+    # -- producers -----------------------------------------------------------------
+
+    def _schedule_call(
+        self, shard: int, jobs: Sequence[EncodedJob], replace: bool
+    ) -> tuple[list[str], list[Any]]:
+        k = self.keys.shard(shard)
+        values: list[int | bytes] = []
+        for job in jobs:
+            values.extend(job.values)
+        args = [1 if replace else 0, pack_array(values)]
+        # One job needs its own bucket only (the script then skips hashing the id).
+        buckets = [self.keys.jobs_key(shard, jobs[0].id)] if len(jobs) == 1 else k.jobs
+        return [k.due, k.leased, k.done, k.dead, k.clock, *buckets], args
+
+    @staticmethod
+    def _schedule_results(jobs: Sequence[EncodedJob], reply: Sequence[Any]) -> list[ScheduleResult]:
+        statuses = _STATUSES
+        return [
+            ScheduleResult(job.id, statuses[reply[1 + 2 * i]], reply[2 + 2 * i])
+            for i, job in enumerate(jobs)
+        ]
+
+    async def schedule(
+        self, shard: int, jobs: Sequence[EncodedJob], replace: bool
+    ) -> list[ScheduleResult]:
+        """Create, keep or replace jobs of one shard (schedule.lua). O(n log N)."""
+        keys, args = self._schedule_call(shard, jobs, replace)
+        reply = await self._run(self._scripts.schedule, keys, args, shard)
+        return self._schedule_results(jobs, reply)
+
+    async def schedule_many(
+        self, groups: Mapping[int, Sequence[Sequence[EncodedJob]]], replace: bool
+    ) -> list[ScheduleResult]:
+        """Schedule.lua once per chunk, all in one MULTI/EXEC pipeline (one round trip).
+
+        On a single Redis the batch is applied whole or not at all.
+        """
+        calls: list[Sequence[EncodedJob]] = []
+        try:
+            async with self._client.pipeline(transaction=True) as pipe:
+                for shard, chunks in groups.items():
+                    for chunk in chunks:
+                        keys, args = self._schedule_call(shard, chunk, replace)
+                        await self._scripts.schedule(keys, args, client=pipe)
+                        calls.append(chunk)
+                replies = await pipe.execute()
+        except redis.exceptions.RedisError as exc:
+            raise translate(exc) from exc
+        out: list[ScheduleResult] = []
+        for chunk, reply in zip(calls, replies, strict=True):
+            out.extend(self._schedule_results(chunk, reply))
+        return out
+
+    async def cancel(self, shard: int, job_id: str) -> JobState | None:
+        """Remove a job in any state (cancel.lua); return the state it had. O(log N)."""
+        k = self.keys.shard(shard)
+        jobs = self.keys.jobs_key(shard, job_id)
+        reply = await self._run(
+            self._scripts.cancel, [k.due, k.leased, k.dead, jobs], [job_id], shard
+        )
+        return JobState(reply) if reply else None
+
+    async def reschedule(self, shard: int, job_id: str, mode: int, time_ms: int) -> tuple[int, int]:
+        """Move a due job (reschedule.lua); return ``(status, when_ms)``. O(log N)."""
+        k = self.keys.shard(shard)
+        reply = await self._run(
+            self._scripts.reschedule,
+            [k.due, k.done, k.clock, self.keys.jobs_key(shard, job_id)],
+            [job_id, mode, time_ms],
+            shard,
+        )
+        return int(reply[0]), int(reply[1])
+
+    async def get(self, shard: int, job_id: str) -> JobInfo | None:
+        """One job's state and record (get.lua). O(log N)."""
+        k = self.keys.shard(shard)
+        jobs = self.keys.jobs_key(shard, job_id)
+        reply = await self._run(self._scripts.get, [k.due, k.leased, k.dead, jobs], [job_id], shard)
+        if reply is None:
+            return None
+        return _info(job_id, shard, JobState(reply[0]), reply[1], reply[2:])
+
+    # -- owners --------------------------------------------------------------------
+
+    async def claim(
+        self, shard: int, epoch: int, lookahead_ms: int, limit: int, lease_ms: int
+    ) -> ClaimBatch:
+        """Lease jobs due by now + lookahead (claim.lua). O(limit log N).
+
+        Raises:
+            Fenced: if ``epoch`` is stale.
+        """
+        k = self.keys.shard(shard)
+        reply = await self._run(
+            self._scripts.claim,
+            [k.due, k.leased, k.done, k.epoch, k.clock, *k.jobs],
+            [epoch, lookahead_ms, limit, lease_ms],
+            shard,
+        )
+        jobs: list[Job] = []
+        append = jobs.append
+        for i in range(2, len(reply), _CLAIM_STRIDE):
+            f = reply[i + 4 : i + _CLAIM_STRIDE]
+            append(
+                Job(
+                    id=reply[i].decode(),
+                    shard=shard,
+                    task=f[0].decode(),
+                    payload=decode_payload(f[1], f[3]),
+                    nominal_ms=f[4],
+                    due_ms=reply[i + 1],
+                    deadline_ms=reply[i + 2],
+                    attempt=f[5],
+                    max_attempts=f[2],
+                    epoch=f[6],
+                    recurrence=_recurrence(f[7], f[8], f[9], f[10], f[11]) if f[7] else None,
+                    duplicate=bool(reply[i + 3]),
+                    last_error=f[12].decode(errors="replace") if f[12] else "",
+                )
+            )
+        return ClaimBatch(shard, int(reply[0]), jobs, int(reply[1]))
+
+    async def ack(
+        self, shard: int, epoch: int, refs: Sequence[ClaimedRef], keep_done_ms: int
+    ) -> list[bool]:
+        """Complete leases; record each occurrence in done (ack.lua). O(n log N).
+
+        Returns:
+            Per job, True if acked, False if its lease was lost.
+
+        Raises:
+            Fenced: if ``epoch`` is stale (nothing written).
+        """
+        k = self.keys.shard(shard)
+        values: list[int | bytes] = []
+        for ref in refs:
+            values += (ref.id.encode(), ref.attempt, ref.nominal_ms, ref.time_ms)
+        args = [epoch, keep_done_ms, pack_array(values)]
+        buckets = [self.keys.jobs_key(shard, refs[0].id)] if len(refs) == 1 else k.jobs
+        reply = await self._run(
+            self._scripts.ack, [k.leased, k.due, k.done, k.epoch, k.clock, *buckets], args, shard
+        )
+        return [bool(s) for s in reply]
+
+    async def retry(
+        self,
+        shard: int,
+        epoch: int,
+        *,
+        job_id: str,
+        attempt: int,
+        nominal_ms: int,
+        delay_ms: int,
+        error: str,
+    ) -> tuple[int, int]:
+        """Back to due after ``delay_ms``, or dead (retry.lua); ``(status, when_ms)``.
+
+        Raises:
+            Fenced: if ``epoch`` is stale.
+        """
+        k = self.keys.shard(shard)
+        reply = await self._run(
+            self._scripts.retry,
+            [k.leased, k.due, k.dead, k.epoch, k.clock, self.keys.jobs_key(shard, job_id)],
+            [epoch, job_id, attempt, nominal_ms, delay_ms, error],
+            shard,
+        )
+        return int(reply[0]), int(reply[1])
+
+    async def extend(
+        self, shard: int, epoch: int, *, job_id: str, attempt: int, nominal_ms: int, lease_ms: int
+    ) -> int:
+        """Push a lease deadline to now + lease (extend.lua); 0 if the lease is lost.
+
+        Raises:
+            Fenced: if ``epoch`` is stale.
+        """
+        k = self.keys.shard(shard)
+        reply = await self._run(
+            self._scripts.extend,
+            [k.leased, k.epoch, k.clock, self.keys.jobs_key(shard, job_id)],
+            [epoch, job_id, attempt, nominal_ms, lease_ms],
+            shard,
+        )
+        return int(reply)
+
+    async def release(self, shard: int, epoch: int, refs: Sequence[ClaimedRef]) -> list[bool]:
+        """Hand leases back to due unrun, same attempt (release.lua).
+
+        Raises:
+            Fenced: if ``epoch`` is stale.
+        """
+        k = self.keys.shard(shard)
+        args: list[Any] = [epoch, len(refs)]
+        for ref in refs:
+            args += (ref.id, ref.attempt, ref.nominal_ms, ref.time_ms, 1 if ref.renominate else 0)
+        reply = await self._run(
+            self._scripts.release, [k.leased, k.due, k.epoch, k.clock, *k.jobs], args, shard
+        )
+        return [bool(s) for s in reply]
+
+    async def reap(self, shard: int, epoch: int, limit: int) -> ReapResult:
+        """Expired leases back to due or to dead (reap.lua). O(limit log N).
+
+        Raises:
+            Fenced: if ``epoch`` is stale.
+        """
+        k = self.keys.shard(shard)
+        reply = await self._run(
+            self._scripts.reap,
+            [k.leased, k.due, k.dead, k.epoch, k.clock, *k.jobs],
+            [epoch, limit],
+            shard,
+        )
+        n = int(reply[1])
+        ids = [b.decode() for b in reply[2:]]
+        return ReapResult(shard, int(reply[0]), ids[:n], ids[n:])
+
+    # -- dead letters --------------------------------------------------------------
+
+    async def dead_list(self, shard: int, offset: int, count: int) -> DeadPage:
+        """A page of dead letters, oldest first (dead_list.lua)."""
+        k = self.keys.shard(shard)
+        reply = await self._run(self._scripts.dead_list, [k.dead, *k.jobs], [offset, count], shard)
+        jobs = [
+            _info(
+                reply[i].decode(),
+                shard,
+                JobState.DEAD,
+                reply[i + 1],
+                reply[i + 2 : i + _ROW_STRIDE],
+            )
+            for i in range(1, len(reply), _ROW_STRIDE)
+        ]
+        return DeadPage(int(reply[0]), jobs)
+
+    async def dead_requeue(self, shard: int, ids: Sequence[str], limit: int) -> list[str]:
+        """Dead letters back to due now (dead_requeue.lua); ``ids`` empty: oldest ``limit``."""
+        k = self.keys.shard(shard)
+        reply = await self._run(
+            self._scripts.dead_requeue, [k.dead, k.due, k.clock, *k.jobs], [limit, *ids], shard
+        )
+        return [b.decode() for b in reply]
+
+    async def dead_purge(self, shard: int, ids: Sequence[str], limit: int) -> list[str]:
+        """Delete dead letters (dead_purge.lua); ``ids`` empty: the oldest ``limit``."""
+        k = self.keys.shard(shard)
+        reply = await self._run(self._scripts.dead_purge, [k.dead, *k.jobs], [limit, *ids], shard)
+        return [b.decode() for b in reply]
+
+    # -- ownership -----------------------------------------------------------------
+
+    async def take(self, shard: int, token: str, ttl_ms: int) -> int:
+        """Take a shard (take.lua); return its new epoch, or 0 if another owner holds it."""
+        k = self.keys.shard(shard)
+        reply = await self._run(self._scripts.take, [k.owner, k.epoch], [token, ttl_ms], shard)
+        return int(reply[0])
+
+    async def renew(self, shard: int, token: str, epoch: int, ttl_ms: int) -> None:
+        """Renew the owner token (renew.lua).
+
+        Raises:
+            Fenced: if the epoch moved on or another token holds the shard.
+        """
+        k = self.keys.shard(shard)
+        await self._run(self._scripts.renew, [k.owner, k.epoch], [token, epoch, ttl_ms], shard)
+
+    async def give_back(self, shard: int, token: str, epoch: int) -> bool:
+        """Give a shard back and bump its epoch (give_back.lua); False if not held."""
+        k = self.keys.shard(shard)
+        reply = await self._run(self._scripts.give_back, [k.owner, k.epoch], [token, epoch], shard)
+        return bool(reply)

@@ -1,0 +1,67 @@
+-- ack.lua: complete leased jobs of one shard; record each occurrence in done.
+-- KEYS[1] leased  KEYS[2] due  KEYS[3] done  KEYS[4] epoch  KEYS[5] clock
+-- KEYS[6..] jobs buckets (all of the shard's, in order)
+-- ARGV[1]  epoch      the caller's fencing epoch for this shard
+-- ARGV[2]  keep       ms: done entries older than this are trimmed
+-- ARGV[3]  batch      msgpack array, 4 values per job: id, attempt, nominal, next
+--   (the lease is (epoch, attempt, nominal); next: the next occurrence's due in ms for a
+--   recurring job, computed by the client from the nominal due; 0 = none)
+-- Returns: {status_1 .. status_n}: 1 acked and removed, 2 acked and re-inserted at
+--   next, 0 lease lost (not leased, or leased under another epoch, attempt or nominal).
+-- Errors: TW_FENCED if ARGV[1] is not the shard's current epoch (nothing written).
+local FIRST = 5
+local leased_key, due_key, done_key = KEYS[1], KEYS[2], KEYS[3]
+local err = fence(KEYS[4], ARGV[1])
+if err then return err end
+local epoch = tonumber(ARGV[1])
+local now = clock_now(KEYS[5], true)
+redis.call('ZREMRANGEBYSCORE', done_key, '-inf', '(' .. fmt(now - tonumber(ARGV[2])))
+local items = cmsgpack.unpack(ARGV[3])
+local count = #items / 4
+local ids = {}
+for k = 1, count do ids[k] = items[4 * k - 3] end
+local recs, key_of = get_records(ids, count, FIRST)
+local leases = {}
+for k = 1, count, CHUNK do
+  local b = redis.call('ZMSCORE', leased_key, unpack(ids, k, math.min(k + CHUNK - 1, count)))
+  for j = 1, #b do leases[k + j - 1] = b[j] end
+end
+local out = {}
+local unlease, del, done, hset, zadd = {}, {}, {}, {}, {}
+local nu, nn, nz = 0, 0, 0
+local acked = {}
+local snow = fmt(now)
+for k = 1, count do
+  local id = ids[k]
+  local status = 0
+  if recs[k] and leases[k] and not acked[id] then
+    local r = rec_decode(recs[k])
+    if holds(r, epoch, items[4 * k - 2], items[4 * k - 1]) then
+      local nxt = items[4 * k]
+      nu = nu + 1
+      unlease[nu] = id
+      done[nn + 1], done[nn + 2] = snow, done_member(r[F_NOMINAL], id)
+      nn = nn + 2
+      if nxt > 0 and r[F_RKIND] ~= 0 then
+        r[F_NOMINAL], r[F_ATTEMPT], r[F_EPOCH], r[F_ERROR] = 0, 1, 0, ''
+        buffer(hset, key_of[k], id, rec_encode(r))
+        zadd[nz + 1], zadd[nz + 2] = fmt(nxt), id
+        nz = nz + 2
+        status = 2
+      else
+        buffer(del, key_of[k], id)
+        status = 1
+      end
+      acked[id] = true  -- a repeated id in this call is lost the second time
+    end
+  end
+  out[k] = status
+end
+if nu > 0 then bulk('ZREM', leased_key, unlease) end
+flush('HDEL', del)
+if nn > 0 then bulk('ZADD', done_key, done) end
+if nz > 0 then
+  flush('HSET', hset)
+  bulk('ZADD', due_key, zadd)
+end
+return out

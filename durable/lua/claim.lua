@@ -1,0 +1,78 @@
+-- claim.lua: lease the jobs of one shard that are due by now + lookahead.
+-- KEYS[1] due  KEYS[2] leased  KEYS[3] done  KEYS[4] epoch  KEYS[5] clock
+-- KEYS[6..] jobs buckets (all of the shard's, in order)
+-- ARGV[1]  epoch      the caller's fencing epoch for this shard
+-- ARGV[2]  lookahead  ms: claim jobs due by now + lookahead
+-- ARGV[3]  limit      at most this many jobs
+-- ARGV[4]  lease      ms: each lease ends at max(now, due) + lease
+-- Returns: {now, dropped, then per job: id, due, deadline, dup, field_1 .. field_13}
+--   (17 values per job; nominal resolved). dropped counts one-shot jobs whose
+--   occurrence is in done already: removed, not returned. A recurring job whose
+--   occurrence is done comes back leased with dup = 1: the client acks it unrun, which
+--   re-inserts its next occurrence.
+-- Errors: TW_FENCED if ARGV[1] is not the shard's current epoch (nothing written).
+local FIRST = 5
+local due_key, leased_key, done_key = KEYS[1], KEYS[2], KEYS[3]
+local err = fence(KEYS[4], ARGV[1])
+if err then return err end
+local epoch = tonumber(ARGV[1])
+local now = clock_now(KEYS[5], true)
+local lease = tonumber(ARGV[4])
+local hits = redis.call('ZRANGEBYSCORE', due_key, '-inf', fmt(now + tonumber(ARGV[2])),
+  'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[3]))
+if #hits == 0 then return {now, 0} end
+local ids, dues = {}, {}
+local count = #hits / 2
+for k = 1, count do
+  ids[k] = hits[2 * k - 1]
+  dues[k] = tonumber(hits[2 * k])
+end
+bulk('ZREM', due_key, ids)
+local recs, key_of = get_records(ids, count, FIRST)
+-- Decode and resolve each occurrence, then look them all up in done at once.
+local decoded, members = {}, {}
+for k = 1, count do
+  local s = recs[k]
+  if s then
+    local r = rec_decode(s)
+    if r[F_NOMINAL] == 0 then r[F_NOMINAL] = dues[k] end
+    decoded[k] = r
+  else
+    decoded[k] = false
+  end
+  members[k] = done_member(decoded[k] and decoded[k][F_NOMINAL] or 0, ids[k])
+end
+local seen = {}
+for k = 1, count, CHUNK do
+  local part = redis.call('ZMSCORE', done_key, unpack(members, k, math.min(k + CHUNK - 1, count)))
+  for j = 1, #part do seen[k + j - 1] = part[j] end
+end
+local out = {now, 0}
+local n, nz = 2, 0
+local dropped = 0
+local gone, hset, zadd = {}, {}, {}
+for k = 1, count do
+  local r = decoded[k]
+  local id = ids[k]
+  if not r then
+    dropped = dropped + 1  -- an index entry without a record: nothing to run
+  elseif seen[k] and r[F_RKIND] == 0 then
+    dropped = dropped + 1
+    buffer(gone, key_of[k], id)
+  else
+    local deadline = math.max(now, dues[k]) + lease
+    r[F_EPOCH] = epoch
+    buffer(hset, key_of[k], id, rec_encode(r))
+    zadd[nz + 1], zadd[nz + 2] = fmt(deadline), id
+    nz = nz + 2
+    out[n + 1], out[n + 2], out[n + 3], out[n + 4] = id, dues[k], deadline, seen[k] and 1 or 0
+    n = rec_row(out, n + 4, r, dues[k])
+  end
+end
+flush('HDEL', gone)
+if nz > 0 then
+  flush('HSET', hset)
+  bulk('ZADD', leased_key, zadd)
+end
+out[2] = dropped
+return out

@@ -1,0 +1,34 @@
+-- retry.lua: give a leased job back for another attempt after a delay, or kill it.
+-- KEYS[1] leased  KEYS[2] due  KEYS[3] dead  KEYS[4] epoch  KEYS[5] clock
+-- KEYS[6] the job's jobs bucket
+-- ARGV[1]  epoch   the caller's fencing epoch for this shard
+-- ARGV[2]  id
+-- ARGV[3]  attempt the attempt the caller holds
+-- ARGV[4]  nominal the nominal due of the occurrence the caller holds
+-- ARGV[5]  delay   ms added to now (backoff with jitter, computed by the client)
+-- ARGV[6]  error   text kept in the record
+-- Returns: {status, when}: 1 due again at when (attempt + 1), 2 dead since when
+--   (attempt was the last of max), 0 lease lost.
+-- Errors: TW_FENCED if ARGV[1] is not the shard's current epoch (nothing written).
+local leased_key, jobs_key = KEYS[1], KEYS[6]
+local err = fence(KEYS[4], ARGV[1])
+if err then return err end
+local epoch = tonumber(ARGV[1])
+local id = ARGV[2]
+local now = clock_now(KEYS[5], true)
+local s = redis.call('HGET', jobs_key, id)
+if not s or not redis.call('ZSCORE', leased_key, id) then return {0, 0} end
+local r = rec_decode(s)
+if not holds(r, epoch, ARGV[3], ARGV[4]) then return {0, 0} end
+redis.call('ZREM', leased_key, id)
+r[F_EPOCH], r[F_ERROR] = 0, ARGV[6]
+if r[F_ATTEMPT] >= r[F_MAX] then
+  redis.call('HSET', jobs_key, id, rec_encode(r))
+  redis.call('ZADD', KEYS[3], fmt(now), id)
+  return {2, now}
+end
+r[F_ATTEMPT] = r[F_ATTEMPT] + 1
+local due = now + tonumber(ARGV[5])
+redis.call('HSET', jobs_key, id, rec_encode(r))
+redis.call('ZADD', KEYS[2], fmt(due), id)
+return {1, due}

@@ -1,0 +1,113 @@
+"""Shared helpers of the durable tests: schedulers on a real redis-server, a clock the
+test pushes forward, and an executable check of a shard's invariants."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
+
+import redis.asyncio
+
+from tickwheel.durable import JobState, Scheduler
+
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine on a fresh event loop (the suite has no asyncio plugin)."""
+    return asyncio.run(coro)
+
+
+def unique_ns() -> str:
+    """A namespace of this test's own, so tests share a server without interfering."""
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+@contextlib.asynccontextmanager
+async def open_scheduler(
+    url: str, namespace: str | None = None, **kwargs: Any
+) -> AsyncIterator[Scheduler]:
+    """A Scheduler on its own client and namespace (server check off unless asked)."""
+    kwargs.setdefault("check", False)
+    client = redis.asyncio.Redis.from_url(url)
+    sched = Scheduler(client, namespace or unique_ns(), **kwargs)
+    try:
+        yield sched
+    finally:
+        await client.aclose()
+
+
+def client_of(sched: Scheduler) -> redis.asyncio.Redis:
+    """The redis-py client a scheduler uses (tests read Redis directly through it)."""
+    return sched.store._client
+
+
+async def push_clock(sched: Scheduler, shard: int, ms: int) -> int:
+    """Move shard's clock forward by ``ms``: now = max(TIME, clock), so time jumps.
+
+    Returns:
+        The shard's new now.
+    """
+    now = await sched.store.now(shard)
+    await client_of(sched).set(sched.keys.shard(shard).clock, now + ms)
+    return now + ms
+
+
+async def push_all_clocks(sched: Scheduler, ms: int) -> None:
+    """:func:`push_clock` on every shard."""
+    for shard in range(sched.keys.shards):
+        await push_clock(sched, shard, ms)
+
+
+async def snapshot(sched: Scheduler) -> dict[bytes, bytes | None]:
+    """Every key of the namespace with its DUMP, to assert that nothing was written."""
+    client = client_of(sched)
+    out: dict[bytes, bytes | None] = {}
+    async for key in client.scan_iter(match=f"*{sched.keys.namespace}*"):
+        out[key] = await client.dump(key)
+    return out
+
+
+async def check_shard(sched: Scheduler, shard: int) -> dict[str, JobState]:
+    """Assert a shard's invariants and return each job's state.
+
+    - due, leased and dead are disjoint, and their union is exactly the record keys;
+    - a leased record carries a lease epoch, a due or dead one none.
+    """
+    client = client_of(sched)
+    k = sched.keys.shard(shard)
+    due = {m.decode() for m in await client.zrange(k.due, 0, -1)}
+    leased = {m.decode() for m in await client.zrange(k.leased, 0, -1)}
+    dead = {m.decode() for m in await client.zrange(k.dead, 0, -1)}
+    records: set[str] = set()
+    async with client.pipeline(transaction=False) as pipe:
+        for bucket in k.jobs:
+            pipe.hkeys(bucket)
+        per_bucket = await pipe.execute()
+    for b, names in enumerate(per_bucket):
+        fields = {m.decode() for m in names}
+        assert not (records & fields), (b, records & fields)  # one bucket per id
+        assert all(sched.keys.bucket_of(f) == b for f in fields), (b, fields)
+        records |= fields
+    dump = f"due={sorted(due)} leased={sorted(leased)} dead={sorted(dead)} jobs={sorted(records)}"
+    assert not (due & leased) and not (due & dead) and not (leased & dead), dump
+    assert due | leased | dead == records, dump
+    states = dict.fromkeys(due, JobState.DUE)
+    states.update(dict.fromkeys(leased, JobState.LEASED))
+    states.update(dict.fromkeys(dead, JobState.DEAD))
+    for job_id, state in states.items():
+        info = await sched.store.get(shard, job_id)
+        assert info is not None and info.state is state, (job_id, info, dump)
+        assert (info.epoch > 0) == (state is JobState.LEASED), (job_id, info, dump)
+    return states
+
+
+async def check_all(sched: Scheduler) -> dict[str, JobState]:
+    """:func:`check_shard` over every shard."""
+    out: dict[str, JobState] = {}
+    for shard in range(sched.keys.shards):
+        out.update(await check_shard(sched, shard))
+    return out

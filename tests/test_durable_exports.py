@@ -1,0 +1,55 @@
+"""Pin the public names of tickwheel.durable (trio's test_exports)."""
+
+from __future__ import annotations
+
+from tickwheel import durable
+
+
+def test_all_is_pinned() -> None:
+    assert len(set(durable.__all__)) == len(durable.__all__)
+    assert sorted(durable.__all__) == sorted(
+        [
+            "MAX_JOB_ID_BYTES",
+            "ClaimBatch",
+            "DeadPage",
+            "DurableError",
+            "Fenced",
+            "Job",
+            "JobInfo",
+            "JobSpec",
+            "JobState",
+            "Keys",
+            "LeaseLost",
+            "MissedRun",
+            "NotOwner",
+            "Ownership",
+            "ReapResult",
+            "Reaper",
+            "Recurrence",
+            "RedisUnavailable",
+            "ScheduleResult",
+            "ScheduleStatus",
+            "Scheduler",
+            "ServerCheckFailed",
+            "ServerConfigWarning",
+            "ServerReport",
+            "ShardCountMismatch",
+            "Store",
+            "check_server",
+        ]
+    )
+    for name in durable.__all__:
+        assert getattr(durable, name) is not None, name
+
+
+def test_errors_say_transient_or_permanent() -> None:
+    assert durable.RedisUnavailable.transient
+    for cls in (
+        durable.Fenced,
+        durable.LeaseLost,
+        durable.NotOwner,
+        durable.ShardCountMismatch,
+        durable.ServerCheckFailed,
+    ):
+        assert issubclass(cls, durable.DurableError)
+        assert not cls.transient, cls

@@ -1,0 +1,209 @@
+"""Bad input: a clear error naming the parameter, and nothing written to Redis."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from tests.durable_support import open_scheduler, run, snapshot
+from tickwheel.durable import JobSpec, Scheduler, ShardCountMismatch
+
+pytestmark = pytest.mark.redis
+
+Call = Callable[[Scheduler], Awaitable[Any]]
+
+CASES: list[tuple[str, Call, type[Exception], str]] = [
+    ("empty id", lambda s: s.schedule("", "t"), ValueError, "job_id must not be empty"),
+    ("id not str", lambda s: s.schedule(42, "t"), TypeError, "job_id must be a str"),  # type: ignore[arg-type]
+    ("id too long", lambda s: s.schedule("x" * 257, "t"), ValueError, "job_id must be at most 256"),
+    (
+        "negative delay",
+        lambda s: s.schedule("j", "t", delay=-1),
+        ValueError,
+        "delay must be a finite number >= 0",
+    ),
+    (
+        "nan delay",
+        lambda s: s.schedule("j", "t", delay=math.nan),
+        ValueError,
+        "delay must be a finite",
+    ),
+    (
+        "inf delay",
+        lambda s: s.schedule("j", "t", delay=math.inf),
+        ValueError,
+        "delay must be a finite",
+    ),
+    ("str delay", lambda s: s.schedule("j", "t", delay="5"), TypeError, "delay must be a number"),  # type: ignore[arg-type]
+    ("delay and at", lambda s: s.schedule("j", "t", delay=1, at=5), ValueError, "delay or at"),
+    (
+        "naive at",
+        lambda s: s.schedule("j", "t", at=datetime(2030, 1, 1)),
+        ValueError,
+        "at must be timezone-aware",
+    ),
+    ("negative at", lambda s: s.schedule("j", "t", at=-5), ValueError, "at must be epoch ms"),
+    (
+        "payload too big",
+        lambda s: s.schedule("j", "t", b"x" * 101),
+        ValueError,
+        "payload must be at most 100 bytes",
+    ),
+    (
+        "json too big",
+        lambda s: s.schedule("j", "t", {"k": "x" * 100}),
+        ValueError,
+        "payload must be at most 100",
+    ),
+    (
+        "payload not json",
+        lambda s: s.schedule("j", "t", object()),
+        TypeError,
+        "payload must be bytes or JSON",
+    ),
+    (
+        "payload nan",
+        lambda s: s.schedule("j", "t", math.nan),
+        TypeError,
+        "payload must be bytes or JSON",
+    ),
+    (
+        "unknown policy",
+        lambda s: s.schedule("j", "t", every=5, missed="sometimes"),
+        ValueError,
+        "missed must be one of",
+    ),
+    (
+        "unknown policy, one-shot",
+        lambda s: s.schedule("j", "t", missed="nope"),
+        ValueError,
+        "missed must be one of",
+    ),
+    (
+        "malformed cron",
+        lambda s: s.schedule("j", "t", cron="61 * * * *"),
+        ValueError,
+        "cron is not a valid",
+    ),
+    (
+        "cron wrong fields",
+        lambda s: s.schedule("j", "t", cron="* *"),
+        ValueError,
+        "cron is not a valid",
+    ),
+    (
+        "every and cron",
+        lambda s: s.schedule("j", "t", every=1, cron="* * * * *"),
+        ValueError,
+        "every or cron",
+    ),
+    (
+        "zero interval",
+        lambda s: s.schedule("j", "t", every=0),
+        ValueError,
+        "every must be at least 1 ms",
+    ),
+    (
+        "cap zero",
+        lambda s: s.schedule("j", "t", every=1, missed="all", max_catch_up=0),
+        ValueError,
+        "max_catch_up",
+    ),
+    ("empty task", lambda s: s.schedule("j", ""), ValueError, "task must be 1 to 128"),
+    ("max attempts 0", lambda s: s.schedule("j", "t", max_attempts=0), ValueError, "max_attempts"),
+    (
+        "batch with one bad payload",
+        lambda s: s.schedule_many([JobSpec("ok", "t"), JobSpec("bad", "t", b"x" * 101)]),
+        ValueError,
+        "payload must be at most 100",
+    ),
+    ("batch of non-specs", lambda s: s.schedule_many(["j"]), TypeError, "JobSpec"),  # type: ignore[list-item]
+    ("cancel empty id", lambda s: s.cancel(""), ValueError, "job_id"),
+    ("reschedule nan", lambda s: s.reschedule("j", delay=math.nan), ValueError, "delay"),
+    ("get bad id", lambda s: s.get(None), TypeError, "job_id"),  # type: ignore[arg-type]
+    ("requeue a str", lambda s: s.requeue_dead("abc"), TypeError, "job_ids"),  # type: ignore[arg-type]
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_bad_input_is_refused_and_writes_nothing(
+    redis_url: str, call: Call, error: type[Exception], message: str
+) -> None:
+    async def main() -> None:
+        async with open_scheduler(redis_url, max_payload_bytes=100) as s:
+            with pytest.raises(error, match=message):
+                await call(s)
+            assert await snapshot(s) == {}
+
+    run(main())
+
+
+def test_claim_arguments_are_checked(redis_url: str) -> None:
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            await s.take(0)
+            before = await snapshot(s)
+            with pytest.raises(ValueError, match="limit"):
+                await s.claim(0, limit=0)
+            with pytest.raises(ValueError, match="limit"):
+                await s.claim(0, limit=100_000)
+            with pytest.raises(ValueError, match="lease"):
+                await s.claim(0, lease=0)
+            with pytest.raises(ValueError, match="lookahead"):
+                await s.claim(0, lookahead=-1)
+            assert await snapshot(s) == before
+
+    run(main())
+
+
+def test_shard_count_mismatch_is_refused_and_writes_nothing(redis_url: str) -> None:
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=16) as s:
+            await s.schedule("j", "t")
+            before = await snapshot(s)
+            async with open_scheduler(redis_url, s.keys.namespace, shards=8) as other:
+                with pytest.raises(
+                    ShardCountMismatch, match="shards=16, buckets=64; got shards=8"
+                ) as info:
+                    await other.schedule("k", "t")
+                assert (info.value.stored, info.value.given) == ((16, 64), (8, 64))
+                with pytest.raises(ShardCountMismatch):
+                    await other.schedule_many([JobSpec("k", "t")])
+            async with open_scheduler(redis_url, s.keys.namespace, shards=16, buckets=8) as other:
+                with pytest.raises(
+                    ShardCountMismatch, match="buckets=64; got shards=16, buckets=8"
+                ):
+                    await other.get("j")
+            assert await snapshot(s) == before
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_payload_bytes": 0}, "max_payload_bytes"),
+        ({"dedup_window": -1}, "dedup_window"),
+        ({"owner_ttl": math.nan}, "ttl"),
+        ({"retry_base": math.inf}, "retry_base"),
+        ({"buckets": 0}, "buckets"),
+    ],
+)
+def test_bad_scheduler_settings(kwargs: dict[str, Any], message: str) -> None:
+    import redis.asyncio
+
+    with pytest.raises(ValueError, match=message):
+        Scheduler(redis.asyncio.Redis(), "ns", **kwargs)
+
+
+def test_decoding_client_is_refused() -> None:
+    import redis.asyncio
+
+    with pytest.raises(ValueError, match="decode_responses"):
+        Scheduler(redis.asyncio.Redis(decode_responses=True), "ns")

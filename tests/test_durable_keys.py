@@ -1,0 +1,165 @@
+"""Key names: one hash slot per script call, stable shard mapping, Lua headers."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+import pytest
+from redis.crc import key_slot
+
+from tests.durable_support import open_scheduler, push_clock, run
+from tickwheel.durable import JobSpec, Keys, Store
+from tickwheel.durable._scripts import SCRIPT_NAMES, source
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.mark.parametrize(
+    ("job_id", "shards", "shard"),
+    [
+        # Pinned: a change here strands every job already stored under the old mapping.
+        # Values are CRC-32 (zlib) of the UTF-8 bytes, mod the shard count.
+        ("a", 16, 3),
+        ("job-42", 16, 15),
+        ("order:1234:charge", 16, 0),
+        ("ü", 7, 4),
+        ("a", 1, 0),
+    ],
+)
+def test_shard_mapping_is_stable(job_id: str, shards: int, shard: int) -> None:
+    assert Keys("ns", shards).shard_of(job_id) == shard
+
+
+def test_every_key_of_a_shard_carries_its_hash_tag() -> None:
+    keys = Keys("orders", 4, buckets=8)
+    for s in range(4):
+        sk = keys.shard(s)
+        names = [*(k for k in sk if isinstance(k, str)), *sk.jobs]
+        assert len(names) == 7 + 8
+        assert all(k.startswith(f"{{orders:{s}}}:") for k in names)
+        assert len({key_slot(k.encode()) for k in names}) == 1
+        assert sk.jobs == tuple(f"{{orders:{s}}}:jobs:{b}" for b in range(8))
+    assert keys.meta == "{orders}:meta"
+
+
+@pytest.mark.parametrize(
+    ("job_id", "buckets", "bucket"),
+    [
+        # First 32 bits of SHA-1 of the UTF-8 bytes, mod the bucket count; the scripts
+        # compute the same with redis.sha1hex (checked against Redis below).
+        ("a", 64, 0x86F7E437 % 64),
+        ("job-42", 64, 0xC150F4BB % 64),
+        ("a", 1, 0),
+    ],
+)
+def test_bucket_mapping_is_stable(job_id: str, buckets: int, bucket: int) -> None:
+    assert Keys("ns", 1, buckets).bucket_of(job_id) == bucket
+
+
+def test_python_and_lua_agree_on_buckets(redis_url: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    keys = Keys("ns", 1, 64)
+    lua = "return tonumber(string.sub(redis.sha1hex(ARGV[1]), 1, 8), 16) % 64"
+    for job_id in ["a", "job-42", "ü", "x" * 256, "order:1234:charge"]:
+        assert client.eval(lua, 0, job_id) == keys.bucket_of(job_id), job_id
+    client.close()
+
+
+@pytest.mark.parametrize(
+    ("namespace", "shards", "error"),
+    [
+        ("", 16, ValueError),
+        ("a{b", 16, ValueError),
+        ("a}b", 16, ValueError),
+        ("x" * 65, 16, ValueError),
+        (b"ns", 16, TypeError),
+        ("ns", 0, ValueError),
+        ("ns", 16385, ValueError),
+        ("ns", True, TypeError),
+        ("ns", 2.0, TypeError),
+    ],
+)
+def test_bad_namespace_or_shards(namespace: Any, shards: Any, error: type[Exception]) -> None:
+    with pytest.raises(error, match=r"namespace|shards"):
+        Keys(namespace, shards)
+
+
+def test_all_keys_of_each_script_land_in_one_slot(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[str, list[str]]] = []
+    names = {}
+    real_run = Store._run
+    real_schedule_call = Store._schedule_call
+
+    async def spy(
+        self: Store, script: Any, keys: Sequence[str], args: Sequence[Any], shard: int
+    ) -> Any:
+        calls.append((names[script.sha], list(keys)))
+        return await real_run(self, script, keys, args, shard)
+
+    def spy_schedule(self: Store, shard: int, jobs: Any, replace: bool) -> Any:
+        keys, args = real_schedule_call(self, shard, jobs, replace)
+        calls.append(("schedule", list(keys)))
+        return keys, args
+
+    monkeypatch.setattr(Store, "_run", spy)
+    monkeypatch.setattr(Store, "_schedule_call", spy_schedule)
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=4) as s:
+            for name in SCRIPT_NAMES:
+                names[getattr(s.store._scripts, name).sha] = name
+            for shard in range(4):
+                await s.take(shard)
+                await s.ownership.renew(shard)
+            await s.now(1)
+            await s.schedule_many([JobSpec(f"k{i}", "t", max_attempts=1) for i in range(20)])
+            await s.schedule("r", "t", every=5)
+            await s.reschedule("r", delay=0)
+            await s.get("k1")
+            for shard in range(4):
+                batch = await s.claim(shard)
+                if batch.jobs:
+                    await s.extend(batch.jobs[0])
+                    await s.retry(batch.jobs[0], "x")
+                    await s.ack_many(batch.jobs[1:2])
+                    await s.release(batch.jobs[2:3])
+                await push_clock(s, shard, 60_000)
+                await s.reap(shard)
+                page = await s.dead_letters(shard)
+                await s.requeue_dead([j.id for j in page.jobs[:1]])
+                await s.purge_dead([j.id for j in page.jobs[1:2]])
+                await s.purge_all_dead(shard)
+            await s.cancel("k2")
+            await s.close()
+
+    run(main())
+    assert {name for name, _ in calls} == set(SCRIPT_NAMES)
+    for name, keys in calls:
+        assert len({key_slot(k.encode()) for k in keys}) == 1, (name, keys)
+
+
+@pytest.mark.parametrize("name", SCRIPT_NAMES)
+def test_lua_header_lists_keys_argv_returns_errors(name: str) -> None:
+    text = resources.files("tickwheel.durable").joinpath("lua", f"{name}.lua").read_text()
+    header = []
+    for line in text.splitlines():
+        if not line.startswith("--"):
+            break
+        header.append(line)
+    head = "\n".join(header)
+    assert header[0].startswith(f"-- {name}.lua: ")
+    assert "KEYS[1]" in head
+    assert "Returns:" in head
+    assert "Errors:" in head
+    # Every KEYS[n] the body uses is documented in the header.
+    used = {int(n) for n in re.findall(r"KEYS\[(\d+)\]", text)}
+    documented = {int(n) for n in re.findall(r"KEYS\[(\d+)\]", head)}
+    assert used <= documented
+    assert source(name).endswith(text)

@@ -1,0 +1,110 @@
+"""The loops (ownership, reaper) on real time, and the record codec against Lua's."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.durable_support import client_of, open_scheduler, push_clock, run
+from tickwheel.durable import JobState, Ownership, Reaper
+from tickwheel.durable._record import DEFAULTS, pack_array, pack_record, pack_value
+from tickwheel.durable._scheduler import DEFAULT_MAX_ATTEMPTS
+from tickwheel.durable._server import RedisServer
+
+pytestmark = pytest.mark.redis
+
+
+def test_ownership_loop_takes_renews_and_shares(redis_url: str) -> None:
+    async def main() -> None:
+        async with (
+            open_scheduler(redis_url, shards=4) as a,
+            open_scheduler(redis_url, a.keys.namespace, shards=4) as b,
+        ):
+            # TTL 0.6 s, renewed every 0.2 s: a loaded CI machine may stall the loop for
+            # a while without losing a's shards.
+            oa = Ownership(a.store, ttl=0.6)
+            ob = Ownership(b.store, ttl=0.6)
+            ta = asyncio.create_task(oa.run(max_shards=2))
+            await asyncio.sleep(0.05)
+            tb = asyncio.create_task(ob.run())
+            await asyncio.sleep(0.8)  # more than a TTL: renewals kept a's shards
+            assert sorted(oa.owned) == [0, 1]
+            assert sorted(ob.owned) == [2, 3]
+            ta.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ta
+            await asyncio.sleep(1.0)  # a stopped renewing: b takes over with new epochs
+            assert sorted(ob.owned) == [0, 1, 2, 3]
+            assert ob.owned[0] == oa.owned[0] + 1
+            tb.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await tb
+            await ob.give_back_all()
+            assert ob.owned == {}
+            owner = client_of(a)
+            assert await owner.exists(*[a.keys.shard(s).owner for s in range(4)]) == 0
+
+    run(main())
+
+
+def test_reaper_loop_returns_expired_leases_and_drops_fenced_shards(redis_url: str) -> None:
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=2) as s:
+            for shard in range(2):
+                await s.take(shard)
+            for i in range(6):
+                await s.schedule(f"r{i}", "t")
+            for shard in range(2):
+                await s.claim(shard, lease=1)
+                await push_clock(s, shard, 1_001)
+            reaper = Reaper(s.ownership, interval=0.01)
+            task = asyncio.create_task(reaper.run())
+            await asyncio.sleep(0.1)
+            for i in range(6):
+                info = await s.get(f"r{i}")
+                assert info is not None and info.state is JobState.DUE and info.attempt == 2
+            # Another owner takes shard 1: the reaper is fenced there and drops it.
+            await client_of(s).delete(s.keys.shard(1).owner)
+            await s.store.take(1, "other", 10_000)
+            await asyncio.sleep(0.1)
+            assert sorted(s.ownership.owned) == [0]
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    run(main())
+
+
+def test_python_and_lua_record_defaults_agree() -> None:
+    assert DEFAULTS[2] == DEFAULT_MAX_ATTEMPTS
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    task=st.binary(min_size=1, max_size=40),
+    # Sizes at each header boundary of msgpack str (fixstr, str8, str16, str32).
+    payload=st.binary(max_size=40)
+    | st.sampled_from([31, 32, 255, 256, 65535, 65536]).map(lambda n: b"p" * n),
+    ints=st.lists(st.integers(0, 2**53), min_size=3, max_size=3),
+)
+def test_python_record_matches_cmsgpack(
+    redis_server: RedisServer, task: bytes, payload: bytes, ints: list[int]
+) -> None:
+    """A record packed in Python is byte for byte what the scripts' cmsgpack packs."""
+    client = redis.Redis.from_url(redis_server.url)
+    lua = (
+        "return cmsgpack.pack(ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]),"
+        " tonumber(ARGV[5]))"
+    )
+    fields: list[int | bytes] = [task, payload, *ints]
+    assert b"".join(pack_value(f) for f in fields) == client.eval(lua, 0, *fields)
+    # Trailing defaults are dropped, as rec_encode drops them.
+    assert pack_record([task, payload, DEFAULTS[2], 0, 0, 1, 0]) == pack_record([task, payload])
+    # A batch array unpacks to the same values.
+    assert client.eval("return cmsgpack.unpack(ARGV[1])", 0, pack_array(fields)) == fields
+    client.close()
