@@ -439,6 +439,10 @@ class Scheduler:
         """Complete a claimed job: clear its lease, record the occurrence as done,
         re-insert a recurring job at its next occurrence. O(log N).
 
+        The occurrence is recorded as done even when the lease was lost (the handler did
+        run), so a copy of it that the reaper put back is dropped at its claim rather
+        than run again.
+
         Raises:
             LeaseLost: if the lease expired and was reaped, or the job was cancelled.
             Fenced: if this owner's epoch is stale (the shard is dropped).

@@ -148,6 +148,28 @@ def test_lease_expiry_returns_the_job_with_attempt_plus_one(redis_url: str) -> N
     run(main())
 
 
+def test_a_late_ack_still_marks_the_occurrence_done(redis_url: str) -> None:
+    """A slow handler finishes after its lease was reaped: its ack is refused (LeaseLost)
+    but the occurrence is remembered, so the reaped copy is dropped, not run again."""
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            await s.take(0)
+            await s.schedule("slow", "t", b"p")
+            (job,) = (await s.claim(0, lease=5)).jobs
+            await push_clock(s, 0, 5_001)
+            assert (await s.reap(0)).requeued == ["slow"]
+            with pytest.raises(LeaseLost):
+                await s.ack(job)
+            batch = await s.claim(0)
+            assert batch.jobs == []
+            assert batch.dropped == 1
+            assert await s.get("slow") is None
+            await check_all(s)
+
+    run(main())
+
+
 def test_retry_backoff_then_dead_then_requeue_and_purge(redis_url: str) -> None:
     async def main() -> None:
         async with open_scheduler(redis_url, shards=1, retry_base=2.0, rng=random.Random(7)) as s:

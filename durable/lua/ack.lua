@@ -8,6 +8,9 @@
 --   recurring job, computed by the client from the nominal due; 0 = none)
 -- Returns: {status_1 .. status_n}: 1 acked and removed, 2 acked and re-inserted at
 --   next, 0 lease lost (not leased, or leased under another epoch, attempt or nominal).
+--   A lost lease still records the occurrence in done: the handler did run, so a copy
+--   of it waiting in due (reaped after the lease expired) is dropped at its claim
+--   instead of running a second time.
 -- Errors: TW_FENCED if ARGV[1] is not the shard's current epoch (nothing written).
 local FIRST = 5
 local leased_key, due_key, done_key = KEYS[1], KEYS[2], KEYS[3]
@@ -54,6 +57,10 @@ for k = 1, count do
       end
       acked[id] = true  -- a repeated id in this call is lost the second time
     end
+  end
+  if status == 0 and not acked[id] then
+    done[nn + 1], done[nn + 2] = snow, done_member(items[4 * k - 1], id)
+    nn = nn + 2
   end
   out[k] = status
 end
