@@ -25,12 +25,8 @@ def vloop() -> Iterator[VirtualLoop]:
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     """One redis-server for the whole session (tests isolate themselves by namespace)."""
-    server = RedisServer()
-    server.start()
-    try:
+    with RedisServer() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -42,9 +38,5 @@ def redis_url(redis_server: RedisServer) -> str:
 @pytest.fixture
 def private_redis() -> Iterator[RedisServer]:
     """A redis-server of this test's own, stopped (by pid) when the test ends."""
-    server = RedisServer()
-    server.start()
-    try:
+    with RedisServer() as server:
         yield server
-    finally:
-        server.stop()
