@@ -285,3 +285,26 @@ def test_fifo_across_a_leaf_that_came_down_whole() -> None:
         core.insert(e, due)  # placed directly, after the old ones
     core._check()
     assert drain_due(core, due) == first + later
+
+
+def test_move_within_a_leaf_is_a_move_to_the_back() -> None:
+    core: Core[E] = Core(0)
+    a, b = E("a"), E("b")
+    core.insert(a, 5000)  # level 2
+    core.insert(b, 5001)
+    assert core.move(a, 5001) == 5001  # same leaf: the fast path
+    core._check()
+    assert drain_due(core, 5001) == [b, a]
+
+
+def test_move_out_of_an_unsorted_leaf_keeps_fifo() -> None:
+    core: Core[E] = Core(0)
+    due = 64**3 + 2 * 4096 + 5 * 64 + 9
+    a, b = E("a"), E("b")
+    core.insert(a, due)  # level 3 from 0
+    assert drain_due(core, 64**3) == []  # its leaf comes down whole, as UNSORTED
+    assert id(a._bucket) in core._unsorted
+    core.insert(b, due + 1)  # placed directly into a sorted leaf of the same bucket
+    core.move(a, due + 1)  # after b: must fire after b, though in the same 64-tick window
+    core._check()
+    assert drain_due(core, due + 1) == [b, a]

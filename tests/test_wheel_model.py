@@ -105,6 +105,19 @@ class WheelVersusHeap(RuleBasedStateMachine):
         self.live[key] = (used, order)
         heapq.heappush(self.heap, (used, order, key))  # the old heap entry goes stale
 
+    @rule(key=timers, delta=st.integers(-3, 70))
+    def nudge(self, key: int, delta: int) -> None:
+        """Push a pending timer a little (an idle-timeout reset): often the same leaf."""
+        item = self.items[key]
+        if key not in self.live:
+            return
+        target = item._deadline + delta
+        used = self.core.move(item, target)
+        assert used == max(target, self.now if self.now > self.fired_tick else self.fired_tick + 1)
+        order = next(self.seq)
+        self.live[key] = (used, order)
+        heapq.heappush(self.heap, (used, order, key))
+
     @rule(step=steps)
     def advance(self, step: int) -> None:
         now = self.now + step

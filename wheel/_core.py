@@ -118,7 +118,7 @@ class Core(Generic[E]):
         elapsed: the tick to start at; nothing earlier can be scheduled.
     """
 
-    __slots__ = ("_elapsed", "_fired", "_len", "_level0", "_occupied", "_upper")
+    __slots__ = ("_elapsed", "_fired", "_len", "_level0", "_occupied", "_unsorted", "_upper")
 
     def __init__(self, elapsed: int = 0) -> None:
         if elapsed < 0:
@@ -129,6 +129,7 @@ class Core(Generic[E]):
         # [level][slot] -> {group one level down, or UNSORTED: leaf}; [0] is unused
         self._upper: list[list[dict[int, dict[E, None]]]] = [[]]
         self._occupied: list[int] = [0]  # [level] -> bitmap of possibly non-empty slots
+        self._unsorted: set[int] = set()  # id() of the leaves filed under UNSORTED (for move)
         self._len = 0  # pending entries, including those handed out and not yet fired
 
     def __len__(self) -> int:
@@ -192,6 +193,22 @@ class Core(Generic[E]):
         bucket = entry._bucket
         if bucket is None:
             raise ValueError(f"{entry!r} is not pending")
+        old = entry._deadline
+        if (
+            deadline >= old > self._elapsed
+            and deadline ^ old < SLOTS
+            and (deadline == old or old ^ self._elapsed >= SLOTS * SLOTS)
+            and id(bucket) not in self._unsorted
+        ):
+            # The idle-timeout reset: a far deadline pushed back within its 64-tick window
+            # stays in the same leaf (same level, slot and group; level >= 2, or the very
+            # same tick), so going to the back of that leaf is all insert would do. Not
+            # for an UNSORTED leaf: its entries cascade before the sorted leaves, which
+            # would put this timer ahead of ones scheduled before the move (G7).
+            del bucket[entry]
+            bucket[entry] = None
+            entry._deadline = deadline
+            return deadline
         del bucket[entry]
         self._len -= 1
         return self.insert(entry, deadline)
@@ -292,6 +309,9 @@ class Core(Generic[E]):
                 return bucket
             leaves = self._upper[level][slot]
             self._upper[level][slot] = {}
+            unsorted = leaves.get(UNSORTED)
+            if unsorted is not None:
+                self._unsorted.discard(id(unsorted))
             self._cascade(level - 1, leaves)
         # Safe: every entry is due after now, so none changes level or slot (rule 5).
         self._elapsed = max(self._elapsed, now)
@@ -319,6 +339,7 @@ class Core(Generic[E]):
                         continue
                 elif not any(self._upper[below][group].values()):
                     self._upper[below][group] = {UNSORTED: leaf}
+                    self._unsorted.add(id(leaf))
                     self._occupied[below] |= 1 << group
                     continue
             self._len -= len(leaf)
@@ -362,6 +383,7 @@ class Core(Generic[E]):
         self._level0 = [{} for _ in range(SLOTS)]
         self._upper = [[]] + [[{} for _ in range(SLOTS)] for _ in self._upper[1:]]
         self._occupied = [0] * len(self._occupied)
+        self._unsorted.clear()
         for entry in out:
             entry._bucket = None
         self._len -= len(out)
@@ -404,6 +426,8 @@ class Core(Generic[E]):
                     if key is not None and key != UNSORTED:
                         group = (d >> ((level - 1) * BITS)) & MASK
                         assert group == key, f"{entry!r} in leaf {key}, group {group}"
+                if key == UNSORTED and leaf:
+                    assert id(leaf) in self._unsorted, f"unsorted leaf {level}/{slot} not known"
             assert count + handed_out == self._len, (
                 f"len {self._len} != {count} in buckets + {handed_out} handed out"
             )

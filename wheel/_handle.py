@@ -137,11 +137,7 @@ class Timer(Entry):
         deadline = _ceil(when / tick)
         if deadline * tick < when:  # never early (G1)
             deadline += 1
-        # Core.move, without its call: reschedule is the idle-timeout hot path.
-        del bucket[self]
-        core = wheel._core
-        core._len -= 1
-        deadline = core.insert(self, deadline)
+        deadline = wheel._core.move(self, deadline)
         if deadline < wheel._armed_tick:
             wheel._arm(deadline)
         return True
