@@ -1,0 +1,239 @@
+"""The network-server scenario: idle timeouts reset on every request.
+
+A loopback TCP server holds ``--conns`` connections; each request resets that
+connection's idle timeout; a connection idle for ``--idle`` seconds is closed. The server
+runs in its own process so its CPU time is its own; the client (this process) drives
+every connection through ``--rounds`` request/response rounds, then goes quiet and
+records when each connection is closed.
+
+Four servers, in two pairs that differ only in the timer:
+
+* ``protocol/wheel``: an ``asyncio.Protocol``; ``Timer.reschedule(idle)`` per request.
+* ``protocol/call_later``: the same protocol; ``handle.cancel()`` + ``loop.call_later``.
+* ``stream/wheel.timeout``: a streams handler in ``tickwheel.wheel.timeout(idle)``,
+  ``cm.reschedule(now + idle)`` per request.
+* ``stream/asyncio.timeout``: the same handler in ``asyncio.timeout``.
+
+Reported per server: server CPU per request, requests/s, and how late each idle
+connection was closed: the close seen by the client minus (its last request sent +
+idle). The server resets the timeout only after that send, so "early" must stay 0.
+
+    .venv/bin/python bench/server_scenario.py --conns 3000 --rounds 5 --idle 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+MODES = ["protocol/wheel", "protocol/call_later", "stream/wheel.timeout", "stream/asyncio.timeout"]
+REQUEST = b"ping\n"
+RESPONSE = b"pong\n"
+
+
+# -- the server (child process) ---------------------------------------------------------
+
+
+def _protocol_factory(mode: str, idle: float) -> Callable[[], asyncio.Protocol]:
+    from tickwheel.wheel import TimingWheel
+
+    loop = asyncio.get_running_loop()
+    wheel = TimingWheel()
+
+    class Conn(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport: Any = transport
+            if mode == "protocol/wheel":
+                self.timer: Any = wheel.schedule(idle, transport.close)
+            else:
+                self.timer = loop.call_later(idle, transport.close)
+
+        def data_received(self, data: bytes) -> None:
+            if mode == "protocol/wheel":
+                self.timer.reschedule(idle)
+            else:
+                self.timer.cancel()
+                self.timer = loop.call_later(idle, self.transport.close)
+            self.transport.write(RESPONSE * data.count(b"\n"))
+
+        def connection_lost(self, exc: BaseException | None) -> None:
+            self.timer.cancel()
+
+    return Conn
+
+
+async def _serve(mode: str, port: int, idle: float) -> None:
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(
+        signal.SIGUSR1, lambda: print(f"cpu {time.process_time():.6f}", flush=True)
+    )
+    stop = loop.create_future()
+    loop.add_signal_handler(signal.SIGTERM, stop.set_result, None)
+    if mode.startswith("protocol/"):
+        server = await loop.create_server(_protocol_factory(mode, idle), "127.0.0.1", port)
+    else:
+        from tickwheel.wheel import timeout as wheel_timeout
+
+        timeout = wheel_timeout if mode == "stream/wheel.timeout" else asyncio.timeout
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                async with timeout(idle) as cm:
+                    while line := await reader.readline():
+                        cm.reschedule(loop.time() + idle)
+                        writer.write(RESPONSE * line.count(b"\n"))
+            except TimeoutError:
+                pass
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", port, limit=1024)
+    print("ready", flush=True)
+    async with server:
+        await stop
+
+
+# -- the client (this process) ----------------------------------------------------------
+
+
+class _Client(asyncio.Protocol):
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.waiter: asyncio.Future[None] | None = None
+        self.last_sent = 0.0  # the server resets the timeout after this, never before
+        self.closed_at = loop.create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport: Any = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self.closed_at.done():
+            self.closed_at.set_result(time.monotonic())
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(
+                ConnectionError("closed while a request was pending: raise --idle")
+            )
+
+    async def request(self) -> None:
+        self.waiter = self.loop.create_future()
+        self.last_sent = time.monotonic()
+        self.transport.write(REQUEST)
+        await self.waiter
+
+
+def _server_cpu(proc: subprocess.Popen[str]) -> float:
+    assert proc.stdout is not None
+    proc.send_signal(signal.SIGUSR1)
+    line = proc.stdout.readline()
+    return float(line.split()[1])
+
+
+async def _drive(port: int, conns: int, rounds: int, proc: subprocess.Popen[str]) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    clients: list[_Client] = []
+    for start in range(0, conns, 500):  # open in waves: the accept backlog is finite
+        made = await asyncio.gather(
+            *(
+                loop.create_connection(lambda: _Client(loop), "127.0.0.1", port)
+                for _ in range(min(500, conns - start))
+            )
+        )
+        clients += [c for _, c in made]
+    await asyncio.gather(*(c.request() for c in clients))  # warm up
+    cpu0 = _server_cpu(proc)
+    t0 = time.monotonic()
+    for _ in range(rounds):
+        await asyncio.gather(*(c.request() for c in clients))
+    wall = time.monotonic() - t0
+    cpu = _server_cpu(proc) - cpu0
+    closed = await asyncio.gather(*(c.closed_at for c in clients))
+    return {
+        "requests": conns * rounds,
+        "wall": wall,
+        "cpu": cpu,
+        "idle_late": sorted(t - c.last_sent for t, c in zip(closed, clients, strict=True)),
+    }
+
+
+def _run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    from tickwheel.durable._server import free_port
+
+    port = free_port()
+    cmd = [sys.executable, __file__, "--serve", mode, "--port", str(port), "--idle", str(args.idle)]
+    if args.uvloop:
+        cmd.append("--uvloop")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"{mode} server did not start")
+        result = _new_loop(args.uvloop).run_until_complete(
+            _drive(port, args.conns, args.rounds, proc)
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(10)
+    result["idle_late"] = [t - args.idle for t in result["idle_late"]]
+    return result
+
+
+def _new_loop(uvloop: bool) -> asyncio.AbstractEventLoop:
+    if uvloop:
+        import uvloop as uv
+
+        return uv.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    # The issue asks for 10,000; a 10,000-connection run took minutes per server here.
+    parser.add_argument("--conns", type=int, default=3_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--idle", type=float, default=5.0, help="idle timeout (s); must outlast opening all"
+    )
+    parser.add_argument("--uvloop", action="store_true", help="run both sides on uvloop")
+    parser.add_argument("--serve", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        loop = _new_loop(args.uvloop)
+        loop.run_until_complete(_serve(args.serve, args.port, args.idle))
+        loop.close()
+        return
+    print(
+        f"{args.conns:,} connections, {args.rounds} rounds, idle timeout {args.idle:g} s, "
+        f"{'uvloop' if args.uvloop else 'stdlib loop'}, server pid != client pid "
+        f"(client {os.getpid()})"
+    )
+    print(
+        f"{'server':24} {'CPU us/req':>10} {'req/s':>9} "
+        f"{'close late p50':>15} {'p99':>8} {'max':>8} {'early':>6}"
+    )
+    for mode in MODES:
+        r = _run_mode(mode, args)
+        late = r["idle_late"]
+        p99 = late[min(len(late) - 1, int(len(late) * 0.99))]
+        print(
+            f"{mode:24} {r['cpu'] / r['requests'] * 1e6:>10.2f} "
+            f"{r['requests'] / r['wall']:>9,.0f} {statistics.median(late) * 1e3:>13.1f}ms "
+            f"{p99 * 1e3:>6.1f}ms {late[-1] * 1e3:>6.1f}ms {sum(x < 0 for x in late):>6}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
