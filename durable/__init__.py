@@ -2,7 +2,9 @@
 
 Jobs live in Redis sorted sets, sharded by job id, and move between states only inside
 Lua scripts that read Redis's clock (see DESIGN.md, "durable/"). Start with
-:class:`Scheduler`.
+:class:`Scheduler`; :class:`Timers` spills long or durable timers from the in-memory
+wheel to Redis, and a :class:`Worker` (``tickwheel worker``) loads them back and runs
+the tasks of a :class:`TaskRegistry`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ._errors import (
     ShardCountMismatch,
 )
 from ._keys import MAX_JOB_ID_BYTES, Keys
+from ._loader import Loader, LoaderStats
 from ._model import (
     ClaimBatch,
     DeadPage,
@@ -33,7 +36,11 @@ from ._ownership import Ownership
 from ._reaper import Reaper
 from ._recurrence import MissedRun, Recurrence
 from ._scheduler import Scheduler
+from ._spill import Timers
 from ._store import Store
+from ._stream import Publisher, StreamConsumer, StreamEntry, StreamPublisher
+from ._tasks import TaskContext, TaskRegistry
+from ._worker import Worker
 
 __all__ = [
     "MAX_JOB_ID_BYTES",
@@ -47,9 +54,12 @@ __all__ = [
     "JobState",
     "Keys",
     "LeaseLost",
+    "Loader",
+    "LoaderStats",
     "MissedRun",
     "NotOwner",
     "Ownership",
+    "Publisher",
     "ReapResult",
     "Reaper",
     "Recurrence",
@@ -62,5 +72,12 @@ __all__ = [
     "ServerReport",
     "ShardCountMismatch",
     "Store",
+    "StreamConsumer",
+    "StreamEntry",
+    "StreamPublisher",
+    "TaskContext",
+    "TaskRegistry",
+    "Timers",
+    "Worker",
     "check_server",
 ]

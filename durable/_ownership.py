@@ -14,6 +14,7 @@ Ground rules:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Iterable
@@ -55,6 +56,7 @@ class Ownership:
         self.token = token or uuid.uuid4().hex  # this owner's token
         self.ttl_ms = finite_seconds_ms("ttl", ttl, minimum_ms=1)  # token TTL in ms
         self.owned: dict[int, int] = {}  # shard -> epoch taken
+        self._stop = asyncio.Event()  # set by stop(): run() returns
 
     def epoch(self, shard: int) -> int:
         """The epoch this owner holds ``shard`` under.
@@ -116,11 +118,13 @@ class Ownership:
             shards: the shards to try to own; all of the namespace when None.
             max_shards: own at most this many (share shards between processes).
 
-        Cancel the task to stop; the caller gives the shards back.
+        Stop it with :meth:`stop` (cancelling can be swallowed by redis-py 8 mid-command);
+        the caller gives the shards back.
         """
         wanted = list(range(self.store.keys.shards) if shards is None else shards)
         period = self.ttl_ms / 1000 / RENEW_FRACTION
-        while True:
+        self._stop.clear()
+        while not self._stop.is_set():
             for shard in list(self.owned):
                 await self.renew(shard)
             for shard in wanted:
@@ -128,4 +132,9 @@ class Ownership:
                     break
                 if shard not in self.owned:
                     await self.take(shard)
-            await asyncio.sleep(period)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), period)
+
+    def stop(self) -> None:
+        """Make :meth:`run` return after the call in flight, if any."""
+        self._stop.set()

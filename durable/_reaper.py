@@ -10,6 +10,7 @@ Ground rules:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import timedelta
 
 from ._errors import Fenced
@@ -46,6 +47,7 @@ class Reaper:
         self.ownership = ownership  # whose shards to reap
         self.interval_ms = finite_seconds_ms("interval", interval, minimum_ms=1)  # pace
         self.limit = limit  # leases per shard per call
+        self._stop = asyncio.Event()  # set by stop(): run() returns
 
     async def reap_once(self) -> list[ReapResult]:
         """One round over the owned shards; a fenced shard is dropped.
@@ -63,8 +65,19 @@ class Reaper:
         return results
 
     async def run(self) -> None:
-        """Forever: :meth:`reap_once`, then sleep. Cancel the task to stop."""
-        while True:
+        """Until :meth:`stop`: :meth:`reap_once`, then wait ``interval``.
+
+        Stop it with :meth:`stop` rather than by cancelling the task: redis-py 8 can
+        swallow a cancellation that lands while a command is in flight, and the loop
+        would go on.
+        """
+        self._stop.clear()
+        while not self._stop.is_set():
             results = await self.reap_once()
             if not any(len(r.requeued) + len(r.dead) == self.limit for r in results):
-                await asyncio.sleep(self.interval_ms / 1000)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self.interval_ms / 1000)
+
+    def stop(self) -> None:
+        """Make :meth:`run` return after the call in flight, if any."""
+        self._stop.set()

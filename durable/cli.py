@@ -1,22 +1,43 @@
 """The ``tickwheel`` command.
 
 ``tickwheel demo`` runs an in-memory demonstration of the timing wheel beside asyncio's
-own timers. The operator commands (worker, inspect, dead letters) build on the durable
-scheduler and arrive with it.
+own timers. ``tickwheel worker MODULE:REGISTRY --redis-url URL`` runs durable jobs of a
+namespace with the tasks of a :class:`~tickwheel.durable.TaskRegistry`, sharing the shards
+with the other workers, until SIGTERM or SIGINT (then it hands back what it loaded).
 
-Exit codes: 0 success, 1 the demo saw a broken guarantee, 2 bad usage.
+Exit codes: 0 success, 1 the demo saw a broken guarantee or the worker could not start
+(Redis unreachable, shard count mismatch), 2 bad usage.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
+import json
+import os
 import random
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import redis.asyncio
+
+from tickwheel.durable._errors import DurableError
+from tickwheel.durable._loader import (
+    DEFAULT_LIMIT,
+    DEFAULT_LOOKAHEAD,
+    DEFAULT_MAX_RUNNING,
+    DEFAULT_POLL_INTERVAL,
+    LoaderStats,
+)
+from tickwheel.durable._ownership import DEFAULT_OWNER_TTL
+from tickwheel.durable._reaper import DEFAULT_REAP_INTERVAL
+from tickwheel.durable._scheduler import DEFAULT_LEASE, DEFAULT_SHARDS, Scheduler
+from tickwheel.durable._tasks import TaskRegistry
+from tickwheel.durable._worker import DEFAULT_DRAIN_TIMEOUT, Worker
 from tickwheel.wheel import TimingWheel
 
 __all__ = ["main"]
@@ -146,6 +167,71 @@ def _demo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _load_registry(path: str) -> TaskRegistry:
+    """Import ``module:attr`` (attr may be dotted) and return the registry it names.
+
+    Raises:
+        ValueError: if the path is malformed or does not name a TaskRegistry.
+        ImportError: if the module cannot be imported.
+    """
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"registry must be MODULE:ATTRIBUTE, got {path!r}")
+    if os.getcwd() not in sys.path:  # the console script, unlike `python -m`, omits it
+        sys.path.insert(0, os.getcwd())
+    obj: object = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not isinstance(obj, TaskRegistry):
+        raise ValueError(f"{path} is a {type(obj).__name__}, not a TaskRegistry")
+    return obj
+
+
+async def _work(args: argparse.Namespace, registry: TaskRegistry) -> LoaderStats:
+    client = redis.asyncio.Redis.from_url(args.redis_url)
+    try:
+        scheduler = Scheduler(
+            client,
+            args.namespace,
+            shards=args.shards,
+            owner_ttl=args.owner_ttl,
+            check=not args.no_check,
+        )
+        worker = Worker(
+            scheduler,
+            registry,
+            lookahead=args.lookahead,
+            lease=args.lease,
+            limit=args.limit,
+            poll_interval=args.poll_interval,
+            max_running=args.max_running,
+            reap_interval=args.reap_interval,
+            drain_timeout=args.drain_timeout,
+        )
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        print(json.dumps({"event": "started", "pid": os.getpid()}), flush=True)
+        return await worker.run()
+    finally:
+        await client.aclose()
+
+
+def _worker(args: argparse.Namespace) -> int:
+    try:
+        registry = _load_registry(args.registry)
+    except (ValueError, ImportError, AttributeError) as exc:
+        print(f"tickwheel worker: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        stats = asyncio.run(_work(args, registry))
+    except DurableError as exc:  # Redis unreachable at start, shard count mismatch
+        print(f"tickwheel worker: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_BROKEN
+    print(json.dumps({"event": "stopped", "stats": stats.as_dict()}), flush=True)
+    return EXIT_OK
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -166,6 +252,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tickwheel", description="Timing wheel and durable Redis scheduler."
@@ -179,6 +275,21 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--resets", type=int, default=20_000, help="how many are reset once")
     demo.add_argument("--seed", type=int, default=1, help="random seed")
     demo.set_defaults(func=_demo)
+    work = sub.add_parser("worker", help="run durable jobs with the tasks of a registry")
+    work.add_argument("registry", help="MODULE:ATTRIBUTE naming a TaskRegistry")
+    work.add_argument("--redis-url", required=True, help="redis://host:port/db")
+    work.add_argument("--namespace", default="tickwheel", help="key namespace")
+    work.add_argument("--shards", type=_positive_int, default=DEFAULT_SHARDS)
+    work.add_argument("--owner-ttl", type=_positive_float, default=DEFAULT_OWNER_TTL)
+    work.add_argument("--lookahead", type=_non_negative_float, default=DEFAULT_LOOKAHEAD)
+    work.add_argument("--lease", type=_positive_float, default=DEFAULT_LEASE)
+    work.add_argument("--limit", type=_positive_int, default=DEFAULT_LIMIT)
+    work.add_argument("--max-running", type=_positive_int, default=DEFAULT_MAX_RUNNING)
+    work.add_argument("--poll-interval", type=_positive_float, default=DEFAULT_POLL_INTERVAL)
+    work.add_argument("--reap-interval", type=_positive_float, default=DEFAULT_REAP_INTERVAL)
+    work.add_argument("--drain-timeout", type=_non_negative_float, default=DEFAULT_DRAIN_TIMEOUT)
+    work.add_argument("--no-check", action="store_true", help="skip the server config check")
+    work.set_defaults(func=_worker)
     return parser
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import pytest
 import redis
@@ -35,15 +34,13 @@ def test_ownership_loop_takes_renews_and_shares(redis_url: str) -> None:
             await asyncio.sleep(0.8)  # more than a TTL: renewals kept a's shards
             assert sorted(oa.owned) == [0, 1]
             assert sorted(ob.owned) == [2, 3]
-            ta.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await ta
+            oa.stop()
+            await asyncio.wait_for(ta, 5)
             await asyncio.sleep(1.0)  # a stopped renewing: b takes over with new epochs
             assert sorted(ob.owned) == [0, 1, 2, 3]
             assert ob.owned[0] == oa.owned[0] + 1
-            tb.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await tb
+            ob.stop()
+            await asyncio.wait_for(tb, 5)
             await ob.give_back_all()
             assert ob.owned == {}
             owner = client_of(a)
@@ -73,9 +70,8 @@ def test_reaper_loop_returns_expired_leases_and_drops_fenced_shards(redis_url: s
             await s.store.take(1, "other", 10_000)
             await asyncio.sleep(0.1)
             assert sorted(s.ownership.owned) == [0]
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            reaper.stop()
+            await asyncio.wait_for(task, 5)
 
     run(main())
 

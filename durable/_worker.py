@@ -1,0 +1,251 @@
+"""The worker: one process's loader, reaper and fair share of the shards.
+
+Ground rules:
+
+- Workers of a namespace heartbeat into one member set (``{ns}:workers``, scored by
+  Redis time, see ``lua/members.lua``); a member whose heartbeat is older than the
+  member TTL is gone. Each worker owns at most ``ceil(shards / live workers)`` shards:
+  it takes free ones up to that share and gives back extras, so the shards spread
+  again when a worker joins or dies.
+- A shard is given back only after its loaded, unfired jobs were released (under the
+  loader's lock, so no claim lands in between); a fenced shard is dropped with its
+  loaded jobs, which its new owner gets back from the reaper.
+- Shutdown (:meth:`Worker.stop`, SIGTERM in the CLI): stop claiming, release what is
+  loaded but not fired at once, let running tasks finish (up to the drain timeout),
+  give every shard back, leave the member set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import zlib
+from datetime import timedelta
+from importlib import resources
+from typing import Any
+
+import redis.exceptions
+
+from tickwheel.wheel import TimingWheel
+
+from ._errors import NotOwner, RedisUnavailable, translate
+from ._loader import (
+    DEFAULT_LIMIT,
+    DEFAULT_LOOKAHEAD,
+    DEFAULT_MAX_RUNNING,
+    DEFAULT_POLL_INTERVAL,
+    Loader,
+    LoaderStats,
+)
+from ._model import finite_seconds_ms
+from ._ownership import RENEW_FRACTION
+from ._reaper import DEFAULT_REAP_INTERVAL, Reaper
+from ._scheduler import DEFAULT_LEASE, Scheduler
+from ._stream import Publisher
+from ._tasks import TaskRegistry
+
+__all__ = ["DEFAULT_DRAIN_TIMEOUT", "Worker"]
+
+logger = logging.getLogger("tickwheel.durable")
+
+# How long (s) a stopping worker lets running tasks finish before cancelling them
+# (a cancelled task's lease expires and the job runs again elsewhere). Below the usual
+# 30 s SIGKILL grace of process supervisors (Kubernetes, systemd's default 90 s).
+DEFAULT_DRAIN_TIMEOUT = 20.0
+
+
+class Worker:
+    """Run durable jobs of a namespace in this process, sharing shards with others.
+
+    Args:
+        scheduler: the namespace; its ``ownership`` TTL is also the member TTL.
+        registry: the tasks, by name.
+        lookahead, lease, limit, poll_interval, max_running: as :class:`Loader`.
+        reap_interval: seconds between reaper rounds.
+        drain_timeout: seconds running tasks get at shutdown.
+        publisher: publish due jobs to this broker instead of running tasks.
+
+    Raises:
+        TypeError, ValueError: naming a bad parameter.
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        registry: TaskRegistry,
+        *,
+        lookahead: float | timedelta = DEFAULT_LOOKAHEAD,
+        lease: float | timedelta = DEFAULT_LEASE,
+        limit: int = DEFAULT_LIMIT,
+        poll_interval: float | timedelta = DEFAULT_POLL_INTERVAL,
+        max_running: int = DEFAULT_MAX_RUNNING,
+        reap_interval: float | timedelta = DEFAULT_REAP_INTERVAL,
+        drain_timeout: float | timedelta = DEFAULT_DRAIN_TIMEOUT,
+        publisher: Publisher | None = None,
+    ) -> None:
+        if not isinstance(registry, TaskRegistry):
+            raise TypeError(f"registry must be a TaskRegistry, got {registry!r}")
+        self.scheduler = scheduler  # the namespace
+        self.registry = registry  # tasks by name
+        self.ownership = scheduler.ownership  # the shards this worker owns
+        self.token = self.ownership.token  # member id, also the owner token
+        self.members_key = f"{{{scheduler.keys.namespace}}}:workers"  # ZSET token -> beat
+        self._loader_args: dict[str, Any] = {
+            "lookahead": lookahead,
+            "lease": lease,
+            "limit": limit,
+            "poll_interval": poll_interval,
+            "publisher": publisher,
+            "max_running": max_running,
+        }
+        self.reap_interval_ms = finite_seconds_ms("reap_interval", reap_interval, minimum_ms=1)
+        self.drain_timeout_ms = finite_seconds_ms("drain_timeout", drain_timeout)
+        self.loader: Loader | None = None  # set while running
+        self.live = 0  # live workers at the last heartbeat
+        self.shards_lost = 0  # shards dropped because another owner fenced this one
+        text = resources.files(__package__).joinpath("lua", "members.lua").read_text()
+        self._members = scheduler.store._client.register_script(text)  # members.lua
+        self._stop = asyncio.Event()  # set by stop()
+        # Where to start looking for free shards: spread by token, so workers starting
+        # together do not all race for shard 0.
+        self._offset = zlib.crc32(self.token.encode()) % scheduler.keys.shards
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to shut down gracefully (safe from a signal handler)."""
+        self._stop.set()
+
+    async def heartbeat(self, join: bool = True) -> int:
+        """Beat (or leave with ``join=False``); return the live worker count.
+
+        Raises:
+            RedisUnavailable: if Redis cannot be reached.
+        """
+        try:
+            reply = await self._members(
+                [self.members_key], [self.token, self.ownership.ttl_ms, 1 if join else 0]
+            )
+        except redis.exceptions.RedisError as exc:
+            raise translate(exc) from exc
+        self.live = int(reply)
+        return self.live
+
+    def share(self) -> int:
+        """This worker's fair share: ``ceil(shards / live workers)``."""
+        return math.ceil(self.scheduler.keys.shards / max(self.live, 1))
+
+    async def balance_once(self) -> None:
+        """Heartbeat, renew owned shards, then take free shards or give back extras.
+
+        Raises:
+            RedisUnavailable: if Redis cannot be reached.
+        """
+        own = self.ownership
+        await self.heartbeat()
+        for shard in list(own.owned):
+            try:
+                renewed = await own.renew(shard)
+            except NotOwner:  # dropped meanwhile (a fenced claim, ack or reap)
+                renewed = False
+            if not renewed:
+                self.shards_lost += 1
+                if self.loader is not None:
+                    self.loader.drop_shard(shard)
+        share = self.share()
+        extras = sorted(own.owned)[share:]
+        for shard in extras:
+            await self.give_back(shard)
+        shards = self.scheduler.keys.shards
+        for i in range(shards):
+            if len(own.owned) >= share or self._stop.is_set():
+                break
+            shard = (self._offset + i) % shards
+            if shard not in own.owned:
+                await own.take(shard)
+
+    async def give_back(self, shard: int) -> None:
+        """Stop claiming ``shard``, release its loaded jobs, let its running tasks finish
+        (up to the drain timeout: giving back fences their acks), then give it back."""
+        own = self.ownership
+        if self.loader is None:
+            await own.give_back(shard)
+            return
+        async with self.loader.lock:  # no claim of it is in flight
+            epoch = own.owned.pop(shard, None)  # and none starts: the loader skips it
+            if epoch is None:
+                return
+            await self.loader.release_shard(shard)
+        await self.loader.drain(self.drain_timeout_ms / 1000, shard=shard)
+        await own.store.give_back(shard, own.token, epoch)
+
+    async def _balance(self) -> None:
+        period = self.ownership.ttl_ms / 1000 / RENEW_FRACTION
+        while True:
+            try:
+                await self.balance_once()
+            except RedisUnavailable as exc:
+                logger.warning("tickwheel.durable: worker cannot reach Redis (%s)", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), period)
+            if self._stop.is_set():
+                return
+
+    async def _reap(self, reaper: Reaper) -> None:
+        # Reaper.run() stops by cancellation, which redis-py may swallow mid-command; this
+        # loop stops on the stop event instead.
+        while not self._stop.is_set():
+            try:
+                await reaper.reap_once()
+            except RedisUnavailable as exc:
+                logger.warning("tickwheel.durable: reaper cannot reach Redis (%s)", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.reap_interval_ms / 1000)
+
+    async def run(self) -> LoaderStats:
+        """Run until :meth:`stop`; then shut down gracefully.
+
+        Returns:
+            The loader's counters.
+
+        Raises:
+            ShardCountMismatch, RedisUnavailable: from :meth:`Scheduler.open`.
+        """
+        await self.scheduler.open()
+        wheel = TimingWheel()
+        loader = self.loader = Loader(self.scheduler, self.registry, wheel, **self._loader_args)
+        reaper = Reaper(self.ownership, interval=self.reap_interval_ms / 1000)
+        balance = asyncio.ensure_future(self._balance())
+        loading = asyncio.ensure_future(loader.run())
+        reaping = asyncio.ensure_future(self._reap(reaper))
+        try:
+            await self._stop.wait()
+        finally:
+            await self._shutdown(loader, balance, loading, reaping)
+            wheel.close()
+        loader.stats.fenced += self.shards_lost
+        return loader.stats
+
+    async def _shutdown(
+        self,
+        loader: Loader,
+        balance: asyncio.Future[None],
+        loading: asyncio.Future[None],
+        reaping: asyncio.Future[None],
+    ) -> None:
+        self._stop.set()
+        loader.stop_claiming()
+        for task in (balance, loading):
+            try:
+                await task  # both return promptly once stopped
+            except RedisUnavailable as exc:
+                logger.warning("tickwheel.durable: stopping without Redis (%s)", exc)
+        with contextlib.suppress(RedisUnavailable):
+            await reaping
+        with contextlib.suppress(RedisUnavailable):
+            await loader.release_all()
+        await loader.drain(self.drain_timeout_ms / 1000)
+        with contextlib.suppress(RedisUnavailable):
+            await self.ownership.give_back_all()
+        with contextlib.suppress(RedisUnavailable):
+            await self.heartbeat(join=False)
