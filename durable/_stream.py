@@ -22,6 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from importlib import resources
 from typing import Any, Protocol
 
 import redis.asyncio
@@ -149,6 +150,8 @@ class StreamConsumer:
         self.count = count  # entries per read
         self.dropped = 0  # duplicate entries acked without being returned
         self._group_ready = False  # XGROUP CREATE done
+        text = resources.files(__package__).joinpath("lua", "dedup.lua").read_text()
+        self._claim_occurrence = client.register_script(text)  # dedup.lua
 
     def _dedup_key(self, entry: StreamEntry) -> str:
         return f"{self.stream}:owner:{self.group}:{entry.job_id}:{entry.nominal_ms}"
@@ -214,7 +217,8 @@ class StreamConsumer:
         ttl = self.dedup_ttl_ms
         async with self.client.pipeline(transaction=False) as pipe:
             for e in entries:
-                pipe.set(self._dedup_key(e), e.entry_id, nx=True, px=ttl, get=True)
+                key = self._dedup_key(e)
+                await self._claim_occurrence(keys=[key], args=[e.entry_id, ttl], client=pipe)
             owners = await pipe.execute()
         fresh: list[StreamEntry] = []
         dups: list[str] = []
