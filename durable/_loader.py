@@ -299,10 +299,10 @@ class Loader:
                 return
             fn = self.registry.get(job.task)
             if fn is None:
-                # Retried, not killed at once: during a rolling deploy another worker may
-                # know the task. The reason is kept, and shown in the dead letter.
+                # Dead-lettered at once with the reason: no retry mends a missing task. A
+                # rolling deploy that brings the task requeues it (requeue_dead).
                 self.stats.unknown += 1
-                state = await sched.retry(job, f"unknown task {job.task!r}")
+                state = await sched.retry(job, f"unknown task {job.task!r}", final=True)
                 self._count_retry(state)
                 return
             ctx = TaskContext(

@@ -482,7 +482,12 @@ class Scheduler:
         return full // 2 + int(self._rng.random() * (full - full // 2))
 
     async def retry(
-        self, job: Job, error: str = "", *, delay: float | timedelta | None = None
+        self,
+        job: Job,
+        error: str = "",
+        *,
+        delay: float | timedelta | None = None,
+        final: bool = False,
     ) -> JobState:
         """Give a failed job back for another attempt after a backoff, or kill it after
         its last attempt. The delay is added to Redis's now.
@@ -491,6 +496,8 @@ class Scheduler:
             job: the claimed job.
             error: text kept with the job (shown in dead letters).
             delay: seconds to wait instead of the exponential backoff.
+            final: dead-letter it now, whatever attempts remain (a failure no retry can
+                mend, such as a task name no worker knows).
 
         Returns:
             ``JobState.DUE`` (retried) or ``JobState.DEAD``.
@@ -511,6 +518,7 @@ class Scheduler:
                 nominal_ms=job.nominal_ms,
                 delay_ms=delay_ms,
                 error=error[:MAX_ERROR_CHARS],
+                final=final,
             )
         except Fenced:
             self.ownership.drop(job.shard)

@@ -321,6 +321,7 @@ class Store:
         nominal_ms: int,
         delay_ms: int,
         error: str,
+        final: bool = False,
     ) -> tuple[int, int]:
         """Back to due after ``delay_ms``, or dead (retry.lua); ``(status, when_ms)``.
 
@@ -331,7 +332,7 @@ class Store:
         reply = await self._run(
             self._scripts.retry,
             [k.leased, k.due, k.dead, k.epoch, k.clock, self.keys.jobs_key(shard, job_id)],
-            [epoch, job_id, attempt, nominal_ms, delay_ms, error],
+            [epoch, job_id, attempt, nominal_ms, delay_ms, error, 1 if final else 0],
             shard,
         )
         return int(reply[0]), int(reply[1])

@@ -208,6 +208,25 @@ def test_retry_backoff_then_dead_then_requeue_and_purge(redis_url: str) -> None:
     run(main())
 
 
+def test_final_retry_dead_letters_at_once(redis_url: str) -> None:
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            await s.take(0)
+            await s.schedule("f", "t", max_attempts=5)
+            (job,) = (await s.claim(0)).jobs
+            assert await s.retry(job, "no such task", final=True) is JobState.DEAD
+            info = await s.get("f")
+            assert info is not None
+            assert (info.state, info.attempt, info.last_error) == (
+                JobState.DEAD,
+                1,
+                "no such task",
+            )
+            await check_all(s)
+
+    run(main())
+
+
 def test_extend_lease(redis_url: str) -> None:
     async def main() -> None:
         async with open_scheduler(redis_url, shards=1) as s:

@@ -123,12 +123,14 @@ def test_failure_is_retried_and_succeeds_on_the_second_attempt(sink_env: str) ->
 def test_unknown_task_goes_dead_with_the_reason(sink_env: str) -> None:
     async def main() -> None:
         async with open_scheduler(sink_env, shards=2, owner_ttl=1.0) as s:
-            await s.schedule("lost", "not.registered", delay=0.05, max_attempts=1)
+            # Five attempts allowed, but no retry can mend a missing task: dead at once.
+            await s.schedule("lost", "not.registered", delay=0.05, max_attempts=5)
             async with running_worker(s, _sink_registry(), **FAST) as w:
                 assert await until(lambda: w.loader is not None and w.loader.stats.dead, 3)
                 assert w.loader is not None and w.loader.stats.unknown == 1
             info = await s.get("lost")
             assert info is not None and info.state is JobState.DEAD
+            assert info.attempt == 1
             assert info.last_error == "unknown task 'not.registered'"
             page = await s.dead_letters(s.keys.shard_of("lost"))
             assert [(j.id, j.last_error) for j in page.jobs] == [

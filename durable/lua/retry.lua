@@ -7,8 +7,9 @@
 -- ARGV[4]  nominal the nominal due of the occurrence the caller holds
 -- ARGV[5]  delay   ms added to now (backoff with jitter, computed by the client)
 -- ARGV[6]  error   text kept in the record
+-- ARGV[7]  final   1: dead now, whatever attempts remain (e.g. an unknown task)
 -- Returns: {status, when}: 1 due again at when (attempt + 1), 2 dead since when
---   (attempt was the last of max), 0 lease lost.
+--   (attempt was the last of max, or final), 0 lease lost.
 -- Errors: TW_FENCED if ARGV[1] is not the shard's current epoch (nothing written).
 local leased_key, jobs_key = KEYS[1], KEYS[6]
 local err = fence(KEYS[4], ARGV[1])
@@ -22,7 +23,7 @@ local r = rec_decode(s)
 if not holds(r, epoch, ARGV[3], ARGV[4]) then return {0, 0} end
 redis.call('ZREM', leased_key, id)
 r[F_EPOCH], r[F_ERROR] = 0, ARGV[6]
-if r[F_ATTEMPT] >= r[F_MAX] then
+if r[F_ATTEMPT] >= r[F_MAX] or ARGV[7] == '1' then
   redis.call('HSET', jobs_key, id, rec_encode(r))
   redis.call('ZADD', KEYS[3], fmt(now), id)
   return {2, now}
