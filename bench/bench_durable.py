@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -44,30 +43,6 @@ SINGLES = 1000
 CLAIM_LIMIT = 1000
 SIZES = [int(s) for s in os.environ.get("TICKWHEEL_BENCH_SIZES", "10000,100000,1000000").split(",")]
 _ids = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    lp = asyncio.new_event_loop()
-    yield lp
-    lp.close()
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(loop: asyncio.AbstractEventLoop, server: RedisServer) -> Iterator[redis.asyncio.Redis]:
-    c = loop.run_until_complete(_client(server.url))
-    yield c
-    loop.run_until_complete(c.aclose())
-
-
-async def _client(url: str) -> redis.asyncio.Redis:
-    return redis.asyncio.Redis.from_url(url)
 
 
 def _flush(loop: asyncio.AbstractEventLoop, client: redis.asyncio.Redis) -> None:

@@ -24,43 +24,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis.asyncio
 
 from tickwheel.durable import JobSpec, Loader, Scheduler, TaskContext, TaskRegistry, Timers
-from tickwheel.durable._server import RedisServer
 from tickwheel.wheel import TimingWheel
 
 N = 10_000
 LATENESS_JOBS = 2000
 _ids = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    lp = asyncio.new_event_loop()
-    yield lp
-    lp.close()
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(loop: asyncio.AbstractEventLoop, server: RedisServer) -> Iterator[redis.asyncio.Redis]:
-    c = loop.run_until_complete(_client(server.url))
-    yield c
-    loop.run_until_complete(c.aclose())
-
-
-async def _client(url: str) -> redis.asyncio.Redis:
-    return redis.asyncio.Redis.from_url(url)
 
 
 def _registry(sink: list[int] | None = None) -> TaskRegistry:

@@ -10,9 +10,14 @@ figures that are not times).
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis.asyncio
+
+from tickwheel.durable._server import RedisServer
 
 
 def _fmt_seconds(s: float) -> str:
@@ -56,3 +61,33 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         for report in reports:
             write(report)
             write("")
+
+
+# -- shared by the Redis benchmarks (bench_durable.py, bench_spill.py) -----------------
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """One event loop per module, driven with run_until_complete by each benchmark."""
+    lp = asyncio.new_event_loop()
+    yield lp
+    lp.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    """A private redis-server for the module."""
+    with RedisServer() as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(loop: asyncio.AbstractEventLoop, server: RedisServer) -> Iterator[redis.asyncio.Redis]:
+    """A client of that server, made on the module's loop."""
+    c = loop.run_until_complete(_client(server.url))
+    yield c
+    loop.run_until_complete(c.aclose())
+
+
+async def _client(url: str) -> redis.asyncio.Redis:
+    return redis.asyncio.Redis.from_url(url)
