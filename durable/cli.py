@@ -242,24 +242,23 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _positive_float(text: str) -> float:
+def _finite_float(text: str, *, zero_ok: bool) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text}")
+    if not (value >= 0 if zero_ok else value > 0) or value == float("inf"):
+        bound = ">= 0" if zero_ok else "> 0"
+        raise argparse.ArgumentTypeError(f"expected a finite number {bound}, got {text}")
     return value
+
+
+def _positive_float(text: str) -> float:
+    return _finite_float(text, zero_ok=False)
 
 
 def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
-    return value
+    return _finite_float(text, zero_ok=True)
 
 
 def _parser() -> argparse.ArgumentParser:
