@@ -1,7 +1,8 @@
 """tickwheel.durable: a Redis lease scheduler for delayed jobs that must survive crashes.
 
 Jobs live in Redis sorted sets, sharded by job id, and move between states only inside
-Lua scripts that read Redis's clock (see DESIGN.md, "durable/"). Start with
+Lua scripts that read Redis's clock (see DESIGN.md, "durable/"). It runs unchanged on
+one Redis or a Redis Cluster (:func:`connect` takes either URL). Start with
 :class:`Scheduler`; :class:`Timers` spills long or durable timers from the in-memory
 wheel to Redis, and a :class:`Worker` (``tickwheel worker``) loads them back and runs
 the tasks of a :class:`TaskRegistry`.
@@ -10,12 +11,14 @@ the tasks of a :class:`TaskRegistry`.
 from __future__ import annotations
 
 from ._check import ServerConfigWarning, ServerReport, check_server
+from ._connect import Client, connect
 from ._errors import (
     DurableError,
     Fenced,
     LeaseLost,
     NotOwner,
     RedisUnavailable,
+    ReplicationTimeout,
     ServerCheckFailed,
     ShardCountMismatch,
 )
@@ -45,6 +48,7 @@ from ._worker import Worker
 __all__ = [
     "MAX_JOB_ID_BYTES",
     "ClaimBatch",
+    "Client",
     "DeadPage",
     "DurableError",
     "Fenced",
@@ -64,6 +68,7 @@ __all__ = [
     "Reaper",
     "Recurrence",
     "RedisUnavailable",
+    "ReplicationTimeout",
     "ScheduleResult",
     "ScheduleStatus",
     "Scheduler",
@@ -80,4 +85,5 @@ __all__ = [
     "Timers",
     "Worker",
     "check_server",
+    "connect",
 ]

@@ -13,10 +13,11 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis.asyncio
 import redis.exceptions
+from redis.asyncio.cluster import RedisCluster
 
-from ._errors import ServerCheckFailed, translate
+from ._connect import Client
+from ._errors import REDIS_ERRORS, ServerCheckFailed, translate
 
 __all__ = ["MIN_REDIS_VERSION", "ServerConfigWarning", "ServerReport", "check_server"]
 
@@ -39,6 +40,8 @@ class ServerReport:
     aof_enabled: bool | None  # None if unknown
     problems: list[str] = field(default_factory=list)  # settings that may lose jobs
     unknown: list[str] = field(default_factory=list)  # settings that could not be read
+    cluster: bool = False  # a Redis Cluster (every master was checked)
+    cluster_state: str | None = None  # CLUSTER INFO's cluster_state on a cluster
 
     @property
     def ok(self) -> bool:
@@ -46,9 +49,9 @@ class ServerReport:
         return not self.problems
 
 
-async def _config_get(client: redis.asyncio.Redis, name: str) -> str | None:
+async def _config_get(client: Any, name: str, **target: Any) -> str | None:
     try:
-        reply: Any = await client.config_get(name)
+        reply: Any = await client.config_get(name, **target)
     except redis.exceptions.ResponseError:  # CONFIG disabled, renamed or denied by ACL
         return None
     value = reply.get(name.encode(), reply.get(name)) if isinstance(reply, dict) else None
@@ -61,44 +64,84 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-async def check_server(client: redis.asyncio.Redis, *, strict: bool = False) -> ServerReport:
-    """Check that the server keeps jobs: Redis >= 6.2, noeviction, AOF on.
+async def check_server(client: Client, *, strict: bool = False) -> ServerReport:
+    """Check that the server keeps jobs: Redis >= 6.2, noeviction, AOF on; on a
+    cluster, every master, and ``cluster_state:ok``.
 
     Args:
-        client: the client the scheduler uses.
+        client: the client the scheduler uses (one Redis or a cluster).
         strict: raise on a problem instead of warning.
 
     Returns:
-        The report (also when problems were only warned about).
+        The report (also when problems were only warned about). On a cluster the
+        version is the oldest master's, and a setting is reported by the first master
+        that has it wrong.
 
     Raises:
         ServerCheckFailed: in strict mode, if a setting may lose jobs.
         RedisUnavailable: if the server cannot be reached.
     """
     try:
-        info: dict[str, Any] = await client.info()
-    except redis.exceptions.RedisError as exc:
+        if isinstance(client, RedisCluster):
+            report = await _check_cluster(client)
+        else:
+            report = await _check_node(client, {}, "")
+    except REDIS_ERRORS as exc:
         raise translate(exc) from exc
+    return _conclude(report, strict)
+
+
+async def _check_cluster(client: RedisCluster) -> ServerReport:
+    reports = [
+        await _check_node(client, {"target_nodes": node}, f"{node.name}: ")
+        for node in client.get_primaries()
+    ]
+    info: Any = await client.cluster_info(target_nodes=client.get_primaries()[0])
+    state = _text(info.get("cluster_state", "")) if isinstance(info, dict) else None
+    problems = [p for r in reports for p in r.problems]
+    if state != "ok":
+        problems.append(f"cluster_state is {state!r}: some slots have no master")
+    unknown = sorted({u for r in reports for u in r.unknown})
+    oldest = min(reports, key=lambda r: _version_tuple(r.version))
+    policies = {r.maxmemory_policy for r in reports}
+    aofs = {r.aof_enabled for r in reports}
+    return ServerReport(
+        version=oldest.version,
+        maxmemory_policy=policies.pop() if len(policies) == 1 else None,
+        aof_enabled=aofs.pop() if len(aofs) == 1 else None,
+        problems=problems,
+        unknown=unknown,
+        cluster=True,
+        cluster_state=state,
+    )
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+
+
+async def _check_node(client: Any, target: dict[str, Any], label: str) -> ServerReport:
+    """The report of one server (``target`` names a cluster node; ``label`` prefixes
+    its problems)."""
+    info: dict[str, Any] = await client.info(**target)
     version = _text(info.get("redis_version", ""))
     policy_raw = info.get("maxmemory_policy")
     policy = _text(policy_raw) if policy_raw is not None else None
     if policy is None:
-        policy = await _config_get(client, "maxmemory-policy")
+        policy = await _config_get(client, "maxmemory-policy", **target)
     aof_raw = info.get("aof_enabled")
     aof: bool | None = bool(int(aof_raw)) if aof_raw is not None else None
     if aof is None:
-        appendonly = await _config_get(client, "appendonly")
+        appendonly = await _config_get(client, "appendonly", **target)
         aof = None if appendonly is None else appendonly == "yes"
 
     problems: list[str] = []
     unknown: list[str] = []
     if not version:
         unknown.append("redis_version")
-    else:
-        parts = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
-        if parts < MIN_REDIS_VERSION:
-            want = ".".join(map(str, MIN_REDIS_VERSION))
-            problems.append(f"Redis {version} is older than {want} (the scripts need ZMSCORE)")
+    elif _version_tuple(version) < MIN_REDIS_VERSION:
+        want = ".".join(map(str, MIN_REDIS_VERSION))
+        problems.append(f"Redis {version} is older than {want} (the scripts need ZMSCORE)")
     if policy is None:
         unknown.append("maxmemory-policy")
     elif policy != "noeviction":
@@ -107,15 +150,19 @@ async def check_server(client: redis.asyncio.Redis, *, strict: bool = False) -> 
         unknown.append("appendonly")
     elif not aof:
         problems.append("AOF is off: a crash loses every job since the last snapshot")
+    return ServerReport(version, policy, aof, [label + p for p in problems], unknown)
 
-    report = ServerReport(version, policy, aof, problems, unknown)
+
+def _conclude(report: ServerReport, strict: bool) -> ServerReport:
+    """Raise (strict) or warn about what the report found."""
+    problems, unknown = report.problems, report.unknown
     if problems and strict:
         raise ServerCheckFailed("; ".join(problems))
     for text in problems:
         logger.warning("tickwheel.durable server check: %s", text)
-        warnings.warn(text, ServerConfigWarning, stacklevel=2)
+        warnings.warn(text, ServerConfigWarning, stacklevel=3)
     if unknown:
         text = f"could not read {', '.join(unknown)} (CONFIG disabled?): not checked"
         logger.warning("tickwheel.durable server check: %s", text)
-        warnings.warn(text, ServerConfigWarning, stacklevel=2)
+        warnings.warn(text, ServerConfigWarning, stacklevel=3)
     return report

@@ -15,11 +15,13 @@ from typing import ClassVar
 import redis.exceptions
 
 __all__ = [
+    "REDIS_ERRORS",
     "DurableError",
     "Fenced",
     "LeaseLost",
     "NotOwner",
     "RedisUnavailable",
+    "ReplicationTimeout",
     "ServerCheckFailed",
     "ShardCountMismatch",
     "translate",
@@ -40,6 +42,22 @@ class RedisUnavailable(DurableError):
     """
 
     transient = True
+
+
+class ReplicationTimeout(DurableError):
+    """Fewer replicas than asked confirmed a write within the timeout. Transient.
+
+    The write *was* applied on the master; it may be lost if the master dies before a
+    replica copies it. Retrying the same call is safe (scheduling is idempotent) and
+    waits again.
+    """
+
+    transient = True
+
+    def __init__(self, message: str, acked: int, wanted: int) -> None:
+        super().__init__(message)
+        self.acked = acked  # replicas that confirmed (WAIT's reply)
+        self.wanted = wanted  # replicas asked for
 
 
 class Fenced(DurableError):
@@ -91,7 +109,25 @@ _CODES: dict[str, type[DurableError]] = {
 }
 
 
-def translate(exc: redis.exceptions.RedisError, shard: int | None = None) -> Exception:
+# Errors a failover or a restart produces: the same call may succeed once the cluster
+# has a master for the slot again (redis-py follows MOVED itself).
+_UNAVAILABLE = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterDownError,  # CLUSTERDOWN, MASTERDOWN
+    redis.exceptions.TryAgainError,  # TRYAGAIN during a resharding
+    redis.exceptions.ReadOnlyError,  # a write reached a master demoted to replica
+    redis.exceptions.SlotNotCoveredError,  # no node serves the slot (yet)
+)
+# What redis-py raises: RedisError, and for the cluster client RedisClusterException
+# (which is not a RedisError).
+REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
+
+
+def translate(
+    exc: redis.exceptions.RedisError | redis.exceptions.RedisClusterException,
+    shard: int | None = None,
+) -> Exception:
     """Map a redis-py exception to the exception the caller should see.
 
     Args:
@@ -102,7 +138,7 @@ def translate(exc: redis.exceptions.RedisError, shard: int | None = None) -> Exc
         A :class:`RedisUnavailable` for connection errors and timeouts, the class of a
         script's ``TW_*`` code, or ``exc`` itself when it adds nothing to know.
     """
-    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+    if isinstance(exc, _UNAVAILABLE):
         return RedisUnavailable(f"redis unavailable: {exc}")
     if isinstance(exc, redis.exceptions.ResponseError):
         text = str(exc)

@@ -21,9 +21,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-import redis.asyncio
-
 from ._check import ServerReport, check_server
+from ._connect import Client
 from ._errors import Fenced, LeaseLost, ShardCountMismatch
 from ._keys import DEFAULT_BUCKETS, Keys
 from ._model import (
@@ -69,6 +68,9 @@ MAX_BATCH = 1000
 # random) so a burst of failures does not retry in lockstep.
 DEFAULT_RETRY_BASE = 1.0
 DEFAULT_RETRY_MAX = 600.0
+# How long a producer write waits for its replicas (with replicas > 0): a healthy
+# replica on a LAN confirms in about a millisecond; a second means it is far behind.
+DEFAULT_REPLICA_TIMEOUT = 1.0
 # Error text kept with a job: enough for a message and a short traceback line, without
 # letting a huge repr() bloat every dead letter.
 MAX_ERROR_CHARS = 1024
@@ -90,7 +92,8 @@ class Scheduler:
     """Durable delayed jobs in Redis: schedule, claim, ack, retry, reap.
 
     Args:
-        client: a ``redis.asyncio.Redis`` with ``decode_responses=False``.
+        client: a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster`` with
+            ``decode_responses=False`` (see :func:`connect`).
         namespace: key prefix (hash-tagged per shard).
         shards: number of shards; stored in Redis on first use, a mismatch is refused.
         buckets: record hashes per shard (memory: see ``DEFAULT_BUCKETS``); stored and
@@ -103,6 +106,13 @@ class Scheduler:
         retry_base: first retry delay (s); doubles per attempt.
         retry_max: cap of the retry delay (s).
         rng: randomness for jitter (a seeded ``random.Random`` in tests).
+        replicas: schedule, cancel and reschedule return only once this many replicas
+            hold the write (``WAIT``), so a master that dies right after cannot take
+            the job with it. 0 (the default) does not wait: Redis replicates
+            asynchronously, and a write acknowledged just before a failover can be
+            lost.
+        replica_timeout: seconds to wait for them; then :class:`ReplicationTimeout`
+            (the write is on the master; retrying is safe).
 
     Raises:
         TypeError, ValueError: naming a bad parameter.
@@ -110,7 +120,7 @@ class Scheduler:
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: Client,
         namespace: str = "tickwheel",
         *,
         shards: int = DEFAULT_SHARDS,
@@ -123,9 +133,20 @@ class Scheduler:
         retry_base: float | timedelta = DEFAULT_RETRY_BASE,
         retry_max: float | timedelta = DEFAULT_RETRY_MAX,
         rng: random.Random | None = None,
+        replicas: int = 0,
+        replica_timeout: float | timedelta = DEFAULT_REPLICA_TIMEOUT,
     ) -> None:
         self.keys = Keys(namespace, shards, buckets)  # key names
-        self.store = Store(client, self.keys)  # one method per script
+        if not isinstance(replicas, int) or isinstance(replicas, bool):
+            raise TypeError(f"replicas must be an int, got {type(replicas).__name__}")
+        if replicas < 0:
+            raise ValueError(f"replicas must be >= 0, got {replicas}")
+        self.store = Store(
+            client,
+            self.keys,
+            replicas=replicas,
+            replica_timeout_ms=finite_seconds_ms("replica_timeout", replica_timeout),
+        )  # one method per script
         self.ownership = Ownership(self.store, ttl=owner_ttl)  # shards owned here
         self.max_payload_bytes = _positive_int("max_payload_bytes", max_payload_bytes)
         self.dedup_window_ms = finite_seconds_ms("dedup_window", dedup_window, minimum_ms=1)
@@ -152,7 +173,7 @@ class Scheduler:
         if self._opened:
             return self
         if self.check:
-            self.server_report = await check_server(self.store._client, strict=self.strict)
+            self.server_report = await check_server(self.store.client, strict=self.strict)
         shards, buckets = await self.store.init()
         if (shards, buckets) != (self.keys.shards, self.keys.buckets):
             raise ShardCountMismatch(

@@ -14,8 +14,9 @@ from importlib import resources
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    import redis.asyncio
     from redis.commands.core import AsyncScript
+
+    from ._connect import Client
 
 __all__ = ["SCRIPT_NAMES", "Scripts", "source"]
 
@@ -81,6 +82,6 @@ class Scripts:
     renew: AsyncScript
     give_back: AsyncScript
 
-    def __init__(self, client: redis.asyncio.Redis) -> None:
+    def __init__(self, client: Client) -> None:
         for name in SCRIPT_NAMES:
             setattr(self, name, client.register_script(source(name)))

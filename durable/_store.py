@@ -9,6 +9,14 @@ Ground rules:
 - Every Redis error goes through :func:`._errors.translate`, so callers see
   :class:`RedisUnavailable`, :class:`Fenced`, or redis-py's own error.
 - The client must not decode responses: payloads are bytes.
+- The client is one Redis or a Redis Cluster (``_connect.py``). Each script touches
+  one shard's slot; nothing spans slots, so nothing needs a cross-slot transaction.
+  Only :meth:`Store.schedule_many` on one Redis uses MULTI (all or nothing); on a
+  cluster it is atomic per script call (per shard chunk), and idempotent to retry.
+- With ``replicas`` > 0 the producer writes (schedule, cancel, reschedule) are followed
+  by ``WAIT replicas timeout`` *on the connection that wrote*: WAIT counts the replicas
+  that have that connection's writes, so it must share the write's connection. One
+  pipeline per node carries the script calls and then WAIT.
 """
 
 from __future__ import annotations
@@ -20,8 +28,10 @@ from typing import Any
 
 import redis.asyncio
 import redis.exceptions
+from redis.asyncio.cluster import RedisCluster
 
-from ._errors import translate
+from ._connect import Client
+from ._errors import REDIS_ERRORS, ReplicationTimeout, translate
 from ._keys import Keys
 from ._model import (
     ClaimBatch,
@@ -55,6 +65,26 @@ _STATUSES: tuple[ScheduleStatus, ...] = (ScheduleStatus.CREATED, *ScheduleStatus
 # and of get.lua / dead_list.lua (2 + 13).
 _CLAIM_STRIDE = 17
 _ROW_STRIDE = 15
+# Rounds of a pipelined write whose calls came back NOSCRIPT (a fresh master after a
+# failover) or MOVED/ASK (a stale slot map): each round loads or refreshes, then resends
+# only those calls, which did not run.
+_MAX_ROUNDS = 4
+# Replies after which a call is resent: it did not run on the node that answered.
+_RESEND = (
+    redis.exceptions.NoScriptError,
+    redis.exceptions.AskError,  # MovedError too
+    redis.exceptions.TryAgainError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One script call of a pipelined write."""
+
+    script: Any  # the AsyncScript
+    keys: Sequence[str]  # KEYS (all in one slot)
+    args: Sequence[Any]  # ARGV
+    shard: int  # for error translation
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,28 +160,132 @@ class Store:
     """One awaitable method per script, over one namespace.
 
     Args:
-        client: a ``redis.asyncio.Redis`` created with ``decode_responses=False``.
+        client: a ``redis.asyncio.Redis`` or ``RedisCluster`` created with
+            ``decode_responses=False``.
         keys: the namespace's key names.
+        replicas: producer writes return only once this many replicas have them
+            (``WAIT``); 0 does not wait.
+        replica_timeout_ms: how long to wait for them; then :class:`ReplicationTimeout`.
 
     Raises:
-        ValueError: if ``client`` decodes responses.
+        ValueError: if ``client`` decodes responses, or a replica setting is negative.
     """
 
-    __slots__ = ("_client", "_scripts", "keys")
+    __slots__ = ("_client", "_cluster", "_scripts", "keys", "replica_timeout_ms", "replicas")
 
-    def __init__(self, client: redis.asyncio.Redis, keys: Keys) -> None:
-        kwargs = client.connection_pool.connection_kwargs
-        if kwargs.get("decode_responses"):
+    def __init__(
+        self, client: Client, keys: Keys, *, replicas: int = 0, replica_timeout_ms: int = 1000
+    ) -> None:
+        if client.get_encoder().decode_responses:
             raise ValueError("client must be created with decode_responses=False")
-        self._client = client  # the redis-py client
+        if replicas < 0 or replica_timeout_ms < 0:
+            raise ValueError(
+                f"replicas and replica_timeout must be >= 0, got {replicas}, {replica_timeout_ms}"
+            )
+        self._client = client  # the redis-py client (one Redis or a cluster)
+        self._cluster = isinstance(client, RedisCluster)  # scripts routed by slot
         self._scripts = Scripts(client)  # the registered scripts
         self.keys = keys  # key names of the namespace
+        self.replicas = replicas  # WAIT for this many replicas after producer writes
+        self.replica_timeout_ms = replica_timeout_ms  # WAIT's timeout
+
+    @property
+    def client(self) -> Client:
+        """The redis-py client (a ``Redis`` or a ``RedisCluster``)."""
+        return self._client
 
     async def _run(self, script: Any, keys: Sequence[str], args: Sequence[Any], shard: int) -> Any:
         try:
             return await script(keys, args)
-        except redis.exceptions.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise translate(exc, shard) from exc
+
+    async def _write(
+        self, script: Any, keys: Sequence[str], args: Sequence[Any], shard: int
+    ) -> Any:
+        """A producer write: one script call, then WAIT when replicas are asked for."""
+        if not self.replicas:
+            return await self._run(script, keys, args, shard)
+        (reply,) = await self._pipelined([_Call(script, keys, args, shard)], wait=True)
+        return reply
+
+    async def _pipelined(self, calls: Sequence[_Call], *, wait: bool) -> list[Any]:
+        """Script calls in one pipeline (one round trip per node, no MULTI); with
+        ``wait``, then ``WAIT`` on each node's connection. Replies in call order.
+
+        Raises:
+            ReplicationTimeout: if a node's WAIT saw fewer than ``replicas``.
+            RedisUnavailable, Fenced, ...: the first failed call's error, translated.
+        """
+        replies: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for _ in range(_MAX_ROUNDS):
+            try:
+                got = await self._send(calls, todo, wait)
+            except REDIS_ERRORS as exc:
+                raise translate(exc) from exc
+            resend: list[int] = []
+            for i, reply in zip(todo, got, strict=False):
+                if isinstance(reply, _RESEND):
+                    resend.append(i)
+                elif isinstance(reply, REDIS_ERRORS):
+                    raise translate(reply, calls[i].shard) from reply
+                else:
+                    replies[i] = reply
+            for acked in got[len(todo) :]:
+                if isinstance(acked, REDIS_ERRORS):
+                    raise translate(acked) from acked
+                if int(acked) < self.replicas:
+                    raise ReplicationTimeout(
+                        f"{acked} of {self.replicas} replicas confirmed the write within "
+                        f"{self.replica_timeout_ms} ms",
+                        int(acked),
+                        self.replicas,
+                    )
+            if not resend:
+                return replies
+            await self._recover([calls[i] for i in resend], [got[todo.index(i)] for i in resend])
+            todo = resend
+        raise translate(redis.exceptions.TryAgainError("slot map kept moving; try again"))
+
+    async def _send(self, calls: Sequence[_Call], todo: Sequence[int], wait: bool) -> list[Any]:
+        client: Any = self._client
+        pipe = client.pipeline(transaction=False)
+        nodes: dict[str, Any] = {}
+        for i in todo:
+            call = calls[i]
+            pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+            if self._cluster and wait:
+                node = client.get_node_from_key(call.keys[0])
+                nodes[node.name] = node
+        if wait:
+            timeout = self.replica_timeout_ms
+            if self._cluster:
+                for node in nodes.values():
+                    pipe.execute_command("WAIT", self.replicas, timeout, target_nodes=node)
+            else:
+                pipe.execute_command("WAIT", self.replicas, timeout)
+        if self._cluster:
+            # Redirected calls would run on another connection than their WAIT: resend
+            # them ourselves instead.
+            return list(await pipe.execute(raise_on_error=False, allow_redirections=False))
+        return list(await pipe.execute(raise_on_error=False))
+
+    async def _recover(self, calls: Sequence[_Call], errors: Sequence[Any]) -> None:
+        """Load missing scripts and refresh the slot map before a resend."""
+        loaded: set[str] = set()
+        for call, error in zip(calls, errors, strict=True):
+            try:
+                if isinstance(error, redis.exceptions.NoScriptError):
+                    if call.script.sha not in loaded:
+                        await self._client.script_load(call.script.script)
+                        loaded.add(call.script.sha)
+                else:
+                    # A keyed read through the cluster client follows MOVED/ASK and
+                    # updates its slot map.
+                    await self._client.exists(call.keys[0])
+            except REDIS_ERRORS as exc:
+                raise translate(exc, call.shard) from exc
 
     # -- namespace -----------------------------------------------------------------
 
@@ -194,29 +328,52 @@ class Store:
     ) -> list[ScheduleResult]:
         """Create, keep or replace jobs of one shard (schedule.lua). O(n log N)."""
         keys, args = self._schedule_call(shard, jobs, replace)
-        reply = await self._run(self._scripts.schedule, keys, args, shard)
+        reply = await self._write(self._scripts.schedule, keys, args, shard)
         return self._schedule_results(jobs, reply)
 
     async def schedule_many(
         self, groups: Mapping[int, Sequence[Sequence[EncodedJob]]], replace: bool
     ) -> list[ScheduleResult]:
-        """Schedule.lua once per chunk, all in one MULTI/EXEC pipeline (one round trip).
+        """Schedule.lua once per chunk, in one pipeline (one round trip per node).
 
-        On a single Redis the batch is applied whole or not at all.
+        On one Redis without ``replicas`` the pipeline is MULTI/EXEC: the batch is
+        applied whole or not at all. On a cluster, or with ``replicas`` (WAIT cannot
+        follow EXEC on one connection), each chunk is atomic on its own; a failure may
+        leave some chunks written, and retrying the batch is safe (idempotent).
         """
-        calls: list[Sequence[EncodedJob]] = []
+        if self._cluster or self.replicas:
+            chunks: list[Sequence[EncodedJob]] = []
+            calls: list[_Call] = []
+            for shard, shard_chunks in groups.items():
+                for chunk in shard_chunks:
+                    keys, args = self._schedule_call(shard, chunk, replace)
+                    calls.append(_Call(self._scripts.schedule, keys, args, shard))
+                    chunks.append(chunk)
+            replies = await self._pipelined(calls, wait=bool(self.replicas))
+            return [
+                result
+                for chunk, reply in zip(chunks, replies, strict=True)
+                for result in self._schedule_results(chunk, reply)
+            ]
+        return await self._schedule_multi(groups, replace)
+
+    async def _schedule_multi(
+        self, groups: Mapping[int, Sequence[Sequence[EncodedJob]]], replace: bool
+    ) -> list[ScheduleResult]:
+        done: list[Sequence[EncodedJob]] = []
+        client: Any = self._client  # one Redis (the cluster takes the other path)
         try:
-            async with self._client.pipeline(transaction=True) as pipe:
+            async with client.pipeline(transaction=True) as pipe:
                 for shard, chunks in groups.items():
                     for chunk in chunks:
                         keys, args = self._schedule_call(shard, chunk, replace)
                         await self._scripts.schedule(keys, args, client=pipe)
-                        calls.append(chunk)
+                        done.append(chunk)
                 replies = await pipe.execute()
-        except redis.exceptions.RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise translate(exc) from exc
         out: list[ScheduleResult] = []
-        for chunk, reply in zip(calls, replies, strict=True):
+        for chunk, reply in zip(done, replies, strict=True):
             out.extend(self._schedule_results(chunk, reply))
         return out
 
@@ -224,7 +381,7 @@ class Store:
         """Remove a job in any state (cancel.lua); return the state it had. O(log N)."""
         k = self.keys.shard(shard)
         jobs = self.keys.jobs_key(shard, job_id)
-        reply = await self._run(
+        reply = await self._write(
             self._scripts.cancel, [k.due, k.leased, k.dead, jobs], [job_id], shard
         )
         return JobState(reply) if reply else None
@@ -232,7 +389,7 @@ class Store:
     async def reschedule(self, shard: int, job_id: str, mode: int, time_ms: int) -> tuple[int, int]:
         """Move a due job (reschedule.lua); return ``(status, when_ms)``. O(log N)."""
         k = self.keys.shard(shard)
-        reply = await self._run(
+        reply = await self._write(
             self._scripts.reschedule,
             [k.due, k.done, k.clock, self.keys.jobs_key(shard, job_id)],
             [job_id, mode, time_ms],

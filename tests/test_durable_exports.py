@@ -11,6 +11,7 @@ def test_all_is_pinned() -> None:
         [
             "MAX_JOB_ID_BYTES",
             "ClaimBatch",
+            "Client",
             "DeadPage",
             "DurableError",
             "Fenced",
@@ -30,6 +31,7 @@ def test_all_is_pinned() -> None:
             "Reaper",
             "Recurrence",
             "RedisUnavailable",
+            "ReplicationTimeout",
             "ScheduleResult",
             "ScheduleStatus",
             "Scheduler",
@@ -46,6 +48,7 @@ def test_all_is_pinned() -> None:
             "Timers",
             "Worker",
             "check_server",
+            "connect",
         ]
     )
     for name in durable.__all__:
@@ -54,6 +57,7 @@ def test_all_is_pinned() -> None:
 
 def test_errors_say_transient_or_permanent() -> None:
     assert durable.RedisUnavailable.transient
+    assert durable.ReplicationTimeout.transient
     for cls in (
         durable.Fenced,
         durable.LeaseLost,

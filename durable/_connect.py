@@ -1,0 +1,185 @@
+"""Clients: one Redis or a Redis Cluster, from a URL or startup nodes.
+
+Ground rules:
+
+- Everything in tickwheel.durable takes a :data:`Client`: a ``redis.asyncio.Redis`` or a
+  ``redis.asyncio.RedisCluster``. The scripts touch one shard's slot each, so nothing
+  else changes between the two (see ``_keys.py`` for the hash tags).
+- :func:`connect` is the one place that turns a URL into a client. A URL names a
+  cluster when its scheme is ``redis+cluster``/``rediss+cluster``, when it lists several
+  ``host:port`` pairs, or when the server it names reports ``cluster_enabled:1``
+  (auto-detected with one ``INFO cluster``), so a plain ``redis://`` URL of any node of
+  a cluster just works.
+- Clients never decode responses: payloads are bytes.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Sequence
+from typing import Any, TypeAlias
+
+import redis.asyncio
+import redis.exceptions
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+from ._errors import RedisUnavailable
+
+__all__ = ["Client", "cluster_url", "connect", "is_cluster", "parse_nodes"]
+
+Client: TypeAlias = "redis.asyncio.Redis | RedisCluster"
+
+_PLAIN_SCHEMES = ("redis", "rediss", "unix")
+_CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+# The default port of redis-server, for a host given without one.
+_DEFAULT_PORT = 6379
+
+
+def is_cluster(client: object) -> bool:
+    """True if ``client`` is a Redis Cluster client."""
+    return isinstance(client, RedisCluster)
+
+
+def parse_nodes(text: str) -> list[tuple[str, int]]:
+    """Parse ``host[:port][,host[:port]...]`` into (host, port) pairs.
+
+    Raises:
+        ValueError: if a host is empty or a port is not an integer in 1..65535.
+    """
+    nodes: list[tuple[str, int]] = []
+    for part in text.split(","):
+        host, sep, port_text = part.strip().rpartition(":")
+        if not sep:
+            host, port_text = port_text, str(_DEFAULT_PORT)
+        host = host.strip("[]")  # an IPv6 literal
+        if not host:
+            raise ValueError(f"url has an empty host in {text!r}")
+        try:
+            port = int(port_text)
+        except ValueError:
+            raise ValueError(f"url has a port that is not a number: {part!r}") from None
+        if not 0 < port < 65536:
+            raise ValueError(f"url port must be in 1..65535, got {port}")
+        nodes.append((host, port))
+    return nodes
+
+
+def _split(url: str) -> tuple[str, str, str, str]:
+    """(scheme, userinfo, netloc hosts, rest) of a URL, checked."""
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str, got {type(url).__name__}")
+    scheme, sep, remainder = url.partition("://")
+    if not sep:
+        raise ValueError(f"url must look like redis://host:port/db, got {url!r}")
+    scheme = scheme.lower()
+    if scheme not in _PLAIN_SCHEMES and scheme not in _CLUSTER_SCHEMES:
+        schemes = ", ".join([*_PLAIN_SCHEMES, *_CLUSTER_SCHEMES])
+        raise ValueError(f"url scheme must be one of {schemes}, got {scheme!r} in {url!r}")
+    netloc, slash, rest = remainder.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    if not at:
+        userinfo, hosts = "", netloc
+    return scheme, userinfo, hosts, slash + rest
+
+
+def _cluster_client(
+    scheme: str, userinfo: str, hosts: str, rest: str, kwargs: dict[str, Any]
+) -> RedisCluster:
+    path, _, query = rest.partition("?")
+    db = path.strip("/")
+    if db not in ("", "0"):
+        raise ValueError(f"url: a Redis Cluster has database 0 only, got /{db}")
+    nodes = parse_nodes(hosts)
+    # Credentials, TLS and query options are parsed by redis-py from a one-node URL.
+    first = f"{scheme}://{userinfo + '@' if userinfo else ''}{nodes[0][0]}:{nodes[0][1]}"
+    if query:
+        first += f"/0?{query}"
+    options = dict(kwargs)
+    if len(nodes) > 1:
+        options["startup_nodes"] = [ClusterNode(h, p) for h, p in nodes]
+    return RedisCluster.from_url(first, **options)
+
+
+async def connect(
+    url: str,
+    *,
+    cluster: bool | None = None,
+    **kwargs: Any,
+) -> Client:
+    """Make a client for ``url`` and check that the server answers.
+
+    Args:
+        url: ``redis://[user:password@]host:port/db``, ``rediss://`` for TLS,
+            ``unix:///path.sock``; for a cluster ``redis+cluster://host:port,host:port``
+            (any one node is enough), or a plain URL of any cluster node.
+        cluster: True or False to skip the auto-detection; None to ask the server.
+        **kwargs: passed to the redis-py client (``socket_timeout`` and the like);
+            ``decode_responses`` is refused.
+
+    Returns:
+        A ``redis.asyncio.Redis``, or a ``RedisCluster`` whose slot map is loaded.
+
+    Raises:
+        TypeError, ValueError: for a malformed URL (naming what is wrong).
+        RedisUnavailable: if no node answers (the message names the address).
+    """
+    if kwargs.get("decode_responses"):
+        raise ValueError("decode_responses must be False: payloads are bytes")
+    scheme, userinfo, hosts, rest = _split(url)
+    several = "," in hosts
+    if scheme in _CLUSTER_SCHEMES:
+        scheme = _CLUSTER_SCHEMES[scheme]
+        cluster = True
+    elif several:
+        cluster = True
+    if cluster is None and scheme != "unix":
+        cluster = await _reports_cluster(url, kwargs)
+    if not cluster:
+        if several:
+            raise ValueError(f"url lists several hosts, which only a cluster takes: {url!r}")
+        client = redis.asyncio.Redis.from_url(url, **kwargs)
+        try:
+            await client.ping()
+        except redis.exceptions.RedisError as exc:
+            await client.aclose()
+            raise _unavailable(url, exc) from exc
+        return client
+    if scheme == "unix":
+        raise ValueError("url: a Redis Cluster cannot be reached over a unix socket")
+    cc = _cluster_client(scheme, userinfo, hosts, rest, kwargs)
+    try:
+        await cc.initialize()
+    except redis.exceptions.RedisError as exc:
+        await cc.aclose()
+        raise _unavailable(url, exc) from exc
+    return cc
+
+
+async def _reports_cluster(url: str, kwargs: dict[str, Any]) -> bool:
+    probe = redis.asyncio.Redis.from_url(url, **kwargs)
+    try:
+        info: dict[str, Any] = await probe.info("cluster")
+    except redis.exceptions.RedisError as exc:
+        raise _unavailable(url, exc) from exc
+    finally:
+        await probe.aclose()
+    return str(info.get("cluster_enabled", "0")) == "1"
+
+
+def _unavailable(url: str, exc: BaseException) -> RedisUnavailable:
+    return RedisUnavailable(f"cannot reach Redis at {_redact(url)}: {exc}")
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rpartition("@")[2]
+    user = parts.username or ""
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def cluster_url(nodes: Sequence[tuple[str, int]]) -> str:
+    """A ``redis+cluster://`` URL listing ``nodes``."""
+    return "redis+cluster://" + ",".join(f"{h}:{p}" for h, p in nodes)
