@@ -92,6 +92,7 @@ async def check_server(client: Client, *, strict: bool = False) -> ServerReport:
 
 
 async def _check_cluster(client: RedisCluster) -> ServerReport:
+    await client.initialize()  # the slot map and node list (no-op once loaded)
     reports = [
         await _check_node(client, {"target_nodes": node}, f"{node.name}: ")
         for node in client.get_primaries()

@@ -25,7 +25,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from ._errors import RedisUnavailable
 
-__all__ = ["Client", "cluster_url", "connect", "is_cluster", "parse_nodes"]
+__all__ = ["Client", "client_from_url", "cluster_url", "connect", "is_cluster", "parse_nodes"]
 
 Client: TypeAlias = "redis.asyncio.Redis | RedisCluster"
 
@@ -100,6 +100,30 @@ def _cluster_client(
     return RedisCluster.from_url(first, **options)
 
 
+def client_from_url(url: str, *, cluster: bool = False, **kwargs: Any) -> Client:
+    """Make a client for ``url`` without any I/O (so without auto-detection).
+
+    The URL names a cluster by its scheme (``redis+cluster://``) or by listing several
+    hosts; ``cluster=True`` makes a plain ``redis://`` URL a cluster's too. Prefer
+    :func:`connect`, which also detects a cluster and checks that the server answers.
+
+    Raises:
+        TypeError, ValueError: for a malformed URL.
+    """
+    if kwargs.get("decode_responses"):
+        raise ValueError("decode_responses must be False: payloads are bytes")
+    scheme, userinfo, hosts, rest = _split(url)
+    if scheme in _CLUSTER_SCHEMES:
+        scheme, cluster = _CLUSTER_SCHEMES[scheme], True
+    elif "," in hosts:
+        cluster = True
+    if not cluster:
+        return redis.asyncio.Redis.from_url(url, **kwargs)
+    if scheme == "unix":
+        raise ValueError("url: a Redis Cluster cannot be reached over a unix socket")
+    return _cluster_client(scheme, userinfo, hosts, rest, kwargs)
+
+
 async def connect(
     url: str,
     *,
@@ -123,36 +147,22 @@ async def connect(
         TypeError, ValueError: for a malformed URL (naming what is wrong).
         RedisUnavailable: if no node answers (the message names the address).
     """
-    if kwargs.get("decode_responses"):
-        raise ValueError("decode_responses must be False: payloads are bytes")
-    scheme, userinfo, hosts, rest = _split(url)
-    several = "," in hosts
-    if scheme in _CLUSTER_SCHEMES:
-        scheme = _CLUSTER_SCHEMES[scheme]
-        cluster = True
-    elif several:
-        cluster = True
-    if cluster is None and scheme != "unix":
-        cluster = await _reports_cluster(url, kwargs)
-    if not cluster:
-        if several:
-            raise ValueError(f"url lists several hosts, which only a cluster takes: {url!r}")
-        client = redis.asyncio.Redis.from_url(url, **kwargs)
-        try:
-            await client.ping()
-        except redis.exceptions.RedisError as exc:
-            await client.aclose()
-            raise _unavailable(url, exc) from exc
-        return client
-    if scheme == "unix":
-        raise ValueError("url: a Redis Cluster cannot be reached over a unix socket")
-    cc = _cluster_client(scheme, userinfo, hosts, rest, kwargs)
+    scheme, _, hosts, _ = _split(url)
+    if cluster is None:
+        if scheme in _CLUSTER_SCHEMES or "," in hosts:
+            cluster = True
+        elif scheme != "unix":
+            cluster = await _reports_cluster(url, kwargs)
+    client = client_from_url(url, cluster=bool(cluster), **kwargs)
     try:
-        await cc.initialize()
-    except redis.exceptions.RedisError as exc:
-        await cc.aclose()
+        if isinstance(client, RedisCluster):
+            await client.initialize()
+        else:
+            await client.ping()
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        await client.aclose()
         raise _unavailable(url, exc) from exc
-    return cc
+    return client
 
 
 async def _reports_cluster(url: str, kwargs: dict[str, Any]) -> bool:

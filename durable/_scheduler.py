@@ -183,8 +183,12 @@ class Scheduler:
         return self
 
     async def close(self) -> None:
-        """Give back every owned shard (their epochs are bumped)."""
-        await self.ownership.give_back_all()
+        """Give back every owned shard (their epochs are bumped) and close the
+        connections this scheduler opened itself (the client given is left open)."""
+        try:
+            await self.ownership.give_back_all()
+        finally:
+            await self.store.aclose()
 
     async def __aenter__(self) -> Scheduler:
         return await self.open()

@@ -17,10 +17,15 @@ Ground rules:
   by ``WAIT replicas timeout`` *on the connection that wrote*: WAIT counts the replicas
   that have that connection's writes, so it must share the write's connection. One
   pipeline per node carries the script calls and then WAIT.
+- redis-py's cluster pipeline refuses EVALSHA, and could not put WAIT on the write's
+  connection anyway; so pipelined writes to a cluster go through a plain client per
+  master (``_node_client``), routed by the cluster client's slot map. A reply of MOVED
+  or ASK means the call did not run there: the slot map is refreshed and it is resent.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -171,7 +176,15 @@ class Store:
         ValueError: if ``client`` decodes responses, or a replica setting is negative.
     """
 
-    __slots__ = ("_client", "_cluster", "_scripts", "keys", "replica_timeout_ms", "replicas")
+    __slots__ = (
+        "_client",
+        "_cluster",
+        "_nodes",
+        "_scripts",
+        "keys",
+        "replica_timeout_ms",
+        "replicas",
+    )
 
     def __init__(
         self, client: Client, keys: Keys, *, replicas: int = 0, replica_timeout_ms: int = 1000
@@ -188,6 +201,23 @@ class Store:
         self.keys = keys  # key names of the namespace
         self.replicas = replicas  # WAIT for this many replicas after producer writes
         self.replica_timeout_ms = replica_timeout_ms  # WAIT's timeout
+        self._nodes: dict[str, redis.asyncio.Redis] = {}  # cluster node name -> plain client
+
+    async def aclose(self) -> None:
+        """Close the per-node clients this store made (never the caller's client)."""
+        nodes, self._nodes = list(self._nodes.values()), {}
+        for node in nodes:
+            await node.aclose()
+
+    def _node_client(self, node: Any) -> redis.asyncio.Redis:
+        """A plain client of one cluster node, with the cluster client's settings."""
+        client = self._nodes.get(node.name)
+        if client is None:
+            pool = redis.asyncio.ConnectionPool(
+                connection_class=node.connection_class, **node.connection_kwargs
+            )
+            client = self._nodes[node.name] = redis.asyncio.Redis(connection_pool=pool)
+        return client
 
     @property
     def client(self) -> Client:
@@ -249,26 +279,44 @@ class Store:
         raise translate(redis.exceptions.TryAgainError("slot map kept moving; try again"))
 
     async def _send(self, calls: Sequence[_Call], todo: Sequence[int], wait: bool) -> list[Any]:
-        client: Any = self._client
+        """Replies of ``calls[i]`` for i in ``todo``, then one WAIT reply per node."""
+        if not self._cluster:
+            return await self._send_node(self._client, calls, todo, wait)
+        cluster: Any = self._client
+        await cluster.initialize()  # routing needs the slot map (no-op once loaded)
+        by_node: dict[str, tuple[Any, list[int]]] = {}
+        for i in todo:
+            node = cluster.get_node_from_key(calls[i].keys[0])
+            by_node.setdefault(node.name, (node, []))[1].append(i)
+        parts = await asyncio.gather(
+            *(
+                self._send_node(self._node_client(node), calls, ids, wait)
+                for node, ids in by_node.values()
+            ),
+            return_exceptions=True,
+        )
+        replies: dict[int, Any] = {}
+        waits: list[Any] = []
+        for (_, ids), part in zip(by_node.values(), parts, strict=True):
+            if isinstance(part, BaseException):
+                if not isinstance(part, Exception):
+                    raise part
+                got = [part] * (len(ids) + wait)  # the node failed: every call with it
+            else:
+                got = part
+            replies.update(zip(ids, got, strict=False))
+            waits += got[len(ids) :]
+        return [replies[i] for i in todo] + waits
+
+    async def _send_node(
+        self, client: Any, calls: Sequence[_Call], todo: Sequence[int], wait: bool
+    ) -> list[Any]:
         pipe = client.pipeline(transaction=False)
-        nodes: dict[str, Any] = {}
         for i in todo:
             call = calls[i]
             pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
-            if self._cluster and wait:
-                node = client.get_node_from_key(call.keys[0])
-                nodes[node.name] = node
         if wait:
-            timeout = self.replica_timeout_ms
-            if self._cluster:
-                for node in nodes.values():
-                    pipe.execute_command("WAIT", self.replicas, timeout, target_nodes=node)
-            else:
-                pipe.execute_command("WAIT", self.replicas, timeout)
-        if self._cluster:
-            # Redirected calls would run on another connection than their WAIT: resend
-            # them ourselves instead.
-            return list(await pipe.execute(raise_on_error=False, allow_redirections=False))
+            pipe.execute_command("WAIT", self.replicas, self.replica_timeout_ms)
         return list(await pipe.execute(raise_on_error=False))
 
     async def _recover(self, calls: Sequence[_Call], errors: Sequence[Any]) -> None:

@@ -18,6 +18,7 @@ Ground rules:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,9 @@ from typing import Any, Protocol
 
 import redis.asyncio
 import redis.exceptions
+from redis.asyncio.cluster import RedisCluster
 
+from ._connect import Client
 from ._errors import translate
 from ._model import Job, decode_payload, encode_payload, finite_seconds_ms
 
@@ -62,14 +65,14 @@ class StreamPublisher:
     ``payload`` and ``flags`` (1: the payload is JSON text).
 
     Args:
-        client: a ``redis.asyncio.Redis`` (any database; it may be another server).
+        client: a ``Redis`` or ``RedisCluster`` (any database; it may be another server).
         stream: the stream key.
         maxlen: approximate cap on entries (``XADD MAXLEN ~``); None for none.
     """
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: Client,
         stream: str,
         *,
         maxlen: int | None = DEFAULT_STREAM_MAXLEN,
@@ -132,7 +135,7 @@ class StreamConsumer:
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: Client,
         stream: str,
         group: str,
         consumer: str,
@@ -215,11 +218,21 @@ class StreamConsumer:
         if not entries:
             return []
         ttl = self.dedup_ttl_ms
-        async with self.client.pipeline(transaction=False) as pipe:
-            for e in entries:
-                key = self._dedup_key(e)
-                await self._claim_occurrence(keys=[key], args=[e.entry_id, ttl], client=pipe)
-            owners = await pipe.execute()
+        if isinstance(self.client, RedisCluster):
+            # The occurrences' keys span slots, and redis-py's cluster pipeline refuses
+            # EVALSHA: concurrent calls instead (each routed to its slot's master).
+            owners = await asyncio.gather(
+                *(
+                    self._claim_occurrence(keys=[self._dedup_key(e)], args=[e.entry_id, ttl])
+                    for e in entries
+                )
+            )
+        else:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for e in entries:
+                    key = self._dedup_key(e)
+                    await self._claim_occurrence(keys=[key], args=[e.entry_id, ttl], client=pipe)
+                owners = await pipe.execute()
         fresh: list[StreamEntry] = []
         dups: list[str] = []
         for e, owner in zip(entries, owners, strict=True):

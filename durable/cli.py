@@ -23,8 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import redis.asyncio
-
+from tickwheel.durable._connect import connect
 from tickwheel.durable._errors import DurableError
 from tickwheel.durable._loader import (
     DEFAULT_LIMIT,
@@ -188,7 +187,7 @@ def _load_registry(path: str) -> TaskRegistry:
 
 
 async def _work(args: argparse.Namespace, registry: TaskRegistry) -> LoaderStats:
-    client = redis.asyncio.Redis.from_url(args.redis_url)
+    client = await connect(args.redis_url)
     try:
         scheduler = Scheduler(
             client,

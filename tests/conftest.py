@@ -2,6 +2,10 @@
 
 No Redis test skips: when no binary can be found the fixture errors, so a machine
 without Redis fails loudly instead of passing quietly.
+
+``redis_url`` has two backends: every test that takes it runs once against one
+redis-server (``[redis]``) and once against a Redis Cluster of 3 masters and 3 replicas
+(``[cluster]``), both started by the session and shared by namespace.
 """
 
 from __future__ import annotations
@@ -11,7 +15,10 @@ from collections.abc import Iterator
 import pytest
 from vloop import VirtualLoop
 
-from tickwheel.durable._server import RedisServer
+from tickwheel.durable._server import RedisClusterServer, RedisServer
+
+# The two backends of ``redis_url``.
+BACKENDS = ("redis", "cluster")
 
 
 @pytest.fixture
@@ -29,10 +36,21 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
 
 
-@pytest.fixture
-def redis_url(redis_server: RedisServer) -> str:
-    """URL of the session's redis-server."""
-    return redis_server.url
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterServer]:
+    """One Redis Cluster (3 masters, 3 replicas) for the whole session."""
+    with RedisClusterServer(masters=3, replicas=1) as cluster:
+        yield cluster
+
+
+@pytest.fixture(params=BACKENDS)
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """URL of the session's redis-server, then of its Redis Cluster."""
+    if request.param == "cluster":
+        cluster: RedisClusterServer = request.getfixturevalue("redis_cluster")
+        return cluster.url
+    server: RedisServer = request.getfixturevalue("redis_server")
+    return server.url
 
 
 @pytest.fixture

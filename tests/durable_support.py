@@ -9,9 +9,8 @@ import uuid
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
-import redis.asyncio
-
-from tickwheel.durable import JobState, Scheduler
+from tickwheel.durable import Client, JobState, Scheduler
+from tickwheel.durable._connect import client_from_url
 
 T = TypeVar("T")
 
@@ -32,7 +31,7 @@ async def open_scheduler(
 ) -> AsyncIterator[Scheduler]:
     """A Scheduler on its own client and namespace (server check off unless asked)."""
     kwargs.setdefault("check", False)
-    client = redis.asyncio.Redis.from_url(url)
+    client = client_from_url(url)
     sched = Scheduler(client, namespace or unique_ns(), **kwargs)
     try:
         yield sched
@@ -40,7 +39,7 @@ async def open_scheduler(
         await client.aclose()
 
 
-def client_of(sched: Scheduler) -> redis.asyncio.Redis:
+def client_of(sched: Scheduler) -> Client:
     """The redis-py client a scheduler uses (tests read Redis directly through it)."""
     return sched.store._client
 

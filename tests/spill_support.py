@@ -24,6 +24,7 @@ from typing import Any
 import redis.asyncio
 
 from tickwheel.durable import Scheduler, TaskContext, TaskRegistry, Worker
+from tickwheel.durable._connect import client_from_url
 
 # The sink's Redis (a worker process reads it from the environment).
 SINK_ENV = "TICKWHEEL_TEST_SINK_URL"
@@ -40,7 +41,7 @@ def _sink_client() -> redis.asyncio.Redis:
     loop = asyncio.get_running_loop()
     client = _clients.get(loop)
     if client is None:
-        client = _clients[loop] = redis.asyncio.Redis.from_url(os.environ[SINK_ENV])
+        client = _clients[loop] = client_from_url(os.environ[SINK_ENV])
     return client
 
 
@@ -57,12 +58,12 @@ async def sink(ctx: TaskContext) -> None:
     prefix = ctx.payload["sink"]
     assert ctx.job is not None
     client = _sink_client()
+    now = await client.time()  # apart: redis-py's cluster pipeline refuses TIME
     async with client.pipeline(transaction=False) as pipe:
-        pipe.time()
         pipe.incr(f"{prefix}:calls:{ctx.job_id}")
         pipe.sadd(f"{prefix}:by:{ctx.job_id}", os.getpid())
         pipe.set(f"{prefix}:effect:{ctx.job_id}:{ctx.nominal_ms}", os.getpid(), nx=True)
-        now, _, _, first = await pipe.execute()
+        _, _, first = await pipe.execute()
     late = redis_ms(now) - ctx.job.due_ms
     async with client.pipeline(transaction=False) as pipe:
         pipe.rpush(f"{prefix}:late", f"{late:.3f}")

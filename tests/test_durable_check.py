@@ -15,6 +15,7 @@ from tickwheel.durable import (
     ServerConfigWarning,
     check_server,
 )
+from tickwheel.durable._connect import client_from_url
 from tickwheel.durable._server import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.redis
 def test_aof_off_warns_by_default_and_raises_when_strict(redis_url: str) -> None:
     # The session server runs without AOF.
     async def main() -> None:
-        client = redis.asyncio.Redis.from_url(redis_url)
+        client = client_from_url(redis_url)
         with pytest.warns(ServerConfigWarning, match="AOF is off"):
             report = await check_server(client)
         assert report.aof_enabled is False and report.maxmemory_policy == "noeviction"

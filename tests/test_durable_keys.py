@@ -12,6 +12,7 @@ from redis.crc import key_slot
 
 from tests.durable_support import open_scheduler, push_clock, run
 from tickwheel.durable import JobSpec, Keys, Store
+from tickwheel.durable._connect import client_from_url
 from tickwheel.durable._scripts import SCRIPT_NAMES, source
 
 pytestmark = pytest.mark.redis
@@ -60,14 +61,15 @@ def test_bucket_mapping_is_stable(job_id: str, buckets: int, bucket: int) -> Non
 
 
 def test_python_and_lua_agree_on_buckets(redis_url: str) -> None:
-    import redis
+    async def main() -> None:
+        client: Any = client_from_url(redis_url)
+        keys = Keys("ns", 1, 64)
+        lua = "return tonumber(string.sub(redis.sha1hex(ARGV[1]), 1, 8), 16) % 64"
+        for job_id in ["a", "job-42", "ü", "x" * 256, "order:1234:charge"]:
+            assert await client.eval(lua, 0, job_id) == keys.bucket_of(job_id), job_id
+        await client.aclose()
 
-    client = redis.Redis.from_url(redis_url)
-    keys = Keys("ns", 1, 64)
-    lua = "return tonumber(string.sub(redis.sha1hex(ARGV[1]), 1, 8), 16) % 64"
-    for job_id in ["a", "job-42", "ü", "x" * 256, "order:1234:charge"]:
-        assert client.eval(lua, 0, job_id) == keys.bucket_of(job_id), job_id
-    client.close()
+    run(main())
 
 
 @pytest.mark.parametrize(

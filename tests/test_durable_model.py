@@ -38,6 +38,7 @@ from tickwheel.durable import (
     Scheduler,
     ScheduleStatus,
 )
+from tickwheel.durable._connect import client_from_url
 
 T = TypeVar("T")
 pytestmark = pytest.mark.redis
@@ -84,7 +85,7 @@ class DurableMachine(RuleBasedStateMachine):
     def setup(self) -> None:
         ns = unique_ns()
         for _ in range(2):
-            client = redis.asyncio.Redis.from_url(self.url)
+            client = client_from_url(self.url)
             self.clients.append(client)
             self.actors.append(
                 # 3 buckets: the five ids share buckets, and some have one to themselves.

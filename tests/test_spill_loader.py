@@ -9,7 +9,6 @@ import os
 from typing import Any
 
 import pytest
-import redis.asyncio
 
 from tests.durable_support import check_all, client_of, open_scheduler, run
 from tests.spill_support import (
@@ -22,6 +21,7 @@ from tests.spill_support import (
     wait_effects,
 )
 from tickwheel.durable import JobState, Scheduler, TaskContext, TaskRegistry, Timers
+from tickwheel.durable._connect import client_from_url
 
 pytestmark = pytest.mark.redis
 
@@ -185,7 +185,7 @@ def test_graceful_stop_hands_back_loaded_jobs_and_another_worker_fires_them(
                 info = await s.get(job_id)
                 assert info is not None and info.attempt == 1
             # B (a fresh scheduler, as another process) fires them at their due time.
-            client = redis.asyncio.Redis.from_url(sink_env)
+            client = client_from_url(sink_env)
             b_sched = Scheduler(client, prefix, shards=2, owner_ttl=1.0, check=False)
             try:
                 async with running_worker(b_sched, _sink_registry(), **FAST):

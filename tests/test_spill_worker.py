@@ -87,7 +87,8 @@ async def _wait_spread(client: redis.asyncio.Redis, s: Scheduler, workers: int) 
     """Until every shard is owned and each worker owns some."""
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        owners = await client.mget([s.keys.shard(i).owner for i in range(SHARDS)])
+        # One GET per shard: the owner keys are in different slots on a cluster.
+        owners = [await client.get(s.keys.shard(i).owner) for i in range(SHARDS)]
         if all(owners) and len(set(owners)) == workers:
             return
         await asyncio.sleep(0.05)
