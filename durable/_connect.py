@@ -166,7 +166,11 @@ async def connect(
 
 
 async def _reports_cluster(url: str, kwargs: dict[str, Any]) -> bool:
-    probe = redis.asyncio.Redis.from_url(url, **kwargs)
+    scheme, userinfo, hosts, rest = _split(url)
+    query = rest.partition("?")[2]
+    # Database 0: a cluster node refuses SELECT, and the answer is the same in every db.
+    plain = f"{scheme}://{userinfo + '@' if userinfo else ''}{hosts}/0"
+    probe = redis.asyncio.Redis.from_url(plain + (f"?{query}" if query else ""), **kwargs)
     try:
         info: dict[str, Any] = await probe.info("cluster")
     except redis.exceptions.RedisError as exc:

@@ -263,6 +263,8 @@ class Store:
                 else:
                     replies[i] = reply
             for acked in got[len(todo) :]:
+                if acked is None:
+                    continue
                 if isinstance(acked, REDIS_ERRORS):
                     raise translate(acked) from acked
                 if int(acked) < self.replicas:
@@ -317,7 +319,10 @@ class Store:
             pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
         if wait:
             pipe.execute_command("WAIT", self.replicas, self.replica_timeout_ms)
-        return list(await pipe.execute(raise_on_error=False))
+        got = list(await pipe.execute(raise_on_error=False))
+        if wait and all(isinstance(r, _RESEND) for r in got[:-1]):
+            got[-1] = None  # nothing ran on this connection: nothing for WAIT to confirm
+        return got
 
     async def _recover(self, calls: Sequence[_Call], errors: Sequence[Any]) -> None:
         """Load missing scripts and refresh the slot map before a resend."""
