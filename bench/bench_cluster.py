@@ -1,0 +1,128 @@
+"""Claim + ack throughput on a Redis Cluster against one Redis, in the same run.
+
+How to run::
+
+    .venv/bin/pytest bench/bench_cluster.py --benchmark-only -p no:cacheprovider
+
+Groups:
+
+``cluster claim+ack``  10^4 due jobs over 16 shards; every shard claimed 500 at a time
+    and acked with ``ack_many`` until none is left. One Redis is the base row; the
+    cluster (3 masters, 3 replicas, all on this machine) is measured beside it. The
+    shards are driven concurrently (one task per shard), as 16 shard owners would.
+``cluster schedule_many``  10^4 jobs through ``schedule_many``: MULTI on one Redis,
+    one pipeline per master on the cluster.
+``cluster schedule replicas=1``  1000 sequential single schedules with ``WAIT 1`` on
+    the cluster, against the same without WAIT (base): the price of durability.
+
+On a 2-core machine the cluster's six processes share the cores with the client, so the
+ratio is a floor for what a cluster of real machines gives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tickwheel.durable import JobSpec, Scheduler
+from tickwheel.durable._connect import client_from_url
+from tickwheel.durable._server import RedisClusterServer, RedisServer
+
+JOBS = 10_000
+SHARDS = 16
+_ns = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def urls() -> Iterator[dict[str, str]]:
+    with RedisServer() as single, RedisClusterServer(masters=3, replicas=1) as cluster:
+        yield {"redis": single.url, "cluster": cluster.url}
+
+
+def _scheduler(url: str, **kwargs: Any) -> Scheduler:
+    return Scheduler(client_from_url(url), f"b{next(_ns)}", shards=SHARDS, check=False, **kwargs)
+
+
+async def _fill(s: Scheduler) -> None:
+    await s.open()
+    await s.schedule_many([JobSpec(f"j{i}", "t", b"x" * 32) for i in range(JOBS)])
+    for shard in range(SHARDS):
+        await s.take(shard)
+
+
+async def _drain_shard(s: Scheduler, shard: int) -> int:
+    n = 0
+    while True:
+        batch = await s.claim(shard, limit=500)
+        if not batch.jobs:
+            return n
+        await s.ack_many(batch.jobs)
+        n += len(batch.jobs)
+
+
+async def _drain(s: Scheduler) -> int:
+    return sum(await asyncio.gather(*(_drain_shard(s, sh) for sh in range(SHARDS))))
+
+
+@pytest.mark.parametrize("backend", ["redis", "cluster"])
+def test_claim_ack(
+    benchmark: Any, loop: asyncio.AbstractEventLoop, urls: dict[str, str], backend: str
+) -> None:
+    benchmark.group = "cluster claim+ack"
+    benchmark.extra_info.update(impl=backend, base=backend == "redis", ops_per_round=JOBS)
+    schedulers: list[Scheduler] = []
+
+    def setup() -> tuple[tuple[Scheduler], dict[str, Any]]:
+        s = _scheduler(urls[backend])
+        schedulers.append(s)
+        loop.run_until_complete(_fill(s))
+        return (s,), {}
+
+    def drain(s: Scheduler) -> None:
+        assert loop.run_until_complete(_drain(s)) == JOBS
+
+    benchmark.pedantic(drain, setup=setup, rounds=5)
+    for s in schedulers:
+        loop.run_until_complete(s.store.client.aclose())
+
+
+@pytest.mark.parametrize("backend", ["redis", "cluster"])
+def test_schedule_many(
+    benchmark: Any, loop: asyncio.AbstractEventLoop, urls: dict[str, str], backend: str
+) -> None:
+    benchmark.group = "cluster schedule_many"
+    benchmark.extra_info.update(impl=backend, base=backend == "redis", ops_per_round=JOBS)
+    s = _scheduler(urls[backend])
+    loop.run_until_complete(s.open())
+    rounds = itertools.count()
+
+    def batch() -> None:
+        r = next(rounds)
+        specs = [JobSpec(f"r{r}:{i}", "t", b"x" * 32, delay=3600) for i in range(JOBS)]
+        loop.run_until_complete(s.schedule_many(specs))
+
+    benchmark.pedantic(batch, rounds=5)
+    loop.run_until_complete(s.store.client.aclose())
+
+
+@pytest.mark.parametrize("replicas", [0, 1])
+def test_single_schedule_with_wait(
+    benchmark: Any, loop: asyncio.AbstractEventLoop, urls: dict[str, str], replicas: int
+) -> None:
+    benchmark.group = "cluster schedule replicas=1"
+    benchmark.extra_info.update(impl=f"replicas={replicas}", base=replicas == 0, ops_per_round=1000)
+    s = _scheduler(urls["cluster"], replicas=replicas)
+    loop.run_until_complete(s.open())
+    rounds = itertools.count()
+
+    async def thousand(r: int) -> None:
+        for i in range(1000):
+            await s.schedule(f"w{r}:{i}", "t", delay=3600)
+
+    benchmark.pedantic(lambda: loop.run_until_complete(thousand(next(rounds))), rounds=5)
+    loop.run_until_complete(s.close())
+    loop.run_until_complete(s.store.client.aclose())
