@@ -91,6 +91,7 @@ def _machine_line(m: dict[str, str]) -> str:
 def write(out: Path, results: dict[str, Any]) -> list[Path]:
     """Write every file into ``out``; return the plots written."""
     out.mkdir(parents=True, exist_ok=True)
+    written = plots(out, results)
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     figs = results["figures"]
     m = results["machine"]
@@ -122,15 +123,14 @@ def write(out: Path, results: dict[str, Any]) -> list[Path]:
         lines += [f"## {title}", ""]
         lines += _section_notes(section, results)
         lines += [*figure_table(sec), ""]
-        plot = out / f"{section}.png"
-        if plot.exists() or section in results.get("plots", {}):
+        if out / f"{section}.png" in written:
             lines += [f"![{section}]({section}.png)", ""]
     lines += ["## Correctness checks", ""]
     lines += [f"- FAILED: {c}" for c in results["checks"]["failures"]]
     lines += [f"- ok: {c}" for c in results["checks"]["passed"]]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     (out / "summary.md").write_text(summary_markdown(results) + "\n")
-    return plots(out, results)
+    return written
 
 
 def summary_markdown(results: dict[str, Any]) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import time
 from datetime import UTC, datetime
@@ -111,7 +112,10 @@ async def _arq(server: RedisServer, rate: int, seconds: float, flush: bool = Tru
     )
     task = asyncio.ensure_future(worker.async_run())
     await done.wait()
-    await worker.close()
+    await asyncio.sleep(0.5)  # arq records each result after the job returned
+    # arq's close() cancels job tasks still finishing and re-raises their CancelledError.
+    with contextlib.suppress(asyncio.CancelledError):
+        await worker.close()
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     await pool.aclose()
