@@ -225,8 +225,10 @@ def population(request: pytest.FixtureRequest) -> Iterator[Population]:
 # -- schedule + cancel ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("impl", ["wheel", "wheel+ctx", "asyncio", "uvloop"])
-def test_schedule_cancel(benchmark: Any, population: Population, impl: str) -> None:
+def schedule_cancel_batch(
+    population: Population, impl: str
+) -> tuple[asyncio.AbstractEventLoop, Callable[[], None]]:
+    """The loop under test and one round: ``BATCH`` x (schedule a near timer, cancel it)."""
     delays = _near_delays()
     if impl.startswith("wheel"):
         loop = population.loop("wheel")
@@ -252,6 +254,12 @@ def test_schedule_cancel(benchmark: Any, population: Population, impl: str) -> N
             for d in delays:
                 call_later(d, _noop).cancel()
 
+    return loop, batch
+
+
+@pytest.mark.parametrize("impl", ["wheel", "wheel+ctx", "asyncio", "uvloop"])
+def test_schedule_cancel(benchmark: Any, population: Population, impl: str) -> None:
+    loop, batch = schedule_cancel_batch(population, impl)
     _tag(benchmark, "schedule+cancel", population.n, impl, ops=BATCH, base=impl == "wheel")
     benchmark.pedantic(
         batch, setup=lambda: _settle(loop), rounds=BATCH_ROUNDS, warmup_rounds=BATCH_WARMUP
@@ -305,10 +313,11 @@ def _harness_cost(loop: asyncio.AbstractEventLoop, repeat: int = 200) -> float:
     return statistics.median(samples)
 
 
-@pytest.mark.parametrize(
-    "impl", ["wheel.Timer", "wheel.Timeout", "asyncio.Timeout", "uvloop.Timeout"]
-)
-def test_reschedule(benchmark: Any, population: Population, impl: str) -> None:
+def reschedule_batch(
+    population: Population, impl: str
+) -> tuple[asyncio.AbstractEventLoop, Callable[[], None], Callable[[], None]]:
+    """The loop under test, one round (``BATCH`` reschedules of one pending timer, run as
+    one ``run_until_complete``) and a function that ends the timer or its block."""
     # Each call moves the deadline 1 ms later than the previous one (an idle timeout
     # being reset); every round starts from the current time, so it moves later too.
     ladder = [30.0 + i * 1e-3 for i in range(BATCH)]
@@ -340,14 +349,19 @@ def test_reschedule(benchmark: Any, population: Population, impl: str) -> None:
             for d in ladder:
                 move_to(base + d)
 
+    return loop, lambda: loop.run_until_complete(batch()), leave
+
+
+@pytest.mark.parametrize(
+    "impl", ["wheel.Timer", "wheel.Timeout", "asyncio.Timeout", "uvloop.Timeout"]
+)
+def test_reschedule(benchmark: Any, population: Population, impl: str) -> None:
+    loop, run, leave = reschedule_batch(population, impl)
     _tag(benchmark, "reschedule", population.n, impl, ops=BATCH, base=impl == "wheel.Timer")
     benchmark.extra_info["harness_s"] = _harness_cost(loop)
     try:
         benchmark.pedantic(
-            lambda: loop.run_until_complete(batch()),
-            setup=lambda: _settle(loop),
-            rounds=BATCH_ROUNDS,
-            warmup_rounds=BATCH_WARMUP,
+            run, setup=lambda: _settle(loop), rounds=BATCH_ROUNDS, warmup_rounds=BATCH_WARMUP
         )
     finally:
         leave()
@@ -381,13 +395,15 @@ def idle_loops() -> Iterator[_Idle]:
     idle.close()
 
 
-@pytest.mark.parametrize("impl", ["wheel", "asyncio", "uvloop"])
-@pytest.mark.parametrize("n", SIZES, ids=_label)
-def test_fire(benchmark: Any, idle_loops: _Idle, n: int, impl: str) -> None:
-    loop = idle_loops.loop(impl)
+def fire_round(
+    idle: _Idle, n: int, impl: str
+) -> tuple[Callable[[], tuple[tuple[Any, ...], dict[str, Any]]], Callable[[Any], None]]:
+    """``setup`` (schedule ``n`` timers due within ``FIRE_WINDOW``, wait until all are
+    due) and ``fire(done)`` (run the loop until all have fired): the timed part."""
+    loop = idle.loop(impl)
     # Absolute deadlines (schedule_at / call_at), so that all N fall within FIRE_WINDOW
     # however long scheduling them takes.
-    add_at = idle_loops.wheel.schedule_at if impl == "wheel" else loop.call_at
+    add_at = idle.wheel.schedule_at if impl == "wheel" else loop.call_at
     step = FIRE_WINDOW / n
     offsets = [i * step for i in range(n)]
 
@@ -402,6 +418,13 @@ def test_fire(benchmark: Any, idle_loops: _Idle, n: int, impl: str) -> None:
     def fire(done: Any) -> None:
         loop.run_until_complete(done)
 
+    return setup, fire
+
+
+@pytest.mark.parametrize("impl", ["wheel", "asyncio", "uvloop"])
+@pytest.mark.parametrize("n", SIZES, ids=_label)
+def test_fire(benchmark: Any, idle_loops: _Idle, n: int, impl: str) -> None:
+    setup, fire = fire_round(idle_loops, n, impl)
     _tag(benchmark, "fire", n, impl, ops=n, base=impl == "wheel")
     rounds = FIRE_ROUNDS.get(n, 5)
     benchmark.pedantic(fire, setup=setup, rounds=rounds, warmup_rounds=1 if n < 10**6 else 0)
@@ -559,11 +582,13 @@ class _CountingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-t
         return super().select(timeout)
 
 
-def _idle_case(prepare: Callable[[TimingWheel | None], object], with_wheel: bool) -> dict[str, int]:
+def _idle_case(
+    prepare: Callable[[TimingWheel | None, asyncio.AbstractEventLoop], object], with_wheel: bool
+) -> dict[str, int]:
     selector = _CountingSelector()
     loop = asyncio.SelectorEventLoop(selector)
     wheel = TimingWheel(TICK, loop=loop) if with_wheel else None
-    keep = prepare(wheel)
+    keep = prepare(wheel, loop)
     wakeups0 = wheel.stats().wakeups if wheel is not None else 0
     selects0 = selector.calls
     loop.run_until_complete(asyncio.sleep(0.5))
@@ -592,23 +617,29 @@ def _lifetime_wakeups(delay: float) -> int:
 
 
 def idle_report() -> tuple[str, dict[str, Any]]:
-    def nothing(wheel: TimingWheel | None) -> None:
+    def nothing(wheel: TimingWheel | None, loop: asyncio.AbstractEventLoop) -> None:
         return None
 
-    def churn(wheel: TimingWheel | None) -> None:
+    def churn(wheel: TimingWheel | None, loop: asyncio.AbstractEventLoop) -> None:
         assert wheel is not None
         for d in _near_delays():
             wheel.schedule(d, _noop).cancel()
 
-    def one_hour(wheel: TimingWheel | None) -> object:
+    def one_hour(wheel: TimingWheel | None, loop: asyncio.AbstractEventLoop) -> object:
         assert wheel is not None
         return wheel.schedule(3600.0, _noop)
+
+    def one_hour_call_later(wheel: TimingWheel | None, loop: asyncio.AbstractEventLoop) -> object:
+        return loop.call_later(3600.0, _noop)
 
     cases = {
         "asyncio loop alone (baseline)": _idle_case(nothing, with_wheel=False),
         "wheel empty, never used": _idle_case(nothing, with_wheel=True),
         "wheel empty after 1000 schedule+cancel": _idle_case(churn, with_wheel=True),
         "one timer 1 h away pending": _idle_case(one_hour, with_wheel=True),
+        "asyncio call_later 1 h away pending (peer)": _idle_case(
+            one_hour_call_later, with_wheel=False
+        ),
     }
     figures: dict[str, Any] = {name: dict(r) for name, r in cases.items()}
     figures["lifetime wake-ups of a lone 1 h timer"] = _lifetime_wakeups(3600.0)

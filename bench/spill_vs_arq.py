@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import time
 from datetime import UTC, datetime
@@ -46,9 +47,12 @@ def _pcts(late: list[float]) -> str:
     )
 
 
-async def _tickwheel(url: str, rate: int, seconds: float) -> list[float]:
+async def _tickwheel(url: str, rate: int, seconds: float, flush: bool = True) -> list[float]:
+    """Lateness (ms) of ``rate * seconds`` jobs in namespace ``bench`` (one shard); with
+    ``flush=False`` whatever is pending there stays (the far jobs of ``python -m bench``)."""
     client = redis.asyncio.Redis.from_url(url)
-    await client.flushall()
+    if flush:
+        await client.flushall()
     n = int(rate * seconds)
     late: list[float] = []
     done = asyncio.Event()
@@ -78,10 +82,12 @@ async def _tickwheel(url: str, rate: int, seconds: float) -> list[float]:
     return late
 
 
-async def _arq(server: RedisServer, rate: int, seconds: float) -> list[float]:
+async def _arq(server: RedisServer, rate: int, seconds: float, flush: bool = True) -> list[float]:
+    """As :func:`_tickwheel`, through arq's default queue."""
     settings = RedisSettings(host="127.0.0.1", port=server.port)
     pool = await create_pool(settings)
-    await pool.flushall()
+    if flush:
+        await pool.flushall()
     n = int(rate * seconds)
     late: list[float] = []
     done = asyncio.Event()
@@ -106,7 +112,10 @@ async def _arq(server: RedisServer, rate: int, seconds: float) -> list[float]:
     )
     task = asyncio.ensure_future(worker.async_run())
     await done.wait()
-    await worker.close()
+    await asyncio.sleep(0.5)  # arq records each result after the job returned
+    # arq's close() cancels job tasks still finishing and re-raises their CancelledError.
+    with contextlib.suppress(asyncio.CancelledError):
+        await worker.close()
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     await pool.aclose()

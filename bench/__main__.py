@@ -1,0 +1,115 @@
+"""python -m bench: tickwheel side by side with its peers, in one go.
+
+Run from the repository root after ``pip install -e '.[dev,bench]'``. Sections:
+
+  wheel    the wheel against asyncio's loop and uvloop: schedule+cancel, reschedule,
+           fire, memory per pending timer, lateness, idle wake-ups, N = 10^3..10^6
+  server   10,000 loopback connections, idle timeouts reset per request: server CPU
+           per request, requests/s, close lateness, for each timer style
+  durable  against arq with 10^5 jobs pending: schedule, claim+run+ack, lateness,
+           Redis memory per pending job
+  example  the source document's worked example: 16 shards, 10^6 pending, 2,900 jobs/s
+           for a minute through a Worker; claim capacity of one shard at LIMIT 500
+
+Writes report.md, results.json, summary.md and PNG plots to --out (bench/results/).
+Every figure is a ratio to its peer from the same run: the median of the per-repeat
+ratios, with min and max. Exits 1 if a measurement crashed or a correctness check
+failed (a timer or job early, an idle connection closed early, a job lost); it never
+asserts on speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import faulthandler
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from bench import section_durable, section_example, section_server, section_wheel
+from bench._harness import Checks, Plan, Progress, machine
+from bench._report import write
+
+SECTIONS = {
+    "wheel": section_wheel,
+    "server": section_server,
+    "durable": section_durable,
+    "example": section_example,
+}
+# Seconds before a hung run is ended (faulthandler dumps every thread, exit status 1).
+WATCHDOG = {True: 300, False: 3600}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__.split("\n", 1)[0],
+        epilog="Sections: " + ", ".join(SECTIONS) + ". See bench/README.md.",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="cut-down sizes, one repeat, short scenarios (under a minute): the CI smoke "
+        "test; still fails on a crash or a failed correctness check",
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=list(SECTIONS),
+        metavar="SECTION",
+        help="run only this section (repeatable): " + ", ".join(SECTIONS),
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(__file__).parent / "results",
+        metavar="DIR",
+        help="where to write report.md, results.json, summary.md and the plots "
+        "(default: bench/results/)",
+    )
+    args = parser.parse_args(argv)
+    faulthandler.dump_traceback_later(WATCHDOG[args.quick], exit=True)
+    plan = Plan.make(args.quick)
+    chosen = args.only or list(SECTIONS)
+    progress = Progress(sum(SECTIONS[s].steps(plan) for s in chosen))
+    checks = Checks()
+    t0 = time.monotonic()
+    results: dict[str, Any] = {
+        "date": datetime.date.today().isoformat(),
+        "quick": plan.quick,
+        "repeats": plan.repeats,
+        "plan": vars(plan),
+        "machine": machine(),
+        "sections": chosen,
+        "figures": [],
+        "raw": {},
+        "errors": {},
+    }
+    for name in chosen:
+        try:
+            out = SECTIONS[name].run(plan, progress, checks)
+        except Exception as exc:
+            traceback.print_exc()
+            results["errors"][name] = repr(exc)
+            checks.expect(False, f"{name}: the measurement crashed: {exc!r}")
+            continue
+        results["figures"] += [f.as_dict() for f in out["figures"]]
+        results["raw"][name] = out["raw"]
+    progress.close()
+    results["elapsed_s"] = time.monotonic() - t0
+    results["checks"] = {"failures": checks.failures, "passed": checks.passed}
+    written = write(args.out, results)
+    faulthandler.cancel_dump_traceback_later()
+    print(f"wrote {args.out}/report.md, results.json, summary.md, {len(written)} plots")
+    print(Path(args.out, "summary.md").read_text())
+    for failure in checks.failures:
+        print(f"FAILED: {failure}", file=sys.stderr)
+    print(f"python -m bench took {results['elapsed_s']:.0f} s")
+    return 1 if checks.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""Section 4 of ``python -m bench``: the source document's worked example, scaled down.
+
+The document (shared/seeds/000_*.txt): 50M jobs/day on 16 shards, an evening peak of
+about 2,900 jobs due per second, each shard's owner claiming every 100 ms with LIMIT 500,
+"a capacity of about 5,000 per second per shard". Here:
+
+* peak: 16 shards, ``example_pending`` jobs pending (most due in a day), of which
+  ``rate`` per second fall due for ``seconds``; one :class:`Worker` (poll 100 ms,
+  LIMIT 500, lookahead 1 s) owns all 16 shards and runs a no-op task that records
+  ``time.time()`` minus the due time. Reported: lateness percentiles, the worker's CPU
+  and Redis's CPU per job (this process is the worker: its CPU over the peak minute).
+* capacity: one shard with ``example_capacity_jobs`` jobs due now; a tight loop of
+  ``claim(limit=500)`` (lease only: the document's claim script), and one of claim +
+  ``ack_many``; jobs/s next to the document's 5,000/s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import redis.asyncio
+
+from bench._harness import Checks, Figure, Plan, Progress, percentiles
+from tickwheel.durable import JobSpec, Scheduler, TaskContext, TaskRegistry, Worker
+from tickwheel.durable._server import RedisServer
+
+SECTION = "example"
+SHARDS = 16
+LIMIT = 500  # the document's claim LIMIT
+POLL = 0.1  # the document's 100 ms poll
+DOC_CAPACITY = 5_000  # jobs/s per shard, the document's reckoning
+DOC_PEAK = 2_900  # jobs due per second at the evening peak
+FAR = 86_400
+CHUNK = 1000
+LEAD = 3.0  # s between the last job scheduled and the first peak job due
+FINISH_TIMEOUT = 60.0  # s after the last due time before missing jobs count as lost
+
+
+def steps(plan: Plan) -> int:
+    return 2 + plan.repeats
+
+
+async def _redis_cpu(client: Any) -> float:
+    info = await client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+async def _peak(url: str, plan: Plan, checks: Checks, progress: Progress) -> dict[str, Any]:
+    client = redis.asyncio.Redis.from_url(url)
+    await client.flushall()
+    sched = Scheduler(client, "reminders", shards=SHARDS, check=False)
+    await sched.open()
+    n_peak = int(plan.example_rate * plan.example_seconds)
+    n_far = plan.example_pending - n_peak
+    t = time.perf_counter()
+    for start in range(0, n_far, CHUNK * 10):
+        await sched.schedule_many(
+            JobSpec(f"far:{i}", "remind", delay=FAR + i % 3600)
+            for i in range(start, min(n_far, start + CHUNK * 10))
+        )
+    fill_s = time.perf_counter() - t
+    start_ms = int(time.time() * 1000 + (LEAD + n_peak / 50_000) * 1000)
+    for start in range(0, n_peak, CHUNK * 10):
+        await sched.schedule_many(
+            JobSpec(f"peak:{k}", "remind", at=start_ms + k * 1000 // plan.example_rate)
+            for k in range(start, min(n_peak, start + CHUNK * 10))
+        )
+    progress.show(f"example: peak {plan.example_rate:,}/s for {plan.example_seconds:g} s")
+
+    late: list[float] = []
+    seen: set[str] = set()
+    all_ran = asyncio.Event()
+    reg = TaskRegistry()
+
+    @reg.task(name="remind")
+    def remind(ctx: TaskContext) -> None:
+        assert ctx.job is not None
+        late.append(time.time() * 1000 - ctx.job.due_ms)
+        seen.add(ctx.job_id)
+        if len(seen) == n_peak:
+            all_ran.set()
+
+    worker = Worker(sched, reg, lookahead=1.0, limit=LIMIT, poll_interval=POLL)
+    running = asyncio.ensure_future(worker.run())
+    # The measured window: from the first due time to the last job run.
+    await asyncio.sleep(max(0.0, start_ms / 1000 - time.time()))
+    cpu0, rcpu0 = time.process_time(), await _redis_cpu(client)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(all_ran.wait(), plan.example_seconds + FINISH_TIMEOUT)
+    cpu, rcpu = time.process_time() - cpu0, await _redis_cpu(client) - rcpu0
+    worker.stop()
+    stats = await running
+    checks.expect(len(seen) == n_peak, f"example: every peak job ran ({len(seen)}/{n_peak})")
+    checks.expect(min(late) >= 0, f"example: no job ran early (min {min(late):.2f} ms)")
+    await client.aclose()
+    return {
+        "pending": plan.example_pending,
+        "peak_jobs": n_peak,
+        "fill_s": fill_s,
+        "lateness_ms": percentiles(late),
+        "runs": len(late),
+        "duplicates": len(late) - len(seen),
+        "worker_cpu_us_per_job": cpu / n_peak * 1e6,
+        "redis_cpu_us_per_job": rcpu / n_peak * 1e6,
+        "stats": stats.as_dict(),
+    }
+
+
+async def _capacity(url: str, jobs: int, ack: bool) -> float:
+    client = redis.asyncio.Redis.from_url(url)
+    await client.flushall()
+    s = Scheduler(client, "cap", shards=1, check=False)
+    await s.take(0)
+    for start in range(0, jobs, CHUNK):
+        await s.schedule_many(
+            JobSpec(f"j{i}", "remind") for i in range(start, min(jobs, start + CHUNK))
+        )
+    claimed = 0
+    t = time.perf_counter()
+    while True:
+        batch = await s.claim(0, limit=LIMIT)
+        if not batch.jobs:
+            break
+        claimed += len(batch.jobs)
+        if ack:
+            await s.ack_many(batch.jobs)
+    elapsed = time.perf_counter() - t
+    await client.aclose()
+    if claimed != jobs:
+        raise RuntimeError(f"capacity: claimed {claimed} of {jobs} due jobs")
+    return claimed / elapsed
+
+
+def run(plan: Plan, progress: Progress, checks: Checks) -> dict[str, Any]:
+    loop = asyncio.new_event_loop()
+    figures: list[Figure] = []
+    raw: dict[str, Any] = {}
+    try:
+        with RedisServer() as server:
+            progress.step(f"example: {plan.example_pending:,} pending in {SHARDS} shards")
+            peak = loop.run_until_complete(_peak(server.url, plan, checks, progress))
+            raw["peak"] = peak
+            progress.step("example: saturated claim loop, one shard, LIMIT 500")
+            doc = ("the document's 5,000/s", "jobs/s", "higher")
+            claim_only = Figure(SECTION, "claim capacity per shard (claim only)", *doc)
+            claim_ack = Figure(SECTION, "claim capacity per shard (claim + ack_many)", *doc)
+            for r in range(plan.repeats):
+                progress.step(f"example: capacity repeat {r + 1}/{plan.repeats}")
+                for fig, ack in ((claim_only, False), (claim_ack, True)):
+                    rate = loop.run_until_complete(
+                        _capacity(server.url, plan.example_capacity_jobs, ack)
+                    )
+                    fig.add(rate, DOC_CAPACITY)
+            figures += [claim_only, claim_ack]
+            sustained = Figure(SECTION, "peak jobs run / due", "offered", "jobs", "higher")
+            sustained.add(peak["runs"] - peak["duplicates"], peak["peak_jobs"])
+            figures.append(sustained)
+    finally:
+        loop.close()
+    return {"figures": figures, "raw": raw}

@@ -1,0 +1,170 @@
+"""Section 1 of ``python -m bench``: the wheel against asyncio's loop and uvloop.
+
+The operations are bench_wheel.py's (the same builders as its pytest groups), timed
+here without pytest-benchmark: per size N, per repeat, every implementation runs its
+rounds back to back, and the median time per operation of each is one sample.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from typing import Any
+
+from bench import bench_wheel as bw
+from bench._harness import Checks, Figure, Plan, Progress
+
+SECTION = "wheel"
+PEERS = ("asyncio", "uvloop")
+RESCHEDULE_PEERS = {"asyncio": "asyncio.Timeout", "uvloop": "uvloop.Timeout"}
+
+
+def steps(plan: Plan) -> int:
+    sizes = len(plan.wheel_sizes)
+    return sizes * plan.repeats + len(plan.memory_sizes) + len(plan.lateness_sizes) + 1
+
+
+def _per_op(run: Any, settle: Any, rounds: int, ops: int) -> float:
+    samples = []
+    for _ in range(rounds):
+        settle()
+        t = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples) / ops
+
+
+def _time_ops(pop: bw.Population, idle: Any, n: int, plan: Plan) -> dict[str, float]:
+    """Seconds per operation of each (operation, impl) at size ``n``, one repeat."""
+    out: dict[str, float] = {}
+    for impl in ("wheel", *PEERS):
+        if impl == "uvloop" and bw.uvloop is None:
+            continue
+        loop, batch = bw.schedule_cancel_batch(pop, impl)
+        out[f"schedule+cancel {impl}"] = _per_op(
+            batch, lambda loop=loop: bw._settle(loop), plan.wheel_rounds, bw.BATCH
+        )
+    for impl in ("wheel.Timer", "wheel.Timeout", *RESCHEDULE_PEERS.values()):
+        if impl.startswith("uvloop") and bw.uvloop is None:
+            continue
+        loop, run, leave = bw.reschedule_batch(pop, impl)
+        try:
+            out[f"reschedule {impl}"] = _per_op(
+                run, lambda loop=loop: bw._settle(loop), plan.wheel_rounds, bw.BATCH
+            )
+        finally:
+            leave()
+    fire_rounds = max(1, min(bw.FIRE_ROUNDS.get(n, 3), plan.wheel_rounds // 5))
+    for impl in ("wheel", *PEERS):
+        if impl == "uvloop" and bw.uvloop is None:
+            continue
+        setup, fire = bw.fire_round(idle, n, impl)
+        samples = []
+        for _ in range(fire_rounds):
+            (done,), _ = setup()
+            t = time.perf_counter()
+            fire(done)
+            samples.append(time.perf_counter() - t)
+        out[f"fire {impl}"] = statistics.median(samples) / n
+    return out
+
+
+def run(plan: Plan, progress: Progress, checks: Checks) -> dict[str, Any]:
+    figures: list[Figure] = []
+    raw: dict[str, Any] = {"per_op_s": {}}
+    idle = bw._Idle()
+    try:
+        for n in plan.wheel_sizes:
+            label = bw._label(n)
+            pop = bw.Population(n)
+            bw._freeze_gc()
+            try:
+                per_size: dict[str, Figure] = {}
+                for r in range(plan.repeats):
+                    progress.step(f"wheel: N={label} repeat {r + 1}/{plan.repeats}")
+                    t = _time_ops(pop, idle, n, plan)
+                    raw["per_op_s"].setdefault(label, []).append(t)
+                    for peer in PEERS:
+                        pairs = [
+                            ("schedule+cancel", f"schedule+cancel {peer}", "schedule+cancel wheel"),
+                            (
+                                "reschedule",
+                                f"reschedule {RESCHEDULE_PEERS[peer]}",
+                                "reschedule wheel.Timer",
+                            ),
+                            (
+                                "timeout.reschedule",
+                                f"reschedule {RESCHEDULE_PEERS[peer]}",
+                                "reschedule wheel.Timeout",
+                            ),
+                            ("fire", f"fire {peer}", "fire wheel"),
+                        ]
+                        for op, theirs, ours in pairs:
+                            if theirs not in t:
+                                continue
+                            key = f"{op} {peer}"
+                            fig = per_size.get(key)
+                            if fig is None:
+                                fig = per_size[key] = Figure(
+                                    SECTION, f"{op} N={label}", peer, "s/op", "lower"
+                                )
+                            fig.add(t[ours], t[theirs])
+                figures += per_size.values()
+            finally:
+                pop.close()
+                bw._thaw_gc()
+    finally:
+        idle.close()
+    checks.expect(len(idle.wheel) == 0, "wheel: every fired timer left the wheel")
+
+    for n in plan.memory_sizes:
+        progress.step(f"wheel: memory N={bw._label(n)}")
+        _, mem = bw.memory_report((n,))
+        raw.setdefault("memory_bytes_per_timer", {}).update(mem)
+        ours = mem.get(f"wheel N={bw._label(n)} reported")
+        for peer in PEERS:
+            theirs = mem.get(f"{peer} N={bw._label(n)} reported")
+            if ours and theirs:
+                fig = Figure(
+                    SECTION, f"memory per pending timer N={bw._label(n)}", peer, "B", "lower"
+                )
+                fig.add(ours, theirs)
+                figures.append(fig)
+
+    lateness: dict[str, Any] = {}
+    for n in plan.lateness_sizes:
+        progress.step(f"wheel: lateness N={bw._label(n)}")
+        for peer in PEERS:
+            if peer == "uvloop" and bw.uvloop is None:
+                continue
+            fig = Figure(SECTION, f"lateness p99 N={bw._label(n)}", peer, "ms", "lower")
+            for _ in range(plan.repeats):
+                row: dict[str, Any] = {}
+                for impl in ("wheel", peer):
+                    samples, _stalls = bw._lateness_samples(impl, n)
+                    row[impl] = bw._percentiles(samples)
+                    gc.collect()
+                lateness.setdefault(f"N={bw._label(n)}", []).append(row)
+                checks.expect(
+                    row["wheel"]["min_ms"] >= 0,
+                    f"wheel: no timer fired early (N={bw._label(n)}, "
+                    f"min lateness {row['wheel']['min_ms']} ms)",
+                )
+                fig.add(row["wheel"]["p99_ms"], row[peer]["p99_ms"])
+            figures.append(fig)
+    raw["lateness_ms"] = lateness
+
+    progress.step("wheel: idle wake-ups")
+    _, idle_figs = bw.idle_report()
+    raw["idle"] = idle_figs
+    ours_idle = idle_figs["one timer 1 h away pending"]["selects"]
+    theirs_idle = idle_figs["asyncio call_later 1 h away pending (peer)"]["selects"]
+    fig = Figure(SECTION, "loop wake-ups in 0.5 s, one 1 h timer", "asyncio", "selects", "lower")
+    fig.add(ours_idle, theirs_idle)
+    figures.append(fig)
+    checks.expect(
+        idle_figs["wheel empty after 1000 schedule+cancel"]["wakeups"] == 0,
+        "wheel: no wake-ups while empty",
+    )
+    return {"figures": figures, "raw": raw}
