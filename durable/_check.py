@@ -1,4 +1,4 @@
-"""A startup check of the Redis server: version, eviction policy, persistence.
+"""A startup check of the Redis server: version, eviction policy, persistence, cluster.
 
 A durable scheduler on a Redis that evicts keys, or that keeps no AOF, loses jobs
 without an error. The check reads ``INFO`` (available on managed Redis, where ``CONFIG``
@@ -39,6 +39,8 @@ class ServerReport:
     aof_enabled: bool | None  # None if unknown
     problems: list[str] = field(default_factory=list)  # settings that may lose jobs
     unknown: list[str] = field(default_factory=list)  # settings that could not be read
+    cluster_enabled: bool | None = None  # INFO cluster's cluster_enabled; None if unknown
+    cluster_state: str | None = None  # CLUSTER INFO's cluster_state; None if not a cluster
 
     @property
     def ok(self) -> bool:
@@ -57,12 +59,29 @@ async def _config_get(client: redis.asyncio.Redis, name: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+async def _cluster_state(client: redis.asyncio.Redis) -> str | None:
+    try:
+        reply: Any = await client.execute_command("CLUSTER INFO")  # type: ignore[no-untyped-call]
+    except redis.exceptions.ResponseError:  # denied by ACL, or renamed
+        return None
+    text = _text(reply) if isinstance(reply, bytes | str) else ""
+    if isinstance(reply, dict):  # parsed by the client
+        value = reply.get("cluster_state", reply.get(b"cluster_state"))
+        return None if value is None else _text(value)
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name == "cluster_state":
+            return value.strip()
+    return None
+
+
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
 async def check_server(client: redis.asyncio.Redis, *, strict: bool = False) -> ServerReport:
-    """Check that the server keeps jobs: Redis >= 6.2, noeviction, AOF on.
+    """Check that the server keeps jobs: Redis >= 6.2, noeviction, AOF on, and (on a
+    Redis Cluster) that the cluster state is ok.
 
     Args:
         client: the client the scheduler uses.
@@ -90,6 +109,10 @@ async def check_server(client: redis.asyncio.Redis, *, strict: bool = False) -> 
         appendonly = await _config_get(client, "appendonly")
         aof = None if appendonly is None else appendonly == "yes"
 
+    cluster_raw = info.get("cluster_enabled")
+    cluster = None if cluster_raw is None else bool(int(cluster_raw))
+    state = await _cluster_state(client) if cluster else None
+
     problems: list[str] = []
     unknown: list[str] = []
     if not version:
@@ -108,7 +131,10 @@ async def check_server(client: redis.asyncio.Redis, *, strict: bool = False) -> 
     elif not aof:
         problems.append("AOF is off: a crash loses every job since the last snapshot")
 
-    report = ServerReport(version, policy, aof, problems, unknown)
+    if cluster and state != "ok":
+        problems.append(f"cluster_state is {state or 'unknown'!r}: some slots are not served")
+
+    report = ServerReport(version, policy, aof, problems, unknown, cluster, state)
     if problems and strict:
         raise ServerCheckFailed("; ".join(problems))
     for text in problems:
