@@ -700,3 +700,15 @@ class Scheduler:
         """
         await self.open()
         return [await self.store.inspect(shard) for shard in range(self.keys.shards)]
+
+    async def requeue_all_dead(self, shard: int, *, limit: int = MAX_BATCH) -> list[str]:
+        """Put the oldest ``limit`` dead letters of ``shard`` back to due now, attempt 1;
+        return the ids requeued.
+
+        Raises:
+            ValueError: for a shard out of range or a bad ``limit``.
+        """
+        self.keys.shard(shard)
+        _positive_int("limit", limit, MAX_BATCH)
+        await self.open()
+        return await self.store.dead_requeue(shard, [], limit)
