@@ -10,6 +10,8 @@ the tasks of a :class:`TaskRegistry`.
 
 from __future__ import annotations
 
+import logging
+
 from ._check import ServerConfigWarning, ServerReport, check_server
 from ._connect import Client, connect
 from ._errors import (
@@ -34,12 +36,14 @@ from ._model import (
     ReapResult,
     ScheduleResult,
     ScheduleStatus,
+    ShardInfo,
 )
 from ._ownership import Ownership
 from ._reaper import Reaper
 from ._recurrence import MissedRun, Recurrence
 from ._scheduler import Scheduler
 from ._spill import Timers
+from ._stats import SchedulerStats
 from ._store import Store
 from ._stream import Publisher, StreamConsumer, StreamEntry, StreamPublisher
 from ._tasks import TaskContext, TaskRegistry
@@ -72,10 +76,12 @@ __all__ = [
     "ScheduleResult",
     "ScheduleStatus",
     "Scheduler",
+    "SchedulerStats",
     "ServerCheckFailed",
     "ServerConfigWarning",
     "ServerReport",
     "ShardCountMismatch",
+    "ShardInfo",
     "Store",
     "StreamConsumer",
     "StreamEntry",
@@ -87,3 +93,7 @@ __all__ = [
     "check_server",
     "connect",
 ]
+
+# Quiet unless the application configures logging (the library convention): without a
+# handler anywhere, Python's last-resort handler would print our warnings to stderr.
+logging.getLogger("tickwheel.durable").addHandler(logging.NullHandler())

@@ -40,8 +40,8 @@ class ServerReport:
     aof_enabled: bool | None  # None if unknown
     problems: list[str] = field(default_factory=list)  # settings that may lose jobs
     unknown: list[str] = field(default_factory=list)  # settings that could not be read
-    cluster: bool = False  # a Redis Cluster (every master was checked)
-    cluster_state: str | None = None  # CLUSTER INFO's cluster_state on a cluster
+    cluster_enabled: bool | None = None  # INFO cluster's cluster_enabled; None if unknown
+    cluster_state: str | None = None  # CLUSTER INFO's cluster_state; None if not a cluster
 
     @property
     def ok(self) -> bool:
@@ -112,7 +112,7 @@ async def _check_cluster(client: RedisCluster) -> ServerReport:
         aof_enabled=aofs.pop() if len(aofs) == 1 else None,
         problems=problems,
         unknown=unknown,
-        cluster=True,
+        cluster_enabled=True,
         cluster_state=state,
     )
 
@@ -151,7 +151,26 @@ async def _check_node(client: Any, target: dict[str, Any], label: str) -> Server
         unknown.append("appendonly")
     elif not aof:
         problems.append("AOF is off: a crash loses every job since the last snapshot")
-    return ServerReport(version, policy, aof, [label + p for p in problems], unknown)
+    cluster_raw = info.get("cluster_enabled")
+    cluster = None if cluster_raw is None else bool(int(cluster_raw))
+    if cluster and not label:
+        # A plain client on one node of a cluster: its state still tells if slots are
+        # served (the cluster client checks every master instead).
+        reply: Any = await client.execute_command("CLUSTER", "INFO")
+        text = _text(reply) if not isinstance(reply, dict) else ""
+        state = (
+            dict(ln.split(":", 1) for ln in text.splitlines() if ":" in ln)
+            .get("cluster_state", "")
+            .strip()
+            or None
+        )
+        if state != "ok":
+            problems.append(f"cluster_state is {state!r}: some slots are not served")
+    else:
+        state = None
+    return ServerReport(
+        version, policy, aof, [label + p for p in problems], unknown, cluster, state
+    )
 
 
 def _conclude(report: ServerReport, strict: bool) -> ServerReport:

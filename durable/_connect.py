@@ -25,7 +25,15 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 
 from ._errors import RedisUnavailable
 
-__all__ = ["Client", "client_from_url", "cluster_url", "connect", "is_cluster", "parse_nodes"]
+__all__ = [
+    "Client",
+    "client_from_url",
+    "cluster_url",
+    "connect",
+    "is_cluster",
+    "parse_nodes",
+    "split_url",
+]
 
 Client: TypeAlias = "redis.asyncio.Redis | RedisCluster"
 
@@ -64,7 +72,7 @@ def parse_nodes(text: str) -> list[tuple[str, int]]:
     return nodes
 
 
-def _split(url: str) -> tuple[str, str, str, str]:
+def split_url(url: str) -> tuple[str, str, str, str]:
     """(scheme, userinfo, netloc hosts, rest) of a URL, checked."""
     if not isinstance(url, str):
         raise TypeError(f"url must be a str, got {type(url).__name__}")
@@ -112,7 +120,7 @@ def client_from_url(url: str, *, cluster: bool = False, **kwargs: Any) -> Client
     """
     if kwargs.get("decode_responses"):
         raise ValueError("decode_responses must be False: payloads are bytes")
-    scheme, userinfo, hosts, rest = _split(url)
+    scheme, userinfo, hosts, rest = split_url(url)
     if scheme in _CLUSTER_SCHEMES:
         scheme, cluster = _CLUSTER_SCHEMES[scheme], True
     elif "," in hosts:
@@ -147,7 +155,7 @@ async def connect(
         TypeError, ValueError: for a malformed URL (naming what is wrong).
         RedisUnavailable: if no node answers (the message names the address).
     """
-    scheme, _, hosts, _ = _split(url)
+    scheme, _, hosts, _ = split_url(url)
     if cluster is None:
         if scheme in _CLUSTER_SCHEMES or "," in hosts:
             cluster = True
@@ -166,7 +174,7 @@ async def connect(
 
 
 async def _reports_cluster(url: str, kwargs: dict[str, Any]) -> bool:
-    scheme, userinfo, hosts, rest = _split(url)
+    scheme, userinfo, hosts, rest = split_url(url)
     query = rest.partition("?")[2]
     # Database 0: a cluster node refuses SELECT, and the answer is the same in every db.
     plain = f"{scheme}://{userinfo + '@' if userinfo else ''}{hosts}/0"

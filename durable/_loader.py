@@ -33,6 +33,7 @@ from tickwheel.wheel import Timer, TimingWheel
 from ._errors import Fenced, LeaseLost, NotOwner, RedisUnavailable
 from ._model import Job, JobState, finite_seconds_ms
 from ._scheduler import DEFAULT_LEASE, MAX_BATCH, Scheduler
+from ._stats import LatenessHistogram
 from ._stream import Publisher
 from ._tasks import TaskContext, TaskRegistry, call_task
 
@@ -154,8 +155,11 @@ class Loader:
         self.max_running = max_running  # concurrent tasks
         self.publisher = publisher  # publish handoff instead of tasks, when set
         self.stats = LoaderStats()  # counters
-        # (shard, job id) -> (job, its wheel timer, loop time its lease runs out)
-        self._loaded: dict[tuple[int, str], tuple[Job, Timer, float]] = {}
+        # Firing lateness (s): loop time at firing minus the job's due in loop time.
+        self.lateness = LatenessHistogram()
+        # (shard, job id) -> (job, its wheel timer, loop time its lease runs out, loop
+        # time it is due: Redis's due converted with the claim's offset)
+        self._loaded: dict[tuple[int, str], tuple[Job, Timer, float, float]] = {}
         self._running: dict[asyncio.Task[None], Job] = {}  # tasks of fired jobs
         # (shard, job id) -> (job, lease end): fired while max_running tasks ran; FIFO
         self._ready: dict[tuple[int, str], tuple[Job, float]] = {}
@@ -228,7 +232,7 @@ class Loader:
         if old is not None:  # a stale copy (its lease was lost): forget it
             old[1].cancel()
         timer = self.wheel.schedule_at(when, self._fire, key)
-        self._loaded[key] = (job, timer, lease_end)
+        self._loaded[key] = (job, timer, lease_end, when)
 
     async def run(self) -> None:
         """Forever: :meth:`load_once`, then wait ``poll_interval`` unless a batch was
@@ -262,7 +266,8 @@ class Loader:
         entry = self._loaded.pop(key, None)
         if entry is None:
             return
-        job, _, lease_end = entry
+        job, _, lease_end, when = entry
+        self.lateness.observe(self.wheel.time() - when)
         if len(self._running) >= self.max_running:
             self._ready[key] = (job, lease_end)  # waits for a free slot, in due order
             return
@@ -419,7 +424,7 @@ class Loader:
         """
         entries = [self._loaded.pop(k) for k in [k for k in self._loaded if k[0] == shard]]
         by_epoch: dict[int, list[Job]] = {}
-        for job, timer, _ in entries:
+        for job, timer, _, _ in entries:
             timer.cancel()
             by_epoch.setdefault(job.epoch, []).append(job)
         for key in [k for k in self._ready if k[0] == shard]:

@@ -12,7 +12,7 @@ Ground rules:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import IntEnum
 from typing import Any
@@ -32,6 +32,7 @@ __all__ = [
     "ReapResult",
     "ScheduleResult",
     "ScheduleStatus",
+    "ShardInfo",
 ]
 
 # Enough to ride out a short outage of a downstream service with exponential backoff
@@ -252,6 +253,33 @@ class DeadPage:
 
     total: int  # dead letters in the shard
     jobs: list[JobInfo]  # this page, oldest first
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    """One shard as an operator sees it (inspect.lua), at Redis's ``now_ms``."""
+
+    shard: int  # the shard
+    now_ms: int  # Redis's now for the shard
+    due: int  # jobs waiting for their due time (or overdue)
+    overdue: int  # due jobs whose time has come and that nobody claimed yet
+    oldest_overdue_ms: int  # due time of the oldest overdue job; 0 when none
+    next_due_ms: int  # the earliest due time after now; 0 when none
+    leased: int  # jobs claimed and not yet acked
+    expired: int  # leases past their deadline, waiting for the reaper
+    dead: int  # dead letters
+    owner: str  # the owner's token; "" when no one owns the shard
+    owner_ttl_ms: int  # how long the owner's token lives without renewal; -2 when free
+    epoch: int  # the shard's fencing epoch
+
+    @property
+    def lag_ms(self) -> int:
+        """How late the oldest overdue job is (ms); 0 when none is overdue."""
+        return self.now_ms - self.oldest_overdue_ms if self.overdue else 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields by name, with ``lag_ms``."""
+        return {**asdict(self), "lag_ms": self.lag_ms}
 
 
 def finite_seconds_ms(name: str, value: float | timedelta, minimum_ms: int = 0) -> int:

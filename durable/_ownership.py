@@ -22,6 +22,7 @@ from datetime import timedelta
 
 from ._errors import Fenced, NotOwner
 from ._model import finite_seconds_ms
+from ._stats import Counters
 from ._store import Store
 
 __all__ = ["DEFAULT_OWNER_TTL", "RENEW_FRACTION", "Ownership"]
@@ -57,6 +58,8 @@ class Ownership:
         self.ttl_ms = finite_seconds_ms("ttl", ttl, minimum_ms=1)  # token TTL in ms
         self.owned: dict[int, int] = {}  # shard -> epoch taken
         self._stop = asyncio.Event()  # set by stop(): run() returns
+        # Counters of this owner's calls; the Scheduler and Reaper built on it count here.
+        self.counters = Counters()
 
     def epoch(self, shard: int) -> int:
         """The epoch this owner holds ``shard`` under.
@@ -70,17 +73,27 @@ class Ownership:
             raise NotOwner(f"shard {shard} is not owned by {self.token}; take it first") from None
 
     def drop(self, shard: int) -> None:
-        """Forget ``shard`` (after :class:`Fenced`); no Redis call."""
+        """Forget ``shard`` after a call was refused as :class:`Fenced`; no Redis call.
+
+        Every refusal is counted (``fenced``); losing an owned shard also counts as
+        ``shards_lost``.
+        """
+        self.counters.fenced += 1
         if self.owned.pop(shard, None) is not None:
+            self.counters.shards_lost += 1
             logger.info("tickwheel.durable: dropped shard %d (fenced)", shard)
 
     async def take(self, shard: int) -> int | None:
         """Take ``shard`` if it is free (or already ours); return the epoch, or None."""
         epoch = await self.store.take(shard, self.token, self.ttl_ms)
         if epoch:
+            if self.owned.get(shard) != epoch:
+                self.counters.shards_taken += 1
             self.owned[shard] = epoch
             return epoch
-        self.owned.pop(shard, None)
+        if self.owned.pop(shard, None) is not None:
+            self.counters.shards_lost += 1
+            logger.info("tickwheel.durable: lost shard %d to another owner", shard)
         return None
 
     async def renew(self, shard: int) -> bool:
@@ -102,6 +115,7 @@ class Ownership:
         epoch = self.owned.pop(shard, None)
         if epoch is None:
             return False
+        self.counters.shards_given_back += 1
         return await self.store.give_back(shard, self.token, epoch)
 
     async def give_back_all(self) -> None:

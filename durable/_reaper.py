@@ -16,14 +16,21 @@ from datetime import timedelta
 from ._errors import Fenced
 from ._model import ReapResult, finite_seconds_ms
 from ._ownership import Ownership
+from ._stats import Counters
 
-__all__ = ["DEFAULT_REAP_INTERVAL", "DEFAULT_REAP_LIMIT", "Reaper"]
+__all__ = ["DEFAULT_REAP_INTERVAL", "DEFAULT_REAP_LIMIT", "Reaper", "count_reap"]
 
 # Leases are tens of seconds; reaping every second bounds the extra delay of a crashed
 # claimer's jobs to a second past their lease.
 DEFAULT_REAP_INTERVAL = 1.0
 # A script blocks Redis while it runs: ~1000 leases keep one reap call near a millisecond.
 DEFAULT_REAP_LIMIT = 1000
+
+
+def count_reap(counters: Counters, result: ReapResult) -> None:
+    """Count one reap's expired leases (and the dead letters among them)."""
+    counters.reaped += len(result.requeued) + len(result.dead)
+    counters.dead_letters += len(result.dead)
 
 
 class Reaper:
@@ -59,9 +66,12 @@ class Reaper:
         store = self.ownership.store
         for shard, epoch in list(self.ownership.owned.items()):
             try:
-                results.append(await store.reap(shard, epoch, self.limit))
+                result = await store.reap(shard, epoch, self.limit)
             except Fenced:
                 self.ownership.drop(shard)
+                continue
+            count_reap(self.ownership.counters, result)
+            results.append(result)
         return results
 
     async def run(self) -> None:

@@ -35,17 +35,20 @@ from ._model import (
     JobState,
     ReapResult,
     ScheduleResult,
+    ShardInfo,
     check_job_id,
     finite_seconds_ms,
     when_args,
 )
 from ._ownership import DEFAULT_OWNER_TTL, Ownership
+from ._reaper import count_reap
 from ._recurrence import (
     DEFAULT_MAX_CATCH_UP,
     DEFAULT_MISFIRE_GRACE_MS,
     MissedRun,
     Recurrence,
 )
+from ._stats import SchedulerStats
 from ._store import ClaimedRef, EncodedJob, Store, encode_job
 
 __all__ = ["DEFAULT_SHARDS", "Scheduler"]
@@ -409,12 +412,18 @@ class Scheduler:
         lookahead_ms = finite_seconds_ms("lookahead", lookahead)
         lease_ms = finite_seconds_ms("lease", lease, minimum_ms=1)
         epoch = self.ownership.epoch(shard)
+        counters = self.ownership.counters
         try:
             batch = await self.store.claim(shard, epoch, lookahead_ms, limit, lease_ms)
-            return await self._plan(batch, epoch)
+            counters.claim_calls += 1
+            planned = await self._plan(batch, epoch)
         except Fenced:
             self.ownership.drop(shard)
             raise
+        counters.claimed += len(planned.jobs)
+        # Dropped in the script (one-shot) or acked unrun in _plan (recurring).
+        counters.dedup_dropped += batch.dropped + sum(j.duplicate for j in batch.jobs)
+        return planned
 
     async def _plan(self, batch: ClaimBatch, epoch: int) -> ClaimBatch:
         jobs: list[Job] = []
@@ -499,6 +508,9 @@ class Scheduler:
         except Fenced:
             self.ownership.drop(shard)
             raise
+        acked = sum(out)
+        self.ownership.counters.acked += acked
+        self.ownership.counters.ack_lost += len(out) - acked
         return out
 
     def backoff_ms(self, attempt: int) -> int:
@@ -550,7 +562,11 @@ class Scheduler:
             raise
         if status == 0:
             raise LeaseLost(f"lease of job {job.id!r} attempt {job.attempt} is lost")
-        return JobState.DUE if status == 1 else JobState.DEAD
+        if status == 1:
+            self.ownership.counters.retries += 1
+            return JobState.DUE
+        self.ownership.counters.dead_letters += 1
+        return JobState.DEAD
 
     async def extend(self, job: Job, lease: float | timedelta = DEFAULT_LEASE) -> int:
         """Extend a lease to Redis's now + ``lease`` for a long handler.
@@ -603,10 +619,12 @@ class Scheduler:
         _positive_int("limit", limit, MAX_BATCH)
         epoch = self.ownership.epoch(shard)
         try:
-            return await self.store.reap(shard, epoch, limit)
+            result = await self.store.reap(shard, epoch, limit)
         except Fenced:
             self.ownership.drop(shard)
             raise
+        count_reap(self.ownership.counters, result)
+        return result
 
     async def process(
         self,
@@ -685,3 +703,37 @@ class Scheduler:
         for job_id in job_ids:
             groups.setdefault(self.keys.shard_of(check_job_id(job_id)), []).append(job_id)
         return groups
+
+    # -- operators -----------------------------------------------------------------
+
+    def stats(self) -> SchedulerStats:
+        """A snapshot of this scheduler's counters: claims, acks, retries, dead letters,
+        reaps, fenced calls, dedup drops and shard moves (its Reaper counts here too).
+
+        Runtime complexity: O(1); no Redis call.
+        """
+        return self.ownership.counters.snapshot()
+
+    async def inspect(self) -> list[ShardInfo]:
+        """One read-only look at every shard: counts, overdue lag, owner, next due.
+
+        Returns:
+            One :class:`ShardInfo` per shard, in shard order (one script call each).
+
+        Raises:
+            ShardCountMismatch, RedisUnavailable: see :meth:`open`.
+        """
+        await self.open()
+        return [await self.store.inspect(shard) for shard in range(self.keys.shards)]
+
+    async def requeue_all_dead(self, shard: int, *, limit: int = MAX_BATCH) -> list[str]:
+        """Put the oldest ``limit`` dead letters of ``shard`` back to due now, attempt 1;
+        return the ids requeued.
+
+        Raises:
+            ValueError: for a shard out of range or a bad ``limit``.
+        """
+        self.keys.shard(shard)
+        _positive_int("limit", limit, MAX_BATCH)
+        await self.open()
+        return await self.store.dead_requeue(shard, [], limit)

@@ -37,6 +37,7 @@ SCRIPT_NAMES = (
     "dead_list",
     "dead_requeue",
     "dead_purge",
+    "inspect",
     "take",
     "renew",
     "give_back",
@@ -78,6 +79,7 @@ class Scripts:
     dead_list: AsyncScript
     dead_requeue: AsyncScript
     dead_purge: AsyncScript
+    inspect: AsyncScript
     take: AsyncScript
     renew: AsyncScript
     give_back: AsyncScript

@@ -48,6 +48,7 @@ from ._model import (
     ReapResult,
     ScheduleResult,
     ScheduleStatus,
+    ShardInfo,
     decode_payload,
     encode_payload,
 )
@@ -650,3 +651,28 @@ class Store:
         k = self.keys.shard(shard)
         reply = await self._run(self._scripts.give_back, [k.owner, k.epoch], [token, epoch], shard)
         return bool(reply)
+
+    # -- operators -----------------------------------------------------------------
+
+    async def inspect(self, shard: int) -> ShardInfo:
+        """Counts, overdue lag, owner and next due of one shard (inspect.lua, read only).
+        O(log N)."""
+        k = self.keys.shard(shard)
+        reply = await self._run(
+            self._scripts.inspect, [k.due, k.leased, k.dead, k.owner, k.epoch, k.clock], [], shard
+        )
+        now, due, overdue, oldest, next_due, leased, expired, dead, owner, ttl, epoch = reply
+        return ShardInfo(
+            shard=shard,
+            now_ms=int(now),
+            due=int(due),
+            overdue=int(overdue),
+            oldest_overdue_ms=int(oldest),
+            next_due_ms=int(next_due),
+            leased=int(leased),
+            expired=int(expired),
+            dead=int(dead),
+            owner=owner.decode(errors="replace"),
+            owner_ttl_ms=int(ttl),
+            epoch=int(epoch),
+        )

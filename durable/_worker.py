@@ -148,7 +148,7 @@ class Worker:
                 renewed = await own.renew(shard)
             except NotOwner:  # dropped meanwhile (a fenced claim, ack or reap)
                 renewed = False
-            if not renewed:
+            if not renewed:  # (counted as shards_lost by the ownership)
                 self.shards_lost += 1
                 if self.loader is not None:
                     self.loader.drop_shard(shard)
@@ -177,6 +177,7 @@ class Worker:
                 return
             await self.loader.release_shard(shard)
         await self.loader.drain(self.drain_timeout_ms / 1000, shard=shard)
+        own.counters.shards_given_back += 1
         await own.store.give_back(shard, own.token, epoch)
 
     async def _balance(self) -> None:

@@ -1,12 +1,30 @@
-"""The ``tickwheel`` command.
+"""The ``tickwheel`` command: the demo, a worker, and what an operator needs.
 
-``tickwheel demo`` runs an in-memory demonstration of the timing wheel beside asyncio's
-own timers. ``tickwheel worker MODULE:REGISTRY --redis-url URL`` runs durable jobs of a
-namespace with the tasks of a :class:`~tickwheel.durable.TaskRegistry`, sharing the shards
-with the other workers, until SIGTERM or SIGINT (then it hands back what it loaded).
+Commands:
 
-Exit codes: 0 success, 1 the demo saw a broken guarantee or the worker could not start
-(Redis unreachable, shard count mismatch), 2 bad usage.
+    tickwheel demo            wheel timers and durable jobs on an embedded Redis; one of
+                              two workers is killed (SIGKILL) mid-way; nothing is lost
+    tickwheel wheel-demo      the timing wheel beside asyncio's timers, in memory
+    tickwheel worker M:ATTR   run durable jobs with the tasks of a TaskRegistry
+    tickwheel schedule ID TASK [PAYLOAD]   schedule a job (payload as JSON)
+    tickwheel cancel ID       remove a job in any state
+    tickwheel inspect         per shard: due, overdue (lag), leased, dead, owner, next due
+    tickwheel dead-letters list|requeue|purge
+    tickwheel check           server version, AOF, maxmemory-policy, cluster state
+
+Every command but the demos takes ``--redis-url`` (default ``$TICKWHEEL_REDIS_URL``),
+``--namespace``, ``--shards``, ``--json`` (one JSON document on stdout, for scripts) and
+``-v``/``--verbose`` (log INFO, or DEBUG with ``-vv``, to stderr).
+
+Exit codes:
+
+    0  success
+    1  the command ran and found a failure: problems in ``check``, no such job for
+       ``cancel``, a job not scheduled (busy/done), a lost or early job in a demo
+    2  bad usage: a bad argument or option, a malformed ``--redis-url``
+    3  Redis unreachable (connection refused, timeout, authentication)
+    4  the namespace was created with another shard count (pass the stored one)
+    130  interrupted (Ctrl-C); the demo still stops its workers and its Redis
 """
 
 from __future__ import annotations
@@ -15,155 +33,215 @@ import argparse
 import asyncio
 import importlib
 import json
+import logging
 import os
-import random
 import signal
 import sys
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import urllib.parse
+import warnings
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
-from tickwheel.durable._connect import connect
-from tickwheel.durable._errors import DurableError
+import redis.exceptions
+
+from tickwheel.durable._check import ServerReport, check_server
+from tickwheel.durable._connect import Client, client_from_url, parse_nodes, split_url
+from tickwheel.durable._errors import (
+    DurableError,
+    RedisUnavailable,
+    ServerCheckFailed,
+    ShardCountMismatch,
+)
+from tickwheel.durable._keys import DEFAULT_BUCKETS, Keys
 from tickwheel.durable._loader import (
     DEFAULT_LIMIT,
     DEFAULT_LOOKAHEAD,
     DEFAULT_MAX_RUNNING,
     DEFAULT_POLL_INTERVAL,
-    LoaderStats,
 )
+from tickwheel.durable._model import DEFAULT_MAX_ATTEMPTS, JobInfo, ScheduleStatus
 from tickwheel.durable._ownership import DEFAULT_OWNER_TTL
 from tickwheel.durable._reaper import DEFAULT_REAP_INTERVAL
-from tickwheel.durable._scheduler import DEFAULT_LEASE, DEFAULT_SHARDS, Scheduler
+from tickwheel.durable._recurrence import MissedRun
+from tickwheel.durable._scheduler import DEFAULT_LEASE, DEFAULT_SHARDS, MAX_BATCH, Scheduler
 from tickwheel.durable._tasks import TaskRegistry
 from tickwheel.durable._worker import DEFAULT_DRAIN_TIMEOUT, Worker
-from tickwheel.wheel import TimingWheel
 
-__all__ = ["main"]
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_MISMATCH",
+    "EXIT_OK",
+    "EXIT_UNREACHABLE",
+    "EXIT_USAGE",
+    "CliError",
+    "main",
+]
 
 EXIT_OK = 0
-EXIT_BROKEN = 1
+EXIT_FAILED = 1
 EXIT_USAGE = 2
-# Seconds before the first timer falls due: long enough to schedule them all on a slow machine.
-_LEAD = 0.5
+EXIT_UNREACHABLE = 3
+EXIT_MISMATCH = 4
+EXIT_INTERRUPTED = 130  # the shell's 128 + SIGINT
+
+EPILOG = """\
+exit codes:
+  0  success
+  1  the command ran and found a failure (check problems, no such job, a lost job)
+  2  bad usage (a bad argument, a malformed --redis-url)
+  3  Redis unreachable (connection refused, timeout, authentication)
+  4  the namespace was created with another shard count (pass the stored one)
+  130  interrupted (Ctrl-C); what the command started was stopped
+
+--redis-url defaults to $TICKWHEEL_REDIS_URL. --json prints one JSON document on stdout.
+"""
+
+URL_ENV = "TICKWHEEL_REDIS_URL"
+
+logger = logging.getLogger("tickwheel.durable")
 
 
-@dataclass
-class _Run:
-    name: str
-    fired: int
-    early: int
-    lateness: list[float]
-    cpu: float
-    wakeups: int | None
+class CliError(Exception):
+    """A failure the command reports in one sentence (no traceback) with its exit code."""
 
-    def percentile(self, q: float) -> float:
-        data = sorted(self.lateness)
-        return data[min(len(data) - 1, int(len(data) * q))] if data else 0.0
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code  # the exit code
 
 
-async def _storm(
-    name: str, *, timers: int, spread: float, use_wheel: bool, resets: int, seed: int
-) -> _Run:
-    """Schedule ``timers`` callbacks over ``spread`` seconds; reset a share of them like
-    idle timeouts; record how late each fired by the loop's clock."""
-    loop = asyncio.get_running_loop()
-    rng = random.Random(seed)
-    lateness: list[float] = []
-    early = 0
-    done = loop.create_future()
-    remaining = timers
-    wheel = TimingWheel() if use_wheel else None
-
-    def fire(when: float) -> None:
-        nonlocal early, remaining
-        late = loop.time() - when
-        if late < 0:
-            early += 1
-        lateness.append(late)
-        remaining -= 1
-        if remaining == 0:
-            done.set_result(None)
-
-    cpu0 = time.process_time()
-    handles: list[object] = []
-    # Due from _LEAD seconds on, so the scheduling burst is over before firing starts.
-    for _ in range(timers):
-        delay = _LEAD + rng.uniform(0.0, spread)
-        when = loop.time() + delay
-        if wheel is not None:
-            handles.append(wheel.schedule(delay, fire, when))
-        else:
-            handles.append(loop.call_later(delay, fire, when))
-    # Idle-timeout resets: push some timers back, as a server does on each request.
-    for i in rng.sample(range(timers), min(resets, timers)):
-        delay = _LEAD + rng.uniform(spread / 2, spread)
-        when = loop.time() + delay
-        h = handles[i]
-        if wheel is not None:
-            t = wheel.schedule(delay, fire, when)
-            h.cancel()  # type: ignore[attr-defined]
-            handles[i] = t
-        else:
-            h.cancel()  # type: ignore[attr-defined]
-            handles[i] = loop.call_later(delay, fire, when)
-    await done
-    cpu = time.process_time() - cpu0
-    wakeups = wheel.stats().wakeups if wheel is not None else None
-    return _Run(name, timers, early, lateness, cpu, wakeups)
+# -- Redis clients -------------------------------------------------------------------
 
 
-def _demo(args: argparse.Namespace) -> int:
-    loops: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {"asyncio": asyncio.new_event_loop}
+def check_url(url: str) -> str:
+    """Check a Redis URL's shape and return where it points (``host:port`` or a path),
+    without its password.
+
+    Raises:
+        CliError: (usage) naming ``--redis-url`` and what is wrong with it.
+    """
     try:
-        import uvloop  # noqa: PLC0415
+        scheme, _, hosts, rest = split_url(url)
+        if scheme == "unix":
+            path = urllib.parse.urlsplit(url).path
+            if not path:
+                raise ValueError(f"{url!r} names no socket path")
+            return path
+        if not hosts:
+            raise ValueError(f"{url!r} names no host")
+        nodes = parse_nodes(hosts)
+    except (TypeError, ValueError) as exc:
+        raise CliError(
+            EXIT_USAGE,
+            f"--redis-url: {exc} (for example redis://127.0.0.1:6379/0, or "
+            "redis+cluster://host:port,host:port for a Redis Cluster)",
+        ) from None
+    db = rest.partition("?")[0].strip("/")
+    if db and not db.isdigit():
+        raise CliError(EXIT_USAGE, f"--redis-url database must be a number, got {db!r}")
+    return ",".join(f"{h}:{p}" for h, p in nodes)
 
-        loops["uvloop"] = uvloop.new_event_loop
-    except ImportError:
-        print("(uvloop is not installed, so only the stdlib loop runs: pip install -e '.[uvloop]')")
-    print(
-        f"tickwheel demo: {args.timers:,} timers due over {args.spread:g}s, "
-        f"{args.resets:,} of them reset once (idle-timeout style)\n"
+
+def _connect(url: str) -> Client:
+    """The one place the command line makes a Redis client: one Redis, or a Redis
+    Cluster for a ``redis+cluster://`` URL or a list of hosts.
+
+    Raises:
+        CliError: (usage) for a malformed URL.
+    """
+    check_url(url)
+    try:
+        return client_from_url(url)
+    except ValueError as exc:  # redis-py's own URL checks (query options)
+        raise CliError(EXIT_USAGE, f"--redis-url {url!r}: {exc}") from None
+
+
+def _unreachable(url: str, exc: BaseException) -> CliError:
+    where = check_url(url)
+    reason = str(exc).removeprefix("redis unavailable: ")
+    return CliError(
+        EXIT_UNREACHABLE,
+        f"cannot reach Redis at {where} ({reason}). Check that redis-server runs there "
+        "and accepts connections from this host (bind address, port, firewall, password), "
+        f"or pass another --redis-url (or set {URL_ENV}).",
     )
-    runs: list[_Run] = []
-    for loop_name, factory in loops.items():
-        for use_wheel in (True, False):
-            name = f"{'wheel' if use_wheel else 'call_later'} on {loop_name}"
-            print(f"  running {name} ...", flush=True)
-            loop = factory()
-            try:
-                runs.append(
-                    loop.run_until_complete(
-                        _storm(
-                            name,
-                            timers=args.timers,
-                            spread=args.spread,
-                            use_wheel=use_wheel,
-                            resets=args.resets,
-                            seed=args.seed,
-                        )
-                    )
-                )
-            finally:
-                loop.close()
-    print()
-    header = f"  {'':24} {'fired':>9} {'early':>6} {'p50 late':>9} {'p99 late':>9} {'CPU s':>7}"
-    print(header)
-    for r in runs:
-        print(
-            f"  {r.name:24} {r.fired:>9,} {r.early:>6} {r.percentile(0.5) * 1e3:>7.2f}ms "
-            f"{r.percentile(0.99) * 1e3:>7.2f}ms {r.cpu:>7.2f}"
-        )
-    broken = [r for r in runs if r.early and r.name.startswith("wheel")]
-    print(
-        "\n  The wheel never fires early and is at most one tick (1 ms) late, plus loop"
-        "\n  latency. CPU covers scheduling, resets and firing. For figures measured"
-        "\n  properly (medians of repeated runs, peers in the same group) see bench/."
+
+
+def _mismatch(args: argparse.Namespace, exc: ShardCountMismatch) -> CliError:
+    (shards, buckets), (given, given_buckets) = exc.stored, exc.given
+    if shards != given:
+        hint = f"pass --shards {shards}"
+    else:
+        hint = f"its bucket count is {buckets}, this command uses {given_buckets}"
+    return CliError(
+        EXIT_MISMATCH,
+        f"namespace {args.namespace!r} was created with {shards} shards, "
+        f"and this command was given --shards {given}: {hint} "
+        "(changing the count would strand its jobs)",
     )
-    if broken:
-        print(f"\nBROKEN: {', '.join(r.name for r in broken)} fired early", file=sys.stderr)
-        return EXIT_BROKEN
-    return EXIT_OK
+
+
+# -- running a command ---------------------------------------------------------------
+
+
+def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    """Print ``data`` as JSON with ``--json``, else ``text``."""
+    print(json.dumps(data, default=str) if getattr(args, "json", False) else text, flush=True)
+
+
+def _fail(args: argparse.Namespace, error: CliError) -> int:
+    print(f"tickwheel {args.command}: {error}", file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps({"error": str(error), "exit_code": error.code}))
+    return error.code
+
+
+def _run(args: argparse.Namespace, body: Callable[[], Awaitable[int]]) -> int:
+    """Run an async command body and turn the errors a person acts on into exit codes."""
+    try:
+        return asyncio.run(_guarded(args, body))
+    except CliError as error:
+        return _fail(args, error)
+    except KeyboardInterrupt:
+        print(f"tickwheel {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+async def _guarded(args: argparse.Namespace, body: Callable[[], Awaitable[int]]) -> int:
+    url = getattr(args, "redis_url", None)
+    try:
+        return await body()
+    except ShardCountMismatch as exc:
+        raise _mismatch(args, exc) from None
+    except (RedisUnavailable, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+        raise _unreachable(url or "", e) from None
+    except ServerCheckFailed as exc:
+        raise CliError(EXIT_FAILED, f"the server may lose jobs: {exc}") from None
+    except (ValueError, TypeError) as exc:  # a bad argument, named by the library
+        raise CliError(EXIT_USAGE, str(exc)) from None
+    except DurableError as exc:
+        raise CliError(EXIT_FAILED, f"{type(exc).__name__}: {exc}") from None
+
+
+async def _with_scheduler(
+    args: argparse.Namespace, fn: Callable[[Scheduler], Awaitable[int]], *, check: bool = False
+) -> int:
+    """Open a scheduler on the command's URL, namespace and shard count; run ``fn``."""
+    client = _connect(args.redis_url)
+    try:
+        scheduler = Scheduler(client, args.namespace, shards=args.shards, check=check)
+        await scheduler.open()
+        return await fn(scheduler)
+    finally:
+        await client.aclose()
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+# -- worker --------------------------------------------------------------------------
 
 
 def _load_registry(path: str) -> TaskRegistry:
@@ -186,8 +264,9 @@ def _load_registry(path: str) -> TaskRegistry:
     return obj
 
 
-async def _work(args: argparse.Namespace, registry: TaskRegistry) -> LoaderStats:
-    client = await connect(args.redis_url)
+async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
+    client = _connect(args.redis_url)
+    metrics = None
     try:
         scheduler = Scheduler(
             client,
@@ -207,12 +286,41 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> LoaderStats
             reap_interval=args.reap_interval,
             drain_timeout=args.drain_timeout,
         )
+        await scheduler.open()  # fail early: unreachable, shard count mismatch
+        if args.metrics_port is not None:
+            from tickwheel.durable._metrics import (  # noqa: PLC0415  (optional extra)
+                MetricsCollector,
+                start_metrics_server,
+            )
+
+            try:
+                metrics = start_metrics_server(
+                    MetricsCollector(scheduler, worker), args.metrics_port
+                )
+            except ImportError as exc:
+                raise CliError(EXIT_USAGE, f"--metrics-port: {exc}") from None
+            except OSError as exc:
+                raise CliError(
+                    EXIT_FAILED, f"--metrics-port {args.metrics_port}: cannot listen ({exc})"
+                ) from None
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
-        print(json.dumps({"event": "started", "pid": os.getpid()}), flush=True)
-        return await worker.run()
+        started: dict[str, Any] = {"event": "started", "pid": os.getpid()}
+        if metrics is not None:
+            started["metrics_port"] = metrics.port
+        print(json.dumps(started), flush=True)
+        stats = await worker.run()
+        stopped = {
+            "event": "stopped",
+            "stats": stats.as_dict(),
+            "scheduler": scheduler.stats().as_dict(),
+        }
+        print(json.dumps(stopped), flush=True)
+        return EXIT_OK
     finally:
+        if metrics is not None:
+            metrics.stop()
         await client.aclose()
 
 
@@ -220,25 +328,295 @@ def _worker(args: argparse.Namespace) -> int:
     try:
         registry = _load_registry(args.registry)
     except (ValueError, ImportError, AttributeError) as exc:
-        print(f"tickwheel worker: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _fail(args, CliError(EXIT_USAGE, f"registry: {exc}"))
+    return _run(args, lambda: _work(args, registry))
+
+
+# -- producers -----------------------------------------------------------------------
+
+
+def _payload(text: str | None) -> Any:
+    if text is None:
+        return b""
     try:
-        stats = asyncio.run(_work(args, registry))
-    except DurableError as exc:  # Redis unreachable at start, shard count mismatch
-        print(f"tickwheel worker: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return EXIT_BROKEN
-    print(json.dumps({"event": "stopped", "stats": stats.as_dict()}), flush=True)
-    return EXIT_OK
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(EXIT_USAGE, f"payload must be JSON, got {text!r} ({exc})") from None
 
 
-def _positive_int(text: str) -> int:
+def _at(text: str | None) -> int | datetime | None:
+    """``--at``: epoch ms, or an ISO 8601 time with a zone (``Z`` for UTC)."""
+    if text is None:
+        return None
+    if text.isdigit():
+        return int(text)
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise CliError(
+            EXIT_USAGE, f"--at must be epoch ms or ISO 8601 (2030-01-01T09:00:00Z), got {text!r}"
+        ) from None
+    if when.tzinfo is None:
+        raise CliError(EXIT_USAGE, f"--at needs a time zone (add Z for UTC), got {text!r}")
+    return when
+
+
+def _schedule(args: argparse.Namespace) -> int:
+    async def body(scheduler: Scheduler) -> int:
+        result = await scheduler.schedule(
+            args.id,
+            args.task,
+            _payload(args.payload),
+            delay=args.delay,
+            at=_at(args.at),
+            replace=args.replace,
+            max_attempts=args.max_attempts,
+            every=args.every,
+            cron=args.cron,
+            missed=args.missed,
+        )
+        data = {
+            "id": result.id,
+            "status": result.status.name.lower(),
+            "when_ms": result.when_ms,
+            "due": _iso(result.when_ms),
+            "shard": scheduler.keys.shard_of(args.id),
+        }
+        text = f"{data['status']}: job {args.id!r} (shard {data['shard']}), due {data['due']}"
+        _emit(args, data, text)
+        refused = (ScheduleStatus.BUSY, ScheduleStatus.DONE)
+        return EXIT_FAILED if result.status in refused else EXIT_OK
+
+    return _run(args, lambda: _with_scheduler(args, body))
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    async def body(scheduler: Scheduler) -> int:
+        found = await scheduler.cancel(args.id)
+        text = f"cancelled job {args.id!r}" if found else f"no job {args.id!r}"
+        _emit(args, {"id": args.id, "cancelled": found}, text)
+        return EXIT_OK if found else EXIT_FAILED
+
+    return _run(args, lambda: _with_scheduler(args, body))
+
+
+# -- operators -----------------------------------------------------------------------
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    async def body(scheduler: Scheduler) -> int:
+        rows = await scheduler.inspect()
+        totals = {
+            name: sum(getattr(r, name) for r in rows)
+            for name in ("due", "overdue", "leased", "expired", "dead")
+        }
+        lags = [r.lag_ms for r in rows if r.overdue]
+        totals["max_lag_ms"] = max(lags, default=0)
+        totals["owned"] = sum(1 for r in rows if r.owner)
+        data = {"namespace": args.namespace, "shards": [r.as_dict() for r in rows], **totals}
+        lines = [
+            f"namespace {args.namespace!r}, {len(rows)} shards (Redis time {_iso(rows[0].now_ms)})",
+            f"  {'shard':>5} {'due':>8} {'overdue':>8} {'lag':>9} {'leased':>7} {'expired':>7} "
+            f"{'dead':>6} {'epoch':>6}  {'owner':<12} next due",
+        ]
+        for r in rows:
+            owner = f"{r.owner[:12]}" if r.owner else "-"
+            lag = f"{r.lag_ms / 1000:.1f}s" if r.overdue else "-"
+            nxt = _iso(r.next_due_ms) if r.next_due_ms else "-"
+            lines.append(
+                f"  {r.shard:>5} {r.due:>8} {r.overdue:>8} {lag:>9} {r.leased:>7} "
+                f"{r.expired:>7} {r.dead:>6} {r.epoch:>6}  {owner:<12} {nxt}"
+            )
+        lines.append(
+            f"  total: {totals['due']} due ({totals['overdue']} overdue, oldest "
+            f"{totals['max_lag_ms'] / 1000:.1f}s late), {totals['leased']} leased "
+            f"({totals['expired']} expired), {totals['dead']} dead; "
+            f"{totals['owned']}/{len(rows)} shards owned"
+        )
+        _emit(args, data, "\n".join(lines))
+        return EXIT_OK
+
+    return _run(args, lambda: _with_scheduler(args, body))
+
+
+def _dead_row(job: JobInfo) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "shard": job.shard,
+        "task": job.task,
+        "payload": job.payload.decode(errors="replace")
+        if isinstance(job.payload, bytes)
+        else job.payload,
+        "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
+        "died_ms": job.when_ms,
+        "error": job.last_error,
+    }
+
+
+def _dead_letters(args: argparse.Namespace) -> int:
+    async def body(scheduler: Scheduler) -> int:
+        shards = [args.shard] if args.shard is not None else range(scheduler.keys.shards)
+        if args.action == "list":
+            rows: list[dict[str, Any]] = []
+            total = 0
+            for shard in shards:
+                page = await scheduler.dead_letters(shard, count=args.limit)
+                total += page.total
+                rows += [_dead_row(j) for j in page.jobs]
+            lines = [
+                f"  {r['id']}  shard {r['shard']}  task {r['task']}  attempt {r['attempt']}/"
+                f"{r['max_attempts']}  died {_iso(r['died_ms'])}  {r['error']}"
+                for r in rows
+            ]
+            _emit(
+                args,
+                {"total": total, "jobs": rows},
+                "\n".join([f"{total} dead letters", *lines]),
+            )
+            return EXIT_OK
+        if not args.ids and not args.all:
+            raise CliError(EXIT_USAGE, f"dead-letters {args.action}: give job ids, or --all")
+        if args.ids and args.all:
+            raise CliError(
+                EXIT_USAGE, f"dead-letters {args.action}: give job ids or --all, not both"
+            )
+        if args.ids:
+            act = scheduler.requeue_dead if args.action == "requeue" else scheduler.purge_dead
+            done = await act(args.ids)
+            missing = [i for i in args.ids if i not in set(done)]
+        else:
+            done, missing = [], []
+            for shard in shards:
+                while True:  # a batch at a time, until the shard has none left
+                    if args.action == "requeue":
+                        got = await scheduler.requeue_all_dead(shard, limit=MAX_BATCH)
+                    else:
+                        got = await scheduler.purge_all_dead(shard, limit=MAX_BATCH)
+                    done += got
+                    if len(got) < MAX_BATCH:
+                        break
+        verb = "requeued" if args.action == "requeue" else "purged"
+        text = f"{verb} {len(done)} dead letters"
+        if missing:
+            text += f"; not dead letters: {', '.join(missing)}"
+        _emit(args, {verb: done, "missing": missing}, text)
+        return EXIT_FAILED if missing else EXIT_OK
+
+    return _run(args, lambda: _with_scheduler(args, body))
+
+
+def _report_lines(report: ServerReport) -> list[str]:
+    def show(value: object) -> str:
+        return "unknown" if value is None else str(value)
+
+    cluster = show(report.cluster_enabled)
+    if report.cluster_enabled:
+        cluster += f" (cluster_state {show(report.cluster_state)})"
+    return [
+        f"  redis_version     {report.version or 'unknown'}",
+        f"  aof_enabled       {show(report.aof_enabled)}",
+        f"  maxmemory-policy  {show(report.maxmemory_policy)}",
+        f"  cluster_enabled   {cluster}",
+    ]
+
+
+def _check(args: argparse.Namespace) -> int:
+    async def body() -> int:
+        client = _connect(args.redis_url)
+        try:
+            with warnings.catch_warnings():  # reported below, not as warnings
+                warnings.simplefilter("ignore")
+                report = await check_server(client)
+            keys = Keys(args.namespace, args.shards, DEFAULT_BUCKETS)
+            stored: Any = await client.get(keys.meta)
+        finally:
+            await client.aclose()
+        layout = stored.decode() if stored else None
+        data: dict[str, Any] = {
+            "url": check_url(args.redis_url),
+            "version": report.version,
+            "aof_enabled": report.aof_enabled,
+            "maxmemory_policy": report.maxmemory_policy,
+            "cluster_enabled": report.cluster_enabled,
+            "cluster_state": report.cluster_state,
+            "problems": report.problems,
+            "unknown": report.unknown,
+            "namespace": args.namespace,
+            "namespace_shards": int(layout.partition(":")[0]) if layout else None,
+            "ok": report.ok,
+        }
+        lines = [f"Redis at {data['url']}", *_report_lines(report)]
+        if layout:
+            lines.append(f"  namespace {args.namespace!r}: {data['namespace_shards']} shards")
+        else:
+            lines.append(f"  namespace {args.namespace!r}: not created yet")
+        lines += [f"  PROBLEM: {p}" for p in report.problems]
+        lines += [f"  not checked: {u}" for u in report.unknown]
+        lines.append("  ok" if report.ok else f"  {len(report.problems)} problem(s)")
+        _emit(args, data, "\n".join(lines))
+        if layout and data["namespace_shards"] != args.shards:
+            stored_shards = data["namespace_shards"]
+            raise CliError(
+                EXIT_MISMATCH,
+                f"namespace {args.namespace!r} was created with {stored_shards} shards, "
+                f"and this command was given --shards {args.shards}: pass --shards "
+                f"{stored_shards}",
+            )
+        return EXIT_OK if report.ok else EXIT_FAILED
+
+    return _run(args, body)
+
+
+# -- demos ---------------------------------------------------------------------------
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from tickwheel.durable._demo import run_demo  # noqa: PLC0415  (spawns workers)
+
+    async def body() -> int:
+        if args.redis_url is not None:
+            check_url(args.redis_url)
+        try:
+            return await run_demo(
+                args.redis_url, jobs=args.jobs, seconds=args.seconds, as_json=args.json
+            )
+        except RuntimeError as exc:  # no redis-server binary, a worker did not start
+            raise CliError(EXIT_FAILED, str(exc)) from None
+
+    return _run(args, body)
+
+
+def _wheel_demo(args: argparse.Namespace) -> int:
+    from tickwheel.durable._wheel_demo import wheel_demo  # noqa: PLC0415
+
+    return wheel_demo(timers=args.timers, spread=args.spread, resets=args.resets, seed=args.seed)
+
+
+# -- arguments -----------------------------------------------------------------------
+
+
+def _whole(text: str, low: int, high: int | None = None) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"between {low} and {high}"
+        raise argparse.ArgumentTypeError(f"expected a number {bound}, got {value}")
     return value
+
+
+def _positive_int(text: str) -> int:
+    return _whole(text, 1)
+
+
+def _non_negative_int(text: str) -> int:
+    return _whole(text, 0)
+
+
+def _port(text: str) -> int:
+    return _whole(text, 0, 65535)
 
 
 def _finite_float(text: str, *, zero_ok: bool) -> float:
@@ -260,24 +638,60 @@ def _non_negative_float(text: str) -> float:
     return _finite_float(text, zero_ok=True)
 
 
+def _common() -> argparse.ArgumentParser:
+    """The options every Redis command takes."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--redis-url",
+        default=os.environ.get(URL_ENV) or None,
+        help=f"redis://host:port/db (default ${URL_ENV})",
+    )
+    common.add_argument("--namespace", default="tickwheel", help="key namespace")
+    common.add_argument(
+        "--shards", type=_positive_int, default=DEFAULT_SHARDS, help="the namespace's shard count"
+    )
+    common.add_argument("--json", action="store_true", help="print one JSON document")
+    common.add_argument(
+        "-v", "--verbose", action="count", default=0, help="log to stderr (-vv: debug)"
+    )
+    return common
+
+
 def _parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
-        prog="tickwheel", description="Timing wheel and durable Redis scheduler."
+        prog="tickwheel",
+        description="Timing wheel and durable Redis scheduler.",
+        epilog=EPILOG,
+        formatter_class=fmt,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    demo = sub.add_parser("demo", help="show the timing wheel beside asyncio's timers")
-    demo.add_argument("--timers", type=_positive_int, default=100_000, help="how many timers")
-    demo.add_argument(
+    common = _common()
+
+    def add(name: str, text: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name, help=text, description=text, epilog=EPILOG, formatter_class=fmt, **kwargs
+        )
+
+    demo = add("demo", "wheel timers and durable jobs on an embedded Redis, a worker killed")
+    demo.add_argument("--redis-url", help="use this Redis instead of an embedded one")
+    demo.add_argument("--jobs", type=_positive_int, default=2000, help="durable one-shot jobs")
+    demo.add_argument("--seconds", type=_positive_float, default=12.0, help="how long it runs")
+    demo.add_argument("--json", action="store_true", help="print the summary as JSON")
+    demo.add_argument("-v", "--verbose", action="count", default=0, help="log to stderr")
+    demo.set_defaults(func=_demo, needs_url=False)
+
+    wdemo = add("wheel-demo", "the timing wheel beside asyncio's own timers, in memory")
+    wdemo.add_argument("--timers", type=_positive_int, default=100_000, help="how many timers")
+    wdemo.add_argument(
         "--spread", type=_positive_float, default=1.0, help="seconds over which they fall due"
     )
-    demo.add_argument("--resets", type=int, default=20_000, help="how many are reset once")
-    demo.add_argument("--seed", type=int, default=1, help="random seed")
-    demo.set_defaults(func=_demo)
-    work = sub.add_parser("worker", help="run durable jobs with the tasks of a registry")
+    wdemo.add_argument("--resets", type=int, default=20_000, help="how many are reset once")
+    wdemo.add_argument("--seed", type=int, default=1, help="random seed")
+    wdemo.set_defaults(func=_wheel_demo, needs_url=False)
+
+    work = add("worker", "run durable jobs with the tasks of a registry", parents=[common])
     work.add_argument("registry", help="MODULE:ATTRIBUTE naming a TaskRegistry")
-    work.add_argument("--redis-url", required=True, help="redis://host:port/db")
-    work.add_argument("--namespace", default="tickwheel", help="key namespace")
-    work.add_argument("--shards", type=_positive_int, default=DEFAULT_SHARDS)
     work.add_argument("--owner-ttl", type=_positive_float, default=DEFAULT_OWNER_TTL)
     work.add_argument("--lookahead", type=_non_negative_float, default=DEFAULT_LOOKAHEAD)
     work.add_argument("--lease", type=_positive_float, default=DEFAULT_LEASE)
@@ -287,13 +701,81 @@ def _parser() -> argparse.ArgumentParser:
     work.add_argument("--reap-interval", type=_positive_float, default=DEFAULT_REAP_INTERVAL)
     work.add_argument("--drain-timeout", type=_non_negative_float, default=DEFAULT_DRAIN_TIMEOUT)
     work.add_argument("--no-check", action="store_true", help="skip the server config check")
+    work.add_argument(
+        "--metrics-port",
+        type=_port,
+        help="serve Prometheus metrics on 127.0.0.1:PORT (needs tickwheel[prometheus])",
+    )
     work.set_defaults(func=_worker)
+
+    sched = add("schedule", "schedule a durable job", parents=[common])
+    sched.add_argument("id", help="the job id (scheduling it again keeps the first)")
+    sched.add_argument("task", help="the task name")
+    sched.add_argument("payload", nargs="?", help="the payload, as JSON")
+    when = sched.add_mutually_exclusive_group()
+    when.add_argument("--delay", type=_non_negative_float, help="seconds from Redis's now")
+    when.add_argument("--at", help="epoch ms, or ISO 8601 with a zone")
+    rec = sched.add_mutually_exclusive_group()
+    rec.add_argument("--every", type=_positive_float, help="recur every this many seconds")
+    rec.add_argument("--cron", help="recur on a cron expression (UTC)")
+    sched.add_argument(
+        "--missed",
+        choices=[m.value for m in MissedRun],
+        default=MissedRun.ONCE.value,
+        help="missed-run policy of a recurring job",
+    )
+    sched.add_argument("--replace", action="store_true", help="overwrite a due or dead job")
+    sched.add_argument("--max-attempts", type=_positive_int, default=DEFAULT_MAX_ATTEMPTS)
+    sched.set_defaults(func=_schedule)
+
+    cancel = add("cancel", "remove a job in any state", parents=[common])
+    cancel.add_argument("id", help="the job id")
+    cancel.set_defaults(func=_cancel)
+
+    insp = add("inspect", "per shard: due, overdue and lag, leased, dead, owner", parents=[common])
+    insp.set_defaults(func=_inspect)
+
+    dead = add("dead-letters", "list, requeue or purge dead letters", parents=[common])
+    dead.add_argument("action", choices=["list", "requeue", "purge"])
+    dead.add_argument("ids", nargs="*", help="job ids (requeue, purge)")
+    dead.add_argument("--all", action="store_true", help="requeue or purge every dead letter")
+    dead.add_argument("--shard", type=_non_negative_int, help="only this shard")
+    dead.add_argument(
+        "--limit", type=_positive_int, default=100, help="list: at most this many per shard"
+    )
+    dead.set_defaults(func=_dead_letters)
+
+    chk = add("check", "is the server fit for durable jobs?", parents=[common])
+    chk.set_defaults(func=_check)
     return parser
 
 
+def _configure_logging(verbose: int) -> None:
+    if verbose <= 0:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("tickwheel")
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit code."""
-    args = _parser().parse_args(argv)
+    """Run the command line.
+
+    Args:
+        argv: the arguments (``sys.argv[1:]`` when None).
+
+    Returns:
+        The exit code (see the module docstring).
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "needs_url", True) and not args.redis_url:
+        parser.error(f"{args.command}: --redis-url is required (or set {URL_ENV})")
+    if getattr(args, "shard", None) is not None and args.shard >= args.shards:
+        parser.error(f"--shard must be below --shards {args.shards}, got {args.shard}")
+    _configure_logging(getattr(args, "verbose", 0))
     result: int = args.func(args)
     return result
 

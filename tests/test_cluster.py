@@ -94,7 +94,7 @@ def test_server_check_covers_every_master(redis_cluster: RedisClusterServer) -> 
             with pytest.warns(UserWarning, match="AOF is off"):
                 await s.open()
             report = s.server_report
-            assert report is not None and report.cluster and report.cluster_state == "ok"
+            assert report is not None and report.cluster_enabled and report.cluster_state == "ok"
             masters = {f"127.0.0.1:{n.port}" for n in redis_cluster.nodes[:3]}
             assert {p.split(": ")[0] for p in report.problems} == masters
 

@@ -7,6 +7,8 @@ for asyncio's.
 
 from __future__ import annotations
 
+import logging
+
 from ._default import get_wheel, sleep, timeout, timeout_at
 from ._driver import DEFAULT_TICK, TimingWheel, WheelStats
 from ._errors import WheelClosed, WheelError, WheelFull
@@ -27,3 +29,7 @@ __all__ = [
     "timeout",
     "timeout_at",
 ]
+
+# Quiet unless the application configures logging (the wheel reports callback errors
+# through the loop's exception handler; this logger is for what the driver may add).
+logging.getLogger("tickwheel.wheel").addHandler(logging.NullHandler())

@@ -52,6 +52,12 @@ class WheelStats:
     wakeups: int  #: times the loop woke the wheel (each one armed ``call_at``)
     levels: int  #: levels allocated so far (grows with the farthest deadline seen)
     next_when: float | None  #: loop time of the next wake-up; None when idle
+    cancelled: int = 0  #: timers whose ``cancel()`` prevented the callback
+    #: how late (s) the loop woke the wheel, past the armed tick: the worst and the sum
+    #: over wakeups (a timer fires within one tick of its wake-up, so this is the loop's
+    #: share of its lateness; one subtraction per wake-up, none per timer)
+    wakeup_lateness_max: float = 0.0
+    wakeup_lateness_sum: float = 0.0
 
 
 class TimingWheel:
@@ -72,12 +78,15 @@ class TimingWheel:
     __slots__ = (
         "__weakref__",
         "_armed_tick",
+        "_cancelled",
         "_capacity",
         "_closed",
         "_context",
         "_core",
         "_fired",
         "_handle",
+        "_late_max",
+        "_late_sum",
         "_loop",
         "_max_pending",
         "_tick",
@@ -133,6 +142,9 @@ class TimingWheel:
         self._context = contextvars.copy_context()
         self._fired = 0  # callbacks run
         self._wakeups = 0  # times _run was called by the loop
+        self._cancelled = 0  # cancel() calls that prevented a callback (counted in _handle)
+        self._late_max = 0.0  # worst wake-up lateness (s) past the armed tick
+        self._late_sum = 0.0  # sum of wake-up lateness (s)
 
     # -- public API -----------------------------------------------------------------------
 
@@ -318,6 +330,9 @@ class TimingWheel:
             wakeups=self._wakeups,
             levels=self._core.levels,
             next_when=None if self._handle is None else self._armed_tick * self._tick,
+            cancelled=self._cancelled,
+            wakeup_lateness_max=self._late_max,
+            wakeup_lateness_sum=self._late_sum,
         )
 
     def _check(self) -> None:
@@ -413,11 +428,18 @@ class TimingWheel:
     def _run(self) -> None:
         """The armed call_at: fire every due timer, then arm for the next bucket."""
         self._handle = None
+        t_now = self._time()
+        # asyncio may run a call_at up to its clock resolution early; _run then finds the
+        # tick not due yet and re-arms, so this can be slightly negative, never a firing.
+        late = t_now - self._armed_tick * self._tick
+        if _NEG_INF < late < _INF:  # (infinite: not armed, a direct call)
+            self._late_sum += late
+            self._late_max = max(self._late_max, late)
         self._armed_tick = _NEG_INF
         self._wakeups += 1
         loop = self._loop
         core = self._core
-        now = self._floor_tick(self._time())
+        now = self._floor_tick(t_now)
         pop_due = core.pop_due
         fired = 0
         bucket = None

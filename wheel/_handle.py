@@ -72,6 +72,7 @@ class Timer(Entry):
         self._args = None
         self._context = None
         wheel = self._wheel
+        wheel._cancelled += 1
         core = wheel._core
         core._len -= 1
         if not core._len:
