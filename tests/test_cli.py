@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -84,7 +85,7 @@ def test_inspect_sees_owners_leases_and_expired_leases(redis_url: str) -> None:
             await s.take(0)
             await s.claim(0, limit=1, lease=0.001)
             await s.claim(0, limit=1, lease=60)
-            time.sleep(0.01)
+            await asyncio.sleep(0.01)
             (info,) = await s.inspect()
             assert (info.due, info.leased, info.expired, info.overdue) == (0, 2, 1, 0)
             assert info.owner == s.ownership.token and info.epoch == s.ownership.owned[0]
