@@ -529,7 +529,12 @@ def _check(args: argparse.Namespace) -> int:
                 warnings.simplefilter("ignore")
                 report = await check_server(client)
             keys = Keys(args.namespace, args.shards, DEFAULT_BUCKETS)
-            stored: Any = await client.get(keys.meta)
+            try:
+                stored: Any = await client.get(keys.meta)
+            except redis.exceptions.ResponseError as exc:  # e.g. a cluster that is down
+                stored, unreadable = None, str(exc)
+            else:
+                unreadable = ""
         finally:
             await client.aclose()
         layout = stored.decode() if stored else None
@@ -547,7 +552,9 @@ def _check(args: argparse.Namespace) -> int:
             "ok": report.ok,
         }
         lines = [f"Redis at {data['url']}", *_report_lines(report)]
-        if layout:
+        if unreadable:
+            lines.append(f"  namespace {args.namespace!r}: not readable ({unreadable})")
+        elif layout:
             lines.append(f"  namespace {args.namespace!r}: {data['namespace_shards']} shards")
         else:
             lines.append(f"  namespace {args.namespace!r}: not created yet")
@@ -555,14 +562,11 @@ def _check(args: argparse.Namespace) -> int:
         lines += [f"  not checked: {u}" for u in report.unknown]
         lines.append("  ok" if report.ok else f"  {len(report.problems)} problem(s)")
         _emit(args, data, "\n".join(lines))
-        if layout and data["namespace_shards"] != args.shards:
-            stored_shards = data["namespace_shards"]
-            raise CliError(
-                EXIT_MISMATCH,
-                f"namespace {args.namespace!r} was created with {stored_shards} shards, "
-                f"and this command was given --shards {args.shards}: pass --shards "
-                f"{stored_shards}",
-            )
+        if layout:
+            shards, _, buckets = layout.partition(":")
+            stored_layout = (int(shards), int(buckets or 0))
+            if stored_layout != (keys.shards, keys.buckets):
+                raise ShardCountMismatch(args.namespace, stored_layout, (keys.shards, keys.buckets))
         return EXIT_OK if report.ok else EXIT_FAILED
 
     return _run(args, body)

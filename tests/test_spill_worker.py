@@ -76,11 +76,11 @@ def test_cli_worker_refuses_a_bad_registry_path(redis_url: str) -> None:
     assert cli_main([*base[:1], "no_such_module_xyz:registry", *base[1:]]) == 2
 
 
-def test_cli_worker_exits_1_when_redis_is_unreachable(capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_worker_exits_3_when_redis_is_unreachable(capsys: pytest.CaptureFixture[str]) -> None:
     # Port 1 on loopback: nothing listens there (and it is not the machine's Redis).
     argv = ["worker", "spill_support:registry", "--redis-url", "redis://127.0.0.1:1/0"]
-    assert cli_main([*argv, "--no-check"]) == 1
-    assert "RedisUnavailable" in capsys.readouterr().err
+    assert cli_main([*argv, "--no-check"]) == 3
+    assert "cannot reach Redis at 127.0.0.1:1" in capsys.readouterr().err
 
 
 async def _wait_spread(client: redis.asyncio.Redis, s: Scheduler, workers: int) -> None:

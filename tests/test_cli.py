@@ -1,0 +1,333 @@
+"""The command line as a user drives it: subprocesses against real redis-servers, with
+--json output parsed and exit codes asserted, every error path included."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.durable_support import open_scheduler, run, unique_ns
+from tests.spill_support import SINK_ENV, TESTS_DIR
+from tickwheel.durable import JobSpec
+from tickwheel.durable._server import RedisServer, free_port
+
+pytestmark = pytest.mark.redis
+
+
+def cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m tickwheel.durable.cli`` (without $TICKWHEEL_REDIS_URL unless given)."""
+    base = {k: v for k, v in os.environ.items() if k != "TICKWHEEL_REDIS_URL"}
+    return subprocess.run(
+        [sys.executable, "-m", "tickwheel.durable.cli", *argv],
+        capture_output=True,
+        text=True,
+        env={**base, **(env or {})},
+        timeout=120,
+        check=False,
+    )
+
+
+def cli_json(*argv: str, code: int = 0) -> Any:
+    out = cli(*argv, "--json")
+    assert out.returncode == code, (out.stdout, out.stderr)
+    assert "Traceback" not in out.stderr, out.stderr
+    return json.loads(out.stdout)
+
+
+def opts(url: str, ns: str, shards: int = 4) -> list[str]:
+    return ["--redis-url", url, "--namespace", ns, "--shards", str(shards)]
+
+
+def test_schedule_inspect_cancel(redis_url: str) -> None:
+    ns = unique_ns()
+    o = opts(redis_url, ns)
+    made = cli_json("schedule", "a", "send", '{"to": 1}', "--delay", "3600", *o)
+    assert made["status"] == "created" and made["id"] == "a"
+    assert cli_json("schedule", "a", "send", "--delay", "5", *o)["status"] == "kept"
+    moved = cli_json("schedule", "a", "send", "--delay", "7200", "--replace", *o)
+    assert moved["status"] == "replaced" and moved["when_ms"] > made["when_ms"]
+    late = cli_json("schedule", "old", "send", "--at", "2020-01-01T00:00:00Z", *o)
+    assert late["when_ms"] == 1577836800000
+    rec = cli_json("schedule", "r", "tick", "--every", "60", "--missed", "skip", *o)
+    assert rec["status"] == "created"
+    cron = cli_json("schedule", "c", "tick", "--cron", "0 9 * * *", "--max-attempts", "2", *o)
+    assert cron["status"] == "created"
+
+    view = cli_json("inspect", *o)
+    assert len(view["shards"]) == 4
+    assert (view["due"], view["overdue"], view["leased"], view["dead"]) == (4, 1, 0, 0)
+    assert view["max_lag_ms"] > 5 * 365 * 86400 * 1000  # "old" is due since 2020
+    row = view["shards"][late["shard"]]
+    assert row["overdue"] == 1 and row["oldest_overdue_ms"] == 1577836800000
+    assert row["owner"] == "" and row["owner_ttl_ms"] == -2
+    text = cli("inspect", *o)
+    assert text.returncode == 0 and "4 due (1 overdue" in text.stdout
+
+    assert cli_json("cancel", "a", *o) == {"id": "a", "cancelled": True}
+    assert cli_json("cancel", "a", *o, code=1) == {"id": "a", "cancelled": False}
+    assert cli_json("inspect", *o)["due"] == 3
+
+
+def test_inspect_sees_owners_leases_and_expired_leases(redis_url: str) -> None:
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            await s.schedule("j1", "t")
+            await s.schedule("j2", "t")
+            await s.take(0)
+            await s.claim(0, limit=1, lease=0.001)
+            await s.claim(0, limit=1, lease=60)
+            await asyncio.sleep(0.01)
+            (info,) = await s.inspect()
+            assert (info.due, info.leased, info.expired, info.overdue) == (0, 2, 1, 0)
+            assert info.owner == s.ownership.token and info.epoch == s.ownership.owned[0]
+            assert 0 < info.owner_ttl_ms <= s.ownership.ttl_ms and info.lag_ms == 0
+            await s.close()
+
+    run(main())
+
+
+def _dead_letters(url: str, ns: str, ids: list[str]) -> None:
+    async def main() -> None:
+        async with open_scheduler(url, ns, shards=4) as s:
+            await s.schedule_many([JobSpec(i, "t", max_attempts=1) for i in ids])
+            for shard in range(4):
+                await s.take(shard)
+                for job in (await s.claim(shard)).jobs:
+                    await s.retry(job, "boom")
+            await s.close()
+
+    run(main())
+
+
+def test_dead_letters_list_requeue_purge(redis_url: str) -> None:
+    ns = unique_ns()
+    o = opts(redis_url, ns)
+    _dead_letters(redis_url, ns, ["d1", "d2", "d3"])
+    page = cli_json("dead-letters", "list", *o)
+    assert page["total"] == 3
+    assert {j["id"] for j in page["jobs"]} == {"d1", "d2", "d3"}
+    assert all(j["error"] == "boom" and j["task"] == "t" for j in page["jobs"])
+    assert cli_json("dead-letters", "requeue", "d1", *o) == {"requeued": ["d1"], "missing": []}
+    assert cli_json("dead-letters", "requeue", "d1", *o, code=1)["missing"] == ["d1"]
+    assert cli_json("inspect", *o)["dead"] == 2
+    assert sorted(cli_json("dead-letters", "purge", "--all", *o)["purged"]) == ["d2", "d3"]
+    assert cli_json("dead-letters", "list", *o)["total"] == 0
+    _dead_letters(redis_url, ns, ["d4"])  # (d1, requeued above, is claimed and dies again)
+    assert sorted(cli_json("dead-letters", "requeue", "--all", *o)["requeued"]) == ["d1", "d4"]
+    bad = cli("dead-letters", "purge", *o)
+    assert bad.returncode == 2 and "give job ids, or --all" in bad.stderr
+    bad = cli("dead-letters", "list", "--shard", "4", *o)
+    assert bad.returncode == 2 and "--shard must be below --shards 4" in bad.stderr
+
+
+def test_check_reports_aof_policy_and_cluster(redis_url: str, tmp_path: Path) -> None:
+    ns = unique_ns()
+    report = cli_json("check", *opts(redis_url, ns), code=1)  # the session server: no AOF
+    assert report["aof_enabled"] is False and report["maxmemory_policy"] == "noeviction"
+    assert report["cluster_enabled"] is False and report["cluster_state"] is None
+    assert any("AOF is off" in p for p in report["problems"])
+    assert report["namespace_shards"] is None and not report["ok"]
+    with RedisServer(appendonly=True, data_dir=tmp_path / "aof") as good:
+        report = cli_json("check", *opts(good.url, ns))
+        assert report["ok"] and report["aof_enabled"] is True and report["version"]
+        text = cli("check", *opts(good.url, ns))
+        assert text.returncode == 0 and "aof_enabled       True" in text.stdout
+    cluster_args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+    with RedisServer(appendonly=True, extra_args=cluster_args) as node:
+        # A lone cluster node with no slots assigned: the cluster state is "fail".
+        report = cli_json("check", *opts(node.url, ns), code=1)
+        assert report["cluster_enabled"] is True and report["cluster_state"] == "fail"
+        assert any("cluster_state" in p for p in report["problems"])
+
+
+def test_errors_a_person_understands(redis_url: str) -> None:
+    ns = unique_ns()
+    cli_json("schedule", "x", "t", *opts(redis_url, ns, shards=4))
+    # Another shard count: the stored one and the flag to pass, for every command.
+    for argv in (["inspect"], ["schedule", "y", "t"], ["cancel", "x"], ["check"]):
+        out = cli(*argv, *opts(redis_url, ns, shards=8))
+        assert out.returncode == 4, (argv, out.stderr)
+        assert "created with 4 shards" in out.stderr and "--shards 4" in out.stderr
+        assert "Traceback" not in out.stderr
+    err = cli_json("inspect", *opts(redis_url, ns, shards=8), code=4)
+    assert err["exit_code"] == 4 and "--shards 4" in err["error"]
+
+    # Nobody listens on a free port: host:port and what to check.
+    port = free_port()
+    for argv in (["inspect"], ["schedule", "y", "t"], ["check"], ["dead-letters", "list"]):
+        out = cli(*argv, "--redis-url", f"redis://127.0.0.1:{port}/0")
+        assert out.returncode == 3, (argv, out.stderr)
+        assert f"cannot reach Redis at 127.0.0.1:{port}" in out.stderr
+        assert "redis-server runs there" in out.stderr and "Traceback" not in out.stderr
+    worker = cli(
+        "worker", "spill_support:registry", "--redis-url", f"redis://127.0.0.1:{port}",
+        env={"PYTHONPATH": str(TESTS_DIR)},
+    )  # fmt: skip
+    assert worker.returncode == 3 and "cannot reach Redis" in worker.stderr
+
+    # Malformed URLs name --redis-url and the problem.
+    for url, said in [
+        ("http://127.0.0.1:6379", "must start with redis://"),
+        ("127.0.0.1:6379", "must start with redis://"),
+        ("redis://127.0.0.1:99999/0", "Port out of range"),
+        ("redis://127.0.0.1:1/zero", "database must be a number"),
+        ("redis:///0", "names no host"),
+    ]:
+        out = cli("inspect", "--redis-url", url)
+        assert out.returncode == 2, (url, out.stderr)
+        assert "--redis-url" in out.stderr and said in out.stderr, (url, out.stderr)
+
+    # No URL at all; the environment variable is the default.
+    out = cli("inspect")
+    assert out.returncode == 2 and "--redis-url is required (or set TICKWHEEL_REDIS_URL)" in (
+        out.stderr
+    )
+    env = {"TICKWHEEL_REDIS_URL": redis_url}
+    out = cli("inspect", "--namespace", ns, "--shards", "4", "--json", env=env)
+    assert out.returncode == 0 and json.loads(out.stdout)["due"] == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["schedule", "j", "t", "{not json"], "payload must be JSON"),
+        (["schedule", "j", "t", "--delay", "-1"], "--delay"),
+        (["schedule", "j", "t", "--delay", "1", "--at", "5"], "not allowed with argument"),
+        (["schedule", "j", "t", "--at", "2030-01-01T00:00:00"], "--at needs a time zone"),
+        (["schedule", "j", "t", "--at", "tomorrow"], "--at must be epoch ms or ISO 8601"),
+        (["schedule", "j", "t", "--cron", "not a cron"], "cron"),
+        (["schedule", "j", "t", "--missed", "never"], "--missed"),
+        (["schedule", "", "t"], "job_id"),
+        (["inspect", "--shards", "0"], "--shards"),
+        (["inspect", "--namespace", "a{b"], "namespace"),
+        (["worker", "no_colon"], "MODULE:ATTRIBUTE"),
+        (["worker", "spill_support:registry", "--metrics-port", "70000"], "--metrics-port"),
+        (["nonsense"], "invalid choice"),
+    ],
+)
+def test_bad_arguments_exit_2_naming_them(redis_url: str, argv: list[str], said: str) -> None:
+    out = cli(argv[0], "--redis-url", redis_url, "--namespace", unique_ns(), *argv[1:])
+    assert out.returncode == 2, out.stderr
+    assert said in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_help_lists_commands_and_exit_codes() -> None:
+    out = cli("--help")
+    assert out.returncode == 0
+    for word in ("demo", "wheel-demo", "worker", "schedule", "cancel", "inspect", "check"):
+        assert word in out.stdout
+    assert "exit codes:" in out.stdout and "3  Redis unreachable" in out.stdout
+    assert "exit codes:" in cli("inspect", "--help").stdout
+
+
+def test_worker_serves_prometheus_metrics(redis_url: str) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    ns = unique_ns()
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(TESTS_DIR), **{SINK_ENV: redis_url})
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "tickwheel.durable.cli", "worker", "spill_support:registry",
+            *opts(redis_url, ns), "--no-check", "--metrics-port", str(port),
+            "--poll-interval", "0.05", "--lookahead", "0.2",
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        started = json.loads(proc.stdout.readline())
+        assert started["event"] == "started" and started["metrics_port"] == port
+
+        async def schedule() -> None:
+            async with open_scheduler(redis_url, ns, shards=4) as s:
+                await s.schedule_many(
+                    [JobSpec(f"m{i}", "sink", {"sink": ns}, delay=0.1) for i in range(20)]
+                )
+
+        run(schedule())
+        values: dict[tuple[str, str], float] = {}
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+            values = {
+                (sample.name, sample.labels.get("kind", sample.labels.get("le", ""))): sample.value
+                for family in text_string_to_metric_families(body.decode())
+                for sample in family.samples
+                if sample.labels.get("namespace") == ns
+            }
+            if values.get(("tickwheel_acks_total", ""), 0) >= 20:
+                break
+            time.sleep(0.1)
+        assert values[("tickwheel_acks_total", "")] == 20
+        assert values[("tickwheel_claimed_jobs_total", "")] == 20
+        assert values[("tickwheel_claim_calls_total", "")] >= 1
+        assert values[("tickwheel_shard_moves_total", "taken")] == 4
+        assert values[("tickwheel_owned_shards", "")] == 4
+        assert values[("tickwheel_job_lateness_seconds_count", "")] == 20
+        assert values[("tickwheel_job_lateness_seconds_bucket", "+Inf")] == 20
+        assert values[("tickwheel_wheel_fired_total", "")] >= 20
+        for name in ("retries", "dead_letters", "reaped", "fenced", "dedup_dropped"):
+            assert values[(f"tickwheel_{name}_total", "")] == 0, name
+    finally:
+        proc.terminate()
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    stopped = json.loads(out.splitlines()[-1])
+    assert stopped["scheduler"]["acked"] == 20 and stopped["scheduler"]["shards_given_back"] == 4
+
+
+def test_metrics_without_prometheus_client_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tickwheel.durable import _metrics
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    with pytest.raises(ImportError, match=r"tickwheel\[prometheus\]"):
+        _metrics.load_prometheus_client()
+
+
+def test_logging_is_quiet_by_default_and_verbose_on_request(redis_url: str) -> None:
+    # The session server has no AOF: check_server logs a warning. Unconfigured, the
+    # library prints nothing (the warning itself is filtered here).
+    code = (
+        "import asyncio, warnings, redis.asyncio\n"
+        "from tickwheel.durable import check_server\n"
+        "warnings.simplefilter('ignore')\n"
+        f"c = redis.asyncio.Redis.from_url({redis_url!r})\n"
+        "asyncio.run(check_server(c))\n"
+    )
+    quiet = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    loud = cli("check", "-v", *opts(redis_url, unique_ns()))
+    assert loud.returncode == 1
+    assert "WARNING tickwheel.durable: tickwheel.durable server check: AOF is off" in loud.stderr
+
+
+def test_demo_short_form_loses_nothing() -> None:
+    """The README's demo, short: embedded Redis, a worker killed, lost = 0, none early."""
+    out = cli("demo", "--seconds", "4", "--jobs", "200", "--json")
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-2000:])
+    summary = json.loads(out.stdout.splitlines()[-1])
+    durable = summary["durable"]
+    assert durable["lost"] == 0 and durable["early"] == 0
+    assert durable["fired"] >= 200 + 3  # every one-shot job and some recurring runs
+    assert summary["wheel"]["early"] == 0 and summary["wheel"]["fired"] > 0
+    assert summary["killed_at"] is not None
+
+
+def test_wheel_demo_still_runs() -> None:
+    out = cli("wheel-demo", "--timers", "2000", "--resets", "100", "--spread", "0.2")
+    assert out.returncode == 0, out.stderr
+    assert "wheel on asyncio" in out.stdout and "call_later on asyncio" in out.stdout

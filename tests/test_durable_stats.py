@@ -1,0 +1,77 @@
+"""Scheduler.stats() counts where things happen; the wheel's stats count cancels."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.durable_support import client_of, open_scheduler, push_clock, run, unique_ns
+from tickwheel.durable import Fenced, JobSpec, LeaseLost
+from tickwheel.durable._stats import LatenessHistogram
+from tickwheel.wheel import TimingWheel
+
+
+@pytest.mark.redis
+def test_scheduler_counts_claims_acks_retries_reaps_dedup_fencing_and_moves(
+    redis_url: str,
+) -> None:
+    async def main() -> None:
+        ns = unique_ns()
+        async with (
+            open_scheduler(redis_url, ns, shards=1) as a,
+            open_scheduler(redis_url, ns, shards=1) as b,
+        ):
+            await a.schedule_many([JobSpec(f"j{i}", "t", max_attempts=1) for i in range(3)])
+            await a.schedule("slow", "t", max_attempts=2)
+            assert await a.take(0) and await a.take(0)  # a second take is no move
+            batch = await a.claim(0, limit=3)
+            await a.ack_many(batch.jobs[:1])
+            await a.retry(batch.jobs[1], "x")  # last attempt: dead
+            await a.retry(batch.jobs[2], "x", final=True)
+            (slow,) = (await a.claim(0, lease=0.001)).jobs
+            await push_clock(a, 0, 1000)
+            assert (await a.reap(0)).requeued == ["slow"]
+            with pytest.raises(LeaseLost):
+                await a.ack(slow)  # late, but records the occurrence as done
+            assert (await a.claim(0)).jobs == []  # the reaped copy: dropped by dedup
+            st = a.stats()
+            assert (st.claim_calls, st.claimed, st.acked, st.ack_lost) == (3, 4, 1, 1)
+            assert (st.retries, st.dead_letters, st.reaped, st.dedup_dropped) == (0, 2, 1, 1)
+            assert (st.shards_taken, st.fenced, st.shards_lost) == (1, 0, 0)
+            # b takes the shard once a's token is gone: a is fenced out and loses it.
+            await client_of(a).delete(a.keys.shard(0).owner)
+            assert await b.take(0)
+            with pytest.raises(Fenced):
+                await a.claim(0)
+            st = a.stats()
+            assert (st.fenced, st.shards_lost, st.shards_given_back) == (1, 1, 0)
+            await b.close()
+            assert b.stats().shards_given_back == 1 and b.stats().shards_taken == 1
+            assert a.stats().as_dict()["claim_calls"] == 3
+
+    run(main())
+
+
+def test_wheel_stats_count_cancels_and_wakeup_lateness() -> None:
+    async def main() -> None:
+        wheel = TimingWheel()
+        timers = [wheel.schedule(0.01, lambda: None) for _ in range(5)]
+        assert timers[0].cancel() and not timers[0].cancel()
+        await asyncio.sleep(0.05)
+        st = wheel.stats()
+        assert (st.fired, st.cancelled, st.pending) == (4, 1, 0)
+        assert st.wakeups >= 1 and 0 <= st.wakeup_lateness_max < 0.05
+        assert st.wakeup_lateness_sum <= st.wakeup_lateness_max * st.wakeups + 1e-9
+
+    asyncio.run(main())
+
+
+def test_lateness_histogram_buckets() -> None:
+    h = LatenessHistogram((0.001, 0.01))
+    for x in (-0.001, 0.0005, 0.001, 0.005, 1.0):
+        h.observe(x)
+    assert h.cumulative() == [("0.001", 3), ("0.01", 4), ("+Inf", 5)]
+    assert h.count == 5 and h.early == 1 and h.sum == pytest.approx(1.0055)
+    with pytest.raises(ValueError, match="bounds"):
+        LatenessHistogram((0.1, 0.01))
