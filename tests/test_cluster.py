@@ -197,7 +197,7 @@ def test_shards_keep_working_when_a_master_dies() -> None:
     with RedisClusterServer(masters=3, replicas=1) as cluster:
 
         async def main() -> None:
-            async with open_scheduler(cluster.url, shards=16, replicas=1) as s:
+            async with open_scheduler(cluster.url, shards=16) as s:
                 for shard in range(16):
                     assert await s.take(shard)
                 await s.schedule_many([JobSpec(f"a{i}", "t") for i in range(200)])
