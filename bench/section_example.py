@@ -24,7 +24,8 @@ from typing import Any
 import redis.asyncio
 
 from bench._harness import Checks, Figure, Plan, Progress, percentiles
-from tickwheel.durable import JobSpec, Scheduler, TaskContext, TaskRegistry, Worker
+from bench.spill_vs_arq import lateness_probe
+from tickwheel.durable import JobSpec, Scheduler, TaskRegistry, Worker
 from tickwheel.durable._server import RedisServer
 
 SECTION = "example"
@@ -70,18 +71,8 @@ async def _peak(url: str, plan: Plan, checks: Checks, progress: Progress) -> dic
         )
     progress.show(f"example: peak {plan.example_rate:,}/s for {plan.example_seconds:g} s")
 
-    late: list[float] = []
-    seen: set[str] = set()
-    all_ran = asyncio.Event()
     reg = TaskRegistry()
-
-    @reg.task(name="remind")
-    def remind(ctx: TaskContext) -> None:
-        assert ctx.job is not None
-        late.append(time.time() * 1000 - ctx.job.due_ms)
-        seen.add(ctx.job_id)
-        if len(seen) == n_peak:
-            all_ran.set()
+    late, seen, all_ran = lateness_probe(reg, "remind", n_peak)
 
     worker = Worker(sched, reg, lookahead=1.0, limit=LIMIT, poll_interval=POLL)
     running = asyncio.ensure_future(worker.run())

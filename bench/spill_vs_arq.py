@@ -47,6 +47,30 @@ def _pcts(late: list[float]) -> str:
     )
 
 
+def lateness_probe(
+    registry: TaskRegistry, name: str, n: int
+) -> tuple[list[float], set[str], asyncio.Event]:
+    """Register task ``name``: it records how late it runs (ms, ``time.time()`` minus the
+    job's due time) and its job id.
+
+    Returns:
+        The lateness list, the set of job ids run, and an event set once ``n`` ran.
+    """
+    late: list[float] = []
+    seen: set[str] = set()
+    done = asyncio.Event()
+
+    @registry.task(name=name)
+    def probe(ctx: TaskContext) -> None:
+        assert ctx.job is not None
+        late.append(time.time() * 1000 - ctx.job.due_ms)
+        seen.add(ctx.job_id)
+        if len(seen) == n:
+            done.set()
+
+    return late, seen, done
+
+
 async def _tickwheel(url: str, rate: int, seconds: float, flush: bool = True) -> list[float]:
     """Lateness (ms) of ``rate * seconds`` jobs in namespace ``bench`` (one shard); with
     ``flush=False`` whatever is pending there stays (the far jobs of ``python -m bench``)."""
@@ -54,16 +78,8 @@ async def _tickwheel(url: str, rate: int, seconds: float, flush: bool = True) ->
     if flush:
         await client.flushall()
     n = int(rate * seconds)
-    late: list[float] = []
-    done = asyncio.Event()
     reg = TaskRegistry()
-
-    @reg.task(name="probe")
-    def probe(ctx: TaskContext) -> None:
-        assert ctx.job is not None
-        late.append(time.time() * 1000 - ctx.job.due_ms)
-        if len(late) == n:
-            done.set()
+    late, _, done = lateness_probe(reg, "probe", n)
 
     sched = Scheduler(client, "bench", shards=1, check=False)
     await sched.take(0)
