@@ -16,7 +16,6 @@ Ground rules:
 from __future__ import annotations
 
 import urllib.parse
-from collections.abc import Sequence
 from typing import Any, TypeAlias
 
 import redis.asyncio
@@ -28,9 +27,7 @@ from ._errors import RedisUnavailable
 __all__ = [
     "Client",
     "client_from_url",
-    "cluster_url",
     "connect",
-    "is_cluster",
     "parse_nodes",
     "split_url",
 ]
@@ -41,11 +38,6 @@ _PLAIN_SCHEMES = ("redis", "rediss", "unix")
 _CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 # The default port of redis-server, for a host given without one.
 _DEFAULT_PORT = 6379
-
-
-def is_cluster(client: object) -> bool:
-    """True if ``client`` is a Redis Cluster client."""
-    return isinstance(client, RedisCluster)
 
 
 def parse_nodes(text: str) -> list[tuple[str, int]]:
@@ -200,8 +192,3 @@ def _redact(url: str) -> str:
     netloc = parts.netloc.rpartition("@")[2]
     user = parts.username or ""
     return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
-
-
-def cluster_url(nodes: Sequence[tuple[str, int]]) -> str:
-    """A ``redis+cluster://`` URL listing ``nodes``."""
-    return "redis+cluster://" + ",".join(f"{h}:{p}" for h, p in nodes)
