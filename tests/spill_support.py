@@ -1,9 +1,13 @@
 """Shared helpers of the spill tests: a task registry with a sink that records every run
 in Redis, worker processes started and stopped by pid, and Redis-clock lateness.
 
-The sink is what a careful user writes: its effect is ``SET effect:(id, nominal) NX``,
-so a redelivered occurrence has no second effect; it also counts every call (INCR) and
-which worker process made it, so tests can tell duplicates apart from double effects.
+The sink is what a careful user writes: its effect is one idempotent command,
+``SADD effects "<id>:<nominal>"``, so a redelivered occurrence has no second effect and a
+worker killed at any instant leaves the effect either whole or absent. (An earlier sink
+did ``SET NX`` and then, in a second round trip, ``INCR`` a counter: a kill -9 between the
+two left an effect that was never counted, which read as a lost job.) It also counts
+every call (INCR) and which worker process made it, so tests can tell duplicates apart
+from double effects.
 """
 
 from __future__ import annotations
@@ -62,18 +66,15 @@ async def sink(ctx: TaskContext) -> None:
     async with client.pipeline(transaction=False) as pipe:
         pipe.incr(f"{prefix}:calls:{ctx.job_id}")
         pipe.sadd(f"{prefix}:by:{ctx.job_id}", os.getpid())
-        pipe.set(f"{prefix}:effect:{ctx.job_id}:{ctx.nominal_ms}", os.getpid(), nx=True)
-        _, _, first = await pipe.execute()
-    late = redis_ms(now) - ctx.job.due_ms
-    async with client.pipeline(transaction=False) as pipe:
-        pipe.rpush(f"{prefix}:late", f"{late:.3f}")
-        if first:
-            pipe.incr(f"{prefix}:effects")
+        pipe.sadd(f"{prefix}:effects", f"{ctx.job_id}:{ctx.nominal_ms}")
         await pipe.execute()
+    late = redis_ms(now) - ctx.job.due_ms
+    await client.rpush(f"{prefix}:late", f"{late:.3f}")
 
 
 async def sink_report(client: redis.asyncio.Redis, prefix: str, ids: list[str]) -> dict[str, Any]:
-    """What the sink saw: effects, calls per id, runner pids per id, lateness (ms)."""
+    """What the sink saw: effects and the ids they were for, calls per id, runner pids
+    per id, lateness (ms)."""
     async with client.pipeline(transaction=False) as pipe:
         for job_id in ids:
             pipe.get(f"{prefix}:calls:{job_id}")
@@ -82,10 +83,11 @@ async def sink_report(client: redis.asyncio.Redis, prefix: str, ids: list[str]) 
         for job_id in ids:
             pipe.smembers(f"{prefix}:by:{job_id}")
         by = [{int(p) for p in s} for s in await pipe.execute()]
-    effect_keys = [k async for k in client.scan_iter(match=f"{prefix}:effect:*", count=1000)]
+    effects = {m.decode() for m in await client.smembers(f"{prefix}:effects")}
     return {
-        "effects": int(await client.get(f"{prefix}:effects") or 0),
-        "effect_keys": len(effect_keys),
+        "effects": len(effects),
+        # The ids that had an effect (one member per (id, nominal) occurrence).
+        "effect_ids": {m.rsplit(":", 1)[0] for m in effects},
         "calls": dict(zip(ids, calls, strict=True)),
         "by": dict(zip(ids, by, strict=True)),
         "late": [float(x) for x in await client.lrange(f"{prefix}:late", 0, -1)],
@@ -96,7 +98,7 @@ async def wait_effects(client: redis.asyncio.Redis, prefix: str, n: int, within:
     """Poll until the sink saw ``n`` effects or ``within`` s passed; return the count."""
     deadline = time.monotonic() + within
     while True:
-        got = int(await client.get(f"{prefix}:effects") or 0)
+        got = int(await client.scard(f"{prefix}:effects"))
         if got >= n or time.monotonic() > deadline:
             return got
         await asyncio.sleep(0.05)
