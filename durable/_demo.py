@@ -35,6 +35,7 @@ import redis.asyncio
 
 from tickwheel.wheel import TimingWheel
 
+from ._connect import Client, client_from_url
 from ._model import JobSpec
 from ._scheduler import Scheduler
 from ._server import RedisServer, RedisServerError
@@ -358,10 +359,9 @@ async def _lateness(client: redis.asyncio.Redis, key: str) -> dict[str, float]:
     return {k.decode(): float(v) for k, v in raw.items()}
 
 
-def _connect_demo(url: str) -> Any:
-    from tickwheel.durable.cli import _connect  # noqa: PLC0415  (the CLI makes clients)
-
-    return _connect(url)
+def _connect_demo(url: str) -> Client:
+    # The demo's own embedded server: one plain Redis, so no detection round trip.
+    return client_from_url(url)
 
 
 def _print_summary(s: dict[str, Any]) -> None:

@@ -44,9 +44,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis.exceptions
+from redis.asyncio.cluster import RedisCluster
 
 from tickwheel.durable._check import ServerReport, check_server
-from tickwheel.durable._connect import Client, client_from_url, parse_nodes, split_url
+from tickwheel.durable._connect import Client, client_from_url, connect, parse_nodes, split_url
 from tickwheel.durable._errors import (
     DurableError,
     RedisUnavailable,
@@ -143,16 +144,18 @@ def check_url(url: str) -> str:
     return ",".join(f"{h}:{p}" for h, p in nodes)
 
 
-def _connect(url: str) -> Client:
+async def _connect(url: str) -> Client:
     """The one place the command line makes a Redis client: one Redis, or a Redis
-    Cluster for a ``redis+cluster://`` URL or a list of hosts.
+    Cluster for a ``redis+cluster://`` URL, a list of hosts, or a plain URL of a node
+    that reports ``cluster_enabled:1`` (so any node's address is enough).
 
     Raises:
         CliError: (usage) for a malformed URL.
+        RedisUnavailable: if nothing answers there.
     """
     check_url(url)
     try:
-        return client_from_url(url)
+        return await connect(url)
     except ValueError as exc:  # redis-py's own URL checks (query options)
         raise CliError(EXIT_USAGE, f"--redis-url {url!r}: {exc}") from None
 
@@ -228,7 +231,7 @@ async def _with_scheduler(
     args: argparse.Namespace, fn: Callable[[Scheduler], Awaitable[int]], *, check: bool = False
 ) -> int:
     """Open a scheduler on the command's URL, namespace and shard count; run ``fn``."""
-    client = _connect(args.redis_url)
+    client = await _connect(args.redis_url)
     try:
         scheduler = Scheduler(client, args.namespace, shards=args.shards, check=check)
         await scheduler.open()
@@ -265,7 +268,7 @@ def _load_registry(path: str) -> TaskRegistry:
 
 
 async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
-    client = _connect(args.redis_url)
+    client = await _connect(args.redis_url)
     metrics = None
     try:
         scheduler = Scheduler(
@@ -523,7 +526,16 @@ def _report_lines(report: ServerReport) -> list[str]:
 
 def _check(args: argparse.Namespace) -> int:
     async def body() -> int:
-        client = _connect(args.redis_url)
+        try:
+            client = await _connect(args.redis_url)
+        except RedisUnavailable:
+            # A cluster that cannot serve (slots unassigned, too many masters down)
+            # refuses a cluster client; its node still answers a plain one, and the
+            # report then says what is wrong with the cluster.
+            client = client_from_url(args.redis_url)
+            if isinstance(client, RedisCluster):
+                await client.aclose()
+                raise
         try:
             with warnings.catch_warnings():  # reported below, not as warnings
                 warnings.simplefilter("ignore")

@@ -18,7 +18,7 @@ import pytest
 from tests.durable_support import open_scheduler, run, unique_ns
 from tests.spill_support import SINK_ENV, TESTS_DIR
 from tickwheel.durable import JobSpec
-from tickwheel.durable._server import RedisServer, free_port
+from tickwheel.durable._server import RedisClusterServer, RedisServer, free_port
 
 pytestmark = pytest.mark.redis
 
@@ -149,6 +149,21 @@ def test_check_reports_aof_policy_and_cluster(redis_url: str, tmp_path: Path) ->
         report = cli_json("check", *opts(node.url, ns), code=1)
         assert report["cluster_enabled"] is True and report["cluster_state"] == "fail"
         assert any("cluster_state" in p for p in report["problems"])
+
+
+def test_one_nodes_plain_url_is_enough_for_a_cluster(redis_cluster: RedisClusterServer) -> None:
+    """A plain redis:// URL of any node (here a replica's) reaches the whole cluster:
+    the CLI asks the node, finds cluster_enabled:1 and follows the slot map."""
+    ns = unique_ns()
+    o = opts(redis_cluster.nodes[-1].url, ns, shards=8)
+    made = [cli_json("schedule", f"j{i}", "send", "--delay", "3600", *o) for i in range(8)]
+    assert {m["status"] for m in made} == {"created"}
+    assert len({m["shard"] for m in made}) > 1  # on more than one master's slots
+    view = cli_json("inspect", *o)
+    assert view["due"] == 8 and len(view["shards"]) == 8
+    report = cli_json("check", *o, code=1)  # AOF is off on the test cluster
+    assert report["cluster_enabled"] is True and report["cluster_state"] == "ok"
+    assert report["namespace_shards"] == 8
 
 
 def test_errors_a_person_understands(redis_url: str) -> None:
