@@ -35,7 +35,8 @@ class DurableError(Exception):
 
 
 class RedisUnavailable(DurableError):
-    """Redis could not be reached or timed out. Transient: retry later.
+    """Redis could not be reached, timed out, or refused for now (out of memory,
+    loading its data, busy with a script, too few replicas). Transient: retry later.
 
     The operation was one script (or one MULTI/EXEC), so it was applied whole or not at
     all; scheduling is idempotent, so a retry cannot double a job.
@@ -118,7 +119,12 @@ _UNAVAILABLE = (
     redis.exceptions.TryAgainError,  # TRYAGAIN during a resharding
     redis.exceptions.ReadOnlyError,  # a write reached a master demoted to replica
     redis.exceptions.SlotNotCoveredError,  # no node serves the slot (yet)
+    redis.exceptions.BusyLoadingError,  # LOADING: a restarted server reads its AOF
+    redis.exceptions.OutOfMemoryError,  # OOM: writes refused until memory is freed
 )
+# Error replies without a redis-py class of their own that pass the same way: a script
+# running too long (BUSY), too few replicas online (NOREPLICAS, min-replicas-to-write).
+_UNAVAILABLE_CODES = frozenset({"BUSY", "NOREPLICAS", "MASTERDOWN"})
 # What redis-py raises: RedisError, and for the cluster client RedisClusterException
 # (which is not a RedisError).
 REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
@@ -135,7 +141,8 @@ def translate(
         shard: the shard the call was for, attached to :class:`Fenced`.
 
     Returns:
-        A :class:`RedisUnavailable` for connection errors and timeouts, the class of a
+        A :class:`RedisUnavailable` for connection errors, timeouts and the refusals a
+        server recovers from (OOM, LOADING, BUSY, NOREPLICAS), the class of a
         script's ``TW_*`` code, or ``exc`` itself when it adds nothing to know.
     """
     if isinstance(exc, _UNAVAILABLE):
@@ -143,6 +150,8 @@ def translate(
     if isinstance(exc, redis.exceptions.ResponseError):
         text = str(exc)
         code, _, message = text.partition(" ")
+        if code in _UNAVAILABLE_CODES:
+            return RedisUnavailable(f"redis unavailable: {exc}")
         cls = _CODES.get(code)
         if cls is Fenced:
             return Fenced(message, shard)

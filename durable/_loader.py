@@ -15,6 +15,11 @@ Ground rules:
   process stalled) is not run: the reaper may already have handed it to another owner.
   The lease deadline is placed from ``loop.time()`` *before* the claim was sent, so this
   check errs towards not running.
+- Backpressure: while fired jobs wait for a task slot (``max_running`` tasks run), the
+  loader claims nothing more, and a job that has waited so long that only half a lease
+  is left is released (same attempt) for this or another worker to claim again. Without
+  that, a backlog outlived its leases in the queue and went to the dead letters unrun,
+  an attempt at a time.
 - Every job leaves memory through exactly one of: ack, retry (or dead), release, or
   drop (fenced / lease lost / Redis unavailable, recovered by the reaper). Nothing here
   crashes the loop: errors are counted and logged.
@@ -87,6 +92,7 @@ class LoaderStats:
     extended: int = 0  # lease extensions of long tasks
     released: int = 0  # handed back unrun (shutdown, shard given back)
     expired: int = 0  # not run: the lease ran out before the job fired (stall)
+    shed: int = 0  # released unrun after waiting too long for a task slot (backlog)
     fenced: int = 0  # a call refused for a stale epoch
     lease_lost: int = 0  # ack/retry/extend found the lease gone
     unavailable: int = 0  # Redis unreachable (the reaper recovers the job)
@@ -161,8 +167,11 @@ class Loader:
         # time it is due: Redis's due converted with the claim's offset)
         self._loaded: dict[tuple[int, str], tuple[Job, Timer, float, float]] = {}
         self._running: dict[asyncio.Task[None], Job] = {}  # tasks of fired jobs
-        # (shard, job id) -> (job, lease end): fired while max_running tasks ran; FIFO
-        self._ready: dict[tuple[int, str], tuple[Job, float]] = {}
+        # (shard, job id) -> (job, lease end, its shed timer): fired while max_running
+        # tasks ran; FIFO
+        self._ready: dict[tuple[int, str], tuple[Job, float, Timer]] = {}
+        self._to_shed: list[Job] = []  # waited too long for a slot: to be released
+        self._shedding: set[asyncio.Task[None]] = set()  # their release calls
         self._extenders: set[asyncio.Future[None]] = set()  # lease extenders running
         self._claiming = True  # False once stop_claiming() was called
         # Held while a shard is claimed and placed: giving a shard back takes it, so no
@@ -199,6 +208,8 @@ class Loader:
         lease_ms = self.lookahead_ms + self.lease_ms
         for shard in list(self.scheduler.ownership.owned):
             if not self._claiming or self.loaded + len(self._running) >= self.max_loaded:
+                break
+            if self._ready:  # every task slot is busy and due jobs wait: claim no more
                 break
             async with self.lock:
                 t_sent = loop.time()
@@ -269,9 +280,32 @@ class Loader:
         job, _, lease_end, when = entry
         self.lateness.observe(self.wheel.time() - when)
         if len(self._running) >= self.max_running:
-            self._ready[key] = (job, lease_end)  # waits for a free slot, in due order
+            # Waits for a free slot, in due order, until half a lease is left.
+            shed = self.wheel.schedule_at(
+                max(self.wheel.time(), lease_end - self.lease_ms / 2000), self._shed, key
+            )
+            self._ready[key] = (job, lease_end, shed)
             return
         self._start(job, lease_end)
+
+    def _shed(self, key: tuple[int, str]) -> None:
+        entry = self._ready.pop(key, None)
+        if entry is None:
+            return
+        self._to_shed.append(entry[0])
+        if len(self._to_shed) == 1:  # the first of this loop turn: one release call
+            task = asyncio.ensure_future(self._release_shed())
+            self._shedding.add(task)
+            task.add_done_callback(self._shedding.discard)
+
+    async def _release_shed(self) -> None:
+        await asyncio.sleep(0)  # one loop turn: the jobs of a batch shed together
+        jobs, self._to_shed = self._to_shed, []
+        groups: dict[tuple[int, int], list[Job]] = {}
+        for job in jobs:
+            groups.setdefault((job.shard, job.epoch), []).append(job)
+        for (shard, _), group in groups.items():
+            self.stats.shed += await self._release(shard, group)
 
     def _start(self, job: Job, lease_end: float) -> None:
         if self.scheduler.ownership.owned.get(job.shard) != job.epoch:
@@ -282,7 +316,7 @@ class Loader:
             self.stats.expired += 1
             return
         self.stats.fired += 1
-        task = asyncio.ensure_future(self._execute(job))
+        task = asyncio.ensure_future(self._execute(job, lease_end))
         self._running[task] = job
         task.add_done_callback(self._forget)
 
@@ -291,9 +325,11 @@ class Loader:
         ready = self._ready
         while ready and len(self._running) < self.max_running:
             key = next(iter(ready))
-            self._start(*ready.pop(key))
+            job, lease_end, shed = ready.pop(key)
+            shed.cancel()
+            self._start(job, lease_end)
 
-    async def _execute(self, job: Job) -> None:
+    async def _execute(self, job: Job, lease_end: float) -> None:
         sched = self.scheduler
         try:
             if job.duplicate:
@@ -316,8 +352,14 @@ class Loader:
             )
             finished = asyncio.Event()  # set when the task returned or raised
             # Most tasks end well inside their lease: a wheel timer (O(1), no task) starts
-            # the extender only for one still running at half the lease.
-            halfway = self.wheel.schedule(self.lease_ms / 2000, self._spawn_extender, job, finished)
+            # the extender only for one still running when half a lease is left (at once
+            # for a job that waited for its slot until then).
+            halfway = self.wheel.schedule_at(
+                max(self.wheel.time(), lease_end - self.lease_ms / 2000),
+                self._spawn_extender,
+                job,
+                finished,
+            )
             try:
                 await call_task(fn, ctx)
             except Exception as exc:
@@ -335,7 +377,7 @@ class Loader:
             self.stats.lease_lost += 1
         except Fenced:
             self.stats.fenced += 1
-            self.drop_shard(job.shard)
+            self.drop_shard(job.shard, job.epoch)
         except RedisUnavailable as exc:
             self.stats.unavailable += 1
             logger.warning("tickwheel.durable: job %r left to the reaper (%s)", job.id, exc)
@@ -402,18 +444,28 @@ class Loader:
         self._claiming = False
         self._stopped.set()
 
-    def drop_shard(self, shard: int) -> int:
-        """Forget the loaded jobs of ``shard`` without a Redis call (it is fenced).
+    def drop_shard(self, shard: int, epoch: int | None = None) -> int:
+        """Forget the loaded jobs of ``shard`` without a Redis call (it is fenced): all
+        of them, or those leased under ``epoch`` or before (a late refusal must not
+        forget the jobs of the shard taken again since).
 
         Returns:
             How many were dropped.
         """
-        keys = [key for key in self._loaded if key[0] == shard]
+        keys = [
+            key
+            for key, (job, *_) in self._loaded.items()
+            if key[0] == shard and (epoch is None or job.epoch <= epoch)
+        ]
         for key in keys:
             self._loaded.pop(key)[1].cancel()
-        ready = [key for key in self._ready if key[0] == shard]
+        ready = [
+            key
+            for key, (job, *_) in self._ready.items()
+            if key[0] == shard and (epoch is None or job.epoch <= epoch)
+        ]
         for key in ready:
-            del self._ready[key]
+            self._ready.pop(key)[2].cancel()
         return len(keys) + len(ready)
 
     async def release_shard(self, shard: int) -> int:
@@ -428,20 +480,31 @@ class Loader:
             timer.cancel()
             by_epoch.setdefault(job.epoch, []).append(job)
         for key in [k for k in self._ready if k[0] == shard]:
-            job, _ = self._ready.pop(key)
+            job, _, shed = self._ready.pop(key)
+            shed.cancel()
             by_epoch.setdefault(job.epoch, []).append(job)
         released = 0
         for jobs in by_epoch.values():
-            try:
-                for i in range(0, len(jobs), MAX_BATCH):
-                    released += sum(await self.scheduler.release(jobs[i : i + MAX_BATCH]))
-            except Fenced:
-                self.stats.fenced += 1
-                self.scheduler.ownership.drop(shard)
-            except RedisUnavailable as exc:
-                self.stats.unavailable += 1
-                logger.warning("tickwheel.durable: release left to the reaper (%s)", exc)
+            released += await self._release(shard, jobs)
         self.stats.released += released
+        return released
+
+    async def _release(self, shard: int, jobs: list[Job]) -> int:
+        """Release jobs of one shard and epoch; how many were. A refusal is counted and
+        logged, not raised: the reaper returns what was not released."""
+        released = 0
+        try:
+            for i in range(0, len(jobs), MAX_BATCH):
+                released += sum(await self.scheduler.release(jobs[i : i + MAX_BATCH]))
+        except Fenced:
+            self.stats.fenced += 1
+            self.scheduler.ownership.drop(shard, jobs[0].epoch)
+        except RedisUnavailable as exc:
+            self.stats.unavailable += 1
+            logger.warning("tickwheel.durable: release left to the reaper (%s)", exc)
+        except Exception:
+            self.stats.errors += 1
+            logger.exception("tickwheel.durable: release left to the reaper")
         return released
 
     async def release_all(self) -> int:

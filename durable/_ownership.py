@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Iterable
 from datetime import timedelta
 
-from ._errors import Fenced, NotOwner
+from ._errors import Fenced, NotOwner, RedisUnavailable
 from ._model import finite_seconds_ms
 from ._stats import Counters
 from ._store import Store
@@ -72,16 +72,19 @@ class Ownership:
         except KeyError:
             raise NotOwner(f"shard {shard} is not owned by {self.token}; take it first") from None
 
-    def drop(self, shard: int) -> None:
-        """Forget ``shard`` after a call was refused as :class:`Fenced`; no Redis call.
+    def drop(self, shard: int, epoch: int) -> None:
+        """Forget ``shard`` after a call made under ``epoch`` was refused as
+        :class:`Fenced`; no Redis call.
 
-        Every refusal is counted (``fenced``); losing an owned shard also counts as
-        ``shards_lost``.
+        Only that epoch is forgotten: a late refusal of a call made before the shard was
+        taken again (under a newer epoch) leaves the newer ownership alone. Every refusal
+        is counted (``fenced``); losing an owned shard also counts as ``shards_lost``.
         """
         self.counters.fenced += 1
-        if self.owned.pop(shard, None) is not None:
+        if self.owned.get(shard) == epoch:
+            del self.owned[shard]
             self.counters.shards_lost += 1
-            logger.info("tickwheel.durable: dropped shard %d (fenced)", shard)
+            logger.info("tickwheel.durable: dropped shard %d epoch %d (fenced)", shard, epoch)
 
     async def take(self, shard: int) -> int | None:
         """Take ``shard`` if it is free (or already ours); return the epoch, or None."""
@@ -106,7 +109,7 @@ class Ownership:
         try:
             await self.store.renew(shard, self.token, epoch, self.ttl_ms)
         except Fenced:
-            self.drop(shard)
+            self.drop(shard, epoch)
             return False
         return True
 
@@ -132,20 +135,26 @@ class Ownership:
             shards: the shards to try to own; all of the namespace when None.
             max_shards: own at most this many (share shards between processes).
 
-        Stop it with :meth:`stop` (cancelling can be swallowed by redis-py 8 mid-command);
-        the caller gives the shards back.
+        A failed round (Redis unreachable, or anything else) is logged and the next one
+        runs. Stop it with :meth:`stop` (cancelling can be swallowed by redis-py 8
+        mid-command); the caller gives the shards back.
         """
         wanted = list(range(self.store.keys.shards) if shards is None else shards)
         period = self.ttl_ms / 1000 / RENEW_FRACTION
         self._stop.clear()
         while not self._stop.is_set():
-            for shard in list(self.owned):
-                await self.renew(shard)
-            for shard in wanted:
-                if max_shards is not None and len(self.owned) >= max_shards:
-                    break
-                if shard not in self.owned:
-                    await self.take(shard)
+            try:
+                for shard in list(self.owned):
+                    await self.renew(shard)
+                for shard in wanted:
+                    if max_shards is not None and len(self.owned) >= max_shards:
+                        break
+                    if shard not in self.owned:
+                        await self.take(shard)
+            except RedisUnavailable as exc:  # the next round renews what is still ours
+                logger.warning("tickwheel.durable: owner cannot reach Redis (%s)", exc)
+            except Exception:
+                logger.exception("tickwheel.durable: ownership round failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), period)
 

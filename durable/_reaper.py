@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from datetime import timedelta
 
-from ._errors import Fenced
+from ._errors import Fenced, RedisUnavailable
 from ._model import ReapResult, finite_seconds_ms
 from ._ownership import Ownership
 from ._stats import Counters
 
 __all__ = ["DEFAULT_REAP_INTERVAL", "DEFAULT_REAP_LIMIT", "Reaper", "count_reap"]
+
+logger = logging.getLogger("tickwheel.durable")
 
 # Leases are tens of seconds; reaping every second bounds the extra delay of a crashed
 # claimer's jobs to a second past their lease.
@@ -68,14 +71,15 @@ class Reaper:
             try:
                 result = await store.reap(shard, epoch, self.limit)
             except Fenced:
-                self.ownership.drop(shard)
+                self.ownership.drop(shard, epoch)
                 continue
             count_reap(self.ownership.counters, result)
             results.append(result)
         return results
 
     async def run(self) -> None:
-        """Until :meth:`stop`: :meth:`reap_once`, then wait ``interval``.
+        """Until :meth:`stop`: :meth:`reap_once`, then wait ``interval``. A failed round
+        (Redis unreachable, or anything else) is logged and the next one runs.
 
         Stop it with :meth:`stop` rather than by cancelling the task: redis-py 8 can
         swallow a cancellation that lands while a command is in flight, and the loop
@@ -83,7 +87,14 @@ class Reaper:
         """
         self._stop.clear()
         while not self._stop.is_set():
-            results = await self.reap_once()
+            try:
+                results = await self.reap_once()
+            except RedisUnavailable as exc:  # waited out: a stopped reaper strands leases
+                logger.warning("tickwheel.durable: reaper cannot reach Redis (%s)", exc)
+                results = []
+            except Exception:
+                logger.exception("tickwheel.durable: reaper round failed")
+                results = []
             if not any(len(r.requeued) + len(r.dead) == self.limit for r in results):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), self.interval_ms / 1000)

@@ -418,7 +418,7 @@ class Scheduler:
             counters.claim_calls += 1
             planned = await self._plan(batch, epoch)
         except Fenced:
-            self.ownership.drop(shard)
+            self.ownership.drop(shard, epoch)
             raise
         counters.claimed += len(planned.jobs)
         # Dropped in the script (one-shot) or acked unrun in _plan (recurring).
@@ -506,7 +506,7 @@ class Scheduler:
                     shard, epoch, refs[i : i + MAX_BATCH], self.dedup_window_ms
                 )
         except Fenced:
-            self.ownership.drop(shard)
+            self.ownership.drop(shard, epoch)
             raise
         acked = sum(out)
         self.ownership.counters.acked += acked
@@ -558,7 +558,7 @@ class Scheduler:
                 final=final,
             )
         except Fenced:
-            self.ownership.drop(job.shard)
+            self.ownership.drop(job.shard, job.epoch)
             raise
         if status == 0:
             raise LeaseLost(f"lease of job {job.id!r} attempt {job.attempt} is lost")
@@ -589,7 +589,7 @@ class Scheduler:
                 lease_ms=lease_ms,
             )
         except Fenced:
-            self.ownership.drop(job.shard)
+            self.ownership.drop(job.shard, job.epoch)
             raise
         if not deadline:
             raise LeaseLost(f"lease of job {job.id!r} attempt {job.attempt} is lost")
@@ -621,7 +621,7 @@ class Scheduler:
         try:
             result = await self.store.reap(shard, epoch, limit)
         except Fenced:
-            self.ownership.drop(shard)
+            self.ownership.drop(shard, epoch)
             raise
         count_reap(self.ownership.counters, result)
         return result

@@ -8,8 +8,12 @@ Ground rules:
   it takes free ones up to that share and gives back extras, so the shards spread
   again when a worker joins or dies.
 - A shard is given back only after its loaded, unfired jobs were released (under the
-  loader's lock, so no claim lands in between); a fenced shard is dropped with its
-  loaded jobs, which its new owner gets back from the reaper.
+  loader's lock, so no claim lands in between) and its running tasks finished (up to the
+  drain timeout). That drain runs beside the balancer, which goes on renewing the other
+  shards, and the leaving one, so a long drain costs no shard its owner. A fenced shard
+  is dropped with its loaded jobs, which its new owner gets back from the reaper.
+- The balancer and the reaper outlive any error: Redis unreachable or refusing for now
+  is a warning, anything else is logged with its traceback, and the next round runs.
 - Shutdown (:meth:`Worker.stop`, SIGTERM in the CLI): stop claiming, release what is
   loaded but not fired at once, let running tasks finish (up to the drain timeout),
   give every shard back, leave the member set.
@@ -30,7 +34,7 @@ import redis.exceptions
 
 from tickwheel.wheel import TimingWheel
 
-from ._errors import NotOwner, RedisUnavailable, translate
+from ._errors import Fenced, NotOwner, RedisUnavailable, translate
 from ._loader import (
     DEFAULT_LIMIT,
     DEFAULT_LOOKAHEAD,
@@ -108,6 +112,8 @@ class Worker:
         text = resources.files(__package__).joinpath("lua", "members.lua").read_text()
         self._members = scheduler.store._client.register_script(text)  # members.lua
         self._stop = asyncio.Event()  # set by stop()
+        # Shards being given back (their tasks drain): shard -> (epoch, the give-back task)
+        self._leaving: dict[int, tuple[int, asyncio.Task[None]]] = {}
         # Where to start looking for free shards: spread by token, so workers starting
         # together do not all race for shard 0.
         self._offset = zlib.crc32(self.token.encode()) % scheduler.keys.shards
@@ -152,17 +158,29 @@ class Worker:
                 self.shards_lost += 1
                 if self.loader is not None:
                     self.loader.drop_shard(shard)
+        for shard, (epoch, _) in list(self._leaving.items()):
+            # Still ours while its tasks drain: their acks need the epoch unchanged.
+            with contextlib.suppress(Fenced):
+                await own.store.renew(shard, own.token, epoch, own.ttl_ms)
         share = self.share()
         extras = sorted(own.owned)[share:]
         for shard in extras:
-            await self.give_back(shard)
+            self._start_give_back(shard)
         shards = self.scheduler.keys.shards
         for i in range(shards):
             if len(own.owned) >= share or self._stop.is_set():
                 break
             shard = (self._offset + i) % shards
-            if shard not in own.owned:
+            if shard not in own.owned and shard not in self._leaving:
                 await own.take(shard)
+
+    def _start_give_back(self, shard: int) -> None:
+        epoch = self.ownership.owned.get(shard)
+        if epoch is None or shard in self._leaving:
+            return
+        task = asyncio.ensure_future(self.give_back(shard))
+        self._leaving[shard] = (epoch, task)
+        task.add_done_callback(lambda _: self._leaving.pop(shard, None))
 
     async def give_back(self, shard: int) -> None:
         """Stop claiming ``shard``, release its loaded jobs, let its running tasks finish
@@ -187,6 +205,8 @@ class Worker:
                 await self.balance_once()
             except RedisUnavailable as exc:
                 logger.warning("tickwheel.durable: worker cannot reach Redis (%s)", exc)
+            except Exception:  # a bug or an unexpected reply: the next round may do better
+                logger.exception("tickwheel.durable: balancing round failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), period)
             if self._stop.is_set():
@@ -200,6 +220,8 @@ class Worker:
                 await reaper.reap_once()
             except RedisUnavailable as exc:
                 logger.warning("tickwheel.durable: reaper cannot reach Redis (%s)", exc)
+            except Exception:  # as in _balance: a stopped reaper would strand leases
+                logger.exception("tickwheel.durable: reaper round failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self.reap_interval_ms / 1000)
 
@@ -236,17 +258,30 @@ class Worker:
     ) -> None:
         self._stop.set()
         loader.stop_claiming()
-        for task in (balance, loading):
+        # Each step runs whatever the one before raised: a shutdown that stopped at the
+        # first error would leave loaded jobs leased and shards owned until they expire.
+        for step, what in (
+            (balance, "balancer"),
+            (loading, "loader"),
+            (reaping, "reaper"),
+            (loader.release_all(), "releasing loaded jobs"),
+            (loader.drain(self.drain_timeout_ms / 1000), "draining tasks"),
+            (self._finish_leaving(), "giving shards back"),
+            (self.ownership.give_back_all(), "giving shards back"),
+            (self.heartbeat(join=False), "leaving the member set"),
+        ):
             try:
-                await task  # both return promptly once stopped
+                await step
             except RedisUnavailable as exc:
-                logger.warning("tickwheel.durable: stopping without Redis (%s)", exc)
-        with contextlib.suppress(RedisUnavailable):
-            await reaping
-        with contextlib.suppress(RedisUnavailable):
-            await loader.release_all()
-        await loader.drain(self.drain_timeout_ms / 1000)
-        with contextlib.suppress(RedisUnavailable):
-            await self.ownership.give_back_all()
-        with contextlib.suppress(RedisUnavailable):
-            await self.heartbeat(join=False)
+                logger.warning("tickwheel.durable: stopping without Redis, %s (%s)", what, exc)
+            except Exception:
+                logger.exception("tickwheel.durable: stopping: %s failed", what)
+
+    async def _finish_leaving(self) -> None:
+        """Wait for the give-backs in progress (their drains are bounded)."""
+        tasks = [task for _, task in self._leaving.values()]
+        for result in await asyncio.gather(*tasks, return_exceptions=True):
+            if isinstance(result, RedisUnavailable):
+                logger.warning("tickwheel.durable: give-back without Redis (%s)", result)
+            elif isinstance(result, Exception):
+                logger.error("tickwheel.durable: give-back failed", exc_info=result)
