@@ -15,8 +15,8 @@ Ground rules:
   process stalled) is not run: the reaper may already have handed it to another owner.
   The lease deadline is placed from ``loop.time()`` *before* the claim was sent, so this
   check errs towards not running.
-- Backpressure: while fired jobs wait for a task slot (``max_running`` tasks run), the
-  loader claims nothing more, and a job that has waited so long that only half a lease
+- Backpressure: while ``max_running`` fired jobs wait for a task slot (as many as
+  run), the loader claims nothing more, and a job that has waited so long that only half a lease
   is left is released (same attempt) for this or another worker to claim again. Without
   that, a backlog outlived its leases in the queue and went to the dead letters unrun,
   an attempt at a time.
@@ -172,6 +172,7 @@ class Loader:
         self._ready: dict[tuple[int, str], tuple[Job, float, Timer]] = {}
         self._to_shed: list[Job] = []  # waited too long for a slot: to be released
         self._shedding: set[asyncio.Task[None]] = set()  # their release calls
+        self._room = asyncio.Event()  # set when the ready queue fell below max_running
         self._extenders: set[asyncio.Future[None]] = set()  # lease extenders running
         self._claiming = True  # False once stop_claiming() was called
         # Held while a shard is claimed and placed: giving a shard back takes it, so no
@@ -209,7 +210,8 @@ class Loader:
         for shard in list(self.scheduler.ownership.owned):
             if not self._claiming or self.loaded + len(self._running) >= self.max_loaded:
                 break
-            if self._ready:  # every task slot is busy and due jobs wait: claim no more
+            if len(self._ready) >= self.max_running:  # a slot's worth waits per slot
+                self._room.clear()
                 break
             async with self.lock:
                 t_sent = loop.time()
@@ -263,7 +265,11 @@ class Loader:
                 logger.exception("tickwheel.durable: claim round failed")
                 await self._pause(UNAVAILABLE_BACKOFF)
                 continue
-            if not full:
+            if len(self._ready) >= self.max_running:
+                # Backpressure: claim again as soon as the queue shortens.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._room.wait(), self.poll_ms / 1000)
+            elif not full:
                 await self._pause(self.poll_ms / 1000)
 
     async def _pause(self, seconds: float) -> None:
@@ -328,6 +334,8 @@ class Loader:
             job, lease_end, shed = ready.pop(key)
             shed.cancel()
             self._start(job, lease_end)
+        if len(ready) < self.max_running:
+            self._room.set()
 
     async def _execute(self, job: Job, lease_end: float) -> None:
         sched = self.scheduler
