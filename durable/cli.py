@@ -225,6 +225,12 @@ async def _guarded(args: argparse.Namespace, body: Callable[[], Awaitable[int]])
         raise CliError(EXIT_USAGE, str(exc)) from None
     except DurableError as exc:
         raise CliError(EXIT_FAILED, f"{type(exc).__name__}: {exc}") from None
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        # An error reply (OOM at maxmemory, WRONGTYPE, NOPERM, a cluster that is down):
+        # the command reached Redis, which refused it.
+        raise CliError(
+            EXIT_FAILED, f"Redis refused the command: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 async def _with_scheduler(

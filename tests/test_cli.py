@@ -351,3 +351,38 @@ def test_wheel_demo_still_runs() -> None:
     out = cli("wheel-demo", "--timers", "2000", "--resets", "100", "--spread", "0.2")
     assert out.returncode == 0, out.stderr
     assert "wheel on asyncio" in out.stdout and "call_later on asyncio" in out.stdout
+
+
+def test_redis_error_replies_are_one_sentence(redis_url: str, private_redis: Any) -> None:
+    """An error reply from Redis (WRONGTYPE, OOM at maxmemory) exits 1 naming the
+    Redis error, without a traceback."""
+    import redis as redis_sync
+
+    ns = unique_ns()
+    o = opts(redis_url, ns)
+    cli_json("schedule", "x", "t", *o)
+
+    async def break_meta() -> None:
+        async with open_scheduler(redis_url, ns, shards=4) as s:
+            client = s.store.client
+            await client.delete(s.keys.meta)
+            await client.hset(s.keys.meta, "not", "a string")
+            await s.close()
+
+    run(break_meta())
+    for argv in (["inspect"], ["schedule", "y", "t"], ["cancel", "x"], ["dead-letters", "list"]):
+        out = cli(*argv, *o)
+        assert out.returncode == 1, (argv, out.stderr)
+        assert "WRONGTYPE" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    err = cli_json("inspect", *o, code=1)
+    assert "WRONGTYPE" in err["error"] and err["exit_code"] == 1
+
+    plain = redis_sync.Redis.from_url(private_redis.url)
+    try:
+        plain.config_set("maxmemory", "1")
+        out = cli("schedule", "z", "t", *opts(private_redis.url, ns))
+    finally:
+        plain.config_set("maxmemory", "0")
+        plain.close()
+    assert out.returncode == 1, out.stderr
+    assert "OutOfMemoryError" in out.stderr and "Traceback" not in out.stderr, out.stderr
