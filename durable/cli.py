@@ -37,10 +37,11 @@ import logging
 import os
 import signal
 import sys
+import time
 import urllib.parse
 import warnings
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis.exceptions
@@ -61,7 +62,7 @@ from tickwheel.durable._loader import (
     DEFAULT_MAX_RUNNING,
     DEFAULT_POLL_INTERVAL,
 )
-from tickwheel.durable._model import DEFAULT_MAX_ATTEMPTS, JobInfo, ScheduleStatus
+from tickwheel.durable._model import DEFAULT_MAX_ATTEMPTS, JobInfo, ScheduleStatus, ShardInfo
 from tickwheel.durable._ownership import DEFAULT_OWNER_TTL
 from tickwheel.durable._reaper import DEFAULT_REAP_INTERVAL
 from tickwheel.durable._recurrence import MissedRun
@@ -188,9 +189,13 @@ def _mismatch(args: argparse.Namespace, exc: ShardCountMismatch) -> CliError:
 # -- running a command ---------------------------------------------------------------
 
 
-def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
-    """Print ``data`` as JSON with ``--json``, else ``text``."""
-    print(json.dumps(data, default=str) if getattr(args, "json", False) else text, flush=True)
+def _emit(args: argparse.Namespace, data: Any, text: str | Callable[[], str]) -> None:
+    """Print ``data`` as JSON with ``--json``, else ``text`` (made only then, when a
+    callable)."""
+    if getattr(args, "json", False):
+        print(json.dumps(data, default=str), flush=True)
+    else:
+        print(text() if callable(text) else text, flush=True)
 
 
 def _fail(args: argparse.Namespace, error: CliError) -> int:
@@ -246,8 +251,19 @@ async def _with_scheduler(
         await client.aclose()
 
 
+# The last epoch ms a datetime can show (9999-12-31T23:59:59.999Z): --at and --delay
+# are kept below it, so every due time the command line writes can be printed.
+MAX_WHEN_MS = 253_402_300_799_999
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+    """ISO 8601 UTC for epoch ms; the ms themselves when a datetime cannot show them."""
+    try:
+        when = _EPOCH + timedelta(milliseconds=ms)  # exact, unlike a float timestamp
+        return when.isoformat(timespec="milliseconds")
+    except (OverflowError, OSError, ValueError):
+        return f"{ms} ms"
 
 
 # -- worker --------------------------------------------------------------------------
@@ -358,29 +374,59 @@ def _at(text: str | None) -> int | datetime | None:
     if text is None:
         return None
     if text.isdigit():
-        return int(text)
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError:
+        ms = int(text)
+        when: int | datetime = ms
+    else:
+        try:
+            when = datetime.fromisoformat(text)
+        except ValueError:
+            raise CliError(
+                EXIT_USAGE,
+                f"--at must be epoch ms or ISO 8601 (2030-01-01T09:00:00Z), got {text!r}",
+            ) from None
+        if when.tzinfo is None:
+            raise CliError(EXIT_USAGE, f"--at needs a time zone (add Z for UTC), got {text!r}")
+        ms = (when - _EPOCH) // timedelta(milliseconds=1)
+    if not 0 <= ms <= MAX_WHEN_MS:
         raise CliError(
-            EXIT_USAGE, f"--at must be epoch ms or ISO 8601 (2030-01-01T09:00:00Z), got {text!r}"
-        ) from None
-    if when.tzinfo is None:
-        raise CliError(EXIT_USAGE, f"--at needs a time zone (add Z for UTC), got {text!r}")
+            EXIT_USAGE,
+            f"--at must be between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59.999Z "
+            f"(epoch ms 0..{MAX_WHEN_MS}), got {text!r}",
+        )
     return when
 
 
+def _delay(option: str, seconds: float | None) -> float | None:
+    """``--delay`` or ``--every``, checked to fall due before year 10000 (by this host's
+    clock, with a day of slack for a Redis clock ahead of it)."""
+    if seconds is None:
+        return None
+    most = (MAX_WHEN_MS - time.time() * 1000) / 1000 - 86400
+    if seconds > most:
+        raise CliError(
+            EXIT_USAGE,
+            f"{option} must fall due before year 10000 (at most {most:.0f} s), got {seconds:g}",
+        )
+    return seconds
+
+
 def _schedule(args: argparse.Namespace) -> int:
+    try:  # checked before anything is written
+        payload, at = _payload(args.payload), _at(args.at)
+        delay, every = _delay("--delay", args.delay), _delay("--every", args.every)
+    except CliError as error:
+        return _fail(args, error)
+
     async def body(scheduler: Scheduler) -> int:
         result = await scheduler.schedule(
             args.id,
             args.task,
-            _payload(args.payload),
-            delay=args.delay,
-            at=_at(args.at),
+            payload,
+            delay=delay,
+            at=at,
             replace=args.replace,
             max_attempts=args.max_attempts,
-            every=args.every,
+            every=every,
             cron=args.cron,
             missed=args.missed,
         )
@@ -391,8 +437,11 @@ def _schedule(args: argparse.Namespace) -> int:
             "due": _iso(result.when_ms),
             "shard": scheduler.keys.shard_of(args.id),
         }
-        text = f"{data['status']}: job {args.id!r} (shard {data['shard']}), due {data['due']}"
-        _emit(args, data, text)
+        _emit(
+            args,
+            data,
+            lambda: f"{data['status']}: job {args.id!r} (shard {data['shard']}), due {data['due']}",
+        )
         refused = (ScheduleStatus.BUSY, ScheduleStatus.DONE)
         return EXIT_FAILED if result.status in refused else EXIT_OK
 
@@ -423,29 +472,33 @@ def _inspect(args: argparse.Namespace) -> int:
         totals["max_lag_ms"] = max(lags, default=0)
         totals["owned"] = sum(1 for r in rows if r.owner)
         data = {"namespace": args.namespace, "shards": [r.as_dict() for r in rows], **totals}
-        lines = [
-            f"namespace {args.namespace!r}, {len(rows)} shards (Redis time {_iso(rows[0].now_ms)})",
-            f"  {'shard':>5} {'due':>8} {'overdue':>8} {'lag':>9} {'leased':>7} {'expired':>7} "
-            f"{'dead':>6} {'epoch':>6}  {'owner':<12} next due",
-        ]
-        for r in rows:
-            owner = f"{r.owner[:12]}" if r.owner else "-"
-            lag = f"{r.lag_ms / 1000:.1f}s" if r.overdue else "-"
-            nxt = _iso(r.next_due_ms) if r.next_due_ms else "-"
-            lines.append(
-                f"  {r.shard:>5} {r.due:>8} {r.overdue:>8} {lag:>9} {r.leased:>7} "
-                f"{r.expired:>7} {r.dead:>6} {r.epoch:>6}  {owner:<12} {nxt}"
-            )
-        lines.append(
-            f"  total: {totals['due']} due ({totals['overdue']} overdue, oldest "
-            f"{totals['max_lag_ms'] / 1000:.1f}s late), {totals['leased']} leased "
-            f"({totals['expired']} expired), {totals['dead']} dead; "
-            f"{totals['owned']}/{len(rows)} shards owned"
-        )
-        _emit(args, data, "\n".join(lines))
+        _emit(args, data, lambda: _inspect_text(args.namespace, rows, totals))
         return EXIT_OK
 
     return _run(args, lambda: _with_scheduler(args, body))
+
+
+def _inspect_text(namespace: str, rows: list[ShardInfo], totals: dict[str, int]) -> str:
+    lines = [
+        f"namespace {namespace!r}, {len(rows)} shards (Redis time {_iso(rows[0].now_ms)})",
+        f"  {'shard':>5} {'due':>8} {'overdue':>8} {'lag':>9} {'leased':>7} {'expired':>7} "
+        f"{'dead':>6} {'epoch':>6}  {'owner':<12} next due",
+    ]
+    for r in rows:
+        owner = f"{r.owner[:12]}" if r.owner else "-"
+        lag = f"{r.lag_ms / 1000:.1f}s" if r.overdue else "-"
+        nxt = _iso(r.next_due_ms) if r.next_due_ms else "-"
+        lines.append(
+            f"  {r.shard:>5} {r.due:>8} {r.overdue:>8} {lag:>9} {r.leased:>7} "
+            f"{r.expired:>7} {r.dead:>6} {r.epoch:>6}  {owner:<12} {nxt}"
+        )
+    lines.append(
+        f"  total: {totals['due']} due ({totals['overdue']} overdue, oldest "
+        f"{totals['max_lag_ms'] / 1000:.1f}s late), {totals['leased']} leased "
+        f"({totals['expired']} expired), {totals['dead']} dead; "
+        f"{totals['owned']}/{len(rows)} shards owned"
+    )
+    return "\n".join(lines)
 
 
 def _dead_row(job: JobInfo) -> dict[str, Any]:
@@ -473,16 +526,16 @@ def _dead_letters(args: argparse.Namespace) -> int:
                 page = await scheduler.dead_letters(shard, count=args.limit)
                 total += page.total
                 rows += [_dead_row(j) for j in page.jobs]
-            lines = [
-                f"  {r['id']}  shard {r['shard']}  task {r['task']}  attempt {r['attempt']}/"
-                f"{r['max_attempts']}  died {_iso(r['died_ms'])}  {r['error']}"
-                for r in rows
-            ]
-            _emit(
-                args,
-                {"total": total, "jobs": rows},
-                "\n".join([f"{total} dead letters", *lines]),
-            )
+
+            def text() -> str:
+                lines = [
+                    f"  {r['id']}  shard {r['shard']}  task {r['task']}  attempt {r['attempt']}/"
+                    f"{r['max_attempts']}  died {_iso(r['died_ms'])}  {r['error']}"
+                    for r in rows
+                ]
+                return "\n".join([f"{total} dead letters", *lines])
+
+            _emit(args, {"total": total, "jobs": rows}, text)
             return EXIT_OK
         if not args.ids and not args.all:
             raise CliError(EXIT_USAGE, f"dead-letters {args.action}: give job ids, or --all")

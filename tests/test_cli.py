@@ -386,3 +386,24 @@ def test_redis_error_replies_are_one_sentence(redis_url: str, private_redis: Any
         plain.close()
     assert out.returncode == 1, out.stderr
     assert "OutOfMemoryError" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_due_times_a_datetime_cannot_show_are_refused_before_writing(redis_url: str) -> None:
+    ns = unique_ns()
+    o = opts(redis_url, ns)
+    for argv, said in [
+        (["--at", "253402300800000"], "--at must be between"),
+        (["--at", "9999-12-31T23:00:00-05:00"], "--at must be between"),
+        (["--delay", "1e13"], "--delay must fall due before year 10000"),
+        (["--every", "1e13"], "--every must fall due before year 10000"),
+    ]:
+        for fmt in ([], ["--json"]):
+            out = cli("schedule", "far", "t", *argv, *o, *fmt)
+            assert out.returncode == 2, (argv, out.stderr)
+            assert said in out.stderr and "Traceback" not in out.stderr, out.stderr
+    made = cli_json("schedule", "edge", "t", "--at", "253402300799999", *o)
+    assert made["due"] == "9999-12-31T23:59:59.999+00:00"
+    text = cli("inspect", *o)
+    assert text.returncode == 0 and "9999-12-31T23:59:59.999" in text.stdout, text.stderr
+    assert cli("cancel", "far", *o).returncode == 1  # nothing was written
+    assert cli_json("inspect", *o)["due"] == 1
