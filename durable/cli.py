@@ -239,16 +239,53 @@ async def _guarded(args: argparse.Namespace, body: Callable[[], Awaitable[int]])
 
 
 async def _with_scheduler(
-    args: argparse.Namespace, fn: Callable[[Scheduler], Awaitable[int]], *, check: bool = False
+    args: argparse.Namespace,
+    fn: Callable[[Scheduler], Awaitable[int]],
+    *,
+    absent: Callable[[], int] | None = None,
 ) -> int:
-    """Open a scheduler on the command's URL, namespace and shard count; run ``fn``."""
+    """Open a scheduler on the command's URL, namespace and shard count; run ``fn``.
+
+    The namespace's stored layout is read first (one GET of its meta key, no write):
+    a namespace that exists is opened with its stored bucket count; one that does not
+    is created (its layout stored) only when ``absent`` is None, else ``absent()`` runs
+    instead and nothing is written.
+    """
     client = await _connect(args.redis_url)
     try:
-        scheduler = Scheduler(client, args.namespace, shards=args.shards, check=check)
-        await scheduler.open()
+        stored = _layout(await client.get(Keys(args.namespace, args.shards).meta))
+        if stored is None and absent is not None:
+            return absent()
+        buckets = stored[1] if stored else DEFAULT_BUCKETS
+        scheduler = Scheduler(
+            client, args.namespace, shards=args.shards, buckets=buckets, check=False
+        )
+        await scheduler.open()  # a shard count mismatch is refused here
         return await fn(scheduler)
     finally:
         await client.aclose()
+
+
+def _layout(stored: bytes | None) -> tuple[int, int] | None:
+    """A meta key's ``shards:buckets``; None when absent, (shards, DEFAULT_BUCKETS) when
+    its bucket count is missing or unreadable (open() then reports what is stored)."""
+    if stored is None:
+        return None
+    shards, _, buckets = stored.decode(errors="replace").partition(":")
+    try:
+        return int(shards), int(buckets)
+    except ValueError:
+        return 0, DEFAULT_BUCKETS
+
+
+def _not_created(args: argparse.Namespace, data: dict[str, Any], what: str = "") -> int:
+    """Report a namespace that does not exist (nothing was written): exit 1."""
+    text = (
+        f"namespace {args.namespace!r} not created: nothing was ever scheduled in it "
+        "(check --namespace and --redis-url)"
+    )
+    _emit(args, {"namespace": args.namespace, "created": False, **data}, what + text)
+    return EXIT_FAILED
 
 
 # The last epoch ms a datetime can show (9999-12-31T23:59:59.999Z): --at and --delay
@@ -455,7 +492,10 @@ def _cancel(args: argparse.Namespace) -> int:
         _emit(args, {"id": args.id, "cancelled": found}, text)
         return EXIT_OK if found else EXIT_FAILED
 
-    return _run(args, lambda: _with_scheduler(args, body))
+    def absent() -> int:
+        return _not_created(args, {"id": args.id, "cancelled": False}, f"no job {args.id!r}: ")
+
+    return _run(args, lambda: _with_scheduler(args, body, absent=absent))
 
 
 # -- operators -----------------------------------------------------------------------
@@ -471,11 +511,16 @@ def _inspect(args: argparse.Namespace) -> int:
         lags = [r.lag_ms for r in rows if r.overdue]
         totals["max_lag_ms"] = max(lags, default=0)
         totals["owned"] = sum(1 for r in rows if r.owner)
-        data = {"namespace": args.namespace, "shards": [r.as_dict() for r in rows], **totals}
+        data = {
+            "namespace": args.namespace,
+            "created": True,
+            "shards": [r.as_dict() for r in rows],
+            **totals,
+        }
         _emit(args, data, lambda: _inspect_text(args.namespace, rows, totals))
         return EXIT_OK
 
-    return _run(args, lambda: _with_scheduler(args, body))
+    return _run(args, lambda: _with_scheduler(args, body, absent=lambda: _not_created(args, {})))
 
 
 def _inspect_text(namespace: str, rows: list[ShardInfo], totals: dict[str, int]) -> str:
@@ -517,6 +562,23 @@ def _dead_row(job: JobInfo) -> dict[str, Any]:
 
 
 def _dead_letters(args: argparse.Namespace) -> int:
+    action = f"dead-letters {args.action}"
+    if args.action == "list" and (args.ids or args.all):
+        bad = "job ids" if args.ids else "--all"
+        return _fail(args, CliError(EXIT_USAGE, f"{action} takes no {bad} (only --shard, --limit)"))
+    if args.action != "list":
+        if not args.ids and not args.all:
+            return _fail(args, CliError(EXIT_USAGE, f"{action}: give job ids, or --all"))
+        if args.ids and args.all:
+            return _fail(args, CliError(EXIT_USAGE, f"{action}: give job ids or --all, not both"))
+        if args.ids and args.shard is not None:
+            return _fail(
+                args,
+                CliError(
+                    EXIT_USAGE, f"{action}: --shard goes with --all; a job id names its shard"
+                ),
+            )
+
     async def body(scheduler: Scheduler) -> int:
         shards = [args.shard] if args.shard is not None else range(scheduler.keys.shards)
         if args.action == "list":
@@ -535,14 +597,8 @@ def _dead_letters(args: argparse.Namespace) -> int:
                 ]
                 return "\n".join([f"{total} dead letters", *lines])
 
-            _emit(args, {"total": total, "jobs": rows}, text)
+            _emit(args, {"created": True, "total": total, "jobs": rows}, text)
             return EXIT_OK
-        if not args.ids and not args.all:
-            raise CliError(EXIT_USAGE, f"dead-letters {args.action}: give job ids, or --all")
-        if args.ids and args.all:
-            raise CliError(
-                EXIT_USAGE, f"dead-letters {args.action}: give job ids or --all, not both"
-            )
         if args.ids:
             act = scheduler.requeue_dead if args.action == "requeue" else scheduler.purge_dead
             done = await act(args.ids)
@@ -565,7 +621,13 @@ def _dead_letters(args: argparse.Namespace) -> int:
         _emit(args, {verb: done, "missing": missing}, text)
         return EXIT_FAILED if missing else EXIT_OK
 
-    return _run(args, lambda: _with_scheduler(args, body))
+    def absent() -> int:
+        if args.action == "list":
+            return _not_created(args, {"total": 0, "jobs": []}, "0 dead letters: ")
+        verb = "requeued" if args.action == "requeue" else "purged"
+        return _not_created(args, {verb: [], "missing": list(args.ids)}, f"{verb} nothing: ")
+
+    return _run(args, lambda: _with_scheduler(args, body, absent=absent))
 
 
 def _report_lines(report: ServerReport) -> list[str]:
@@ -684,6 +746,10 @@ def _whole(text: str, low: int, high: int | None = None) -> int:
 
 def _positive_int(text: str) -> int:
     return _whole(text, 1)
+
+
+def _batch(text: str) -> int:
+    return _whole(text, 1, MAX_BATCH)
 
 
 def _non_negative_int(text: str) -> int:
@@ -816,7 +882,10 @@ def _parser() -> argparse.ArgumentParser:
     dead.add_argument("--all", action="store_true", help="requeue or purge every dead letter")
     dead.add_argument("--shard", type=_non_negative_int, help="only this shard")
     dead.add_argument(
-        "--limit", type=_positive_int, default=100, help="list: at most this many per shard"
+        "--limit",
+        type=_batch,
+        default=100,
+        help=f"list: at most this many per shard (1..{MAX_BATCH})",
     )
     dead.set_defaults(func=_dead_letters)
 

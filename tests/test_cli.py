@@ -407,3 +407,65 @@ def test_due_times_a_datetime_cannot_show_are_refused_before_writing(redis_url: 
     assert text.returncode == 0 and "9999-12-31T23:59:59.999" in text.stdout, text.stderr
     assert cli("cancel", "far", *o).returncode == 1  # nothing was written
     assert cli_json("inspect", *o)["due"] == 1
+
+
+def _namespace_keys(url: str, ns: str) -> list[bytes]:
+    from tickwheel.durable._connect import connect
+
+    async def main() -> list[bytes]:
+        client = await connect(url)
+        try:
+            return [k async for k in client.scan_iter(match=f"*{ns}*")]
+        finally:
+            await client.aclose()
+
+    return run(main())
+
+
+def test_read_only_commands_do_not_create_a_namespace(redis_url: str) -> None:
+    ns = unique_ns()
+    o = opts(redis_url, ns)
+    assert cli_json("inspect", *o, code=1) == {"namespace": ns, "created": False}
+    page = cli_json("dead-letters", "list", *o, code=1)
+    assert page == {"namespace": ns, "created": False, "total": 0, "jobs": []}
+    assert cli_json("cancel", "x", *o, code=1) == {
+        "namespace": ns, "created": False, "id": "x", "cancelled": False,
+    }  # fmt: skip
+    assert cli_json("dead-letters", "purge", "x", *o, code=1)["missing"] == ["x"]
+    assert cli_json("dead-letters", "requeue", "--all", *o, code=1)["requeued"] == []
+    for argv in (["inspect"], ["dead-letters", "list"], ["cancel", "x"]):
+        out = cli(*argv, *o)
+        assert out.returncode == 1 and f"namespace {ns!r} not created" in out.stdout, out
+    assert _namespace_keys(redis_url, ns) == []
+    # Another shard count on an absent namespace is no mismatch: there is nothing yet.
+    assert cli("inspect", *opts(redis_url, ns, shards=8)).returncode == 1
+    cli_json("schedule", "x", "t", *o)  # a producer creates it
+    assert cli_json("inspect", *o)["created"] is True
+    assert cli("inspect", *opts(redis_url, ns, shards=8)).returncode == 4
+
+
+def test_a_namespace_with_another_bucket_count_is_read_with_it(redis_url: str) -> None:
+    async def main(ns: str) -> None:
+        async with open_scheduler(redis_url, ns, shards=4, buckets=8) as s:
+            await s.schedule("b", "t", delay=3600)
+            await s.close()
+
+    ns = unique_ns()
+    run(main(ns))
+    o = opts(redis_url, ns)
+    assert cli_json("inspect", *o)["due"] == 1
+    assert cli_json("cancel", "b", *o)["cancelled"] is True
+
+
+def test_dead_letters_options_that_would_be_ignored_are_refused(redis_url: str) -> None:
+    o = opts(redis_url, unique_ns())
+    for argv, said in [
+        (["purge", "a", "--shard", "1"], "--shard goes with --all"),
+        (["requeue", "a", "--shard", "1"], "--shard goes with --all"),
+        (["list", "a"], "dead-letters list takes no job ids"),
+        (["list", "--all"], "dead-letters list takes no --all"),
+        (["list", "--limit", "5000"], "--limit"),
+    ]:
+        out = cli("dead-letters", *argv, *o)
+        assert out.returncode == 2, (argv, out.stderr)
+        assert said in out.stderr and "Traceback" not in out.stderr, (argv, out.stderr)
