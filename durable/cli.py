@@ -194,14 +194,15 @@ def _emit(args: argparse.Namespace, data: Any, text: str | Callable[[], str]) ->
     callable)."""
     if getattr(args, "json", False):
         print(json.dumps(data, default=str), flush=True)
+        args.emitted = True  # the one JSON document: an error after it is on stderr only
     else:
         print(text() if callable(text) else text, flush=True)
 
 
 def _fail(args: argparse.Namespace, error: CliError) -> int:
     print(f"tickwheel {args.command}: {error}", file=sys.stderr)
-    if getattr(args, "json", False):
-        print(json.dumps({"error": str(error), "exit_code": error.code}))
+    if getattr(args, "json", False) and not getattr(args, "emitted", False):
+        print(json.dumps({"error": str(error), "exit_code": error.code}), flush=True)
     return error.code
 
 
@@ -684,6 +685,16 @@ def _check(args: argparse.Namespace) -> int:
             "namespace_shards": int(layout.partition(":")[0]) if layout else None,
             "ok": report.ok,
         }
+        mismatch: CliError | None = None
+        if layout:
+            shards, _, buckets = layout.partition(":")
+            stored_layout = (int(shards), int(buckets or 0))
+            if stored_layout != (keys.shards, keys.buckets):
+                mismatch = _mismatch(
+                    args,
+                    ShardCountMismatch(args.namespace, stored_layout, (keys.shards, keys.buckets)),
+                )
+                data.update(error=str(mismatch), exit_code=mismatch.code)
         lines = [f"Redis at {data['url']}", *_report_lines(report)]
         if unreadable:
             lines.append(f"  namespace {args.namespace!r}: not readable ({unreadable})")
@@ -695,11 +706,8 @@ def _check(args: argparse.Namespace) -> int:
         lines += [f"  not checked: {u}" for u in report.unknown]
         lines.append("  ok" if report.ok else f"  {len(report.problems)} problem(s)")
         _emit(args, data, "\n".join(lines))
-        if layout:
-            shards, _, buckets = layout.partition(":")
-            stored_layout = (int(shards), int(buckets or 0))
-            if stored_layout != (keys.shards, keys.buckets):
-                raise ShardCountMismatch(args.namespace, stored_layout, (keys.shards, keys.buckets))
+        if mismatch is not None:
+            raise mismatch  # on stderr; with --json it is in the document above
         return EXIT_OK if report.ok else EXIT_FAILED
 
     return _run(args, body)

@@ -177,6 +177,10 @@ def test_errors_a_person_understands(redis_url: str) -> None:
         assert "Traceback" not in out.stderr
     err = cli_json("inspect", *opts(redis_url, ns, shards=8), code=4)
     assert err["exit_code"] == 4 and "--shards 4" in err["error"]
+    # check reports the server too, in the one JSON document (json.loads refuses two).
+    report = cli_json("check", *opts(redis_url, ns, shards=8), code=4)
+    assert report["exit_code"] == 4 and "--shards 4" in report["error"]
+    assert report["namespace_shards"] == 4 and report["version"]
 
     # Nobody listens on a free port: host:port and what to check.
     port = free_port()
