@@ -254,7 +254,8 @@ async def _with_scheduler(
     """
     client = await _connect(args.redis_url)
     try:
-        stored = _layout(await client.get(Keys(args.namespace, args.shards).meta))
+        meta: Any = await client.get(Keys(args.namespace, args.shards).meta)  # bytes | None
+        stored = _layout(meta)
         if stored is None and absent is not None:
             return absent()
         buckets = stored[1] if stored else DEFAULT_BUCKETS
@@ -616,10 +617,10 @@ def _dead_letters(args: argparse.Namespace) -> int:
                     if len(got) < MAX_BATCH:
                         break
         verb = "requeued" if args.action == "requeue" else "purged"
-        text = f"{verb} {len(done)} dead letters"
+        said = f"{verb} {len(done)} dead letters"
         if missing:
-            text += f"; not dead letters: {', '.join(missing)}"
-        _emit(args, {verb: done, "missing": missing}, text)
+            said += f"; not dead letters: {', '.join(missing)}"
+        _emit(args, {verb: done, "missing": missing}, said)
         return EXIT_FAILED if missing else EXIT_OK
 
     def absent() -> int:

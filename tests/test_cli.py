@@ -473,3 +473,15 @@ def test_dead_letters_options_that_would_be_ignored_are_refused(redis_url: str) 
         out = cli("dead-letters", *argv, *o)
         assert out.returncode == 2, (argv, out.stderr)
         assert said in out.stderr and "Traceback" not in out.stderr, (argv, out.stderr)
+
+
+def test_demo_on_a_cluster_loses_nothing(redis_cluster: RedisClusterServer) -> None:
+    """The demo on a given Redis Cluster, by a plain URL of one node and by its
+    redis+cluster:// URL: the task reads TIME outside a pipeline, so every run counts."""
+    for url in (redis_cluster.nodes[0].url, redis_cluster.url):
+        out = cli("demo", "--redis-url", url, "--seconds", "4", "--jobs", "100", "--json")
+        assert out.returncode == 0, (url, out.stdout[-2000:], out.stderr[-2000:])
+        assert "Traceback" not in out.stderr, out.stderr[-2000:]
+        durable = json.loads(out.stdout.splitlines()[-1])["durable"]
+        assert durable["lost"] == 0 and durable["early"] == 0, durable
+        assert durable["fired"] >= 100 + 3
