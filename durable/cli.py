@@ -788,8 +788,9 @@ def _non_negative_float(text: str) -> float:
     return _finite_float(text, zero_ok=True)
 
 
-def _common() -> argparse.ArgumentParser:
-    """The options every Redis command takes."""
+def _common(*, with_json: bool = True) -> argparse.ArgumentParser:
+    """The options every Redis command takes (the worker has no ``--json``: it always
+    prints its started and stopped events as JSON lines)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--redis-url",
@@ -800,7 +801,8 @@ def _common() -> argparse.ArgumentParser:
     common.add_argument(
         "--shards", type=_positive_int, default=DEFAULT_SHARDS, help="the namespace's shard count"
     )
-    common.add_argument("--json", action="store_true", help="print one JSON document")
+    if with_json:
+        common.add_argument("--json", action="store_true", help="print one JSON document")
     common.add_argument(
         "-v", "--verbose", action="count", default=0, help="log to stderr (-vv: debug)"
     )
@@ -836,11 +838,17 @@ def _parser() -> argparse.ArgumentParser:
     wdemo.add_argument(
         "--spread", type=_positive_float, default=1.0, help="seconds over which they fall due"
     )
-    wdemo.add_argument("--resets", type=int, default=20_000, help="how many are reset once")
+    wdemo.add_argument(
+        "--resets", type=_non_negative_int, default=20_000, help="how many are reset once"
+    )
     wdemo.add_argument("--seed", type=int, default=1, help="random seed")
     wdemo.set_defaults(func=_wheel_demo, needs_url=False)
 
-    work = add("worker", "run durable jobs with the tasks of a registry", parents=[common])
+    work = add(
+        "worker",
+        "run durable jobs with the tasks of a registry (prints JSON lines: started, stopped)",
+        parents=[_common(with_json=False)],
+    )
     work.add_argument("registry", help="MODULE:ATTRIBUTE naming a TaskRegistry")
     work.add_argument("--owner-ttl", type=_positive_float, default=DEFAULT_OWNER_TTL)
     work.add_argument("--lookahead", type=_non_negative_float, default=DEFAULT_LOOKAHEAD)

@@ -485,3 +485,12 @@ def test_demo_on_a_cluster_loses_nothing(redis_cluster: RedisClusterServer) -> N
         durable = json.loads(out.stdout.splitlines()[-1])["durable"]
         assert durable["lost"] == 0 and durable["early"] == 0, durable
         assert durable["fired"] >= 100 + 3
+
+
+def test_options_a_command_would_ignore_are_refused() -> None:
+    out = cli("wheel-demo", "--resets", "-5", "--timers", "10")
+    assert out.returncode == 2 and "--resets" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    # The worker prints JSON lines always: it has no --json to ignore.
+    out = cli("worker", "spill_support:registry", "--redis-url", "redis://127.0.0.1:1", "--json")
+    assert out.returncode == 2 and "unrecognized arguments: --json" in out.stderr, out.stderr
