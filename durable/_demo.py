@@ -33,7 +33,7 @@ from typing import IO, Any
 
 from tickwheel.wheel import TimingWheel
 
-from ._connect import Client, connect
+from ._connect import Client, _redact, connect
 from ._model import JobSpec
 from ._scheduler import Scheduler
 from ._server import RedisServer, RedisServerError
@@ -407,7 +407,9 @@ async def run_demo(url: str | None, *, jobs: int, seconds: float, as_json: bool)
     try:
         out = None if as_json else sys.stdout
         if out is not None:
-            where = f"an embedded redis-server (AOF on, pid {server.pid})" if server else url
+            where = (
+                f"an embedded redis-server (AOF on, pid {server.pid})" if server else _redact(url)
+            )
             print(
                 f"tickwheel demo: {WHEEL_TIMERS:,} wheel timers, {jobs:,} durable jobs and "
                 f"{RECURRING} recurring ones on {where};\n  two workers, one killed with "

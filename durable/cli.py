@@ -35,6 +35,7 @@ import importlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
@@ -48,7 +49,14 @@ import redis.exceptions
 from redis.asyncio.cluster import RedisCluster
 
 from tickwheel.durable._check import ServerReport, check_server
-from tickwheel.durable._connect import Client, client_from_url, connect, parse_nodes, split_url
+from tickwheel.durable._connect import (
+    Client,
+    _redact,
+    client_from_url,
+    connect,
+    parse_nodes,
+    split_url,
+)
 from tickwheel.durable._errors import (
     DurableError,
     RedisUnavailable,
@@ -136,7 +144,7 @@ def check_url(url: str) -> str:
     except (TypeError, ValueError) as exc:
         raise CliError(
             EXIT_USAGE,
-            f"--redis-url: {exc} (for example redis://127.0.0.1:6379/0, or "
+            f"--redis-url: {_hide(url, exc)} (for example redis://127.0.0.1:6379/0, or "
             "redis+cluster://host:port,host:port for a Redis Cluster)",
         ) from None
     db = rest.partition("?")[0].strip("/")
@@ -158,12 +166,28 @@ async def _connect(url: str) -> Client:
     try:
         return await connect(url)
     except ValueError as exc:  # redis-py's own URL checks (query options)
-        raise CliError(EXIT_USAGE, f"--redis-url {url!r}: {exc}") from None
+        raise CliError(EXIT_USAGE, f"--redis-url {_shown(url)!r}: {_hide(url, exc)}") from None
+
+
+def _shown(url: str) -> str:
+    """``url`` without its password, for a message (also when it is malformed)."""
+    try:
+        shown = _redact(url)
+    except ValueError:  # urlsplit refuses it (a bad IPv6 literal)
+        shown = url
+    # What urlsplit does not see as userinfo (no scheme): user:password@host.
+    return re.sub(r"^((?:[^:/@]+://)?[^:/@]*):[^@/]*@", r"\1:***@", shown)
+
+
+def _hide(url: str, exc: BaseException) -> str:
+    """An exception's message with ``url`` in it shown without its password."""
+    return str(exc).replace(url, _shown(url)) if isinstance(url, str) else str(exc)
 
 
 def _unreachable(url: str, exc: BaseException) -> CliError:
     where = check_url(url)
-    reason = str(exc).removeprefix("redis unavailable: ")
+    # The library's message starts "cannot reach Redis at URL: "; said once here.
+    reason = re.sub(r"^(redis unavailable: )?cannot reach Redis at \S+: ", "", _hide(url, exc))
     return CliError(
         EXIT_UNREACHABLE,
         f"cannot reach Redis at {where} ({reason}). Check that redis-server runs there "

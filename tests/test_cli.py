@@ -494,3 +494,18 @@ def test_options_a_command_would_ignore_are_refused() -> None:
     # The worker prints JSON lines always: it has no --json to ignore.
     out = cli("worker", "spill_support:registry", "--redis-url", "redis://127.0.0.1:1", "--json")
     assert out.returncode == 2 and "unrecognized arguments: --json" in out.stderr, out.stderr
+
+
+def test_messages_never_show_a_password() -> None:
+    port = free_port()
+    for url, code in [
+        (f"redis://u:s3cret@127.0.0.1:{port}/0", 3),
+        (f"redis://u:s3cret@127.0.0.1:{port}/0?socket_timeout=abc", 2),
+        (f"http://u:s3cret@127.0.0.1:{port}/0", 2),
+        (f"u:s3cret@127.0.0.1:{port}", 2),
+        ("redis://u:s3cret@[::1/0", 2),
+    ]:
+        out = cli("inspect", "--redis-url", url, "--json")
+        assert out.returncode == code, (url, out.stderr)
+        assert "s3cret" not in out.stderr + out.stdout, url
+        assert out.stderr.count("cannot reach Redis at") == (code == 3), out.stderr
