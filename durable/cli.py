@@ -392,8 +392,14 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
                     EXIT_FAILED, f"--metrics-port {args.metrics_port}: cannot listen ({exc})"
                 ) from None
         loop = asyncio.get_running_loop()
+        got: list[int] = []  # the signals that stopped it
+
+        def on_signal(sig: int) -> None:
+            got.append(sig)
+            worker.stop()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.stop)
+            loop.add_signal_handler(sig, on_signal, sig)
         started: dict[str, Any] = {"event": "started", "pid": os.getpid()}
         if metrics is not None:
             started["metrics_port"] = metrics.port
@@ -405,6 +411,9 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
             "scheduler": scheduler.stats().as_dict(),
         }
         print(json.dumps(stopped), flush=True)
+        if signal.SIGINT in got:  # Ctrl-C: the same graceful stop as SIGTERM, then 130
+            print(f"tickwheel {args.command}: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
         return EXIT_OK
     finally:
         if metrics is not None:

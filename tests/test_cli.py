@@ -509,3 +509,30 @@ def test_messages_never_show_a_password() -> None:
         assert out.returncode == code, (url, out.stderr)
         assert "s3cret" not in out.stderr + out.stdout, url
         assert out.stderr.count("cannot reach Redis at") == (code == 3), out.stderr
+
+
+@pytest.mark.parametrize(("sig", "code"), [("SIGTERM", 0), ("SIGINT", 130)])
+def test_worker_stops_gracefully_on_sigterm_and_ctrl_c(redis_url: str, sig: str, code: int) -> None:
+    import signal
+
+    env = dict(os.environ, PYTHONPATH=str(TESTS_DIR))
+    env.pop("TICKWHEEL_REDIS_URL", None)
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "tickwheel.durable.cli", "worker", "spill_support:registry",
+            *opts(redis_url, unique_ns()), "--no-check", "--poll-interval", "0.05",
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline())["event"] == "started"
+        proc.send_signal(getattr(signal, sig))
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == code, err
+    assert json.loads(out.splitlines()[-1])["event"] == "stopped"  # the graceful stop
+    assert "Traceback" not in err
