@@ -13,14 +13,17 @@ Commands:
     tickwheel check           server version, AOF, maxmemory-policy, cluster state
 
 Every command but the demos takes ``--redis-url`` (default ``$TICKWHEEL_REDIS_URL``),
-``--namespace``, ``--shards``, ``--json`` (one JSON document on stdout, for scripts) and
-``-v``/``--verbose`` (log INFO, or DEBUG with ``-vv``, to stderr).
+``--namespace``, ``--shards``, ``--json`` (one JSON document on stdout, for scripts; not
+``worker``, which prints JSON lines always) and ``-v``/``--verbose`` (log INFO, or DEBUG
+with ``-vv``, to stderr). ``inspect``, ``dead-letters`` and ``cancel`` never create a
+namespace (one that does not exist is reported, exit 1).
 
 Exit codes:
 
     0  success
     1  the command ran and found a failure: problems in ``check``, no such job for
-       ``cancel``, a job not scheduled (busy/done), a lost or early job in a demo
+       ``cancel``, a job not scheduled (busy/done), a namespace not created, an error
+       reply from Redis (OOM, WRONGTYPE, NOPERM), a lost or early job in a demo
     2  bad usage: a bad argument or option, a malformed ``--redis-url``
     3  Redis unreachable (connection refused, timeout, authentication)
     4  the namespace was created with another shard count (pass the stored one)
@@ -99,7 +102,8 @@ EXIT_INTERRUPTED = 130  # the shell's 128 + SIGINT
 EPILOG = """\
 exit codes:
   0  success
-  1  the command ran and found a failure (check problems, no such job, a lost job)
+  1  the command ran and found a failure (check problems, no such job or namespace,
+     an error reply from Redis, a lost job)
   2  bad usage (a bad argument, a malformed --redis-url)
   3  Redis unreachable (connection refused, timeout, authentication)
   4  the namespace was created with another shard count (pass the stored one)
