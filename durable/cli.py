@@ -252,6 +252,9 @@ async def _guarded(args: argparse.Namespace, body: Callable[[], Awaitable[int]])
     except ShardCountMismatch as exc:
         raise _mismatch(args, exc) from None
     except (RedisUnavailable, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+        refusal = _refusal(e)
+        if refusal is not None:  # it answered: with an error reply, not "unreachable"
+            raise refusal from None
         raise _unreachable(url or "", e) from None
     except ServerCheckFailed as exc:
         raise CliError(EXIT_FAILED, f"the server may lose jobs: {exc}") from None
@@ -265,6 +268,17 @@ async def _guarded(args: argparse.Namespace, body: Callable[[], Awaitable[int]])
         raise CliError(
             EXIT_FAILED, f"Redis refused the command: {type(exc).__name__}: {exc}"
         ) from None
+
+
+def _refusal(exc: BaseException) -> CliError | None:
+    """For a RedisUnavailable made of an error reply (the library may class OOM, LOADING,
+    BUSY, NOREPLICAS as transient): that reply, as exit 1; else None."""
+    cause = exc.__cause__
+    if not isinstance(exc, RedisUnavailable) or not isinstance(cause, redis.exceptions.RedisError):
+        return None
+    if isinstance(cause, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        return None
+    return CliError(EXIT_FAILED, f"Redis refused the command: {type(cause).__name__}: {cause}")
 
 
 async def _with_scheduler(

@@ -536,3 +536,27 @@ def test_worker_stops_gracefully_on_sigterm_and_ctrl_c(redis_url: str, sig: str,
     assert proc.returncode == code, err
     assert json.loads(out.splitlines()[-1])["event"] == "stopped"  # the graceful stop
     assert "Traceback" not in err
+
+
+def test_a_refusal_the_library_calls_unavailable_is_not_unreachable(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The library may raise RedisUnavailable from an error reply (OOM, LOADING): the
+    server answered, so the command says what it refused (exit 1), not "cannot reach"."""
+    import argparse
+
+    import redis.exceptions
+
+    from tickwheel.durable import cli as cli_module
+    from tickwheel.durable._errors import RedisUnavailable
+
+    async def body() -> int:
+        try:
+            raise redis.exceptions.OutOfMemoryError("command not allowed (maxmemory)")
+        except redis.exceptions.RedisError as exc:
+            raise RedisUnavailable(f"redis unavailable: {exc}") from exc
+
+    args = argparse.Namespace(command="schedule", redis_url="redis://127.0.0.1:1/0", json=False)
+    assert cli_module._run(args, body) == 1
+    err = capsys.readouterr().err
+    assert "Redis refused the command: OutOfMemoryError" in err and "cannot reach" not in err
