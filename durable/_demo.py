@@ -31,11 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-import redis.asyncio
-
 from tickwheel.wheel import TimingWheel
 
-from ._connect import Client, client_from_url
+from ._connect import Client, _redact, connect
 from ._model import JobSpec
 from ._scheduler import Scheduler
 from ._server import RedisServer, RedisServerError
@@ -67,18 +65,19 @@ GRACE = 20.0
 RECOVERED_MS = 250.0
 
 registry = TaskRegistry()
-# loop -> client: an asyncio client must not outlive the loop it ran on.
-_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, redis.asyncio.Redis] = (
+# loop -> the connecting client: an asyncio client must not outlive the loop it ran on,
+# and concurrent tasks share the one connection attempt.
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[Client]] = (
     weakref.WeakKeyDictionary()
 )
 
 
-def _client() -> redis.asyncio.Redis:
+async def _client() -> Client:
     loop = asyncio.get_running_loop()
     client = _clients.get(loop)
     if client is None:
-        client = _clients[loop] = _connect_demo(os.environ[DEMO_URL_ENV])
-    return client
+        client = _clients[loop] = loop.create_task(connect(os.environ[DEMO_URL_ENV]))
+    return await client
 
 
 @registry.task(name="demo.record")
@@ -86,11 +85,10 @@ async def record(ctx: TaskContext) -> None:
     """Record one run: count the call, and keep the first run's lateness (ms, by Redis's
     clock, against the nominal due) under (job id, nominal due): an idempotent effect."""
     prefix = ctx.payload["run"]
-    client = _client()
-    async with client.pipeline(transaction=False) as pipe:
-        pipe.time()
-        pipe.incr(f"{prefix}:calls")
-        (sec, usec), _ = await pipe.execute()
+    client = await _client()
+    # TIME outside a pipeline: a cluster refuses it in one (it has no key to route by).
+    sec, usec = await client.time()
+    await client.incr(f"{prefix}:calls")
     late_ms = int(sec) * 1000 + int(usec) / 1000 - ctx.nominal_ms
     await client.hsetnx(
         f"{prefix}:{ctx.payload['kind']}", f"{ctx.job_id}@{ctx.nominal_ms}", late_ms
@@ -211,7 +209,7 @@ class _Demo:
         self.out.flush()
 
     async def run(self) -> dict[str, Any]:
-        client = _connect_demo(self.url)
+        client = await connect(self.url)  # one Redis, or a cluster (detected)
         scheduler = Scheduler(client, self.namespace, shards=SHARDS, check=False)
         try:
             await scheduler.open()
@@ -229,7 +227,7 @@ class _Demo:
                     path.unlink()
                 self.tmp.rmdir()
 
-    async def _cleanup(self, client: redis.asyncio.Redis, scheduler: Scheduler) -> None:
+    async def _cleanup(self, client: Client, scheduler: Scheduler) -> None:
         """Remove the recurring jobs and the demo's records (a given Redis stays tidy)."""
         with contextlib.suppress(Exception):
             for i in range(RECURRING):
@@ -239,7 +237,7 @@ class _Demo:
             if keys:
                 await client.delete(*keys)
 
-    async def _drive(self, client: redis.asyncio.Redis, scheduler: Scheduler) -> dict[str, Any]:
+    async def _drive(self, client: Client, scheduler: Scheduler) -> dict[str, Any]:
         payload = {"run": self.prefix}
         span = max(self.seconds - 3 * LEAD - 1, 1.0)
         self.t0 = time.monotonic()
@@ -309,7 +307,7 @@ class _Demo:
 
     async def _summary(
         self,
-        client: redis.asyncio.Redis,
+        client: Client,
         *,
         late: list[float],
         lost: list[str],
@@ -353,15 +351,10 @@ class _Demo:
         }
 
 
-async def _lateness(client: redis.asyncio.Redis, key: str) -> dict[str, float]:
+async def _lateness(client: Client, key: str) -> dict[str, float]:
     """The demo's records: "id@nominal" -> lateness (ms) of its first run."""
     raw: dict[Any, Any] = await client.hgetall(key)
     return {k.decode(): float(v) for k, v in raw.items()}
-
-
-def _connect_demo(url: str) -> Client:
-    # The demo's own embedded server: one plain Redis, so no detection round trip.
-    return client_from_url(url)
 
 
 def _print_summary(s: dict[str, Any]) -> None:
@@ -414,7 +407,9 @@ async def run_demo(url: str | None, *, jobs: int, seconds: float, as_json: bool)
     try:
         out = None if as_json else sys.stdout
         if out is not None:
-            where = f"an embedded redis-server (AOF on, pid {server.pid})" if server else url
+            where = (
+                f"an embedded redis-server (AOF on, pid {server.pid})" if server else _redact(url)
+            )
             print(
                 f"tickwheel demo: {WHEEL_TIMERS:,} wheel timers, {jobs:,} durable jobs and "
                 f"{RECURRING} recurring ones on {where};\n  two workers, one killed with "

@@ -13,14 +13,17 @@ Commands:
     tickwheel check           server version, AOF, maxmemory-policy, cluster state
 
 Every command but the demos takes ``--redis-url`` (default ``$TICKWHEEL_REDIS_URL``),
-``--namespace``, ``--shards``, ``--json`` (one JSON document on stdout, for scripts) and
-``-v``/``--verbose`` (log INFO, or DEBUG with ``-vv``, to stderr).
+``--namespace``, ``--shards``, ``--json`` (one JSON document on stdout, for scripts; not
+``worker``, which prints JSON lines always) and ``-v``/``--verbose`` (log INFO, or DEBUG
+with ``-vv``, to stderr). ``inspect``, ``dead-letters`` and ``cancel`` never create a
+namespace (one that does not exist is reported, exit 1).
 
 Exit codes:
 
     0  success
     1  the command ran and found a failure: problems in ``check``, no such job for
-       ``cancel``, a job not scheduled (busy/done), a lost or early job in a demo
+       ``cancel``, a job not scheduled (busy/done), a namespace not created, an error
+       reply from Redis (OOM, WRONGTYPE, NOPERM), a lost or early job in a demo
     2  bad usage: a bad argument or option, a malformed ``--redis-url``
     3  Redis unreachable (connection refused, timeout, authentication)
     4  the namespace was created with another shard count (pass the stored one)
@@ -35,19 +38,28 @@ import importlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
+import time
 import urllib.parse
 import warnings
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import redis.exceptions
 from redis.asyncio.cluster import RedisCluster
 
 from tickwheel.durable._check import ServerReport, check_server
-from tickwheel.durable._connect import Client, client_from_url, connect, parse_nodes, split_url
+from tickwheel.durable._connect import (
+    Client,
+    _redact,
+    client_from_url,
+    connect,
+    parse_nodes,
+    split_url,
+)
 from tickwheel.durable._errors import (
     DurableError,
     RedisUnavailable,
@@ -61,7 +73,7 @@ from tickwheel.durable._loader import (
     DEFAULT_MAX_RUNNING,
     DEFAULT_POLL_INTERVAL,
 )
-from tickwheel.durable._model import DEFAULT_MAX_ATTEMPTS, JobInfo, ScheduleStatus
+from tickwheel.durable._model import DEFAULT_MAX_ATTEMPTS, JobInfo, ScheduleStatus, ShardInfo
 from tickwheel.durable._ownership import DEFAULT_OWNER_TTL
 from tickwheel.durable._reaper import DEFAULT_REAP_INTERVAL
 from tickwheel.durable._recurrence import MissedRun
@@ -90,7 +102,8 @@ EXIT_INTERRUPTED = 130  # the shell's 128 + SIGINT
 EPILOG = """\
 exit codes:
   0  success
-  1  the command ran and found a failure (check problems, no such job, a lost job)
+  1  the command ran and found a failure (check problems, no such job or namespace,
+     an error reply from Redis, a lost job)
   2  bad usage (a bad argument, a malformed --redis-url)
   3  Redis unreachable (connection refused, timeout, authentication)
   4  the namespace was created with another shard count (pass the stored one)
@@ -135,7 +148,7 @@ def check_url(url: str) -> str:
     except (TypeError, ValueError) as exc:
         raise CliError(
             EXIT_USAGE,
-            f"--redis-url: {exc} (for example redis://127.0.0.1:6379/0, or "
+            f"--redis-url: {_hide(url, exc)} (for example redis://127.0.0.1:6379/0, or "
             "redis+cluster://host:port,host:port for a Redis Cluster)",
         ) from None
     db = rest.partition("?")[0].strip("/")
@@ -157,12 +170,28 @@ async def _connect(url: str) -> Client:
     try:
         return await connect(url)
     except ValueError as exc:  # redis-py's own URL checks (query options)
-        raise CliError(EXIT_USAGE, f"--redis-url {url!r}: {exc}") from None
+        raise CliError(EXIT_USAGE, f"--redis-url {_shown(url)!r}: {_hide(url, exc)}") from None
+
+
+def _shown(url: str) -> str:
+    """``url`` without its password, for a message (also when it is malformed)."""
+    try:
+        shown = _redact(url)
+    except ValueError:  # urlsplit refuses it (a bad IPv6 literal)
+        shown = url
+    # What urlsplit does not see as userinfo (no scheme): user:password@host.
+    return re.sub(r"^((?:[^:/@]+://)?[^:/@]*):[^@/]*@", r"\1:***@", shown)
+
+
+def _hide(url: str, exc: BaseException) -> str:
+    """An exception's message with ``url`` in it shown without its password."""
+    return str(exc).replace(url, _shown(url)) if isinstance(url, str) else str(exc)
 
 
 def _unreachable(url: str, exc: BaseException) -> CliError:
     where = check_url(url)
-    reason = str(exc).removeprefix("redis unavailable: ")
+    # The library's message starts "cannot reach Redis at URL: "; said once here.
+    reason = re.sub(r"^(redis unavailable: )?cannot reach Redis at \S+: ", "", _hide(url, exc))
     return CliError(
         EXIT_UNREACHABLE,
         f"cannot reach Redis at {where} ({reason}). Check that redis-server runs there "
@@ -188,15 +217,20 @@ def _mismatch(args: argparse.Namespace, exc: ShardCountMismatch) -> CliError:
 # -- running a command ---------------------------------------------------------------
 
 
-def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
-    """Print ``data`` as JSON with ``--json``, else ``text``."""
-    print(json.dumps(data, default=str) if getattr(args, "json", False) else text, flush=True)
+def _emit(args: argparse.Namespace, data: Any, text: str | Callable[[], str]) -> None:
+    """Print ``data`` as JSON with ``--json``, else ``text`` (made only then, when a
+    callable)."""
+    if getattr(args, "json", False):
+        print(json.dumps(data, default=str), flush=True)
+        args.emitted = True  # the one JSON document: an error after it is on stderr only
+    else:
+        print(text() if callable(text) else text, flush=True)
 
 
 def _fail(args: argparse.Namespace, error: CliError) -> int:
     print(f"tickwheel {args.command}: {error}", file=sys.stderr)
-    if getattr(args, "json", False):
-        print(json.dumps({"error": str(error), "exit_code": error.code}))
+    if getattr(args, "json", False) and not getattr(args, "emitted", False):
+        print(json.dumps({"error": str(error), "exit_code": error.code}), flush=True)
     return error.code
 
 
@@ -218,6 +252,9 @@ async def _guarded(args: argparse.Namespace, body: Callable[[], Awaitable[int]])
     except ShardCountMismatch as exc:
         raise _mismatch(args, exc) from None
     except (RedisUnavailable, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+        refusal = _refusal(e)
+        if refusal is not None:  # it answered: with an error reply, not "unreachable"
+            raise refusal from None
         raise _unreachable(url or "", e) from None
     except ServerCheckFailed as exc:
         raise CliError(EXIT_FAILED, f"the server may lose jobs: {exc}") from None
@@ -225,23 +262,89 @@ async def _guarded(args: argparse.Namespace, body: Callable[[], Awaitable[int]])
         raise CliError(EXIT_USAGE, str(exc)) from None
     except DurableError as exc:
         raise CliError(EXIT_FAILED, f"{type(exc).__name__}: {exc}") from None
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        # An error reply (OOM at maxmemory, WRONGTYPE, NOPERM, a cluster that is down):
+        # the command reached Redis, which refused it.
+        raise CliError(
+            EXIT_FAILED, f"Redis refused the command: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def _refusal(exc: BaseException) -> CliError | None:
+    """For a RedisUnavailable made of an error reply (the library may class OOM, LOADING,
+    BUSY, NOREPLICAS as transient): that reply, as exit 1; else None."""
+    cause = exc.__cause__
+    if not isinstance(exc, RedisUnavailable) or not isinstance(cause, redis.exceptions.RedisError):
+        return None
+    if isinstance(cause, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        return None
+    return CliError(EXIT_FAILED, f"Redis refused the command: {type(cause).__name__}: {cause}")
 
 
 async def _with_scheduler(
-    args: argparse.Namespace, fn: Callable[[Scheduler], Awaitable[int]], *, check: bool = False
+    args: argparse.Namespace,
+    fn: Callable[[Scheduler], Awaitable[int]],
+    *,
+    absent: Callable[[], int] | None = None,
 ) -> int:
-    """Open a scheduler on the command's URL, namespace and shard count; run ``fn``."""
+    """Open a scheduler on the command's URL, namespace and shard count; run ``fn``.
+
+    The namespace's stored layout is read first (one GET of its meta key, no write):
+    a namespace that exists is opened with its stored bucket count; one that does not
+    is created (its layout stored) only when ``absent`` is None, else ``absent()`` runs
+    instead and nothing is written.
+    """
     client = await _connect(args.redis_url)
     try:
-        scheduler = Scheduler(client, args.namespace, shards=args.shards, check=check)
-        await scheduler.open()
+        meta: Any = await client.get(Keys(args.namespace, args.shards).meta)  # bytes | None
+        stored = _layout(meta)
+        if stored is None and absent is not None:
+            return absent()
+        buckets = stored[1] if stored else DEFAULT_BUCKETS
+        scheduler = Scheduler(
+            client, args.namespace, shards=args.shards, buckets=buckets, check=False
+        )
+        await scheduler.open()  # a shard count mismatch is refused here
         return await fn(scheduler)
     finally:
         await client.aclose()
 
 
+def _layout(stored: bytes | None) -> tuple[int, int] | None:
+    """A meta key's ``shards:buckets``; None when absent, (shards, DEFAULT_BUCKETS) when
+    its bucket count is missing or unreadable (open() then reports what is stored)."""
+    if stored is None:
+        return None
+    shards, _, buckets = stored.decode(errors="replace").partition(":")
+    try:
+        return int(shards), int(buckets)
+    except ValueError:
+        return 0, DEFAULT_BUCKETS
+
+
+def _not_created(args: argparse.Namespace, data: dict[str, Any], what: str = "") -> int:
+    """Report a namespace that does not exist (nothing was written): exit 1."""
+    text = (
+        f"namespace {args.namespace!r} not created: nothing was ever scheduled in it "
+        "(check --namespace and --redis-url)"
+    )
+    _emit(args, {"namespace": args.namespace, "created": False, **data}, what + text)
+    return EXIT_FAILED
+
+
+# The last epoch ms a datetime can show (9999-12-31T23:59:59.999Z): --at and --delay
+# are kept below it, so every due time the command line writes can be printed.
+MAX_WHEN_MS = 253_402_300_799_999
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+    """ISO 8601 UTC for epoch ms; the ms themselves when a datetime cannot show them."""
+    try:
+        when = _EPOCH + timedelta(milliseconds=ms)  # exact, unlike a float timestamp
+        return when.isoformat(timespec="milliseconds")
+    except (OverflowError, OSError, ValueError):
+        return f"{ms} ms"
 
 
 # -- worker --------------------------------------------------------------------------
@@ -307,8 +410,14 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
                     EXIT_FAILED, f"--metrics-port {args.metrics_port}: cannot listen ({exc})"
                 ) from None
         loop = asyncio.get_running_loop()
+        got: list[int] = []  # the signals that stopped it
+
+        def on_signal(sig: int) -> None:
+            got.append(sig)
+            worker.stop()
+
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.stop)
+            loop.add_signal_handler(sig, on_signal, sig)
         started: dict[str, Any] = {"event": "started", "pid": os.getpid()}
         if metrics is not None:
             started["metrics_port"] = metrics.port
@@ -320,6 +429,9 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
             "scheduler": scheduler.stats().as_dict(),
         }
         print(json.dumps(stopped), flush=True)
+        if signal.SIGINT in got:  # Ctrl-C: the same graceful stop as SIGTERM, then 130
+            print(f"tickwheel {args.command}: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
         return EXIT_OK
     finally:
         if metrics is not None:
@@ -352,29 +464,59 @@ def _at(text: str | None) -> int | datetime | None:
     if text is None:
         return None
     if text.isdigit():
-        return int(text)
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError:
+        ms = int(text)
+        when: int | datetime = ms
+    else:
+        try:
+            when = datetime.fromisoformat(text)
+        except ValueError:
+            raise CliError(
+                EXIT_USAGE,
+                f"--at must be epoch ms or ISO 8601 (2030-01-01T09:00:00Z), got {text!r}",
+            ) from None
+        if when.tzinfo is None:
+            raise CliError(EXIT_USAGE, f"--at needs a time zone (add Z for UTC), got {text!r}")
+        ms = (when - _EPOCH) // timedelta(milliseconds=1)
+    if not 0 <= ms <= MAX_WHEN_MS:
         raise CliError(
-            EXIT_USAGE, f"--at must be epoch ms or ISO 8601 (2030-01-01T09:00:00Z), got {text!r}"
-        ) from None
-    if when.tzinfo is None:
-        raise CliError(EXIT_USAGE, f"--at needs a time zone (add Z for UTC), got {text!r}")
+            EXIT_USAGE,
+            f"--at must be between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59.999Z "
+            f"(epoch ms 0..{MAX_WHEN_MS}), got {text!r}",
+        )
     return when
 
 
+def _delay(option: str, seconds: float | None) -> float | None:
+    """``--delay`` or ``--every``, checked to fall due before year 10000 (by this host's
+    clock, with a day of slack for a Redis clock ahead of it)."""
+    if seconds is None:
+        return None
+    most = (MAX_WHEN_MS - time.time() * 1000) / 1000 - 86400
+    if seconds > most:
+        raise CliError(
+            EXIT_USAGE,
+            f"{option} must fall due before year 10000 (at most {most:.0f} s), got {seconds:g}",
+        )
+    return seconds
+
+
 def _schedule(args: argparse.Namespace) -> int:
+    try:  # checked before anything is written
+        payload, at = _payload(args.payload), _at(args.at)
+        delay, every = _delay("--delay", args.delay), _delay("--every", args.every)
+    except CliError as error:
+        return _fail(args, error)
+
     async def body(scheduler: Scheduler) -> int:
         result = await scheduler.schedule(
             args.id,
             args.task,
-            _payload(args.payload),
-            delay=args.delay,
-            at=_at(args.at),
+            payload,
+            delay=delay,
+            at=at,
             replace=args.replace,
             max_attempts=args.max_attempts,
-            every=args.every,
+            every=every,
             cron=args.cron,
             missed=args.missed,
         )
@@ -385,8 +527,11 @@ def _schedule(args: argparse.Namespace) -> int:
             "due": _iso(result.when_ms),
             "shard": scheduler.keys.shard_of(args.id),
         }
-        text = f"{data['status']}: job {args.id!r} (shard {data['shard']}), due {data['due']}"
-        _emit(args, data, text)
+        _emit(
+            args,
+            data,
+            lambda: f"{data['status']}: job {args.id!r} (shard {data['shard']}), due {data['due']}",
+        )
         refused = (ScheduleStatus.BUSY, ScheduleStatus.DONE)
         return EXIT_FAILED if result.status in refused else EXIT_OK
 
@@ -400,7 +545,10 @@ def _cancel(args: argparse.Namespace) -> int:
         _emit(args, {"id": args.id, "cancelled": found}, text)
         return EXIT_OK if found else EXIT_FAILED
 
-    return _run(args, lambda: _with_scheduler(args, body))
+    def absent() -> int:
+        return _not_created(args, {"id": args.id, "cancelled": False}, f"no job {args.id!r}: ")
+
+    return _run(args, lambda: _with_scheduler(args, body, absent=absent))
 
 
 # -- operators -----------------------------------------------------------------------
@@ -416,30 +564,39 @@ def _inspect(args: argparse.Namespace) -> int:
         lags = [r.lag_ms for r in rows if r.overdue]
         totals["max_lag_ms"] = max(lags, default=0)
         totals["owned"] = sum(1 for r in rows if r.owner)
-        data = {"namespace": args.namespace, "shards": [r.as_dict() for r in rows], **totals}
-        lines = [
-            f"namespace {args.namespace!r}, {len(rows)} shards (Redis time {_iso(rows[0].now_ms)})",
-            f"  {'shard':>5} {'due':>8} {'overdue':>8} {'lag':>9} {'leased':>7} {'expired':>7} "
-            f"{'dead':>6} {'epoch':>6}  {'owner':<12} next due",
-        ]
-        for r in rows:
-            owner = f"{r.owner[:12]}" if r.owner else "-"
-            lag = f"{r.lag_ms / 1000:.1f}s" if r.overdue else "-"
-            nxt = _iso(r.next_due_ms) if r.next_due_ms else "-"
-            lines.append(
-                f"  {r.shard:>5} {r.due:>8} {r.overdue:>8} {lag:>9} {r.leased:>7} "
-                f"{r.expired:>7} {r.dead:>6} {r.epoch:>6}  {owner:<12} {nxt}"
-            )
-        lines.append(
-            f"  total: {totals['due']} due ({totals['overdue']} overdue, oldest "
-            f"{totals['max_lag_ms'] / 1000:.1f}s late), {totals['leased']} leased "
-            f"({totals['expired']} expired), {totals['dead']} dead; "
-            f"{totals['owned']}/{len(rows)} shards owned"
-        )
-        _emit(args, data, "\n".join(lines))
+        data = {
+            "namespace": args.namespace,
+            "created": True,
+            "shards": [r.as_dict() for r in rows],
+            **totals,
+        }
+        _emit(args, data, lambda: _inspect_text(args.namespace, rows, totals))
         return EXIT_OK
 
-    return _run(args, lambda: _with_scheduler(args, body))
+    return _run(args, lambda: _with_scheduler(args, body, absent=lambda: _not_created(args, {})))
+
+
+def _inspect_text(namespace: str, rows: list[ShardInfo], totals: dict[str, int]) -> str:
+    lines = [
+        f"namespace {namespace!r}, {len(rows)} shards (Redis time {_iso(rows[0].now_ms)})",
+        f"  {'shard':>5} {'due':>8} {'overdue':>8} {'lag':>9} {'leased':>7} {'expired':>7} "
+        f"{'dead':>6} {'epoch':>6}  {'owner':<12} next due",
+    ]
+    for r in rows:
+        owner = f"{r.owner[:12]}" if r.owner else "-"
+        lag = f"{r.lag_ms / 1000:.1f}s" if r.overdue else "-"
+        nxt = _iso(r.next_due_ms) if r.next_due_ms else "-"
+        lines.append(
+            f"  {r.shard:>5} {r.due:>8} {r.overdue:>8} {lag:>9} {r.leased:>7} "
+            f"{r.expired:>7} {r.dead:>6} {r.epoch:>6}  {owner:<12} {nxt}"
+        )
+    lines.append(
+        f"  total: {totals['due']} due ({totals['overdue']} overdue, oldest "
+        f"{totals['max_lag_ms'] / 1000:.1f}s late), {totals['leased']} leased "
+        f"({totals['expired']} expired), {totals['dead']} dead; "
+        f"{totals['owned']}/{len(rows)} shards owned"
+    )
+    return "\n".join(lines)
 
 
 def _dead_row(job: JobInfo) -> dict[str, Any]:
@@ -458,6 +615,23 @@ def _dead_row(job: JobInfo) -> dict[str, Any]:
 
 
 def _dead_letters(args: argparse.Namespace) -> int:
+    action = f"dead-letters {args.action}"
+    if args.action == "list" and (args.ids or args.all):
+        bad = "job ids" if args.ids else "--all"
+        return _fail(args, CliError(EXIT_USAGE, f"{action} takes no {bad} (only --shard, --limit)"))
+    if args.action != "list":
+        if not args.ids and not args.all:
+            return _fail(args, CliError(EXIT_USAGE, f"{action}: give job ids, or --all"))
+        if args.ids and args.all:
+            return _fail(args, CliError(EXIT_USAGE, f"{action}: give job ids or --all, not both"))
+        if args.ids and args.shard is not None:
+            return _fail(
+                args,
+                CliError(
+                    EXIT_USAGE, f"{action}: --shard goes with --all; a job id names its shard"
+                ),
+            )
+
     async def body(scheduler: Scheduler) -> int:
         shards = [args.shard] if args.shard is not None else range(scheduler.keys.shards)
         if args.action == "list":
@@ -467,23 +641,17 @@ def _dead_letters(args: argparse.Namespace) -> int:
                 page = await scheduler.dead_letters(shard, count=args.limit)
                 total += page.total
                 rows += [_dead_row(j) for j in page.jobs]
-            lines = [
-                f"  {r['id']}  shard {r['shard']}  task {r['task']}  attempt {r['attempt']}/"
-                f"{r['max_attempts']}  died {_iso(r['died_ms'])}  {r['error']}"
-                for r in rows
-            ]
-            _emit(
-                args,
-                {"total": total, "jobs": rows},
-                "\n".join([f"{total} dead letters", *lines]),
-            )
+
+            def text() -> str:
+                lines = [
+                    f"  {r['id']}  shard {r['shard']}  task {r['task']}  attempt {r['attempt']}/"
+                    f"{r['max_attempts']}  died {_iso(r['died_ms'])}  {r['error']}"
+                    for r in rows
+                ]
+                return "\n".join([f"{total} dead letters", *lines])
+
+            _emit(args, {"created": True, "total": total, "jobs": rows}, text)
             return EXIT_OK
-        if not args.ids and not args.all:
-            raise CliError(EXIT_USAGE, f"dead-letters {args.action}: give job ids, or --all")
-        if args.ids and args.all:
-            raise CliError(
-                EXIT_USAGE, f"dead-letters {args.action}: give job ids or --all, not both"
-            )
         if args.ids:
             act = scheduler.requeue_dead if args.action == "requeue" else scheduler.purge_dead
             done = await act(args.ids)
@@ -500,13 +668,19 @@ def _dead_letters(args: argparse.Namespace) -> int:
                     if len(got) < MAX_BATCH:
                         break
         verb = "requeued" if args.action == "requeue" else "purged"
-        text = f"{verb} {len(done)} dead letters"
+        said = f"{verb} {len(done)} dead letters"
         if missing:
-            text += f"; not dead letters: {', '.join(missing)}"
-        _emit(args, {verb: done, "missing": missing}, text)
+            said += f"; not dead letters: {', '.join(missing)}"
+        _emit(args, {verb: done, "missing": missing}, said)
         return EXIT_FAILED if missing else EXIT_OK
 
-    return _run(args, lambda: _with_scheduler(args, body))
+    def absent() -> int:
+        if args.action == "list":
+            return _not_created(args, {"total": 0, "jobs": []}, "0 dead letters: ")
+        verb = "requeued" if args.action == "requeue" else "purged"
+        return _not_created(args, {verb: [], "missing": list(args.ids)}, f"{verb} nothing: ")
+
+    return _run(args, lambda: _with_scheduler(args, body, absent=absent))
 
 
 def _report_lines(report: ServerReport) -> list[str]:
@@ -563,6 +737,16 @@ def _check(args: argparse.Namespace) -> int:
             "namespace_shards": int(layout.partition(":")[0]) if layout else None,
             "ok": report.ok,
         }
+        mismatch: CliError | None = None
+        if layout:
+            shards, _, buckets = layout.partition(":")
+            stored_layout = (int(shards), int(buckets or 0))
+            if stored_layout != (keys.shards, keys.buckets):
+                mismatch = _mismatch(
+                    args,
+                    ShardCountMismatch(args.namespace, stored_layout, (keys.shards, keys.buckets)),
+                )
+                data.update(error=str(mismatch), exit_code=mismatch.code)
         lines = [f"Redis at {data['url']}", *_report_lines(report)]
         if unreadable:
             lines.append(f"  namespace {args.namespace!r}: not readable ({unreadable})")
@@ -574,11 +758,8 @@ def _check(args: argparse.Namespace) -> int:
         lines += [f"  not checked: {u}" for u in report.unknown]
         lines.append("  ok" if report.ok else f"  {len(report.problems)} problem(s)")
         _emit(args, data, "\n".join(lines))
-        if layout:
-            shards, _, buckets = layout.partition(":")
-            stored_layout = (int(shards), int(buckets or 0))
-            if stored_layout != (keys.shards, keys.buckets):
-                raise ShardCountMismatch(args.namespace, stored_layout, (keys.shards, keys.buckets))
+        if mismatch is not None:
+            raise mismatch  # on stderr; with --json it is in the document above
         return EXIT_OK if report.ok else EXIT_FAILED
 
     return _run(args, body)
@@ -627,6 +808,10 @@ def _positive_int(text: str) -> int:
     return _whole(text, 1)
 
 
+def _batch(text: str) -> int:
+    return _whole(text, 1, MAX_BATCH)
+
+
 def _non_negative_int(text: str) -> int:
     return _whole(text, 0)
 
@@ -654,8 +839,9 @@ def _non_negative_float(text: str) -> float:
     return _finite_float(text, zero_ok=True)
 
 
-def _common() -> argparse.ArgumentParser:
-    """The options every Redis command takes."""
+def _common(*, with_json: bool = True) -> argparse.ArgumentParser:
+    """The options every Redis command takes (the worker has no ``--json``: it always
+    prints its started and stopped events as JSON lines)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--redis-url",
@@ -666,7 +852,8 @@ def _common() -> argparse.ArgumentParser:
     common.add_argument(
         "--shards", type=_positive_int, default=DEFAULT_SHARDS, help="the namespace's shard count"
     )
-    common.add_argument("--json", action="store_true", help="print one JSON document")
+    if with_json:
+        common.add_argument("--json", action="store_true", help="print one JSON document")
     common.add_argument(
         "-v", "--verbose", action="count", default=0, help="log to stderr (-vv: debug)"
     )
@@ -702,11 +889,17 @@ def _parser() -> argparse.ArgumentParser:
     wdemo.add_argument(
         "--spread", type=_positive_float, default=1.0, help="seconds over which they fall due"
     )
-    wdemo.add_argument("--resets", type=int, default=20_000, help="how many are reset once")
+    wdemo.add_argument(
+        "--resets", type=_non_negative_int, default=20_000, help="how many are reset once"
+    )
     wdemo.add_argument("--seed", type=int, default=1, help="random seed")
     wdemo.set_defaults(func=_wheel_demo, needs_url=False)
 
-    work = add("worker", "run durable jobs with the tasks of a registry", parents=[common])
+    work = add(
+        "worker",
+        "run durable jobs with the tasks of a registry (prints JSON lines: started, stopped)",
+        parents=[_common(with_json=False)],
+    )
     work.add_argument("registry", help="MODULE:ATTRIBUTE naming a TaskRegistry")
     work.add_argument("--owner-ttl", type=_positive_float, default=DEFAULT_OWNER_TTL)
     work.add_argument("--lookahead", type=_non_negative_float, default=DEFAULT_LOOKAHEAD)
@@ -757,7 +950,10 @@ def _parser() -> argparse.ArgumentParser:
     dead.add_argument("--all", action="store_true", help="requeue or purge every dead letter")
     dead.add_argument("--shard", type=_non_negative_int, help="only this shard")
     dead.add_argument(
-        "--limit", type=_positive_int, default=100, help="list: at most this many per shard"
+        "--limit",
+        type=_batch,
+        default=100,
+        help=f"list: at most this many per shard (1..{MAX_BATCH})",
     )
     dead.set_defaults(func=_dead_letters)
 

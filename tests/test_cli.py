@@ -177,6 +177,10 @@ def test_errors_a_person_understands(redis_url: str) -> None:
         assert "Traceback" not in out.stderr
     err = cli_json("inspect", *opts(redis_url, ns, shards=8), code=4)
     assert err["exit_code"] == 4 and "--shards 4" in err["error"]
+    # check reports the server too, in the one JSON document (json.loads refuses two).
+    report = cli_json("check", *opts(redis_url, ns, shards=8), code=4)
+    assert report["exit_code"] == 4 and "--shards 4" in report["error"]
+    assert report["namespace_shards"] == 4 and report["version"]
 
     # Nobody listens on a free port: host:port and what to check.
     port = free_port()
@@ -351,3 +355,208 @@ def test_wheel_demo_still_runs() -> None:
     out = cli("wheel-demo", "--timers", "2000", "--resets", "100", "--spread", "0.2")
     assert out.returncode == 0, out.stderr
     assert "wheel on asyncio" in out.stdout and "call_later on asyncio" in out.stdout
+
+
+def test_redis_error_replies_are_one_sentence(redis_url: str, private_redis: Any) -> None:
+    """An error reply from Redis (WRONGTYPE, OOM at maxmemory) exits 1 naming the
+    Redis error, without a traceback."""
+    import redis as redis_sync
+
+    ns = unique_ns()
+    o = opts(redis_url, ns)
+    cli_json("schedule", "x", "t", *o)
+
+    async def break_meta() -> None:
+        async with open_scheduler(redis_url, ns, shards=4) as s:
+            client = s.store.client
+            await client.delete(s.keys.meta)
+            await client.hset(s.keys.meta, "not", "a string")
+            await s.close()
+
+    run(break_meta())
+    for argv in (["inspect"], ["schedule", "y", "t"], ["cancel", "x"], ["dead-letters", "list"]):
+        out = cli(*argv, *o)
+        assert out.returncode == 1, (argv, out.stderr)
+        assert "WRONGTYPE" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    err = cli_json("inspect", *o, code=1)
+    assert "WRONGTYPE" in err["error"] and err["exit_code"] == 1
+
+    plain = redis_sync.Redis.from_url(private_redis.url)
+    try:
+        plain.config_set("maxmemory", "1")
+        out = cli("schedule", "z", "t", *opts(private_redis.url, ns))
+    finally:
+        plain.config_set("maxmemory", "0")
+        plain.close()
+    assert out.returncode == 1, out.stderr
+    assert "OutOfMemoryError" in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_due_times_a_datetime_cannot_show_are_refused_before_writing(redis_url: str) -> None:
+    ns = unique_ns()
+    o = opts(redis_url, ns)
+    for argv, said in [
+        (["--at", "253402300800000"], "--at must be between"),
+        (["--at", "9999-12-31T23:00:00-05:00"], "--at must be between"),
+        (["--delay", "1e13"], "--delay must fall due before year 10000"),
+        (["--every", "1e13"], "--every must fall due before year 10000"),
+    ]:
+        for fmt in ([], ["--json"]):
+            out = cli("schedule", "far", "t", *argv, *o, *fmt)
+            assert out.returncode == 2, (argv, out.stderr)
+            assert said in out.stderr and "Traceback" not in out.stderr, out.stderr
+    made = cli_json("schedule", "edge", "t", "--at", "253402300799999", *o)
+    assert made["due"] == "9999-12-31T23:59:59.999+00:00"
+    text = cli("inspect", *o)
+    assert text.returncode == 0 and "9999-12-31T23:59:59.999" in text.stdout, text.stderr
+    assert cli("cancel", "far", *o).returncode == 1  # nothing was written
+    assert cli_json("inspect", *o)["due"] == 1
+
+
+def _namespace_keys(url: str, ns: str) -> list[bytes]:
+    from tickwheel.durable._connect import connect
+
+    async def main() -> list[bytes]:
+        client = await connect(url)
+        try:
+            return [k async for k in client.scan_iter(match=f"*{ns}*")]
+        finally:
+            await client.aclose()
+
+    return run(main())
+
+
+def test_read_only_commands_do_not_create_a_namespace(redis_url: str) -> None:
+    ns = unique_ns()
+    o = opts(redis_url, ns)
+    assert cli_json("inspect", *o, code=1) == {"namespace": ns, "created": False}
+    page = cli_json("dead-letters", "list", *o, code=1)
+    assert page == {"namespace": ns, "created": False, "total": 0, "jobs": []}
+    assert cli_json("cancel", "x", *o, code=1) == {
+        "namespace": ns, "created": False, "id": "x", "cancelled": False,
+    }  # fmt: skip
+    assert cli_json("dead-letters", "purge", "x", *o, code=1)["missing"] == ["x"]
+    assert cli_json("dead-letters", "requeue", "--all", *o, code=1)["requeued"] == []
+    for argv in (["inspect"], ["dead-letters", "list"], ["cancel", "x"]):
+        out = cli(*argv, *o)
+        assert out.returncode == 1 and f"namespace {ns!r} not created" in out.stdout, out
+    assert _namespace_keys(redis_url, ns) == []
+    # Another shard count on an absent namespace is no mismatch: there is nothing yet.
+    assert cli("inspect", *opts(redis_url, ns, shards=8)).returncode == 1
+    cli_json("schedule", "x", "t", *o)  # a producer creates it
+    assert cli_json("inspect", *o)["created"] is True
+    assert cli("inspect", *opts(redis_url, ns, shards=8)).returncode == 4
+
+
+def test_a_namespace_with_another_bucket_count_is_read_with_it(redis_url: str) -> None:
+    async def main(ns: str) -> None:
+        async with open_scheduler(redis_url, ns, shards=4, buckets=8) as s:
+            await s.schedule("b", "t", delay=3600)
+            await s.close()
+
+    ns = unique_ns()
+    run(main(ns))
+    o = opts(redis_url, ns)
+    assert cli_json("inspect", *o)["due"] == 1
+    assert cli_json("cancel", "b", *o)["cancelled"] is True
+
+
+def test_dead_letters_options_that_would_be_ignored_are_refused(redis_url: str) -> None:
+    o = opts(redis_url, unique_ns())
+    for argv, said in [
+        (["purge", "a", "--shard", "1"], "--shard goes with --all"),
+        (["requeue", "a", "--shard", "1"], "--shard goes with --all"),
+        (["list", "a"], "dead-letters list takes no job ids"),
+        (["list", "--all"], "dead-letters list takes no --all"),
+        (["list", "--limit", "5000"], "--limit"),
+    ]:
+        out = cli("dead-letters", *argv, *o)
+        assert out.returncode == 2, (argv, out.stderr)
+        assert said in out.stderr and "Traceback" not in out.stderr, (argv, out.stderr)
+
+
+def test_demo_on_a_cluster_loses_nothing(redis_cluster: RedisClusterServer) -> None:
+    """The demo on a given Redis Cluster, by a plain URL of one node and by its
+    redis+cluster:// URL: the task reads TIME outside a pipeline, so every run counts."""
+    for url in (redis_cluster.nodes[0].url, redis_cluster.url):
+        out = cli("demo", "--redis-url", url, "--seconds", "4", "--jobs", "100", "--json")
+        assert out.returncode == 0, (url, out.stdout[-2000:], out.stderr[-2000:])
+        assert "Traceback" not in out.stderr, out.stderr[-2000:]
+        durable = json.loads(out.stdout.splitlines()[-1])["durable"]
+        assert durable["lost"] == 0 and durable["early"] == 0, durable
+        assert durable["fired"] >= 100 + 3
+
+
+def test_options_a_command_would_ignore_are_refused() -> None:
+    out = cli("wheel-demo", "--resets", "-5", "--timers", "10")
+    assert out.returncode == 2 and "--resets" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    # The worker prints JSON lines always: it has no --json to ignore.
+    out = cli("worker", "spill_support:registry", "--redis-url", "redis://127.0.0.1:1", "--json")
+    assert out.returncode == 2 and "unrecognized arguments: --json" in out.stderr, out.stderr
+
+
+def test_messages_never_show_a_password() -> None:
+    port = free_port()
+    for url, code in [
+        (f"redis://u:s3cret@127.0.0.1:{port}/0", 3),
+        (f"redis://u:s3cret@127.0.0.1:{port}/0?socket_timeout=abc", 2),
+        (f"http://u:s3cret@127.0.0.1:{port}/0", 2),
+        (f"u:s3cret@127.0.0.1:{port}", 2),
+        ("redis://u:s3cret@[::1/0", 2),
+    ]:
+        out = cli("inspect", "--redis-url", url, "--json")
+        assert out.returncode == code, (url, out.stderr)
+        assert "s3cret" not in out.stderr + out.stdout, url
+        assert out.stderr.count("cannot reach Redis at") == (code == 3), out.stderr
+
+
+@pytest.mark.parametrize(("sig", "code"), [("SIGTERM", 0), ("SIGINT", 130)])
+def test_worker_stops_gracefully_on_sigterm_and_ctrl_c(redis_url: str, sig: str, code: int) -> None:
+    import signal
+
+    env = dict(os.environ, PYTHONPATH=str(TESTS_DIR))
+    env.pop("TICKWHEEL_REDIS_URL", None)
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "tickwheel.durable.cli", "worker", "spill_support:registry",
+            *opts(redis_url, unique_ns()), "--no-check", "--poll-interval", "0.05",
+        ],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline())["event"] == "started"
+        proc.send_signal(getattr(signal, sig))
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == code, err
+    assert json.loads(out.splitlines()[-1])["event"] == "stopped"  # the graceful stop
+    assert "Traceback" not in err
+
+
+def test_a_refusal_the_library_calls_unavailable_is_not_unreachable(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The library may raise RedisUnavailable from an error reply (OOM, LOADING): the
+    server answered, so the command says what it refused (exit 1), not "cannot reach"."""
+    import argparse
+
+    import redis.exceptions
+
+    from tickwheel.durable import cli as cli_module
+    from tickwheel.durable._errors import RedisUnavailable
+
+    async def body() -> int:
+        try:
+            raise redis.exceptions.OutOfMemoryError("command not allowed (maxmemory)")
+        except redis.exceptions.RedisError as exc:
+            raise RedisUnavailable(f"redis unavailable: {exc}") from exc
+
+    args = argparse.Namespace(command="schedule", redis_url="redis://127.0.0.1:1/0", json=False)
+    assert cli_module._run(args, body) == 1
+    err = capsys.readouterr().err
+    assert "Redis refused the command: OutOfMemoryError" in err and "cannot reach" not in err
