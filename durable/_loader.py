@@ -16,8 +16,8 @@ Ground rules:
   The lease deadline is placed from ``loop.time()`` *before* the claim was sent, so this
   check errs towards not running.
 - Backpressure: while ``max_running`` fired jobs wait for a task slot (as many as
-  run), the loader claims nothing more, and a job that has waited so long that only half a lease
-  is left is released (same attempt) for this or another worker to claim again. Without
+  run), the loader claims nothing more; a job that waited until only half a lease is
+  left is released (same attempt) for this or another worker to claim again. Without
   that, a backlog outlived its leases in the queue and went to the dead letters unrun,
   an attempt at a time.
 - Every job leaves memory through exactly one of: ack, retry (or dead), release, or

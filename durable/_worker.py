@@ -26,6 +26,7 @@ import contextlib
 import logging
 import math
 import zlib
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from importlib import resources
 from typing import Any
@@ -178,7 +179,7 @@ class Worker:
         epoch = self.ownership.owned.get(shard)
         if epoch is None or shard in self._leaving:
             return
-        task = asyncio.ensure_future(self.give_back(shard))
+        task = asyncio.ensure_future(self._leave(shard))
         self._leaving[shard] = (epoch, task)
         task.add_done_callback(lambda _: self._leaving.pop(shard, None))
 
@@ -258,30 +259,32 @@ class Worker:
     ) -> None:
         self._stop.set()
         loader.stop_claiming()
-        # Each step runs whatever the one before raised: a shutdown that stopped at the
-        # first error would leave loaded jobs leased and shards owned until they expire.
-        for step, what in (
-            (balance, "balancer"),
-            (loading, "loader"),
-            (reaping, "reaper"),
-            (loader.release_all(), "releasing loaded jobs"),
-            (loader.drain(self.drain_timeout_ms / 1000), "draining tasks"),
-            (self._finish_leaving(), "giving shards back"),
-            (self.ownership.give_back_all(), "giving shards back"),
-            (self.heartbeat(join=False), "leaving the member set"),
-        ):
-            try:
-                await step
-            except RedisUnavailable as exc:
-                logger.warning("tickwheel.durable: stopping without Redis, %s (%s)", what, exc)
-            except Exception:
-                logger.exception("tickwheel.durable: stopping: %s failed", what)
+        # Each step runs whatever the one before raised (see _logged).
+        steps: tuple[tuple[Callable[[], Awaitable[object]], str], ...] = (
+            (lambda: balance, "balancer"),
+            (lambda: loading, "loader"),
+            (lambda: reaping, "reaper"),
+            (loader.release_all, "releasing loaded jobs"),
+            (lambda: loader.drain(self.drain_timeout_ms / 1000), "draining tasks"),
+            (lambda: asyncio.gather(*(t for _, t in self._leaving.values())), "give-backs"),
+            (self.ownership.give_back_all, "giving shards back"),
+            (lambda: self.heartbeat(join=False), "leaving the member set"),
+        )
+        for step, what in steps:
+            await _logged(step(), what)
 
-    async def _finish_leaving(self) -> None:
-        """Wait for the give-backs in progress (their drains are bounded)."""
-        tasks = [task for _, task in self._leaving.values()]
-        for result in await asyncio.gather(*tasks, return_exceptions=True):
-            if isinstance(result, RedisUnavailable):
-                logger.warning("tickwheel.durable: give-back without Redis (%s)", result)
-            elif isinstance(result, Exception):
-                logger.error("tickwheel.durable: give-back failed", exc_info=result)
+    async def _leave(self, shard: int) -> None:
+        """:meth:`give_back` in a task of its own (a drain can take a while)."""
+        await _logged(self.give_back(shard), f"giving shard {shard} back")
+
+
+async def _logged(step: Awaitable[object], what: str) -> None:
+    """Await ``step``; log (not raise) what it raised: one failed step must not stop the
+    next (a shutdown that stopped at the first error would leave jobs leased and shards
+    owned until they expire)."""
+    try:
+        await step
+    except RedisUnavailable as exc:
+        logger.warning("tickwheel.durable: %s without Redis (%s)", what, exc)
+    except Exception:
+        logger.exception("tickwheel.durable: %s failed", what)
