@@ -32,6 +32,10 @@ __all__ = [
     "split_url",
 ]
 
+# Where the command line (and the demo's worker processes) read the URL when no
+# --redis-url is given.
+URL_ENV = "TICKWHEEL_REDIS_URL"
+
 Client: TypeAlias = "redis.asyncio.Redis | RedisCluster"
 
 _PLAIN_SCHEMES = ("redis", "rediss", "unix")

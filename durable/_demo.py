@@ -33,7 +33,7 @@ from typing import IO, Any
 
 from tickwheel.wheel import TimingWheel
 
-from ._connect import Client, _redact, connect
+from ._connect import URL_ENV, Client, _redact, connect
 from ._model import JobSpec
 from ._scheduler import Scheduler
 from ._server import RedisServer, RedisServerError
@@ -155,11 +155,13 @@ class _Demo:
         with log.open("wb") as err:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "tickwheel.durable.cli", "worker",
-                "tickwheel.durable._demo:registry", "--redis-url", self.url,
+                "tickwheel.durable._demo:registry",
                 "--namespace", self.namespace, *WORKER_OPTIONS,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=err,
-                env={**os.environ, DEMO_URL_ENV: self.url},
+                # The URL goes in the environment, not argv: a password in it stays out
+                # of `ps`.
+                env={**os.environ, DEMO_URL_ENV: self.url, URL_ENV: self.url},
                 start_new_session=True,  # a Ctrl-C reaches the demo, which stops them
             )  # fmt: skip
         worker = _WorkerProc(proc, log)

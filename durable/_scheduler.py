@@ -677,15 +677,19 @@ class Scheduler:
 
     async def requeue_dead(self, job_ids: Sequence[str]) -> list[str]:
         """Put dead letters back to due now, attempt 1; return the ids requeued."""
+        groups = self._by_shard(job_ids)
+        await self.open()  # the shard count is checked before anything is written
         out: list[str] = []
-        for shard, ids in self._by_shard(job_ids).items():
+        for shard, ids in groups.items():
             out += await self.store.dead_requeue(shard, ids, len(ids))
         return out
 
     async def purge_dead(self, job_ids: Sequence[str]) -> list[str]:
         """Delete dead letters for good; return the ids purged."""
+        groups = self._by_shard(job_ids)
+        await self.open()  # the shard count is checked before anything is written
         out: list[str] = []
-        for shard, ids in self._by_shard(job_ids).items():
+        for shard, ids in groups.items():
             out += await self.store.dead_purge(shard, ids, len(ids))
         return out
 

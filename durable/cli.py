@@ -53,6 +53,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from tickwheel.durable._check import ServerReport, check_server
 from tickwheel.durable._connect import (
+    URL_ENV,
     Client,
     _redact,
     client_from_url,
@@ -112,7 +113,6 @@ exit codes:
 --redis-url defaults to $TICKWHEEL_REDIS_URL. --json prints one JSON document on stdout.
 """
 
-URL_ENV = "TICKWHEEL_REDIS_URL"
 
 logger = logging.getLogger("tickwheel.durable")
 

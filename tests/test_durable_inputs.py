@@ -175,6 +175,11 @@ def test_shard_count_mismatch_is_refused_and_writes_nothing(redis_url: str) -> N
                 assert (info.value.stored, info.value.given) == ((16, 64), (8, 64))
                 with pytest.raises(ShardCountMismatch):
                     await other.schedule_many([JobSpec("k", "t")])
+                # Dead-letter calls too: a wrong count would look in the wrong shard.
+                with pytest.raises(ShardCountMismatch):
+                    await other.requeue_dead(["j"])
+                with pytest.raises(ShardCountMismatch):
+                    await other.purge_dead(["j"])
             async with open_scheduler(redis_url, s.keys.namespace, shards=16, buckets=8) as other:
                 with pytest.raises(
                     ShardCountMismatch, match="buckets=64; got shards=16, buckets=8"
