@@ -39,10 +39,8 @@ from ._scheduler import Scheduler
 from ._server import RedisServer, RedisServerError
 from ._tasks import TaskContext, TaskRegistry
 
-__all__ = ["DEMO_URL_ENV", "registry", "run_demo"]
+__all__ = ["registry", "run_demo"]
 
-# The Redis the demo task records into (the worker processes read it from here).
-DEMO_URL_ENV = "TICKWHEEL_DEMO_REDIS_URL"
 SHARDS = 8
 RECURRING = 3  # recurring jobs, every RECUR_EVERY seconds
 RECUR_EVERY = 1.0
@@ -76,7 +74,7 @@ async def _client() -> Client:
     loop = asyncio.get_running_loop()
     client = _clients.get(loop)
     if client is None:
-        client = _clients[loop] = loop.create_task(connect(os.environ[DEMO_URL_ENV]))
+        client = _clients[loop] = loop.create_task(connect(os.environ[URL_ENV]))
     return await client
 
 
@@ -160,8 +158,8 @@ class _Demo:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=err,
                 # The URL goes in the environment, not argv: a password in it stays out
-                # of `ps`.
-                env={**os.environ, DEMO_URL_ENV: self.url, URL_ENV: self.url},
+                # of `ps`. The worker connects with it, and so does the demo task.
+                env={**os.environ, URL_ENV: self.url},
                 start_new_session=True,  # a Ctrl-C reaches the demo, which stops them
             )  # fmt: skip
         worker = _WorkerProc(proc, log)

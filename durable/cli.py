@@ -311,8 +311,8 @@ async def _with_scheduler(
 
 
 def _layout(stored: bytes | None) -> tuple[int, int] | None:
-    """A meta key's ``shards:buckets``; None when absent, (shards, DEFAULT_BUCKETS) when
-    its bucket count is missing or unreadable (open() then reports what is stored)."""
+    """A meta key's ``shards:buckets``; None when absent, (0, DEFAULT_BUCKETS) when it
+    cannot be read (then reported as a mismatch with any shard count)."""
     if stored is None:
         return None
     shards, _, buckets = stored.decode(errors="replace").partition(":")
@@ -723,7 +723,7 @@ def _check(args: argparse.Namespace) -> int:
                 unreadable = ""
         finally:
             await client.aclose()
-        layout = stored.decode() if stored else None
+        layout = _layout(stored)
         data: dict[str, Any] = {
             "url": check_url(args.redis_url),
             "version": report.version,
@@ -734,19 +734,15 @@ def _check(args: argparse.Namespace) -> int:
             "problems": report.problems,
             "unknown": report.unknown,
             "namespace": args.namespace,
-            "namespace_shards": int(layout.partition(":")[0]) if layout else None,
+            "namespace_shards": layout[0] if layout else None,
             "ok": report.ok,
         }
         mismatch: CliError | None = None
-        if layout:
-            shards, _, buckets = layout.partition(":")
-            stored_layout = (int(shards), int(buckets or 0))
-            if stored_layout != (keys.shards, keys.buckets):
-                mismatch = _mismatch(
-                    args,
-                    ShardCountMismatch(args.namespace, stored_layout, (keys.shards, keys.buckets)),
-                )
-                data.update(error=str(mismatch), exit_code=mismatch.code)
+        if layout and layout != (keys.shards, keys.buckets):
+            mismatch = _mismatch(
+                args, ShardCountMismatch(args.namespace, layout, (keys.shards, keys.buckets))
+            )
+            data.update(error=str(mismatch), exit_code=mismatch.code)
         lines = [f"Redis at {data['url']}", *_report_lines(report)]
         if unreadable:
             lines.append(f"  namespace {args.namespace!r}: not readable ({unreadable})")
