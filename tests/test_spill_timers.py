@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from tests.durable_support import open_scheduler, run
+from tests.spill_support import until
 from tickwheel.durable import JobState, TaskContext, TaskRegistry, Timers
 
 pytestmark = pytest.mark.redis
@@ -27,20 +28,23 @@ def test_routing_by_threshold_and_flag(redis_url: str) -> None:
     async def main() -> None:
         seen: list[TaskContext] = []
         async with open_scheduler(redis_url, shards=2) as s:
-            timers = Timers(s, _registry(seen), threshold=1.0)
-            short = await timers.schedule(0.05, "note", {"n": (1, 2)})
-            at_threshold = await timers.schedule(1.0, "note", job_id="edge")
-            long = await timers.schedule(1.5, "note", b"raw")
+            timers = Timers(s, _registry(seen), threshold=2.0)
+            # In memory: counted before any Redis round trip (a busy cluster took more
+            # than 50 ms for the two below, and a short timer had fired meanwhile).
+            short = await timers.schedule(0.3, "note", {"n": (1, 2)})
+            at_threshold = await timers.schedule(2.0, "note", job_id="edge")
+            assert len(timers) == 2  # short and edge are in memory
+            long = await timers.schedule(2.5, "note", b"raw")
             flagged = await timers.schedule(0.05, "note", durable=True, job_id="flag")
             assert flagged == "flag" and at_threshold == "edge"
-            assert len(timers) == 2  # short and edge are in memory
             assert await s.get(short) is None and await s.get("edge") is None
             for job_id in (long, flagged):
                 info = await s.get(job_id)
                 assert info is not None and info.state is JobState.DUE and info.task == "note"
             long_info = await s.get(long)
             assert long_info is not None and long_info.payload == b"raw"
-            await asyncio.sleep(0.2)
+            assert await until(lambda: seen, 3)
+            await asyncio.sleep(0.1)  # flagged (durable, due long ago) gets its chance
             # Only the in-memory one ran here: durable ones wait for a worker's loader.
             assert [c.job_id for c in seen] == [short]
             ctx = seen[0]
@@ -62,7 +66,8 @@ def test_scheduling_an_id_again_keeps_the_pending_timer(redis_url: str) -> None:
             timers = Timers(s, _registry(seen))
             await timers.schedule(0.05, "note", 1, job_id="same")
             await timers.schedule(0.01, "note", 2, job_id="same")
-            await asyncio.sleep(0.15)
+            assert await until(lambda: seen, 3)
+            await asyncio.sleep(0.1)  # the second one, were it kept, would have run too
             assert [c.payload for c in seen] == [1]
 
     run(main())
@@ -75,7 +80,7 @@ def test_callables_stay_in_memory_and_cannot_be_durable(redis_url: str) -> None:
             fired: list[int] = []
             t = timers.schedule_callback(0.01, fired.append, 7)
             assert not t.cancelled()
-            await asyncio.sleep(0.05)
+            assert await until(lambda: fired, 3)
             assert fired == [7]
 
             def fn(ctx: TaskContext) -> None:
