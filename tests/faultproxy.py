@@ -123,19 +123,42 @@ class _Drop:
 class _Link:
     """One client connection and its connection to the target."""
 
-    __slots__ = ("client_r", "client_shut", "client_w", "drop", "server_r", "server_w")
+    __slots__ = (
+        "client_r",
+        "client_shut",
+        "client_w",
+        "drop",
+        "pumps",
+        "server_r",
+        "server_w",
+        "task",
+    )
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        task: asyncio.Task[None],
+    ) -> None:
         self.client_r = reader
         self.client_w = writer
+        self.task = task  # serves this link: waits for the target, then runs the pumps
+        self.pumps: list[asyncio.Task[None]] = []  # one per direction, once connected
         self.server_r: asyncio.StreamReader | None = None  # None until the target answered
         self.server_w: asyncio.StreamWriter | None = None
         self.drop: _Drop | None = None  # claimed by a request; its reply is to be dropped
         self.client_shut = False  # EOF sent to the client; server data is discarded
 
     def reset(self) -> None:
+        """RST both sides and stop relaying at once, held or delayed bytes included."""
         _reset(self.client_w)
         _reset(self.server_w)
+        # A pump may be asleep on latency or a black hole: it must not wake and forward.
+        if self.pumps:
+            for pump in self.pumps:
+                pump.cancel()
+        elif self.task is not asyncio.current_task():
+            self.task.cancel()
 
     def shut_client(self) -> None:
         if not self.client_shut and not self.client_w.transport.is_closing():
@@ -185,6 +208,8 @@ class FaultProxy:
         # Counters:
         self.connections = 0  # connections accepted, ever
         self.dropped_replies = 0  # drops that fired
+        self.bytes_from_client = 0  # bytes read from clients, forwarded or not (yet)
+        self.bytes_from_server = 0  # bytes read from the target, forwarded or not (yet)
         self.bytes_to_server = 0  # bytes forwarded client->server
         self.bytes_to_client = 0  # bytes forwarded server->client
         self.bytes_discarded = 0  # server->client bytes dropped or sent to a half-closed client
@@ -349,7 +374,7 @@ class FaultProxy:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        link = _Link(reader, writer)
+        link = _Link(reader, writer, task)
         self.connections += 1
         if self._closed or asyncio.get_running_loop().time() < self._refuse_until:
             link.reset()
@@ -369,9 +394,10 @@ class FaultProxy:
                 link.reset()
                 return
             # A TaskGroup: a pump that fails takes the other one down with it.
+            # (It ignores a pump that reset() cancelled.)
             async with asyncio.TaskGroup() as pumps:
-                pumps.create_task(self._pump(link, "to_server"))
-                pumps.create_task(self._pump(link, "to_client"))
+                link.pumps.append(pumps.create_task(self._pump(link, "to_server")))
+                link.pumps.append(pumps.create_task(self._pump(link, "to_client")))
         finally:
             link.close()
             self._links.discard(link)
@@ -393,6 +419,10 @@ class FaultProxy:
                     with contextlib.suppress(OSError):
                         dst.write_eof()
                 return
+            if to_server:
+                self.bytes_from_client += len(data)
+            else:
+                self.bytes_from_server += len(data)
             # Taken at read time: a chunk read before a request claimed the drop answers
             # an earlier request and goes through.
             drop = link.drop
@@ -552,6 +582,11 @@ class ThreadedFaultProxy:
     def dropped_replies(self) -> int:
         """Drops that fired."""
         return self._running().dropped_replies
+
+    @property
+    def bytes_from_client(self) -> int:
+        """Bytes read from clients, forwarded or not (yet)."""
+        return self._running().bytes_from_client
 
     @property
     def bytes_to_server(self) -> int:
