@@ -11,6 +11,12 @@ Ground rules:
   (auto-detected with one ``INFO cluster``), so a plain ``redis://`` URL of any node of
   a cluster just works.
 - Clients never decode responses: payloads are bytes.
+- Every call is bounded, and nothing is re-sent behind the caller's back. The clients
+  made here wait at most ``socket_timeout`` (default :data:`DEFAULT_SOCKET_TIMEOUT`)
+  for a reply and ``socket_connect_timeout`` for a connection, and their retry policy
+  is "never": redis-py would otherwise re-send a command (EVALSHA included) after a
+  lost reply. A Redis that stops answering gives :class:`RedisUnavailable` within the
+  bound; the library's own loops decide what to send again (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -21,13 +27,18 @@ from typing import Any, TypeAlias
 import redis.asyncio
 import redis.exceptions
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from ._errors import RedisUnavailable
 
 __all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_SOCKET_TIMEOUT",
     "Client",
     "client_from_url",
     "connect",
+    "no_retry",
     "parse_nodes",
     "split_url",
 ]
@@ -37,6 +48,29 @@ __all__ = [
 URL_ENV = "TICKWHEEL_REDIS_URL"
 
 Client: TypeAlias = "redis.asyncio.Redis | RedisCluster"
+
+# Seconds a client made here waits for one reply. A script touches one shard and its
+# batch is capped, so a healthy server answers in milliseconds; 5 s rides out a fork for
+# a snapshot or a loaded machine, and still lets a worker notice a black hole (a server
+# SIGSTOP'd, a network path dropped while the socket stays open) well inside a lease.
+DEFAULT_SOCKET_TIMEOUT = 5.0
+# Seconds to wait for a TCP connection (and its handshake).
+DEFAULT_CONNECT_TIMEOUT = 5.0
+
+
+def no_retry() -> Retry:
+    """A redis-py retry policy that never re-sends: the library retries itself."""
+    return Retry(NoBackoff(), 0)
+
+
+def _bounded(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with the library's defaults for timeouts and retries filled in."""
+    options = dict(kwargs)
+    options.setdefault("socket_timeout", DEFAULT_SOCKET_TIMEOUT)
+    options.setdefault("socket_connect_timeout", DEFAULT_CONNECT_TIMEOUT)
+    options.setdefault("retry", no_retry())
+    return options
+
 
 _PLAIN_SCHEMES = ("redis", "rediss", "unix")
 _CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
@@ -116,6 +150,7 @@ def client_from_url(url: str, *, cluster: bool = False, **kwargs: Any) -> Client
     """
     if kwargs.get("decode_responses"):
         raise ValueError("decode_responses must be False: payloads are bytes")
+    kwargs = _bounded(kwargs)
     scheme, userinfo, hosts, rest = split_url(url)
     if scheme in _CLUSTER_SCHEMES:
         scheme, cluster = _CLUSTER_SCHEMES[scheme], True
@@ -141,8 +176,10 @@ async def connect(
             ``unix:///path.sock``; for a cluster ``redis+cluster://host:port,host:port``
             (any one node is enough), or a plain URL of any cluster node.
         cluster: True or False to skip the auto-detection; None to ask the server.
-        **kwargs: passed to the redis-py client (``socket_timeout`` and the like);
-            ``decode_responses`` is refused.
+        **kwargs: passed to the redis-py client; ``decode_responses`` is refused.
+            ``socket_timeout`` and ``socket_connect_timeout`` default to
+            :data:`DEFAULT_SOCKET_TIMEOUT` and :data:`DEFAULT_CONNECT_TIMEOUT`
+            (None waits for ever), ``retry`` to :func:`no_retry`.
 
     Returns:
         A ``redis.asyncio.Redis``, or a ``RedisCluster`` whose slot map is loaded.
@@ -174,7 +211,7 @@ async def _reports_cluster(url: str, kwargs: dict[str, Any]) -> bool:
     query = rest.partition("?")[2]
     # Database 0: a cluster node refuses SELECT, and the answer is the same in every db.
     plain = f"{scheme}://{userinfo + '@' if userinfo else ''}{hosts}/0"
-    probe = redis.asyncio.Redis.from_url(plain + (f"?{query}" if query else ""), **kwargs)
+    probe = redis.asyncio.Redis.from_url(plain + (f"?{query}" if query else ""), **_bounded(kwargs))
     try:
         info: dict[str, Any] = await probe.info("cluster")
     except redis.exceptions.RedisError as exc:

@@ -128,6 +128,11 @@ class Keys:
         """Return the record hash of ``job_id`` in ``shard``."""
         return self.shard(shard).jobs[self.bucket_of(job_id)]
 
+    def claim_reply(self, shard: int, token: str) -> str:
+        """Return the STRING where claim.lua keeps the reply of the claim ``token``
+        (``{ns:s}:claim:<token>``, with a TTL), so a re-sent claim returns it again."""
+        return f"{self.shard(shard).due[:-4]}:claim:{token}"
+
     def shard(self, shard: int) -> ShardKeys:
         """Return the keys of shard ``shard``.
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
+import secrets
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -49,7 +50,7 @@ from ._recurrence import (
     Recurrence,
 )
 from ._stats import SchedulerStats
-from ._store import ClaimedRef, EncodedJob, Store, encode_job
+from ._store import DEFAULT_CALL_TIMEOUT, ClaimedRef, EncodedJob, Store, encode_job
 
 __all__ = ["DEFAULT_SHARDS", "Scheduler"]
 
@@ -115,7 +116,12 @@ class Scheduler:
             asynchronously, and a write acknowledged just before a failover can be
             lost.
         replica_timeout: seconds to wait for them; then :class:`ReplicationTimeout`
-            (the write is on the master; retrying is safe).
+            (the write is on the master; retrying is safe). With ``replicas``, ack,
+            retry and release wait too, so a completed job does not come back after
+            a failover.
+        call_timeout: seconds one call may wait for Redis (besides ``WAIT``) before it
+            raises :class:`RedisUnavailable` (default 10; the clients :func:`connect`
+            makes also time out each reply after 5 s).
 
     Raises:
         TypeError, ValueError: naming a bad parameter.
@@ -138,6 +144,7 @@ class Scheduler:
         rng: random.Random | None = None,
         replicas: int = 0,
         replica_timeout: float | timedelta = DEFAULT_REPLICA_TIMEOUT,
+        call_timeout: float | timedelta = DEFAULT_CALL_TIMEOUT,
     ) -> None:
         self.keys = Keys(namespace, shards, buckets)  # key names
         if not isinstance(replicas, int) or isinstance(replicas, bool):
@@ -149,6 +156,7 @@ class Scheduler:
             self.keys,
             replicas=replicas,
             replica_timeout_ms=finite_seconds_ms("replica_timeout", replica_timeout),
+            call_timeout=finite_seconds_ms("call_timeout", call_timeout, minimum_ms=1) / 1000,
         )  # one method per script
         self.ownership = Ownership(self.store, ttl=owner_ttl)  # shards owned here
         self.max_payload_bytes = _positive_int("max_payload_bytes", max_payload_bytes)
@@ -160,6 +168,10 @@ class Scheduler:
         self.server_report: ServerReport | None = None  # set by open() when checked
         self._rng = rng or random.Random()  # jitter
         self._opened = False  # shard count verified
+        # shard -> (epoch, token, received) of the latest claim: a claim that failed is
+        # sent again with its token (its reply may be lost, its leases held), one that
+        # was received is forgotten by the next claim (claim.lua keeps replies).
+        self._claims: dict[int, tuple[int, str, bool]] = {}
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -413,17 +425,33 @@ class Scheduler:
         lease_ms = finite_seconds_ms("lease", lease, minimum_ms=1)
         epoch = self.ownership.epoch(shard)
         counters = self.ownership.counters
+        token, forget = self._claim_token(shard, epoch)
         try:
-            batch = await self.store.claim(shard, epoch, lookahead_ms, limit, lease_ms)
+            batch = await self.store.claim(
+                shard, epoch, lookahead_ms, limit, lease_ms, token=token, forget=forget
+            )
             counters.claim_calls += 1
             planned = await self._plan(batch, epoch)
         except Fenced:
+            self._claims.pop(shard, None)
             self.ownership.drop(shard, epoch)
             raise
+        self._claims[shard] = (epoch, token, True)
         counters.claimed += len(planned.jobs)
         # Dropped in the script (one-shot) or acked unrun in _plan (recurring).
         counters.dedup_dropped += batch.dropped + sum(j.duplicate for j in batch.jobs)
         return planned
+
+    def _claim_token(self, shard: int, epoch: int) -> tuple[str, str | None]:
+        """(token, forget) for the next claim of ``shard``: the last claim's token
+        again if it failed under this epoch (a lost reply is recovered whole: same jobs,
+        same attempt), else a new one, forgetting the last received claim's reply."""
+        last = self._claims.get(shard)
+        if last is not None and last[0] == epoch and not last[2]:
+            return last[1], None
+        token = secrets.token_hex(8)
+        self._claims[shard] = (epoch, token, False)
+        return token, None if last is None else last[1]
 
     async def _plan(self, batch: ClaimBatch, epoch: int) -> ClaimBatch:
         jobs: list[Job] = []

@@ -13,7 +13,13 @@ Ground rules:
   one shard's slot; nothing spans slots, so nothing needs a cross-slot transaction.
   Only :meth:`Store.schedule_many` on one Redis uses MULTI (all or nothing); on a
   cluster it is atomic per script call (per shard chunk), and idempotent to retry.
-- With ``replicas`` > 0 the producer writes (schedule, cancel, reschedule) are followed
+- Every call is bounded by ``call_timeout`` (plus the WAIT timeout when it waits),
+  whatever the client's own socket timeout: a Redis that stops answering gives
+  :class:`RedisUnavailable`, never a hang. The call may have run (a lost reply); each
+  script is safe to send again (docs/reliability.md), and nothing here re-sends one
+  whose reply was lost: the per-node clients this store makes never retry.
+- With ``replicas`` > 0 the writes that must survive a failover (schedule, cancel,
+  reschedule, and the end states ack, retry, release) are followed
   by ``WAIT replicas timeout`` *on the connection that wrote*: WAIT counts the replicas
   that have that connection's writes, so it must share the write's connection. One
   pipeline per node carries the script calls and then WAIT.
@@ -35,8 +41,10 @@ import redis.asyncio
 import redis.exceptions
 from redis.asyncio.cluster import RedisCluster
 
-from ._connect import Client
-from ._errors import REDIS_ERRORS, ReplicationTimeout, translate
+from tickwheel.wheel import timeout
+
+from ._connect import Client, no_retry
+from ._errors import REDIS_ERRORS, RedisUnavailable, ReplicationTimeout, translate
 from ._keys import Keys
 from ._model import (
     ClaimBatch,
@@ -81,6 +89,12 @@ _RESEND = (
     redis.exceptions.AskError,  # MovedError too
     redis.exceptions.TryAgainError,
 )
+
+
+# Seconds one call may take before it gives RedisUnavailable. Above the default socket
+# timeout of the clients connect() makes (5 s), so those fail first with redis-py's own
+# error; this bound is for a client made without one.
+DEFAULT_CALL_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,9 +186,12 @@ class Store:
         replicas: producer writes return only once this many replicas have them
             (``WAIT``); 0 does not wait.
         replica_timeout_ms: how long to wait for them; then :class:`ReplicationTimeout`.
+        call_timeout: seconds a call may wait for Redis (besides WAIT); then
+            :class:`RedisUnavailable`.
 
     Raises:
-        ValueError: if ``client`` decodes responses, or a replica setting is negative.
+        ValueError: if ``client`` decodes responses, a replica setting is negative or
+            ``call_timeout`` is not positive.
     """
 
     __slots__ = (
@@ -182,13 +199,21 @@ class Store:
         "_cluster",
         "_nodes",
         "_scripts",
+        "_wait_timeout",
+        "call_timeout",
         "keys",
         "replica_timeout_ms",
         "replicas",
     )
 
     def __init__(
-        self, client: Client, keys: Keys, *, replicas: int = 0, replica_timeout_ms: int = 1000
+        self,
+        client: Client,
+        keys: Keys,
+        *,
+        replicas: int = 0,
+        replica_timeout_ms: int = 1000,
+        call_timeout: float = DEFAULT_CALL_TIMEOUT,
     ) -> None:
         if client.get_encoder().decode_responses:
             raise ValueError("client must be created with decode_responses=False")
@@ -196,7 +221,11 @@ class Store:
             raise ValueError(
                 f"replicas and replica_timeout must be >= 0, got {replicas}, {replica_timeout_ms}"
             )
+        if not call_timeout > 0:  # also refuses NaN
+            raise ValueError(f"call_timeout must be > 0 seconds, got {call_timeout!r}")
         self._client = client  # the redis-py client (one Redis or a cluster)
+        self.call_timeout = float(call_timeout)  # bound of one call (s)
+        self._wait_timeout = self.call_timeout + replica_timeout_ms / 1000  # with WAIT
         self._cluster = isinstance(client, RedisCluster)  # scripts routed by slot
         self._scripts = Scripts(client)  # the registered scripts
         self.keys = keys  # key names of the namespace
@@ -214,9 +243,9 @@ class Store:
         """A plain client of one cluster node, with the cluster client's settings."""
         client = self._nodes.get(node.name)
         if client is None:
-            pool = redis.asyncio.ConnectionPool(
-                connection_class=node.connection_class, **node.connection_kwargs
-            )
+            # Never re-send: a lost reply is the caller's to recover (see claim.lua).
+            options = {**node.connection_kwargs, "retry": no_retry()}
+            pool = redis.asyncio.ConnectionPool(connection_class=node.connection_class, **options)
             client = self._nodes[node.name] = redis.asyncio.Redis(connection_pool=pool)
         return client
 
@@ -227,9 +256,18 @@ class Store:
 
     async def _run(self, script: Any, keys: Sequence[str], args: Sequence[Any], shard: int) -> Any:
         try:
-            return await script(keys, args)
+            async with timeout(self.call_timeout):
+                return await script(keys, args)
         except REDIS_ERRORS as exc:
             raise translate(exc, shard) from exc
+        except TimeoutError:
+            raise self._no_reply(self.call_timeout) from None
+
+    @staticmethod
+    def _no_reply(seconds: float) -> RedisUnavailable:
+        return RedisUnavailable(
+            f"redis unavailable: no reply within {seconds:g} s (the call may have run)"
+        )
 
     async def _write(
         self, script: Any, keys: Sequence[str], args: Sequence[Any], shard: int
@@ -250,11 +288,15 @@ class Store:
         """
         replies: list[Any] = [None] * len(calls)
         todo = list(range(len(calls)))
+        bound = self._wait_timeout if wait else self.call_timeout
         for _ in range(_MAX_ROUNDS):
             try:
-                got = await self._send(calls, todo, wait)
+                async with timeout(bound):
+                    got = await self._send(calls, todo, wait)
             except REDIS_ERRORS as exc:
                 raise translate(exc) from exc
+            except TimeoutError:
+                raise self._no_reply(bound) from None
             resend: list[int] = []
             for i, reply in zip(todo, got, strict=False):
                 if isinstance(reply, _RESEND):
@@ -277,7 +319,13 @@ class Store:
                     )
             if not resend:
                 return replies
-            await self._recover([calls[i] for i in resend], [got[todo.index(i)] for i in resend])
+            try:
+                async with timeout(self.call_timeout):
+                    await self._recover(
+                        [calls[i] for i in resend], [got[todo.index(i)] for i in resend]
+                    )
+            except TimeoutError:
+                raise self._no_reply(self.call_timeout) from None
             todo = resend
         raise translate(redis.exceptions.TryAgainError("slot map kept moving; try again"))
 
@@ -417,7 +465,7 @@ class Store:
         done: list[Sequence[EncodedJob]] = []
         client: Any = self._client  # one Redis (the cluster takes the other path)
         try:
-            async with client.pipeline(transaction=True) as pipe:
+            async with timeout(self.call_timeout), client.pipeline(transaction=True) as pipe:
                 for shard, chunks in groups.items():
                     for chunk in chunks:
                         keys, args = self._schedule_call(shard, chunk, replace)
@@ -426,6 +474,8 @@ class Store:
                 replies = await pipe.execute()
         except REDIS_ERRORS as exc:
             raise translate(exc) from exc
+        except TimeoutError:
+            raise self._no_reply(self.call_timeout) from None
         out: list[ScheduleResult] = []
         for chunk, reply in zip(done, replies, strict=True):
             out.extend(self._schedule_results(chunk, reply))
@@ -463,17 +513,35 @@ class Store:
     # -- owners --------------------------------------------------------------------
 
     async def claim(
-        self, shard: int, epoch: int, lookahead_ms: int, limit: int, lease_ms: int
+        self,
+        shard: int,
+        epoch: int,
+        lookahead_ms: int,
+        limit: int,
+        lease_ms: int,
+        *,
+        token: str,
+        forget: str | None = None,
     ) -> ClaimBatch:
         """Lease jobs due by now + lookahead (claim.lua). O(limit log N).
+
+        The same ``token`` again returns the same batch while its leases last, so a
+        claim whose reply was lost is recovered by sending it again (see claim.lua).
+
+        Args:
+            token: names this claim; reuse it only to recover a claim that failed.
+            forget: the token of the caller's previous claim on this shard, whose reply
+                arrived: its kept reply is deleted.
 
         Raises:
             Fenced: if ``epoch`` is stale.
         """
         k = self.keys.shard(shard)
+        reply_key = self.keys.claim_reply(shard, token)
+        forget_key = reply_key if forget is None else self.keys.claim_reply(shard, forget)
         reply = await self._run(
             self._scripts.claim,
-            [k.due, k.leased, k.done, k.epoch, k.clock, *k.jobs],
+            [k.due, k.leased, k.done, k.epoch, k.clock, reply_key, forget_key, *k.jobs],
             [epoch, lookahead_ms, limit, lease_ms],
             shard,
         )
@@ -517,7 +585,7 @@ class Store:
             values += (ref.id.encode(), ref.attempt, ref.nominal_ms, ref.time_ms)
         args = [epoch, keep_done_ms, pack_array(values)]
         buckets = [self.keys.jobs_key(shard, refs[0].id)] if len(refs) == 1 else k.jobs
-        reply = await self._run(
+        reply = await self._write(
             self._scripts.ack, [k.leased, k.due, k.done, k.epoch, k.clock, *buckets], args, shard
         )
         return [bool(s) for s in reply]
@@ -540,7 +608,7 @@ class Store:
             Fenced: if ``epoch`` is stale.
         """
         k = self.keys.shard(shard)
-        reply = await self._run(
+        reply = await self._write(
             self._scripts.retry,
             [k.leased, k.due, k.dead, k.epoch, k.clock, self.keys.jobs_key(shard, job_id)],
             [epoch, job_id, attempt, nominal_ms, delay_ms, error, 1 if final else 0],
@@ -575,7 +643,7 @@ class Store:
         args: list[Any] = [epoch, len(refs)]
         for ref in refs:
             args += (ref.id, ref.attempt, ref.nominal_ms, ref.time_ms, 1 if ref.renominate else 0)
-        reply = await self._run(
+        reply = await self._write(
             self._scripts.release, [k.leased, k.due, k.epoch, k.clock, *k.jobs], args, shard
         )
         return [bool(s) for s in reply]

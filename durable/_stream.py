@@ -30,8 +30,10 @@ import redis.asyncio
 import redis.exceptions
 from redis.asyncio.cluster import RedisCluster
 
+from tickwheel.wheel import timeout
+
 from ._connect import Client
-from ._errors import translate
+from ._errors import RedisUnavailable, translate
 from ._model import Job, decode_payload, encode_payload, finite_seconds_ms
 
 __all__ = ["Publisher", "StreamConsumer", "StreamEntry", "StreamPublisher"]
@@ -46,6 +48,11 @@ DEFAULT_STREAM_MAXLEN = 1_000_000
 DEFAULT_DEDUP_TTL = 3600.0
 # A pending entry idle this long (s) belongs to a dead consumer and is taken over.
 DEFAULT_CLAIM_IDLE = 30.0
+# A blocking read waits in slices of at most this many seconds: below the socket
+# timeout of the clients connect() makes (5 s), so a long block is not cut by it.
+BLOCK_SLICE = 1.0
+# Seconds a read may take beyond its block before RedisUnavailable (a black hole).
+READ_GRACE = 5.0
 # Payloads of published jobs were accepted by the scheduler already; no second limit.
 _NO_LIMIT = 2**31
 
@@ -175,6 +182,8 @@ class StreamConsumer:
 
         Args:
             block: seconds to wait for new entries when there are none; None: no wait.
+                The wait is bounded by ``block`` plus ``READ_GRACE`` (5 s), whatever
+                the client's socket timeout.
 
         Returns:
             The entries; :meth:`ack` each once processed.
@@ -190,18 +199,30 @@ class StreamConsumer:
             )
             raw += [e for e in reply[1] if e[1] is not None]
             if not raw:
-                streams: Any = await self.client.xreadgroup(
-                    self.group,
-                    self.consumer,
-                    {self.stream: ">"},
-                    count=self.count,
-                    block=None if block is None else max(1, int(block * 1000)),
-                )
-                for _, entries in streams or []:
-                    raw += entries
+                raw = await self._read_new(block)
             return await self._dedup([self._entry(eid, fields) for eid, fields in raw])
         except redis.exceptions.RedisError as exc:
             raise translate(exc) from exc
+        except TimeoutError:
+            raise RedisUnavailable(
+                f"redis unavailable: no reply within {READ_GRACE:g} s beyond the block"
+            ) from None
+
+    async def _read_new(self, block: float | None) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        """XREADGROUP, blocking up to ``block`` s in slices of at most BLOCK_SLICE, each
+        bounded: a long block never outwaits the client's socket timeout, and a Redis
+        that stops answering is noticed within a slice plus READ_GRACE."""
+        loop = asyncio.get_running_loop()
+        end = None if block is None else loop.time() + block
+        while True:
+            ms = None if end is None else max(1, int(min(end - loop.time(), BLOCK_SLICE) * 1000))
+            async with timeout((ms or 0) / 1000 + READ_GRACE):
+                streams: Any = await self.client.xreadgroup(
+                    self.group, self.consumer, {self.stream: ">"}, count=self.count, block=ms
+                )
+            raw = [e for _, entries in streams or [] for e in entries]
+            if raw or end is None or loop.time() >= end:
+                return raw
 
     @staticmethod
     def _entry(entry_id: bytes | str, fields: dict[bytes, bytes]) -> StreamEntry:
@@ -218,26 +239,38 @@ class StreamConsumer:
         if not entries:
             return []
         ttl = self.dedup_ttl_ms
+        # One claim per occurrence, by its first entry in stream order: two entries of
+        # one occurrence in one batch must not race for it (concurrent calls on a
+        # cluster reach the server in any order, and the later publish could win).
+        first: dict[tuple[str, int], StreamEntry] = {}
+        for e in entries:
+            first.setdefault(e.key, e)
+        claims = list(first.values())
         if isinstance(self.client, RedisCluster):
             # The occurrences' keys span slots, and redis-py's cluster pipeline refuses
             # EVALSHA: concurrent calls instead (each routed to its slot's master).
             owners = await asyncio.gather(
                 *(
                     self._claim_occurrence(keys=[self._dedup_key(e)], args=[e.entry_id, ttl])
-                    for e in entries
+                    for e in claims
                 )
             )
         else:
             async with self.client.pipeline(transaction=False) as pipe:
-                for e in entries:
+                for e in claims:
                     key = self._dedup_key(e)
                     await self._claim_occurrence(keys=[key], args=[e.entry_id, ttl], client=pipe)
                 owners = await pipe.execute()
+        # None: the claiming entry now owns the occurrence; else the owner's entry id.
+        owner_of = {
+            e.key: e.entry_id if owner is None else owner.decode()
+            for e, owner in zip(claims, owners, strict=True)
+        }
         fresh: list[StreamEntry] = []
         dups: list[str] = []
-        for e, owner in zip(entries, owners, strict=True):
-            # None: this entry now owns the occurrence; its own id: a redelivery of it.
-            if owner is None or owner.decode() == e.entry_id:
+        for e in entries:
+            # The owner itself (or a redelivery of it) is processed; any other is a dup.
+            if owner_of[e.key] == e.entry_id:
                 fresh.append(e)
             else:
                 dups.append(e.entry_id)

@@ -103,8 +103,9 @@ def test_claim_lease_ack_and_lookahead(redis_url: str) -> None:
             await s.ack(batch.jobs[0])
             await s.ack(job)
             assert await s.get("now") is None
-            with pytest.raises(LeaseLost):
-                await s.ack(job)
+            # A second ack of a completed occurrence (a re-send whose first reply was
+            # lost) is recognised by its done entry: acked, and nothing changes.
+            await s.ack(job)
             assert await check_shard(s, 0) == {"later": JobState.DUE}
 
     run(main())

@@ -7,7 +7,9 @@
 --   (the lease is (epoch, attempt, nominal); next: the next occurrence's due in ms for a
 --   recurring job, computed by the client from the nominal due; 0 = none)
 -- Returns: {status_1 .. status_n}: 1 acked and removed, 2 acked and re-inserted at
---   next, 0 lease lost (not leased, or leased under another epoch, attempt or nominal).
+--   next, 0 lease lost (not leased, or leased under another epoch, attempt or nominal),
+--   3 the occurrence is in done already: an ack of it ran before (a re-send of this
+--   one whose first reply was lost, or another holder's), so nothing is left to do.
 --   A lost lease still records the occurrence in done: the handler did run, so a copy
 --   of it waiting in due (reaped after the lease expired) is dropped at its claim
 --   instead of running a second time.
@@ -59,7 +61,10 @@ for k = 1, count do
     end
   end
   if status == 0 and not acked[id] then
-    done[nn + 1], done[nn + 2] = snow, done_member(items[4 * k - 1], id)
+    local member = done_member(items[4 * k - 1], id)
+    -- Recorded done already: this ack (or a re-send of it) ran before; say so.
+    if redis.call('ZSCORE', done_key, member) then status = 3 end
+    done[nn + 1], done[nn + 2] = snow, member
     nn = nn + 2
   end
   out[k] = status

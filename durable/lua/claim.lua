@@ -1,6 +1,9 @@
 -- claim.lua: lease the jobs of one shard that are due by now + lookahead.
 -- KEYS[1] due  KEYS[2] leased  KEYS[3] done  KEYS[4] epoch  KEYS[5] clock
--- KEYS[6..] jobs buckets (all of the shard's, in order)
+-- KEYS[6] reply   where this claim's reply is kept ({ns:s}:claim:<token>)
+-- KEYS[7] forget  the reply key of the caller's previous claim, now received: deleted
+--                 (may equal KEYS[6]'s prefix with another token; same slot)
+-- KEYS[8..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  epoch      the caller's fencing epoch for this shard
 -- ARGV[2]  lookahead  ms: claim jobs due by now + lookahead
 -- ARGV[3]  limit      at most this many jobs
@@ -10,11 +13,20 @@
 --   occurrence is in done already: removed, not returned. A recurring job whose
 --   occurrence is done comes back leased with dup = 1: the client acks it unrun, which
 --   re-inserts its next occurrence.
+-- Re-sent safely: a claim whose reply is kept under KEYS[6] returns that reply again
+--   (same jobs, same leases; nothing written), so a claim that ran but whose reply was
+--   lost, re-sent by the client library or by the caller with the same token, cannot
+--   lease a second batch and strand the first one until the reaper consumes an attempt.
+--   The reply is kept for the lease's length (ARGV[4]); after that the leases it names
+--   have expired anyway. An empty claim leases nothing and keeps nothing.
 -- Errors: TW_FENCED if ARGV[1] is not the shard's current epoch (nothing written).
-local FIRST = 5
+local FIRST = 7
 local due_key, leased_key, done_key = KEYS[1], KEYS[2], KEYS[3]
 local err = fence(KEYS[4], ARGV[1])
 if err then return err end
+if KEYS[7] ~= KEYS[6] then redis.call('DEL', KEYS[7]) end
+local kept = redis.call('GET', KEYS[6])
+if kept then return cmsgpack.unpack(kept) end
 local epoch = tonumber(ARGV[1])
 local now = clock_now(KEYS[5], true)
 local lease = tonumber(ARGV[4])
@@ -75,4 +87,5 @@ if nz > 0 then
   bulk('ZADD', leased_key, zadd)
 end
 out[2] = dropped
+if nz > 0 then redis.call('SET', KEYS[6], cmsgpack.pack(out), 'PX', lease) end
 return out
