@@ -11,6 +11,8 @@ import math
 import socket
 import time
 import uuid
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
 import redis
@@ -33,6 +35,19 @@ HANG = 30.0
 CLOCK_SLACK = 0.001
 # The socket timeout of a client that is to give up on a black hole.
 SHORT_TIMEOUT = 0.5
+
+
+def _run(main: Coroutine[Any, Any, None]) -> None:
+    """``run(main)``, failing on whatever reached the loop's exception handler (asyncio
+    only logs those: an exception in a callback, a task destroyed pending)."""
+    seen: list[dict[str, Any]] = []
+
+    async def checked() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: seen.append(ctx))
+        await main
+
+    run(checked())
+    assert not seen, seen
 
 
 def _key() -> str:
@@ -82,7 +97,7 @@ def test_passes_commands_through(redis_server: RedisServer) -> None:
             assert proxy.bytes_to_server > len(big) and proxy.bytes_to_client > len(big)
             assert proxy.dropped_replies == 0
 
-    run(main())
+    _run(main())
 
 
 @pytest.mark.parametrize(("direction", "ways"), [("to_server", 1), ("to_client", 1), ("both", 2)])
@@ -106,7 +121,7 @@ def test_latency_delays_each_direction(
             finally:
                 await client.aclose()
 
-    run(main())
+    _run(main())
 
 
 def test_drop_next_reply_applies_the_command_and_resets_the_client(
@@ -132,7 +147,7 @@ def test_drop_next_reply_applies_the_command_and_resets_the_client(
                 await client.aclose()
                 await direct.aclose()
 
-    run(main())
+    _run(main())
 
 
 def test_drop_reply_matching_a_request_spares_the_others(redis_server: RedisServer) -> None:
@@ -159,7 +174,7 @@ def test_drop_reply_matching_a_request_spares_the_others(redis_server: RedisServ
                 await client.aclose()
                 await direct.aclose()
 
-    run(main())
+    _run(main())
 
 
 def test_wait_dropped_times_out_and_heal_disarms(redis_server: RedisServer) -> None:
@@ -173,7 +188,7 @@ def test_wait_dropped_times_out_and_heal_disarms(redis_server: RedisServer) -> N
                 await proxy.wait_dropped(HANG)
             await proxy.wait_dropped(0.05)  # nothing left armed
 
-    run(main())
+    _run(main())
 
 
 def test_reset_all_resets_a_request_in_flight_and_loses_held_bytes(
@@ -206,7 +221,7 @@ def test_reset_all_resets_a_request_in_flight_and_loses_held_bytes(
                 await client.aclose()
                 await direct.aclose()
 
-    run(main())
+    _run(main())
 
 
 def test_reset_all_refuses_new_connections_until_healed(redis_server: RedisServer) -> None:
@@ -222,7 +237,7 @@ def test_reset_all_refuses_new_connections_until_healed(redis_server: RedisServe
             finally:
                 await client.aclose()
 
-    run(main())
+    _run(main())
 
 
 def test_black_hole_times_clients_out_until_healed(redis_server: RedisServer) -> None:
@@ -248,7 +263,7 @@ def test_black_hole_times_clients_out_until_healed(redis_server: RedisServer) ->
                 await old.aclose()
                 await new.aclose()
 
-    run(main())
+    _run(main())
 
 
 def test_half_close_sends_eof_to_clients(redis_server: RedisServer) -> None:
@@ -265,7 +280,7 @@ def test_half_close_sends_eof_to_clients(redis_server: RedisServer) -> None:
             finally:
                 await client.aclose()
 
-    run(main())
+    _run(main())
 
 
 def test_half_closed_socket_still_reads_the_client(redis_server: RedisServer) -> None:
@@ -291,7 +306,7 @@ def test_half_closed_socket_still_reads_the_client(redis_server: RedisServer) ->
                 writer.close()
                 await direct.aclose()
 
-    run(main())
+    _run(main())
 
 
 def test_close_is_bounded_and_leaves_no_task_or_listener(private_redis: RedisServer) -> None:
@@ -322,7 +337,7 @@ def test_close_is_bounded_and_leaves_no_task_or_listener(private_redis: RedisSer
         with pytest.raises(ConnectionRefusedError):
             await asyncio.open_connection("127.0.0.1", port)
 
-    run(main())
+    _run(main())
 
 
 def test_threaded_proxy_controls_from_a_sync_test(redis_server: RedisServer) -> None:
@@ -375,4 +390,4 @@ def test_refuses_bad_arguments(redis_server: RedisServer) -> None:
             with pytest.raises(TypeError, match="predicate"):
                 proxy.drop_reply_when(b"EVALSHA")  # type: ignore[arg-type]
 
-    run(main())
+    _run(main())
