@@ -41,10 +41,11 @@ class Timeout:
     or ``TimingWheel.timeout``; not directly.
     """
 
-    __slots__ = ("_cancelling", "_soon", "_state", "_task", "_timer", "_wheel", "_when")
+    __slots__ = ("_cancelling", "_soon", "_state", "_task", "_time", "_timer", "_wheel", "_when")
 
     def __init__(self, wheel: TimingWheel, when: float | None) -> None:
         self._wheel = wheel  # the wheel the expiry is scheduled on
+        self._time = wheel._time  # the loop's clock (loop.time or its C twin), per reschedule
         self._when = when  # deadline as given (loop time); None: never
         self._state = _State.CREATED
         self._timer: Timer | None = None  # the pending expiry, while entered
@@ -75,16 +76,22 @@ class Timeout:
                 timer.cancel()
                 self._timer = None
             self._cancel_soon()
-        elif self._wheel._check_when(when) <= self._wheel.time():  # raises before a change
-            if timer is not None:
-                timer.cancel()
-                self._timer = None
-            if self._soon is None:
-                self._soon = self._wheel.loop.call_soon(self._on_timeout)
         else:
-            if timer is None or not timer.reschedule_at(when):
-                self._timer = self._wheel.schedule_at(when, self._on_timeout)
-            self._cancel_soon()
+            try:
+                past = when <= self._time()  # NaN: False, for reschedule_at to refuse
+            except TypeError:
+                raise TypeError(f"when must be a real number, got {when!r}") from None
+            if past:
+                if timer is not None:
+                    timer.cancel()
+                    self._timer = None
+                if self._soon is None:
+                    self._soon = self._wheel.loop.call_soon(self._on_timeout)
+            else:
+                if timer is None or not timer.reschedule_at(when):  # raises before a change
+                    self._timer = self._wheel.schedule_at(when, self._on_timeout)
+                if self._soon is not None:
+                    self._cancel_soon()
         self._when = when
 
     def _cancel_soon(self) -> None:
