@@ -327,7 +327,6 @@ def test_reschedule_corners_like_asyncio(loop: asyncio.AbstractEventLoop) -> Non
                 seen.append(cm.when())
                 cm.reschedule(loop.time() - 5)  # into the past: next iteration
                 await asyncio.sleep(0)
-                await asyncio.sleep(0)
 
         seen.append(await _outcome(into_past()))
         seen.append(cm.expired())
