@@ -252,3 +252,127 @@ def test_default_wheel_is_per_loop() -> None:
 def test_get_wheel_needs_a_running_loop() -> None:
     with pytest.raises(RuntimeError):
         get_wheel()
+
+
+# -- drop-in corners, each checked against asyncio.timeout on the same loop ------------
+
+
+def _both(loop: asyncio.AbstractEventLoop, body: Callable[[Any], Awaitable[Any]]) -> None:
+    """Run ``body(factory)`` with asyncio's timeout and the wheel's; results must match."""
+
+    async def main() -> tuple[Any, Any]:
+        return await body(asyncio), await body(_WheelNs)
+
+    theirs, ours = loop.run_until_complete(main())
+    assert ours == theirs
+
+
+class _WheelNs:  # stands in for the asyncio module's two names
+    timeout = staticmethod(timeout)
+    timeout_at = staticmethod(timeout_at)
+
+
+async def _outcome(aw: Awaitable[Any]) -> str:
+    try:
+        await aw
+    except TimeoutError:
+        return "timeout"
+    except asyncio.CancelledError:
+        return "cancelled"
+    except RuntimeError as exc:
+        return f"runtime: {type(exc).__name__}"
+    return "ok"
+
+
+@pytest.mark.parametrize("delay", [0, -1])
+def test_past_delay_expires_at_next_iteration_like_asyncio(
+    loop: asyncio.AbstractEventLoop, delay: float
+) -> None:
+    async def body(ns: Any) -> tuple[str, bool]:
+        cm = ns.timeout(delay)
+
+        async def block() -> None:
+            async with cm:
+                await asyncio.sleep(0)
+
+        return await _outcome(block()), cm.expired()
+
+    _both(loop, body)
+
+
+def test_timeout_at_past_expires_at_next_iteration_like_asyncio(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    async def body(ns: Any) -> tuple[str, bool]:
+        cm = ns.timeout_at(loop.time() - 1)
+
+        async def block() -> None:
+            async with cm:
+                await asyncio.sleep(0)
+
+        return await _outcome(block()), cm.expired()
+
+    _both(loop, body)
+
+
+def test_reschedule_corners_like_asyncio(loop: asyncio.AbstractEventLoop) -> None:
+    async def body(ns: Any) -> list[Any]:
+        seen: list[Any] = []
+        cm = ns.timeout(10)
+
+        async def into_past() -> None:
+            async with cm:
+                seen.append(cm.when() is not None)
+                cm.reschedule(None)
+                seen.append(cm.when())
+                cm.reschedule(loop.time() - 5)  # into the past: next iteration
+                await asyncio.sleep(0)
+
+        seen.append(await _outcome(into_past()))
+        seen.append(cm.expired())
+        try:
+            cm.reschedule(None)  # after exit
+        except RuntimeError:
+            seen.append("reschedule after exit: RuntimeError")
+
+        async def reenter() -> None:
+            async with cm:
+                pass
+
+        seen.append(await _outcome(reenter()))
+        # Into the past and back to the future before the loop runs: no expiry.
+        cm2 = ns.timeout(10)
+
+        async def back() -> None:
+            async with cm2:
+                cm2.reschedule(loop.time() - 1)
+                cm2.reschedule(loop.time() + 10)
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)
+
+        seen.append(await _outcome(back()))
+        seen.append(cm2.expired())
+        return seen
+
+    _both(loop, body)
+
+
+def test_outside_cancel_of_past_timeout_like_asyncio(loop: asyncio.AbstractEventLoop) -> None:
+    async def body(ns: Any) -> list[Any]:
+        async def inner() -> None:
+            async with ns.timeout(10):
+                await asyncio.sleep(10)
+
+        task = asyncio.ensure_future(inner())
+        await asyncio.sleep(0)
+        task.cancel()
+        outer = await _outcome(task)
+
+        async def nested() -> tuple[bool, bool]:
+            async with ns.timeout(0) as a, ns.timeout(10) as b:
+                await asyncio.sleep(1)
+            return a.expired(), b.expired()
+
+        return [outer, await _outcome(nested())]
+
+    _both(loop, body)

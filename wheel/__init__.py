@@ -13,10 +13,12 @@ from ._default import get_wheel, sleep, timeout, timeout_at
 from ._driver import DEFAULT_TICK, TimingWheel, WheelStats
 from ._errors import WheelClosed, WheelError, WheelFull
 from ._handle import Timer
+from ._impl import IMPLEMENTATION
 from ._timeout import Timeout
 
 __all__ = [
     "DEFAULT_TICK",
+    "IMPLEMENTATION",
     "Timeout",
     "Timer",
     "TimingWheel",

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from ._core import Core
 from ._errors import WheelClosed, WheelFull
 from ._handle import _FIRED, Timer
+from ._impl import IMPLEMENTATION
 from ._timeout import Timeout, sleep_on
 
 __all__ = ["TimingWheel", "WheelStats"]
@@ -58,6 +59,8 @@ class WheelStats:
     #: share of its lateness; one subtraction per wake-up, none per timer)
     wakeup_lateness_max: float = 0.0
     wakeup_lateness_sum: float = 0.0
+    #: which implementation runs the wheel: "c" or "python" (``IMPLEMENTATION``)
+    implementation: str = IMPLEMENTATION
 
 
 class TimingWheel:
@@ -333,6 +336,7 @@ class TimingWheel:
             cancelled=self._cancelled,
             wakeup_lateness_max=self._late_max,
             wakeup_lateness_sum=self._late_sum,
+            implementation=IMPLEMENTATION,
         )
 
     def _check(self) -> None:

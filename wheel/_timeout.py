@@ -41,13 +41,17 @@ class Timeout:
     or ``TimingWheel.timeout``; not directly.
     """
 
-    __slots__ = ("_cancelling", "_state", "_task", "_timer", "_wheel", "_when")
+    __slots__ = ("_cancelling", "_soon", "_state", "_task", "_time", "_timer", "_wheel", "_when")
 
     def __init__(self, wheel: TimingWheel, when: float | None) -> None:
         self._wheel = wheel  # the wheel the expiry is scheduled on
+        self._time = wheel._time  # the loop's clock (loop.time or its C twin), per reschedule
         self._when = when  # deadline as given (loop time); None: never
         self._state = _State.CREATED
         self._timer: Timer | None = None  # the pending expiry, while entered
+        # A deadline already past expires at the next loop iteration, as asyncio's does
+        # (loop.call_soon), not one tick later: the pending call_soon, if any.
+        self._soon: asyncio.Handle | None = None
         self._task: asyncio.Task[object] | None = None  # the task to cancel
         self._cancelling = 0  # the task's cancelling() on entry, to tell our cancel apart
 
@@ -71,9 +75,30 @@ class Timeout:
             if timer is not None:
                 timer.cancel()
                 self._timer = None
-        elif timer is None or not timer.reschedule_at(when):  # raises on NaN, before a change
-            self._timer = self._wheel.schedule_at(when, self._on_timeout)
+            self._cancel_soon()
+        else:
+            try:
+                past = when <= self._time()  # NaN: False, for reschedule_at to refuse
+            except TypeError:
+                raise TypeError(f"when must be a real number, got {when!r}") from None
+            if past:
+                if timer is not None:
+                    timer.cancel()
+                    self._timer = None
+                if self._soon is None:
+                    self._soon = self._wheel.loop.call_soon(self._on_timeout)
+            else:
+                if timer is None or not timer.reschedule_at(when):  # raises before a change
+                    self._timer = self._wheel.schedule_at(when, self._on_timeout)
+                if self._soon is not None:
+                    self._cancel_soon()
         self._when = when
+
+    def _cancel_soon(self) -> None:
+        soon = self._soon
+        if soon is not None:
+            soon.cancel()
+            self._soon = None
 
     def expired(self) -> bool:
         """Return True if the timeout expired while the block ran."""
@@ -107,6 +132,7 @@ class Timeout:
         if timer is not None:
             timer.cancel()
             self._timer = None
+        self._cancel_soon()
         if self._state is _State.EXPIRING:
             self._state = _State.EXPIRED
             assert self._task is not None
@@ -123,6 +149,7 @@ class Timeout:
         self._task.cancel()
         self._state = _State.EXPIRING
         self._timer = None
+        self._soon = None
 
 
 def _wake(future: asyncio.Future[T], result: T) -> None:

@@ -1,0 +1,44 @@
+"""Which implementation runs: IMPLEMENTATION, stats(), TICKWHEEL_PURE, and CI's demand."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from vloop import VirtualLoop
+
+import tickwheel.wheel
+from tickwheel.wheel import IMPLEMENTATION, TimingWheel
+
+
+def test_implementation_is_reported_by_stats() -> None:
+    assert IMPLEMENTATION in ("c", "python")
+    loop = VirtualLoop()
+    try:
+        wheel = TimingWheel(loop=loop)
+        assert wheel.stats().implementation == IMPLEMENTATION
+    finally:
+        loop.close()
+
+
+def test_pure_env_forces_python() -> None:
+    env = {**os.environ, "TICKWHEEL_PURE": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", "import tickwheel.wheel as w; print(w.IMPLEMENTATION)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "python"
+
+
+def test_compiled_is_in_use_when_required() -> None:
+    """Fails (never skips) under TICKWHEEL_REQUIRE_COMPILED=1 unless the C core runs."""
+    if os.environ.get("TICKWHEEL_REQUIRE_COMPILED", "") not in ("", "0"):
+        assert tickwheel.wheel.IMPLEMENTATION == "c", (
+            "TICKWHEEL_REQUIRE_COMPILED=1 but the pure-Python wheel is in use"
+        )
+    else:
+        assert tickwheel.wheel.IMPLEMENTATION == tickwheel.wheel._impl.IMPLEMENTATION
