@@ -18,6 +18,7 @@ from redis.crc import key_slot
 from tests.durable_support import check_all, open_scheduler, run
 from tickwheel.durable import (
     JobSpec,
+    JobState,
     Keys,
     RedisUnavailable,
     ReplicationTimeout,
@@ -117,6 +118,35 @@ def test_replication_timeout_when_fewer_replicas_confirm(redis_url: str) -> None
             with pytest.raises(ReplicationTimeout):
                 await s.schedule_many([JobSpec(f"m{i}", "t", delay=60) for i in range(40)])
             assert all([await s.get(f"m{i}") for i in range(40)])
+
+    run(main())
+
+
+def test_end_states_wait_for_replicas_too(redis_url: str) -> None:
+    """ack, retry and release WAIT like the producer writes: each is applied on the
+    master, then refused with ReplicationTimeout when too few replicas confirm."""
+    wanted = 2 if "cluster" in redis_url else 1
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1, replicas=wanted, replica_timeout=0.05) as s:
+            with pytest.raises(ReplicationTimeout):
+                await s.schedule_many([JobSpec(f"e{i}", "t", delay=0) for i in range(3)])
+            assert await s.ownership.take(0)
+            try:
+                jobs = {j.id: j for j in (await s.claim(0, limit=3)).jobs}
+                assert sorted(jobs) == ["e0", "e1", "e2"]
+                with pytest.raises(ReplicationTimeout):
+                    await s.ack(jobs["e0"])
+                with pytest.raises(ReplicationTimeout):
+                    await s.retry(jobs["e1"], "boom", delay=60)
+                with pytest.raises(ReplicationTimeout):
+                    await s.release([jobs["e2"]])
+                assert await s.get("e0") is None  # acked on the master
+                e1, e2 = await s.get("e1"), await s.get("e2")
+                assert e1 is not None and e1.state is JobState.DUE and e1.attempt == 2
+                assert e2 is not None and e2.state is JobState.DUE and e2.attempt == 1
+            finally:
+                await s.ownership.give_back_all()
 
     run(main())
 

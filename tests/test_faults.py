@@ -12,6 +12,7 @@ itself, so a proxy in front of one node does not see its traffic (see faultproxy
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -195,3 +196,52 @@ def test_black_hole_gives_a_bounded_error_then_the_same_objects_work(
             assert "before" in ids and "after" in ids
 
     run(main())
+
+
+def test_a_worker_rides_out_a_black_hole_and_runs_every_job_once(
+    private_redis: RedisServer,
+) -> None:
+    """A black hole longer than every bound (call, owner TTL): the worker's loops get
+    bounded errors, keep going, and once Redis answers again every job runs once."""
+    from spill_support import running_worker, until
+
+    from tickwheel.durable import TaskContext, TaskRegistry
+
+    runs: list[str] = []
+    reg = TaskRegistry()
+
+    @reg.task(name="t")
+    async def record(ctx: TaskContext) -> None:
+        runs.append(ctx.job_id)
+
+    async def main() -> None:
+        async with (
+            proxied(private_redis, call_timeout=0.5, owner_ttl=1.0) as (proxy, s),
+            running_worker(s, reg, lookahead=0.2, poll_interval=0.02, reap_interval=0.1),
+        ):
+            for i in range(5):
+                await s.schedule(f"a{i}", "t", b"x", delay=0)
+            assert await until(lambda: len(runs) == 5, 20)
+            proxy.black_hole()
+            # Scheduled behind the proxy's back, straight into Redis, while it is dark.
+            async with open_scheduler_direct(private_redis, s.keys.namespace) as direct:
+                for i in range(5):
+                    await direct.schedule(f"b{i}", "t", b"x", delay=0)
+                await asyncio.sleep(3.0)  # past the owner TTL and many call bounds
+                assert len(runs) == 5  # nothing ran in the dark
+                proxy.reset_all()
+                proxy.heal()
+                assert await until(lambda: len(runs) == 10, 30)
+        assert sorted(runs) == sorted([f"a{i}" for i in range(5)] + [f"b{i}" for i in range(5)])
+
+    run(main())
+
+
+@asynccontextmanager
+async def open_scheduler_direct(server: RedisServer, namespace: str) -> AsyncIterator[Scheduler]:
+    """A second scheduler on the same namespace that talks to Redis without the proxy."""
+    client = client_from_url(server.url)
+    try:
+        yield Scheduler(client, namespace, shards=1, check=False)
+    finally:
+        await client.aclose()
