@@ -34,11 +34,12 @@ BOUND = 8.0
 
 @asynccontextmanager
 async def proxied(
-    server: RedisServer, *, resending: bool = False, **kwargs: Any
+    server: RedisServer, *, resending: bool = False, take: bool = True, **kwargs: Any
 ) -> AsyncIterator[tuple[FaultProxy, Scheduler]]:
     """A proxy in front of ``server`` and a one-shard Scheduler whose client uses it:
     the library's client (no re-sends), or with ``resending`` one with redis-py's
-    default retry, which re-sends a command whose reply was lost."""
+    default retry, which re-sends a command whose reply was lost. With ``take`` it owns
+    the shard."""
     async with FaultProxy("127.0.0.1", server.port) as proxy:
         c = redis.asyncio.Redis(port=proxy.port) if resending else client_from_url(proxy.url)
         kwargs.setdefault("check", False)
@@ -46,7 +47,7 @@ async def proxied(
         try:
             await s.open()
             await load_scripts(s)
-            assert await s.ownership.take(0)
+            assert not take or await s.ownership.take(0)
             yield proxy, s
         finally:
             proxy.heal()
@@ -156,23 +157,15 @@ def test_lost_schedule_reply_then_schedule_again_keeps_one_job(
 
 def test_lost_take_reply_then_take_again_keeps_one_epoch(private_redis: RedisServer) -> None:
     async def main() -> None:
-        async with FaultProxy("127.0.0.1", private_redis.port) as proxy:
-            client = client_from_url(proxy.url)
-            s = Scheduler(client, unique_ns(), shards=1, check=False)
-            try:
-                await s.open()
-                await load_scripts(s)
-                proxy.drop_next_reply(sha(s, "take"))
-                with pytest.raises(RedisUnavailable):
-                    await s.ownership.take(0)
-                epoch = await s.ownership.take(0)
-                assert epoch == 1  # the lost take's epoch, not a second one
-                await s.schedule("j", "t", b"x", delay=0)
-                (job,) = (await s.claim(0)).jobs
-                await s.ack(job)
-            finally:
-                await s.ownership.give_back_all()
-                await client.aclose()
+        async with proxied(private_redis, take=False) as (proxy, s):
+            proxy.drop_next_reply(sha(s, "take"))
+            with pytest.raises(RedisUnavailable):
+                await s.ownership.take(0)
+            epoch = await s.ownership.take(0)
+            assert epoch == 1  # the lost take's epoch, not a second one
+            await s.schedule("j", "t", b"x", delay=0)
+            (job,) = (await s.claim(0)).jobs
+            await s.ack(job)
 
     run(main())
 
