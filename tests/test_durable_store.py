@@ -463,7 +463,10 @@ def test_client_clock_skew_changes_nothing(redis_url: str, monkeypatch: pytest.M
     for sign in (1, -1):
         monkeypatch.setattr(time, "time", lambda s=sign: real_time() + s * hour)
         monkeypatch.setattr(time, "time_ns", lambda s=sign: real_ns() + int(s * hour * 1e9))
-        monkeypatch.setattr(time, "monotonic", lambda s=sign: real_mono() + s * hour)
+        # The monotonic clock has no shared origin to be skewed from; move it to another
+        # origin, forward only: it counts from boot, so an hour back is negative on a
+        # machine up for less than an hour, which no real clock is.
+        monkeypatch.setattr(time, "monotonic", lambda s=sign: real_mono() + (2 + s) * hour)
         run(measure(f"skew{sign}"))
     for tag, (delay, lease) in results.items():
         assert 30_000 <= delay <= 30_050, tag
