@@ -56,12 +56,15 @@ def test_scheduler_counts_claims_acks_retries_reaps_dedup_fencing_and_moves(
 def test_wheel_stats_count_cancels_and_wakeup_lateness() -> None:
     async def main() -> None:
         wheel = TimingWheel()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         timers = [wheel.schedule(0.01, lambda: None) for _ in range(5)]
         assert timers[0].cancel() and not timers[0].cancel()
         await asyncio.sleep(0.05)
         st = wheel.stats()
         assert (st.fired, st.cancelled, st.pending) == (4, 1, 0)
-        assert st.wakeups >= 1 and 0 <= st.wakeup_lateness_max < 0.05
+        # Late by at most the time that passed (a loaded machine can stall the loop).
+        assert st.wakeups >= 1 and 0 <= st.wakeup_lateness_max <= loop.time() - start
         assert st.wakeup_lateness_sum <= st.wakeup_lateness_max * st.wakeups + 1e-9
 
     asyncio.run(main())

@@ -25,8 +25,9 @@ from tickwheel.durable._connect import client_from_url
 
 pytestmark = pytest.mark.redis
 
-# Loose bound on lateness (ms) by Redis's clock: a loop tick, a round trip, a busy CI box.
-LATE_BOUND_MS = 500
+# Loose bound on lateness (ms) by Redis's clock: a loop tick, a round trip, and a stall
+# of a busy 2-core CI box (the wheel's real-clock test allows the same 2 s).
+LATE_BOUND_MS = 2000
 FAST: dict[str, Any] = {"lookahead": 0.3, "poll_interval": 0.02, "reap_interval": 0.05}
 
 
