@@ -179,6 +179,9 @@ async def _timed_drain(url: str, replicas: int, each: bool) -> float:
         await s.schedule_many([JobSpec(f"j{i}", "t", b"x" * 32) for i in range(jobs)])
         for shard in range(SHARDS):
             await s.take(shard)
+        # Let the replicas apply the fill first: with replicas=0 they would still be
+        # replaying it during the drain (with replicas=1 the fill's WAIT saw to that).
+        await asyncio.sleep(1.0)
         t0 = time.perf_counter()
         done = await (_drain_each(s) if each else _drain(s))
         elapsed = time.perf_counter() - t0
