@@ -69,8 +69,13 @@ WORKER_OPTS = (
 # and run elsewhere) with a margin for a loaded machine.
 STOP_SECONDS = OWNER_TTL + LEASE + 1.5
 # A call counts as caught by a Redis kill if it started this long before the kill (its
-# handler runs at most 0.4 s, then acks) or while Redis was down.
+# handler runs at most 0.4 s, then acks) or while Redis was down...
 REDIS_KILL_REACH_MS = 5_000
+# ...or this soon after Redis was back, by a worker that was fenced: an outage longer
+# than what was left of an owner token's TTL lets the token expire (Redis restores keys
+# with their absolute expiry), so another worker may take the shard (a new epoch) before
+# its owner renews it, and the owner's acks of what it claimed meanwhile are refused.
+REDIS_RESTART_REACH_MS = int(OWNER_TTL * 1000) + 2_000
 
 
 @dataclass
@@ -260,6 +265,8 @@ async def _chaos(
         for w in alive:
             assert w.alive(), f"worker {w.pid} exited {tag}: {w.stderr_tail()}"
         stats = {w.pid: await w.stop() for w in alive}
+        for pid, got in stats.items():
+            print(f"worker {pid}:", got)
         for pid in faults.stopped - faults.killed:
             got = stats[pid]
             assert got is not None, f"stopped worker {pid} gave no stats {tag}"
@@ -278,6 +285,7 @@ async def _chaos(
             faults=faults,
             tag=tag,
             workers=workers,
+            stats=stats,
         )
     finally:
         for w in workers:
@@ -298,6 +306,7 @@ def _check(
     faults: Faults,
     tag: str,
     workers: list[ChaosWorker],
+    stats: dict[int, dict[str, int] | None],
 ) -> None:
     effect: dict[str, tuple[int, int]] = state["effect"]
     log: dict[str, list[tuple[int, int]]] = state["log"]
@@ -350,6 +359,10 @@ def _check(
                 reasons["its worker was stopped"] += 1
             elif any(down - REDIS_KILL_REACH_MS <= ms <= up for down, up in faults.redis_down):
                 reasons["Redis was killed"] += 1
+            elif (stats.get(pid) or {}).get("fenced", 0) > 0 and any(
+                up < ms <= up + REDIS_RESTART_REACH_MS for _, up in faults.redis_down
+            ):
+                reasons["Redis was killed, its worker fenced after"] += 1
             else:
                 unexplained.append((occ, pid, ms))
     duplicates = sum(reasons.values()) + len(unexplained)
