@@ -19,7 +19,13 @@ from redis.asyncio.cluster import RedisCluster
 from ._connect import Client
 from ._errors import REDIS_ERRORS, ServerCheckFailed, translate
 
-__all__ = ["MIN_REDIS_VERSION", "ServerConfigWarning", "ServerReport", "check_server"]
+__all__ = [
+    "MIN_REDIS_VERSION",
+    "ServerConfigWarning",
+    "ServerReport",
+    "check_server",
+    "crash_loss",
+]
 
 logger = logging.getLogger("tickwheel.durable")
 
@@ -42,11 +48,40 @@ class ServerReport:
     unknown: list[str] = field(default_factory=list)  # settings that could not be read
     cluster_enabled: bool | None = None  # INFO cluster's cluster_enabled; None if unknown
     cluster_state: str | None = None  # CLUSTER INFO's cluster_state; None if not a cluster
+    appendfsync: str | None = None  # CONFIG GET appendfsync; None if unknown (or mixed)
 
     @property
     def ok(self) -> bool:
         """True when nothing was found wrong (unknown settings aside)."""
         return not self.problems
+
+    @property
+    def crash_loss(self) -> str:
+        """What a crash of the server (or of its host) can lose, in one sentence."""
+        return crash_loss(self.aof_enabled, self.appendfsync)
+
+
+def crash_loss(aof_enabled: bool | None, appendfsync: str | None) -> str:
+    """What a crash loses with these persistence settings (docs/reliability.md has the
+    measurements behind the everysec figures)."""
+    if aof_enabled is None:
+        return "unknown: appendonly could not be read, or differs between masters"
+    if not aof_enabled:
+        return "every write since the last RDB snapshot (AOF is off)"
+    if appendfsync == "always":
+        return "nothing acknowledged: each write is fsynced before its reply"
+    if appendfsync == "everysec":
+        return (
+            "a Redis crash (kill -9, OOM kill): nothing acknowledged, unless a slow disk "
+            "made Redis postpone its AOF writes (up to ~2 s); a host crash or power loss: "
+            "up to the last ~1 s of acknowledged writes (~2 s on a slow disk)"
+        )
+    if appendfsync == "no":
+        return (
+            "a Redis crash: nothing acknowledged; a host crash or power loss: whatever "
+            "the OS had not flushed (on Linux up to ~30 s of acknowledged writes)"
+        )
+    return "unknown: appendfsync could not be read (CONFIG disabled?) or differs between masters"
 
 
 async def _config_get(client: Any, name: str, **target: Any) -> str | None:
@@ -106,6 +141,7 @@ async def _check_cluster(client: RedisCluster) -> ServerReport:
     oldest = min(reports, key=lambda r: _version_tuple(r.version))
     policies = {r.maxmemory_policy for r in reports}
     aofs = {r.aof_enabled for r in reports}
+    fsyncs = {r.appendfsync for r in reports}
     return ServerReport(
         version=oldest.version,
         maxmemory_policy=policies.pop() if len(policies) == 1 else None,
@@ -114,6 +150,8 @@ async def _check_cluster(client: RedisCluster) -> ServerReport:
         unknown=unknown,
         cluster_enabled=True,
         cluster_state=state,
+        # A mix of settings is reported as unknown: the crash_loss would name one.
+        appendfsync=fsyncs.pop() if len(fsyncs) == 1 else None,
     )
 
 
@@ -135,6 +173,10 @@ async def _check_node(client: Any, target: dict[str, Any], label: str) -> Server
     if aof is None:
         appendonly = await _config_get(client, "appendonly", **target)
         aof = None if appendonly is None else appendonly == "yes"
+    # INFO does not tell the fsync policy; without CONFIG it stays unknown (the report
+    # then says so in crash_loss, without a warning: it decides how much, not whether,
+    # a crash loses).
+    appendfsync = await _config_get(client, "appendfsync", **target)
 
     problems: list[str] = []
     unknown: list[str] = []
@@ -169,7 +211,7 @@ async def _check_node(client: Any, target: dict[str, Any], label: str) -> Server
     else:
         state = None
     return ServerReport(
-        version, policy, aof, [label + p for p in problems], unknown, cluster, state
+        version, policy, aof, [label + p for p in problems], unknown, cluster, state, appendfsync
     )
 
 

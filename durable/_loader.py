@@ -71,8 +71,9 @@ UNAVAILABLE_BACKOFF = 0.5
 # (MaxConnectionsError): 32 tasks keep the loader, reaper and renewals well inside it.
 # Measured ~5,400-7,000 jobs/s per process with no-op tasks (bench: spill load+fire).
 DEFAULT_MAX_RUNNING = 32
-# Pauses (s) between tries of an ack that found Redis unreachable: a short blip (a
-# failover, a restart) should not cost a rerun after the lease expires.
+# Pauses (s) between tries of an ack that found Redis unreachable, the last one repeated
+# until the lease runs out: an outage (a failover, a restart) shorter than what is left
+# of the lease should not cost a rerun after the lease expires.
 ACK_RETRY_PAUSES = (0.05, 0.2, 0.5)
 # How long (s) a cancelled task gets to unwind before the loader stops waiting for it.
 CANCEL_GRACE = 1.0
@@ -345,7 +346,7 @@ class Loader:
                 await sched.ack(job)
                 return
             if self.publisher is not None:
-                await self._publish(job)
+                await self._publish(job, lease_end)
                 return
             fn = self.registry.get(job.task)
             if fn is None:
@@ -379,7 +380,7 @@ class Loader:
                 # lands inside a command, which would leave the extender running on.
                 finished.set()
                 halfway.cancel()
-            await self._ack(job)
+            await self._ack(job, lease_end)
             self.stats.succeeded += 1
         except LeaseLost:
             self.stats.lease_lost += 1
@@ -393,7 +394,7 @@ class Loader:
             self.stats.errors += 1
             logger.exception("tickwheel.durable: job %r left to the reaper", job.id)
 
-    async def _publish(self, job: Job) -> None:
+    async def _publish(self, job: Job, lease_end: float) -> None:
         """Publish, then ack: the lease is cleared only after the broker confirmed."""
         assert self.publisher is not None
         try:
@@ -403,21 +404,28 @@ class Loader:
             logger.info("tickwheel.durable: publishing job %r failed (%r)", job.id, exc)
             self._count_retry(await self.scheduler.retry(job, repr(exc)))
             return
-        await self._ack(job)
+        await self._ack(job, lease_end)
         self.stats.succeeded += 1
 
-    async def _ack(self, job: Job) -> None:
-        """Ack, trying again a few times if Redis was briefly unreachable (a pooled
-        connection broken by a server restart fails once). Safe to repeat: a second ack
-        of the same lease finds it gone and raises :class:`LeaseLost`."""
-        for pause in ACK_RETRY_PAUSES:
+    async def _ack(self, job: Job, lease_end: float) -> None:
+        """Ack; while Redis is unreachable, try again (pauses of ``ACK_RETRY_PAUSES``,
+        then of its last one) as long as the lease lasts by the local clock: a job that
+        ran must not run again because Redis restarted or failed over meanwhile (a
+        pooled connection broken by a restart also fails once). Safe to repeat: a second
+        ack of the same lease finds the occurrence done and counts as acked. Past the
+        lease the reaper may have handed the job on: the error is raised, and the job is
+        the reaper's."""
+        pauses = iter(ACK_RETRY_PAUSES)
+        while True:
             try:
                 await self._acks.ack(job)
             except RedisUnavailable:
+                pause = next(pauses, ACK_RETRY_PAUSES[-1])
+                if self.wheel.time() + pause >= lease_end:
+                    raise
                 await asyncio.sleep(pause)
             else:
                 return
-        await self._acks.ack(job)
 
     def _count_retry(self, state: JobState) -> None:
         if state is JobState.DEAD:

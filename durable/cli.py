@@ -693,8 +693,10 @@ def _report_lines(report: ServerReport) -> list[str]:
     return [
         f"  redis_version     {report.version or 'unknown'}",
         f"  aof_enabled       {show(report.aof_enabled)}",
+        f"  appendfsync       {show(report.appendfsync)}",
         f"  maxmemory-policy  {show(report.maxmemory_policy)}",
         f"  cluster_enabled   {cluster}",
+        f"  a crash loses     {report.crash_loss}",
     ]
 
 
@@ -728,6 +730,8 @@ def _check(args: argparse.Namespace) -> int:
             "url": check_url(args.redis_url),
             "version": report.version,
             "aof_enabled": report.aof_enabled,
+            "appendfsync": report.appendfsync,
+            "crash_loss": report.crash_loss,
             "maxmemory_policy": report.maxmemory_policy,
             "cluster_enabled": report.cluster_enabled,
             "cluster_state": report.cluster_state,

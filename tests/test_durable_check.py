@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import warnings
 from typing import Any
 
@@ -15,8 +18,9 @@ from tickwheel.durable import (
     ServerConfigWarning,
     check_server,
 )
+from tickwheel.durable._check import crash_loss
 from tickwheel.durable._connect import client_from_url
-from tickwheel.durable._server import RedisServer
+from tickwheel.durable._server import RedisClusterServer, RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -112,3 +116,67 @@ def test_config_fallback_when_info_lacks_a_field(tmp_path: Any) -> None:
             await hiding.aclose()
 
         run(main())
+
+
+@pytest.mark.parametrize(
+    ("appendfsync", "said"),
+    [
+        ("always", "nothing acknowledged: each write is fsynced"),
+        ("everysec", "a host crash or power loss: up to the last ~1 s"),
+        ("no", "whatever the OS had not flushed"),
+    ],
+)
+def test_the_report_says_what_a_crash_loses(tmp_path: Any, appendfsync: str, said: str) -> None:
+    with RedisServer(appendonly=True, appendfsync=appendfsync, data_dir=tmp_path) as server:
+
+        async def main() -> None:
+            client = redis.asyncio.Redis.from_url(server.url)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # a plain fact, not a warning
+                report = await check_server(client, strict=True)
+            assert report.ok and report.appendfsync == appendfsync
+            assert said in report.crash_loss
+            await client.aclose()
+
+        run(main())
+        # `tickwheel check` says it in its text and in its JSON.
+        cmd = [sys.executable, "-m", "tickwheel.durable.cli", "check", "--redis-url", server.url]
+        text = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+        assert text.returncode == 0, text.stderr
+        assert f"appendfsync       {appendfsync}" in text.stdout
+        (line,) = [ln for ln in text.stdout.splitlines() if "a crash loses" in ln]
+        assert said in line
+        out = subprocess.run(
+            [*cmd, "--json"], capture_output=True, text=True, timeout=60, check=True
+        )
+        data = json.loads(out.stdout)
+        assert data["appendfsync"] == appendfsync and said in data["crash_loss"]
+
+
+def test_without_config_the_crash_loss_is_unknown(tmp_path: Any) -> None:
+    args = ["--rename-command", "CONFIG", ""]
+    with RedisServer(appendonly=True, data_dir=tmp_path, extra_args=args) as server:
+
+        async def main() -> None:
+            client = redis.asyncio.Redis.from_url(server.url)
+            report = await check_server(client, strict=True)  # INFO tells the rest: ok
+            assert report.ok and report.aof_enabled is True and report.appendfsync is None
+            assert report.crash_loss.startswith("unknown: appendfsync could not be read")
+            await client.aclose()
+
+        run(main())
+    assert "every write since the last RDB snapshot" in crash_loss(False, "always")
+    assert crash_loss(None, None).startswith("unknown: appendonly")
+
+
+def test_a_cluster_reports_its_masters_appendfsync(redis_cluster: RedisClusterServer) -> None:
+    async def main() -> None:
+        client = client_from_url(redis_cluster.url)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the session cluster runs without AOF
+            report = await check_server(client)
+        assert report.appendfsync == "everysec"  # RedisClusterServer's default
+        assert "AOF is off" in report.crash_loss
+        await client.aclose()
+
+    run(main())
