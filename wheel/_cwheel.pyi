@@ -1,0 +1,94 @@
+# The compiled core (wheel/_cwheel.c). Its public faces are _cdriver.TimingWheel (a
+# subclass of Wheel) and Timer, with the same API as the pure-Python classes.
+import asyncio
+import contextvars
+from collections.abc import Callable
+from typing import Any, final
+
+from ._handle import Timer as _PyTimer
+
+NLEVELS: int
+
+@final
+class Timer:
+    def cancel(self) -> bool: ...
+    def cancelled(self) -> bool: ...
+    def pending(self) -> bool: ...
+    def when(self) -> float: ...
+    def reschedule(self, delay: float) -> bool: ...
+    def reschedule_at(self, when: float) -> bool: ...
+    @property
+    def callback(self) -> Callable[..., object] | None: ...
+    @property
+    def args(self) -> tuple[Any, ...]: ...
+    @property
+    def context(self) -> contextvars.Context | None: ...
+    @property
+    def _wheel(self) -> Wheel: ...
+    @property
+    def _deadline(self) -> int: ...
+    @property
+    def _fired(self) -> bool: ...
+
+class Wheel:
+    _tick: float
+    _loop: asyncio.AbstractEventLoop
+    _time: Callable[[], float]
+    _context: contextvars.Context
+    _handle: asyncio.TimerHandle | None
+    _max_pending: int | None
+    _capacity: float
+    _armed_tick: float
+    _fired: int
+    _wakeups: int
+    _cancelled: int
+    _late_max: float
+    _late_sum: float
+    _closed: bool
+    @property
+    def _len(self) -> int: ...
+    @property
+    def _levels(self) -> int: ...
+    @property
+    def _elapsed(self) -> int: ...
+    def __len__(self) -> int: ...
+    def schedule(
+        self,
+        delay: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> _PyTimer: ...
+    def schedule_at(
+        self,
+        when: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> _PyTimer: ...
+    def next_when(self) -> float | None: ...
+    def _next_deadline(self) -> float | None: ...
+    def _run(self) -> None: ...
+    def _drain(self) -> list[_PyTimer]: ...
+    def _entries(self) -> list[_PyTimer]: ...
+    def _check(self) -> None: ...
+    def _disarm(self) -> None: ...
+    def _init_core(
+        self,
+        tick: float,
+        loop: asyncio.AbstractEventLoop,
+        time: Callable[[], float],
+        context: contextvars.Context,
+        max_pending: int | None,
+        elapsed: int,
+        capacity: float,
+    ) -> None: ...
+
+def _setup(
+    closed: type[Exception],
+    full: type[Exception],
+    slow_when_after: Callable[[Wheel, Any], tuple[float, float]],
+    slow_check_when: Callable[[Any], float],
+    timer_repr: Callable[[Timer], str],
+) -> None: ...
+def _sizes() -> tuple[int, int]: ...
