@@ -17,6 +17,9 @@ from vloop import VirtualLoop
 
 from tickwheel.wheel import Timer, TimingWheel, WheelClosed, WheelFull
 
+# Every test here runs on both implementations (tests/wheel_impls.py).
+pytestmark = pytest.mark.usefixtures("wheel_impl")
+
 T = TypeVar("T")
 
 REAL_LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
