@@ -226,12 +226,12 @@ static inline int core_earliest(WheelObject *w, int *slot) {
     return -1;
 }
 
-/* Earliest deadline as a double tick (exact below 2**53); returns 0 if empty. */
-static int core_next_deadline(WheelObject *w, double *out) {
+/* Earliest deadline: 0 if empty; 1 with *exact set; 2 (far) with *out set. */
+static int core_next_deadline_exact(WheelObject *w, int64_t *exact, double *out) {
     int slot;
     int level = core_earliest(w, &slot);
     if (level == 0) {
-        *out = (double)slot_start(w->elapsed, 0, slot);
+        *exact = slot_start(w->elapsed, 0, slot);
         return 1;
     }
     if (level > 0) {
@@ -241,7 +241,7 @@ static int core_next_deadline(WheelObject *w, double *out) {
             int64_t d = TIMER_OF(n)->deadline;
             if (d < best) best = d;
         }
-        *out = (double)best;
+        *exact = best;
         return 1;
     }
     if (!list_empty(&w->far)) {
@@ -251,9 +251,17 @@ static int core_next_deadline(WheelObject *w, double *out) {
             if (d < best) best = d;
         }
         *out = best;
-        return 1;
+        return 2;
     }
     return 0;
+}
+
+/* Earliest deadline as a double tick (exact below 2**53); returns 0 if empty. */
+static int core_next_deadline(WheelObject *w, double *out) {
+    int64_t exact;
+    int found = core_next_deadline_exact(w, &exact, out);
+    if (found == 1) *out = (double)exact;
+    return found != 0;
 }
 
 /* Move the next due level-0 bucket into w->firing; returns 1, or 0 when none is due. */
@@ -615,10 +623,94 @@ static PyObject *Wheel__run(WheelObject *w, PyObject *Py_UNUSED(ignored)) {
     Py_RETURN_NONE;
 }
 
+/* The earliest deadline tick as an int (exact), or None. */
 static PyObject *Wheel_next_deadline(WheelObject *w, PyObject *Py_UNUSED(ignored)) {
+    int64_t exact;
     double d;
-    if (!core_next_deadline(w, &d)) Py_RETURN_NONE;
-    return PyFloat_FromDouble(d);
+    switch (core_next_deadline_exact(w, &exact, &d)) {
+    case 1:
+        return PyLong_FromLongLong(exact);
+    case 2:
+        return PyLong_FromDouble(d);
+    default:
+        Py_RETURN_NONE;
+    }
+}
+
+/* ---- the core on integer ticks, without the loop (for the model tests) --------------- */
+
+static int64_t tick_arg(PyObject *v, int *err) {
+    long long d = PyLong_AsLongLong(v);
+    *err = (d == -1 && PyErr_Occurred()) ? -1 : 0;
+    if (!*err && (d >= (long long)FAR_LIMIT || d <= -(long long)FAR_LIMIT)) {
+        PyErr_SetString(PyExc_OverflowError, "deadline must be within +-2**62 ticks");
+        *err = -1;
+    }
+    return (int64_t)d;
+}
+
+/* _t_insert(callback, deadline) -> (timer, deadline used): Core.insert on ticks. */
+static PyObject *Wheel__t_insert(WheelObject *w, PyObject *args) {
+    PyObject *callback, *dl;
+    if (!PyArg_ParseTuple(args, "OO", &callback, &dl)) return NULL;
+    int err;
+    int64_t deadline = tick_arg(dl, &err);
+    if (err) return NULL;
+    TimerObject *t = PyObject_GC_New(TimerObject, &TimerType);
+    if (t == NULL) return NULL;
+    t->wheel = (WheelObject *)Py_NewRef(w);
+    t->callback = Py_NewRef(callback);
+    t->args = PyTuple_New(0);
+    t->context = NULL;
+    t->state = 0;
+    PyObject_GC_Track(t);
+    Py_INCREF(t);
+    w->len++;
+    int64_t used = core_place(w, t, deadline);
+    return Py_BuildValue("NL", (PyObject *)t, (long long)used);
+}
+
+/* _t_move(timer, deadline) -> deadline used: Core.move on ticks. */
+static PyObject *Wheel__t_move(WheelObject *w, PyObject *args) {
+    PyObject *dl;
+    TimerObject *t;
+    if (!PyArg_ParseTuple(args, "O!O", &TimerType, &t, &dl)) return NULL;
+    int err;
+    int64_t deadline = tick_arg(dl, &err);
+    if (err) return NULL;
+    if (t->wheel != w || !(t->state == ST_BUCKET || t->state == ST_FIRING))
+        return PyErr_Format(PyExc_ValueError, "%R is not pending", (PyObject *)t);
+    core_unlink(w, t);
+    return PyLong_FromLongLong(core_place(w, t, deadline));
+}
+
+/* _t_advance(now) -> the timers due by tick now, in firing order, marked fired (their
+ * callbacks are not called): pop_due until nothing is due. */
+static PyObject *Wheel__t_advance(WheelObject *w, PyObject *arg) {
+    int err;
+    int64_t now = tick_arg(arg, &err);
+    if (err) return NULL;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    while (core_pop_due(w, now)) {
+        while (!list_empty(&w->firing)) {
+            Node *n = w->firing.next;
+            list_unlink(n);
+            TimerObject *t = TIMER_OF(n);
+            t->state = ST_FIRED;
+            Py_CLEAR(t->callback);
+            Py_CLEAR(t->args);
+            Py_CLEAR(t->context);
+            w->len--;
+            int bad = PyList_Append(out, (PyObject *)t);
+            Py_DECREF(t);
+            if (bad < 0) {
+                Py_DECREF(out);
+                return NULL;
+            }
+        }
+    }
+    return out;
 }
 
 static PyObject *Wheel_next_when(WheelObject *w, PyObject *Py_UNUSED(ignored)) {
@@ -682,8 +774,8 @@ static PyObject *assert_fail(const char *fmt, ...) {
     return NULL;
 }
 
-/* The core's ground rules and the driver's arming rule (for tests). O(n). */
-static PyObject *Wheel__check(WheelObject *w, PyObject *Py_UNUSED(ignored)) {
+/* The core's ground rules and (unless core_only) the driver's arming rule. O(n). */
+static PyObject *wheel_check(WheelObject *w, int core_only) {
     Py_ssize_t count = 0;
     int64_t elapsed = w->elapsed;
     int64_t earliest = INT64_MAX;
@@ -716,6 +808,7 @@ static PyObject *Wheel__check(WheelObject *w, PyObject *Py_UNUSED(ignored)) {
     for (Node *n = w->far.next; n != &w->far; n = n->next) count++;
     if (count != w->len)
         return assert_fail("len %zd != %zd in buckets", w->len, count);
+    if (core_only) Py_RETURN_NONE;
     if (w->len == 0) {
         if (w->handle != Py_None) return assert_fail("armed while empty");
     } else {
@@ -724,6 +817,14 @@ static PyObject *Wheel__check(WheelObject *w, PyObject *Py_UNUSED(ignored)) {
             return assert_fail("armed later than a timer is due");
     }
     Py_RETURN_NONE;
+}
+
+static PyObject *Wheel__check(WheelObject *w, PyObject *Py_UNUSED(ignored)) {
+    return wheel_check(w, 0);
+}
+
+static PyObject *Wheel__check_core(WheelObject *w, PyObject *Py_UNUSED(ignored)) {
+    return wheel_check(w, 1);
 }
 
 static PyObject *Wheel__init_core(WheelObject *w, PyObject *args) {
@@ -863,8 +964,12 @@ static PyMethodDef Wheel_methods[] = {
     {"_drain", (PyCFunction)Wheel__drain, METH_NOARGS, NULL},
     {"_entries", (PyCFunction)Wheel__entries, METH_NOARGS, NULL},
     {"_check", (PyCFunction)Wheel__check, METH_NOARGS, NULL},
+    {"_check_core", (PyCFunction)Wheel__check_core, METH_NOARGS, NULL},
     {"_disarm", (PyCFunction)Wheel__disarm, METH_NOARGS, NULL},
     {"_init_core", (PyCFunction)Wheel__init_core, METH_VARARGS, NULL},
+    {"_t_insert", (PyCFunction)Wheel__t_insert, METH_VARARGS, NULL},
+    {"_t_move", (PyCFunction)Wheel__t_move, METH_VARARGS, NULL},
+    {"_t_advance", (PyCFunction)Wheel__t_advance, METH_O, NULL},
     {NULL},
 };
 
