@@ -24,6 +24,9 @@ from ._handle import Timer as _PyTimer
 __all__ = ["Timer", "TimingWheel"]
 
 _INF = math.inf
+# The compiled core's clock is an int64 of ticks; deadlines from 2**62 ticks on are kept
+# (with their loop time) but cannot come due, so the clock must start well below that.
+_TICK_LIMIT = 2**61
 
 #: The timer handle of the compiled core: the same methods and properties as
 #: ``_handle.Timer`` (96 bytes with its GC header, list links included).
@@ -47,13 +50,21 @@ class TimingWheel(_WheelAPI, _cwheel.Wheel):
         max_pending: int | None = None,
     ) -> None:
         tick, loop = _validated(tick, loop, max_pending)
+        elapsed = _floor(loop.time(), tick)
+        if elapsed < 0:  # as the pure core refuses it
+            raise ValueError(f"elapsed must be >= 0, got {elapsed}")
+        if elapsed >= _TICK_LIMIT:
+            raise ValueError(
+                f"tick {tick!r} is too fine for this loop's clock: the compiled wheel counts "
+                f"ticks in 62 bits (set TICKWHEEL_PURE=1 for unbounded ticks)"
+            )
         self._init_core(
             tick,
             loop,
             _clock_of(loop),
             contextvars.copy_context(),
             max_pending,
-            _floor(loop.time(), tick),
+            elapsed,
             _INF if max_pending is None else max_pending,
         )
 
