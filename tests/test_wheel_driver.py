@@ -144,6 +144,29 @@ def test_very_far_deadline_is_not_clamped(vloop: VirtualLoop) -> None:
     run(vloop, main)
 
 
+def test_deadline_beyond_2_62_ticks_is_kept(vloop: VirtualLoop) -> None:
+    """Past the compiled core's 62-bit tick range (146,000 years at 1 ms): the timer is
+    kept with its exact when(), wakes the wheel then, and close() returns it."""
+
+    async def main() -> None:
+        wheel = TimingWheel()
+        far = vloop.time() + 5e15
+        t = wheel.schedule_at(far, print)
+        near = wheel.schedule(1.0, print)
+        assert far <= t.when() < far + 1.0
+        assert t.pending()
+        assert wheel.next_when() == near.when()
+        near.cancel()
+        assert wheel.next_when() == t.when()
+        wheel._check()
+        assert t.reschedule_at(far * 2) is True
+        assert t.when() >= far * 2
+        assert wheel.close() == [t]
+        assert t.cancelled() and t.when() >= far * 2
+
+    run(vloop, main)
+
+
 def test_catch_up_after_a_stall_fires_all_in_order(vloop: VirtualLoop) -> None:
     async def main() -> None:
         wheel = TimingWheel()

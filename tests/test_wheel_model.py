@@ -4,8 +4,8 @@ The model is what the wheel promises: after ``advance(now)`` exactly the timers 
 deadline <= now have fired, none early, in deadline order and FIFO within a tick, and no
 cancelled timer ever fires. ``_check()`` runs after every step.
 
-The same machine runs on both cores through an adapter: the pure-Python ``Core``, and the
-compiled one on integer ticks (``_t_insert``, ``_t_move``, ``_t_advance``). The compiled
+The same machine runs on both cores through an adapter (tests/wheel_impls.py): the
+pure-Python ``Core``, and the compiled one on integer ticks. The compiled
 core keeps ticks in 64 bits (deadlines beyond 2**62 ticks never come due), so its run
 draws delays and clock steps that stay below that.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable
-from typing import Any, Protocol
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -29,127 +28,7 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from wheel_impls import IMPLS
-
-from tickwheel.wheel._core import Core, Entry
-
-
-class Item(Entry):
-    __slots__ = ("key",)
-
-    def __init__(self, key: int) -> None:
-        self.key = key
-        self._bucket = None
-
-    def __repr__(self) -> str:
-        return f"Item({self.key}, due={self._deadline})"
-
-
-class Adapter(Protocol):
-    """The core operations the model drives, on integer ticks, with timers named by key."""
-
-    def insert(self, key: int, deadline: int) -> int: ...
-    def remove(self, key: int) -> bool: ...
-    def move(self, key: int, deadline: int) -> int: ...
-    def pending(self, key: int) -> bool: ...
-    def deadline(self, key: int) -> int: ...
-    def advance(self, now: int) -> list[tuple[int, int]]: ...  # (key, deadline) fired
-    def next_deadline(self) -> int | None: ...
-    def check(self) -> None: ...
-    def __len__(self) -> int: ...
-
-
-class PythonCore:
-    def __init__(self, start: int) -> None:
-        self.core: Core[Item] = Core(start)
-        self.items: dict[int, Item] = {}
-
-    def insert(self, key: int, deadline: int) -> int:
-        item = self.items[key] = Item(key)
-        return self.core.insert(item, deadline)
-
-    def remove(self, key: int) -> bool:
-        return self.core.remove(self.items[key])
-
-    def move(self, key: int, deadline: int) -> int:
-        return self.core.move(self.items[key], deadline)
-
-    def pending(self, key: int) -> bool:
-        return self.items[key]._bucket is not None
-
-    def deadline(self, key: int) -> int:
-        return self.items[key]._deadline
-
-    def advance(self, now: int) -> list[tuple[int, int]]:
-        got: list[tuple[int, int]] = []
-        while (bucket := self.core.pop_due(now)) is not None:
-            for item in list(bucket):
-                if item._bucket is bucket:
-                    item._bucket = None
-                    self.core._len -= 1
-                    got.append((item.key, item._deadline))
-        return got
-
-    def next_deadline(self) -> int | None:
-        return self.core.next_deadline()
-
-    def check(self) -> None:
-        self.core._check()
-
-    def __len__(self) -> int:
-        return len(self.core)
-
-
-class _StubLoop:
-    """All a wheel needs to be made; the tick-level methods never touch the loop."""
-
-    def __init__(self, start: int) -> None:
-        self.start = float(start)
-
-    def time(self) -> float:
-        return self.start
-
-    def call_at(self, *args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("the tick-level core must not arm the loop")
-
-
-class CompiledCore:
-    def __init__(self, start: int) -> None:
-        from tickwheel.wheel._cdriver import TimingWheel
-
-        self.wheel = TimingWheel(tick=1.0, loop=_StubLoop(start))  # type: ignore[arg-type]
-        self.timers: dict[int, Any] = {}
-        self.keys: dict[int, int] = {}  # id(timer) -> key
-
-    def insert(self, key: int, deadline: int) -> int:
-        timer, used = self.wheel._t_insert(print, deadline)
-        self.timers[key] = timer
-        self.keys[id(timer)] = key
-        return used
-
-    def remove(self, key: int) -> bool:
-        return self.timers[key].cancel()
-
-    def move(self, key: int, deadline: int) -> int:
-        return self.wheel._t_move(self.timers[key], deadline)
-
-    def pending(self, key: int) -> bool:
-        return bool(self.timers[key].pending())
-
-    def deadline(self, key: int) -> int:
-        return int(self.timers[key]._deadline)
-
-    def advance(self, now: int) -> list[tuple[int, int]]:
-        return [(self.keys[id(t)], t._deadline) for t in self.wheel._t_advance(now)]
-
-    def next_deadline(self) -> int | None:
-        return self.wheel._next_deadline()
-
-    def check(self) -> None:
-        self.wheel._check_core()
-
-    def __len__(self) -> int:
-        return len(self.wheel)
+from wheel_impls import CORES, IMPLS, Adapter
 
 
 # Delays that hit every level: same tick, level 0, the level boundaries, far, very far.
@@ -282,8 +161,8 @@ def machine(
 
 # The pure core: unbounded ticks. The compiled one: 60 steps stay below 2**62 ticks.
 MACHINES: dict[str, Callable[[], type[RuleBasedStateMachine]]] = {
-    "python": lambda: machine(PythonCore, 2**70, 2**72),
-    "c": lambda: machine(CompiledCore, 2**55, 2**55),
+    "python": lambda: machine(CORES["python"], 2**70, 2**72),
+    "c": lambda: machine(CORES["c"], 2**55, 2**55),
 }
 
 
