@@ -25,6 +25,7 @@
 #include <structmember.h>
 #include <math.h>
 #include <stdint.h>
+#include <time.h>
 
 #define BITS 6
 #define SLOTS 64
@@ -68,6 +69,7 @@ struct WheelObject {
     double tick;
     PyObject *loop;
     PyObject *time;    /* the clock: time.monotonic or loop.time */
+    int monotonic;     /* time is time.monotonic: read CLOCK_MONOTONIC directly */
     PyObject *context; /* the wheel's own context */
     PyObject *handle;  /* the armed loop.call_at handle, or None */
     PyObject *max_pending;
@@ -99,6 +101,7 @@ static PyTypeObject WheelType;
 static PyObject *WheelClosedErr, *WheelFullErr, *SlowWhenAfter, *SlowCheckWhen, *TimerRepr;
 static PyObject *str_cancel, *str_context, *str_message, *str_exception, *str_timer;
 static PyObject *str_call_exception_handler, *str_run, *str_call_at;
+static PyObject *time_monotonic; /* time.monotonic, to recognise it */
 static PyObject *kwnames_context;
 
 #define TIMER_OF(n) ((TimerObject *)((char *)(n) - offsetof(TimerObject, node)))
@@ -335,7 +338,27 @@ static inline int64_t floor_tick(double t, double tick) {
     return (int64_t)n;
 }
 
+/* time.monotonic() without the call: the same clock and the same rounding to a double
+ * as CPython's (pytime.c: _PyTime_GetMonotonicClock, _PyTime_AsSecondsDouble). */
+static inline double monotonic_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    int64_t t = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    volatile double d;
+    if (t % 1000000000 == 0) {
+        d = (double)(t / 1000000000);
+    } else {
+        d = (double)t;
+        d /= 1e9;
+    }
+    return d;
+}
+
 static inline int read_clock(WheelObject *w, double *out) {
+    if (w->monotonic) {
+        *out = monotonic_seconds();
+        return 0;
+    }
     PyObject *r = PyObject_CallNoArgs(w->time);
     if (r == NULL) return -1;
     double v = PyFloat_AsDouble(r);
@@ -844,6 +867,7 @@ static PyObject *Wheel__init_core(WheelObject *w, PyObject *args) {
     w->tick = tick;
     Py_XSETREF(w->loop, Py_NewRef(loop));
     Py_XSETREF(w->time, Py_NewRef(time));
+    w->monotonic = time == time_monotonic;
     Py_XSETREF(w->context, Py_NewRef(context));
     Py_XSETREF(w->max_pending, Py_NewRef(max_pending));
     Py_XSETREF(w->call_at, call_at);
@@ -1214,6 +1238,11 @@ PyMODINIT_FUNC PyInit__cwheel(void) {
     INTERN(str_call_exception_handler, "call_exception_handler");
     INTERN(str_run, "_run");
     INTERN(str_call_at, "call_at");
+    PyObject *time_mod = PyImport_ImportModule("time");
+    if (time_mod == NULL) return NULL;
+    time_monotonic = PyObject_GetAttrString(time_mod, "monotonic");
+    Py_DECREF(time_mod);
+    if (time_monotonic == NULL) return NULL;
     kwnames_context = PyTuple_Pack(1, str_context);
     if (kwnames_context == NULL) return NULL;
     if (PyType_Ready(&TimerType) < 0 || PyType_Ready(&WheelType) < 0) return NULL;
