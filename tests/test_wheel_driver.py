@@ -576,3 +576,65 @@ def test_stats_and_repr(vloop: VirtualLoop) -> None:
         assert "closed" in repr(wheel)
 
     run(vloop, main)
+
+
+# -- memory ---------------------------------------------------------------------------
+
+
+def test_no_memory_is_kept_by_schedule_cancel_fire(vloop: VirtualLoop) -> None:
+    """Handles, callbacks and arguments are all released (a C core leaking a reference
+    per operation would show here as megabytes)."""
+    import gc
+    import tracemalloc
+
+    async def main() -> int:
+        wheel = TimingWheel()
+        hits: list[int] = []
+
+        def rounds(n: int) -> None:
+            for i in range(n):
+                wheel.schedule(0.5, hits.append, i, context=contextvars.copy_context()).cancel()
+                t = wheel.schedule(0.001, hits.append, i)
+                t.reschedule(0.002)
+                wheel.schedule(10.0, hits.append, i).cancel()
+
+        rounds(1000)
+        await asyncio.sleep(0.01)
+        hits.clear()
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for _ in range(5):
+                rounds(4000)
+                await asyncio.sleep(0.01)
+                assert len(hits) == 4000
+                hits.clear()
+            gc.collect()
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert len(wheel) == 0
+        return grown
+
+    assert run(vloop, main) < 64 * 1024
+
+
+def test_an_abandoned_wheel_is_collected() -> None:
+    """Pending timers whose callbacks refer to the wheel form cycles; once the loop lets
+    go of the wheel's wake-up, the GC frees the wheel with its timers."""
+    import gc
+    import weakref
+
+    refs = []
+    for _ in range(20):
+        loop = VirtualLoop()
+        wheel = TimingWheel(loop=loop)
+        for i in range(10):
+            wheel.schedule(100.0 + i, lambda w=wheel: w)
+        assert len(wheel) == 10
+        loop.close()  # drops the armed call_at
+        refs.append(weakref.ref(wheel))
+        del wheel, loop
+    gc.collect()
+    assert all(r() is None for r in refs)

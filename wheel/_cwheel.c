@@ -301,7 +301,7 @@ static int core_pop_due(WheelObject *w, int64_t now) {
 
 static int wheel_disarm(WheelObject *w) {
     PyObject *h = w->handle;
-    if (h != Py_None) {
+    if (h != NULL && h != Py_None) {
         w->handle = Py_NewRef(Py_None);
         PyObject *r = PyObject_CallMethodNoArgs(h, str_cancel);
         Py_DECREF(h);
@@ -313,8 +313,13 @@ static int wheel_disarm(WheelObject *w) {
 }
 
 static int wheel_arm(WheelObject *w, double deadline) {
+    if (w->call_at == NULL) {
+        /* torn down by the GC (or never initialised): refuse rather than crash */
+        PyErr_SetString(PyExc_RuntimeError, "the TimingWheel is not initialised");
+        return -1;
+    }
     PyObject *h = w->handle;
-    if (h != Py_None) {
+    if (h != NULL && h != Py_None) {
         PyObject *r = PyObject_CallMethodNoArgs(h, str_cancel);
         if (r == NULL) return -1;
         Py_DECREF(r);
@@ -358,6 +363,10 @@ static inline int read_clock(WheelObject *w, double *out) {
     if (w->monotonic) {
         *out = monotonic_seconds();
         return 0;
+    }
+    if (w->time == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the TimingWheel is not initialised");
+        return -1;
     }
     PyObject *r = PyObject_CallNoArgs(w->time);
     if (r == NULL) return -1;
@@ -937,6 +946,7 @@ static int Wheel_clear(WheelObject *w) {
     }
     clear_list(w, &w->firing);
     clear_list(w, &w->far);
+    w->monotonic = 0; /* so that a late call finds w->time gone and refuses */
     Py_CLEAR(w->loop);
     Py_CLEAR(w->time);
     Py_CLEAR(w->context);
