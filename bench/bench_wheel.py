@@ -70,6 +70,7 @@ from typing import Any, Protocol
 import pytest
 
 from tickwheel.wheel import TimingWheel
+from tickwheel.wheel import _driver as _pydriver
 from tickwheel.wheel._core import Core, Entry
 
 try:
@@ -130,6 +131,15 @@ def _near_delays() -> list[float]:
     return [lo + (hi - lo) * rng.random() for _ in range(BATCH)]
 
 
+def _wheels(loops: dict[str, asyncio.AbstractEventLoop]) -> dict[str, Any]:
+    """The wheel in use (``wheel``: the compiled one where it was built) and the
+    pure-Python reference (``wheel-py``), each on its own loop."""
+    return {
+        "wheel": TimingWheel(TICK, loop=loops["wheel"]),
+        "wheel-py": _pydriver.TimingWheel(TICK, loop=loops["wheel-py"]),
+    }
+
+
 def _settle(loop: asyncio.AbstractEventLoop) -> None:
     """One pass of the loop: runs what is due and lets asyncio prune cancelled handles."""
     loop.run_until_complete(asyncio.sleep(0))
@@ -186,15 +196,17 @@ class Population:
 
     def __init__(self, n: int) -> None:
         self.n = n
-        self.loops = {"wheel": asyncio.new_event_loop()}
+        self.loops = {"wheel": asyncio.new_event_loop(), "wheel-py": asyncio.new_event_loop()}
         for kind in LOOP_KINDS:
             if kind != "uvloop" or uvloop is not None:
                 self.loops[kind] = _new_loop(kind)
-        self.wheel = TimingWheel(TICK, loop=self.loops["wheel"])
+        self.wheels = _wheels(self.loops)
+        self.wheel = self.wheels["wheel"]
         delays = _far_delays(n)
-        schedule = self.wheel.schedule
-        for d in delays:
-            schedule(d, _noop)
+        for wheel in self.wheels.values():
+            schedule = wheel.schedule
+            for d in delays:
+                schedule(d, _noop)
         for kind in LOOP_KINDS:
             if kind in self.loops:
                 call_later = self.loops[kind].call_later
@@ -207,7 +219,8 @@ class Population:
         return self.loops[kind]
 
     def close(self) -> None:
-        self.wheel.close()
+        for wheel in self.wheels.values():
+            wheel.close()
         for loop in self.loops.values():
             loop.close()
 
@@ -231,9 +244,10 @@ def schedule_cancel_batch(
     """The loop under test and one round: ``BATCH`` x (schedule a near timer, cancel it)."""
     delays = _near_delays()
     if impl.startswith("wheel"):
-        loop = population.loop("wheel")
-        schedule = population.wheel.schedule
-        if impl == "wheel":
+        which = impl.partition("+")[0]  # wheel (the one in use) or wheel-py
+        loop = population.loop(which)
+        schedule = population.wheels[which].schedule
+        if not impl.endswith("+ctx"):
 
             def batch() -> None:
                 for d in delays:
@@ -257,7 +271,7 @@ def schedule_cancel_batch(
     return loop, batch
 
 
-@pytest.mark.parametrize("impl", ["wheel", "wheel+ctx", "asyncio", "uvloop"])
+@pytest.mark.parametrize("impl", ["wheel", "wheel+ctx", "wheel-py", "asyncio", "uvloop"])
 def test_schedule_cancel(benchmark: Any, population: Population, impl: str) -> None:
     loop, batch = schedule_cancel_batch(population, impl)
     _tag(benchmark, "schedule+cancel", population.n, impl, ops=BATCH, base=impl == "wheel")
@@ -324,8 +338,8 @@ def reschedule_batch(
     kind = impl.partition(".")[0]
     loop = population.loop(kind)
     batch: Callable[[], Coroutine[Any, Any, None]]
-    if impl == "wheel.Timer":
-        timer = population.wheel.schedule(30.0, _noop)
+    if impl.endswith(".Timer"):
+        timer = population.wheels[kind].schedule(30.0, _noop)
         move = timer.reschedule  # takes a delay: reads the clock on every call
 
         async def batch() -> None:
@@ -336,8 +350,8 @@ def reschedule_batch(
             timer.cancel()
 
     else:
-        if kind == "wheel":
-            wheel = population.wheel
+        if kind.startswith("wheel"):
+            wheel = population.wheels[kind]
             cm, leave = _enter(loop, lambda: wheel.timeout(30.0))
         else:
             cm, leave = _enter(loop, lambda: asyncio.timeout(30.0))
@@ -353,7 +367,15 @@ def reschedule_batch(
 
 
 @pytest.mark.parametrize(
-    "impl", ["wheel.Timer", "wheel.Timeout", "asyncio.Timeout", "uvloop.Timeout"]
+    "impl",
+    [
+        "wheel.Timer",
+        "wheel.Timeout",
+        "wheel-py.Timer",
+        "wheel-py.Timeout",
+        "asyncio.Timeout",
+        "uvloop.Timeout",
+    ],
 )
 def test_reschedule(benchmark: Any, population: Population, impl: str) -> None:
     loop, run, leave = reschedule_batch(population, impl)
@@ -374,8 +396,9 @@ class _Idle:
     """One loop per kind with nothing pending, and a wheel on its own asyncio loop."""
 
     def __init__(self) -> None:
-        self.loops = {"wheel": asyncio.new_event_loop()}
-        self.wheel = TimingWheel(TICK, loop=self.loops["wheel"])
+        self.loops = {"wheel": asyncio.new_event_loop(), "wheel-py": asyncio.new_event_loop()}
+        self.wheels = _wheels(self.loops)
+        self.wheel = self.wheels["wheel"]
 
     def loop(self, kind: str) -> asyncio.AbstractEventLoop:
         if kind not in self.loops:
@@ -383,7 +406,8 @@ class _Idle:
         return self.loops[kind]
 
     def close(self) -> None:
-        self.wheel.close()
+        for wheel in self.wheels.values():
+            wheel.close()
         for loop in self.loops.values():
             loop.close()
 
@@ -403,7 +427,7 @@ def fire_round(
     loop = idle.loop(impl)
     # Absolute deadlines (schedule_at / call_at), so that all N fall within FIRE_WINDOW
     # however long scheduling them takes.
-    add_at = idle.wheel.schedule_at if impl == "wheel" else loop.call_at
+    add_at = idle.wheels[impl].schedule_at if impl.startswith("wheel") else loop.call_at
     step = FIRE_WINDOW / n
     offsets = [i * step for i in range(n)]
 
@@ -421,7 +445,7 @@ def fire_round(
     return setup, fire
 
 
-@pytest.mark.parametrize("impl", ["wheel", "asyncio", "uvloop"])
+@pytest.mark.parametrize("impl", ["wheel", "wheel-py", "asyncio", "uvloop"])
 @pytest.mark.parametrize("n", SIZES, ids=_label)
 def test_fire(benchmark: Any, idle_loops: _Idle, n: int, impl: str) -> None:
     setup, fire = fire_round(idle_loops, n, impl)

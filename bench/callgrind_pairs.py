@@ -1,13 +1,25 @@
-"""Callgrind instructions per schedule+cancel pair: the wheel, uvloop, asyncio's loop.
+"""Callgrind instructions per operation: the compiled wheel, the pure-Python wheel,
+uvloop and asyncio's loop, in one run.
 
-    python -m bench.callgrind_pairs [--pending N]
+    python -m bench.callgrind_pairs [--pending N] [--ops pair,reschedule,fire]
 
 Each implementation runs in a child under ``valgrind --tool=callgrind`` twice, with
-``SMALL`` and ``LARGE`` pairs after the same setup (a loop with ``--pending`` far timers);
-the difference of the two totals over ``LARGE - SMALL`` is the count per pair, free of
-interpreter start-up and imports. Instruction counts hardly depend on machine load, which
-is why this complements the timed sections. The wheel runs as the current
-``tickwheel.wheel.IMPLEMENTATION`` (set ``TICKWHEEL_PURE=1`` to force pure Python).
+``SMALL`` and ``LARGE`` operations after the same setup (a loop with ``--pending`` far
+timers); the difference of the two totals over ``LARGE - SMALL`` is the count per
+operation, free of interpreter start-up and imports. Instruction counts hardly depend
+on machine load, which is why this complements the timed sections.
+
+Operations:
+
+* ``pair``: ``schedule`` + ``cancel`` of a near timer (``call_later`` + ``cancel``).
+* ``reschedule``: moving one pending deadline later: ``Timer.reschedule`` (wheel),
+  ``wheel.Timeout.reschedule`` (``wheel-timeout``), ``asyncio.Timeout.reschedule``.
+* ``fire``: scheduling a timer that is due and running the loop until it has fired,
+  per timer (``schedule_at``/``call_at`` plus the firing; the due timers fire together).
+* ``bare-call``: a call of an empty Python function, for scale.
+
+The compiled wheel is ``wheel-c``, the pure-Python one ``wheel-py`` (both in the same
+run, whatever ``TICKWHEEL_PURE`` says).
 """
 
 from __future__ import annotations
@@ -21,33 +33,68 @@ import sys
 
 SMALL = 2_000
 LARGE = 22_000
-IMPLS = ("wheel", "uvloop", "asyncio")
+IMPLS = ("wheel-c", "wheel-py", "uvloop", "asyncio")
+OPS = ("pair", "reschedule", "fire", "bare-call")
 
 _CHILD = """
 import asyncio, sys
-impl, pending, pairs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+impl, op, pending, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 def noop(): pass
+if op == "bare-call":
+    for _ in range(count):
+        noop()
+    raise SystemExit(0)
 if impl == "uvloop":
     import uvloop
     loop = uvloop.new_event_loop()
 else:
     loop = asyncio.new_event_loop()
-if impl == "wheel":
-    from tickwheel.wheel import TimingWheel
-    wheel = TimingWheel(loop=loop)
-    schedule = wheel.schedule
+wheel = None
+if impl.startswith("wheel"):
+    from tickwheel.wheel import _cdriver, _driver
+    cls = _cdriver.TimingWheel if impl.startswith("wheel-c") else _driver.TimingWheel
+    wheel = cls(loop=loop)
+    schedule, schedule_at = wheel.schedule, wheel.schedule_at
 else:
-    schedule = loop.call_later
+    schedule, schedule_at = loop.call_later, loop.call_at
 keep = [schedule(3600.0 + i * 1e-3, noop) for i in range(pending)]
-delays = [0.001 * (1 + i % 50) for i in range(pairs)]
-for d in delays:
-    schedule(d, noop).cancel()
+if op == "pair":
+    delays = [0.001 * (1 + i % 50) for i in range(count)]
+    for d in delays:
+        schedule(d, noop).cancel()
+elif op == "reschedule":
+    ladder = [30.0 + i * 1e-3 for i in range(count)]
+    if impl in ("wheel-c", "wheel-py"):
+        timer = schedule(30.0, noop)
+        move = timer.reschedule
+        for d in ladder:
+            move(d)
+    else:
+        async def main():
+            cm = wheel.timeout(30.0) if wheel is not None else asyncio.timeout(30.0)
+            async with cm:
+                move_to = cm.reschedule
+                base = loop.time()
+                for d in ladder:
+                    move_to(base + d)
+        loop.run_until_complete(main())
+elif op == "fire":
+    left = [count]
+    done = loop.create_future()
+    def hit():
+        left[0] -= 1
+        if not left[0]:
+            done.set_result(None)
+    now = loop.time()
+    for _ in range(count):
+        schedule_at(now, hit)
+    loop.run_until_complete(done)
 """
 
 _COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 
 
-def _instructions(impl: str, pending: int, pairs: int) -> int:
+def _instructions(impl: str, op: str, pending: int, count: int) -> int:
     proc = subprocess.run(
         [
             "valgrind",
@@ -57,8 +104,9 @@ def _instructions(impl: str, pending: int, pairs: int) -> int:
             "-c",
             _CHILD,
             impl,
+            op,
             str(pending),
-            str(pairs),
+            str(count),
         ],
         capture_output=True,
         text=True,
@@ -71,28 +119,40 @@ def _instructions(impl: str, pending: int, pairs: int) -> int:
     return int(match.group(1))
 
 
+def per_op(impl: str, op: str, pending: int) -> float:
+    """Callgrind instructions per operation ``op`` of ``impl``."""
+    small = _instructions(impl, op, pending, SMALL)
+    large = _instructions(impl, op, pending, LARGE)
+    return (large - small) / (LARGE - SMALL)
+
+
 def per_pair(impl: str, pending: int) -> float:
     """Callgrind instructions per schedule+cancel pair of ``impl``."""
-    small = _instructions(impl, pending, SMALL)
-    large = _instructions(impl, pending, LARGE)
-    return (large - small) / (LARGE - SMALL)
+    return per_op(impl, "pair", pending)
+
+
+def impls_for(op: str) -> tuple[str, ...]:
+    if op == "bare-call":
+        return ("python",)
+    if op == "reschedule":
+        return ("wheel-c", "wheel-py", "wheel-c-timeout", "wheel-py-timeout", "uvloop", "asyncio")
+    return IMPLS
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pending", type=int, default=1000, help="far timers pending")
+    parser.add_argument("--ops", default=",".join(OPS), help="comma-separated operations")
     args = parser.parse_args(argv)
     if shutil.which("valgrind") is None:
         print("valgrind is not installed", file=sys.stderr)
         return 1
-    from tickwheel.wheel import IMPLEMENTATION
-
-    counts = {impl: per_pair(impl, args.pending) for impl in IMPLS}
-    print(f"callgrind instructions per schedule+cancel pair ({args.pending} pending)")
-    for impl, count in counts.items():
-        name = f"wheel ({IMPLEMENTATION})" if impl == "wheel" else impl
-        ratio = counts["wheel"] / count
-        print(f"  {name:16} {count:9.0f}   wheel/this {ratio:5.2f}")
+    for op in args.ops.split(","):
+        counts = {impl: per_op(impl, op, args.pending) for impl in impls_for(op)}
+        print(f"callgrind instructions per {op} ({args.pending} pending)")
+        base = counts.get("wheel-c", next(iter(counts.values())))
+        for impl, count in counts.items():
+            print(f"  {impl:18} {count:9.0f}   this/wheel-c {count / base:6.2f}")
     return 0
 
 

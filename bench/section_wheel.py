@@ -17,6 +17,9 @@ from bench._harness import Checks, Figure, Plan, Progress
 
 SECTION = "wheel"
 PEERS = ("asyncio", "uvloop")
+# "wheel" is the implementation in use (the compiled core where it was built); "wheel-py"
+# is the pure-Python reference and fallback, measured in the same run.
+WHEELS = ("wheel", "wheel-py")
 RESCHEDULE_PEERS = {"asyncio": "asyncio.Timeout", "uvloop": "uvloop.Timeout"}
 
 
@@ -38,14 +41,15 @@ def _per_op(run: Any, settle: Any, rounds: int, ops: int) -> float:
 def _time_ops(pop: bw.Population, idle: Any, n: int, plan: Plan) -> dict[str, float]:
     """Seconds per operation of each (operation, impl) at size ``n``, one repeat."""
     out: dict[str, float] = {}
-    for impl in ("wheel", *PEERS):
+    for impl in (*WHEELS, *PEERS):
         if impl == "uvloop" and bw.uvloop is None:
             continue
         loop, batch = bw.schedule_cancel_batch(pop, impl)
         out[f"schedule+cancel {impl}"] = _per_op(
             batch, lambda loop=loop: bw._settle(loop), plan.wheel_rounds, bw.BATCH
         )
-    for impl in ("wheel.Timer", "wheel.Timeout", *RESCHEDULE_PEERS.values()):
+    timers = [f"{w}.{kind}" for w in WHEELS for kind in ("Timer", "Timeout")]
+    for impl in (*timers, *RESCHEDULE_PEERS.values()):
         if impl.startswith("uvloop") and bw.uvloop is None:
             continue
         loop, run, leave = bw.reschedule_batch(pop, impl)
@@ -56,7 +60,7 @@ def _time_ops(pop: bw.Population, idle: Any, n: int, plan: Plan) -> dict[str, fl
         finally:
             leave()
     fire_rounds = max(1, min(bw.FIRE_ROUNDS.get(n, 3), plan.wheel_rounds // 5))
-    for impl in ("wheel", *PEERS):
+    for impl in (*WHEELS, *PEERS):
         if impl == "uvloop" and bw.uvloop is None:
             continue
         setup, fire = bw.fire_round(idle, n, impl)
@@ -85,29 +89,31 @@ def run(plan: Plan, progress: Progress, checks: Checks) -> dict[str, Any]:
                     progress.step(f"wheel: N={label} repeat {r + 1}/{plan.repeats}")
                     t = _time_ops(pop, idle, n, plan)
                     raw["per_op_s"].setdefault(label, []).append(t)
-                    for peer in PEERS:
+                    for w, peer in [(w, p) for w in WHEELS for p in PEERS]:
                         pairs = [
-                            ("schedule+cancel", f"schedule+cancel {peer}", "schedule+cancel wheel"),
+                            ("schedule+cancel", f"schedule+cancel {peer}", f"schedule+cancel {w}"),
                             (
                                 "reschedule",
                                 f"reschedule {RESCHEDULE_PEERS[peer]}",
-                                "reschedule wheel.Timer",
+                                f"reschedule {w}.Timer",
                             ),
                             (
                                 "timeout.reschedule",
                                 f"reschedule {RESCHEDULE_PEERS[peer]}",
-                                "reschedule wheel.Timeout",
+                                f"reschedule {w}.Timeout",
                             ),
-                            ("fire", f"fire {peer}", "fire wheel"),
+                            ("fire", f"fire {peer}", f"fire {w}"),
                         ]
+                        # the pure-Python figures are named apart: "... (pure Python)"
+                        suffix = "" if w == "wheel" else " (pure Python)"
                         for op, theirs, ours in pairs:
                             if theirs not in t:
                                 continue
-                            key = f"{op} {peer}"
+                            key = f"{op}{suffix} {peer}"
                             fig = per_size.get(key)
                             if fig is None:
                                 fig = per_size[key] = Figure(
-                                    SECTION, f"{op} N={label}", peer, "s/op", "lower"
+                                    SECTION, f"{op}{suffix} N={label}", peer, "s/op", "lower"
                                 )
                             fig.add(t[ours], t[theirs])
                 figures += per_size.values()
@@ -116,7 +122,9 @@ def run(plan: Plan, progress: Progress, checks: Checks) -> dict[str, Any]:
                 bw._thaw_gc()
     finally:
         idle.close()
-    checks.expect(len(idle.wheel) == 0, "wheel: every fired timer left the wheel")
+    checks.expect(
+        all(len(w) == 0 for w in idle.wheels.values()), "wheel: every fired timer left the wheel"
+    )
 
     for n in plan.memory_sizes:
         progress.step(f"wheel: memory N={bw._label(n)}")

@@ -10,12 +10,16 @@ redis-server (``[redis]``) and once against a Redis Cluster of 3 masters and 3 r
 
 from __future__ import annotations
 
+import types
 from collections.abc import Iterator
 
 import pytest
 from vloop import VirtualLoop
+from wheel_impls import IMPLS
 
+import tickwheel.wheel
 from tickwheel.durable._server import RedisClusterServer, RedisServer
+from tickwheel.wheel import _default
 
 # The two backends of ``redis_url``.
 BACKENDS = ("redis", "cluster")
@@ -27,6 +31,23 @@ def vloop() -> Iterator[VirtualLoop]:
     loop = VirtualLoop()
     yield loop
     loop.close()
+
+
+@pytest.fixture(params=list(IMPLS))
+def wheel_impl(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> types.SimpleNamespace:
+    """Run the test once per implementation of the wheel (``"python"``, and ``"c"`` when
+    built): the module's ``TimingWheel`` and ``Timer``, tickwheel.wheel's, and the type
+    the default wheel (``timeout``, ``sleep``, ``get_wheel``) is made of are rebound to
+    it for the test. Wheel test modules use it with ``pytestmark``."""
+    impl = IMPLS[request.param]
+    for name in ("TimingWheel", "Timer"):
+        monkeypatch.setattr(tickwheel.wheel, name, getattr(impl, name))
+        if hasattr(request.module, name):
+            monkeypatch.setattr(request.module, name, getattr(impl, name))
+    monkeypatch.setattr(_default, "_wheel_type", impl.TimingWheel)
+    return impl
 
 
 @pytest.fixture(scope="session")

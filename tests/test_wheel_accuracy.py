@@ -16,6 +16,9 @@ import uvloop
 
 from tickwheel.wheel import TimingWheel
 
+# Every test here runs on both implementations (tests/wheel_impls.py).
+pytestmark = pytest.mark.usefixtures("wheel_impl")
+
 # Seconds any timer may be late on a loaded machine (see the test).
 MAX_LATE = 2.0
 

@@ -1,8 +1,16 @@
-"""The pure core on integer ticks: slot arithmetic tables and edge cases."""
+"""The pure core on integer ticks: slot arithmetic tables and edge cases.
+
+Most tests here look at the pure core's own structures (dict buckets, leaves, stale
+bits); the last group runs its edge cases on both cores through the adapter of
+tests/wheel_impls.py.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
+from wheel_impls import CORES, Adapter
 
 from tickwheel.wheel._core import BITS, MASK, SLOTS, Core, Entry, level_for, locate, slot_start
 
@@ -308,3 +316,70 @@ def test_move_out_of_an_unsorted_leaf_keeps_fifo() -> None:
     core.move(a, due + 1)  # after b: must fire after b, though in the same 64-tick window
     core._check()
     assert drain_due(core, due + 1) == [b, a]
+
+
+# -- the same edge cases on both cores (the compiled one on integer ticks) ----------------
+
+
+@pytest.fixture(params=list(CORES))
+def core_of(request: pytest.FixtureRequest) -> Callable[[int], Adapter]:
+    """Makes a core on integer ticks of each implementation (tests/wheel_impls.py)."""
+    return CORES[request.param]
+
+
+def test_both_overdue_deadlines(core_of: Callable[[int], Adapter]) -> None:
+    core = core_of(100)
+    assert core.insert(1, 50) == 100
+    assert core.insert(2, 100) == 100
+    assert core.advance(100) == [(1, 100), (2, 100)]
+    assert core.insert(3, 99) == 101  # tick 100 was handed out
+    assert core.advance(100) == []
+    assert core.advance(101) == [(3, 101)]
+    core.check()
+
+
+def test_both_fire_exactly_at_every_level(core_of: Callable[[int], Adapter]) -> None:
+    core = core_of(0)
+    deadlines = [1, 63, 64, 65, 4095, 4096, 4097, 64**3 + 1, 64**4 * 3 + 17, 2**61 + 3]
+    for d in deadlines:
+        core.insert(d, d)
+    core.check()
+    for d in deadlines:
+        assert core.next_deadline() == d
+        assert core.advance(d - 1) == [], f"{d} fired early"
+        assert core.advance(d) == [(d, d)]
+        core.check()
+    assert len(core) == 0
+
+
+def test_both_keep_fifo_through_cascades(core_of: Callable[[int], Adapter]) -> None:
+    core = core_of(0)
+    for key in range(50):
+        core.insert(key, 64**3 + 5)
+    core.advance(64**2)  # part of the way: one cascade
+    for key in range(50, 60):
+        core.insert(key, 64**3 + 5)
+    assert [k for k, _ in core.advance(64**3 + 5)] == list(range(60))
+
+
+def test_both_remove_and_move(core_of: Callable[[int], Adapter]) -> None:
+    core = core_of(0)
+    core.insert(1, 10)
+    core.insert(2, 10)
+    core.insert(3, 5000)
+    assert core.remove(1) is True
+    assert core.remove(1) is False
+    assert core.move(3, 10) == 10  # to the back of tick 10's queue
+    core.check()
+    assert core.advance(10) == [(2, 10), (3, 10)]
+    with pytest.raises(ValueError, match="not pending"):
+        core.move(1, 20)
+
+
+def test_both_catch_up_in_order(core_of: Callable[[int], Adapter]) -> None:
+    core = core_of(0)
+    deadlines = [10**12, 10, 10**9, 10**6, 10**9]
+    for key, d in enumerate(deadlines):
+        core.insert(key, d)
+    assert core.advance(10**13) == [(1, 10), (3, 10**6), (2, 10**9), (4, 10**9), (0, 10**12)]
+    assert core.next_deadline() is None

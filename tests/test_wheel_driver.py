@@ -17,6 +17,9 @@ from vloop import VirtualLoop
 
 from tickwheel.wheel import Timer, TimingWheel, WheelClosed, WheelFull
 
+# Every test here runs on both implementations (tests/wheel_impls.py).
+pytestmark = pytest.mark.usefixtures("wheel_impl")
+
 T = TypeVar("T")
 
 REAL_LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
@@ -137,6 +140,29 @@ def test_very_far_deadline_is_not_clamped(vloop: VirtualLoop) -> None:
         assert wheel.next_when() is not None
         wheel._check()
         t.cancel()
+
+    run(vloop, main)
+
+
+def test_deadline_beyond_2_62_ticks_is_kept(vloop: VirtualLoop) -> None:
+    """Past the compiled core's 62-bit tick range (146,000 years at 1 ms): the timer is
+    kept with its exact when(), wakes the wheel then, and close() returns it."""
+
+    async def main() -> None:
+        wheel = TimingWheel()
+        far = vloop.time() + 5e15
+        t = wheel.schedule_at(far, print)
+        near = wheel.schedule(1.0, print)
+        assert far <= t.when() < far + 1.0
+        assert t.pending()
+        assert wheel.next_when() == near.when()
+        near.cancel()
+        assert wheel.next_when() == t.when()
+        wheel._check()
+        assert t.reschedule_at(far * 2) is True
+        assert t.when() >= far * 2
+        assert wheel.close() == [t]
+        assert t.cancelled() and t.when() >= far * 2
 
     run(vloop, main)
 
@@ -550,3 +576,65 @@ def test_stats_and_repr(vloop: VirtualLoop) -> None:
         assert "closed" in repr(wheel)
 
     run(vloop, main)
+
+
+# -- memory ---------------------------------------------------------------------------
+
+
+def test_no_memory_is_kept_by_schedule_cancel_fire(vloop: VirtualLoop) -> None:
+    """Handles, callbacks and arguments are all released (a C core leaking a reference
+    per operation would show here as megabytes)."""
+    import gc
+    import tracemalloc
+
+    async def main() -> int:
+        wheel = TimingWheel()
+        hits: list[int] = []
+
+        def rounds(n: int) -> None:
+            for i in range(n):
+                wheel.schedule(0.5, hits.append, i, context=contextvars.copy_context()).cancel()
+                t = wheel.schedule(0.001, hits.append, i)
+                t.reschedule(0.002)
+                wheel.schedule(10.0, hits.append, i).cancel()
+
+        rounds(1000)
+        await asyncio.sleep(0.01)
+        hits.clear()
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            for _ in range(5):
+                rounds(4000)
+                await asyncio.sleep(0.01)
+                assert len(hits) == 4000
+                hits.clear()
+            gc.collect()
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert len(wheel) == 0
+        return grown
+
+    assert run(vloop, main) < 64 * 1024
+
+
+def test_an_abandoned_wheel_is_collected() -> None:
+    """Pending timers whose callbacks refer to the wheel form cycles; once the loop lets
+    go of the wheel's wake-up, the GC frees the wheel with its timers."""
+    import gc
+    import weakref
+
+    refs = []
+    for _ in range(20):
+        loop = VirtualLoop()
+        wheel = TimingWheel(loop=loop)
+        for i in range(10):
+            wheel.schedule(100.0 + i, lambda w=wheel: w)
+        assert len(wheel) == 10
+        loop.close()  # drops the armed call_at
+        refs.append(weakref.ref(wheel))
+        del wheel, loop
+    gc.collect()
+    assert all(r() is None for r in refs)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 import tickwheel.wheel
+
+# Every test here runs on both implementations (tests/wheel_impls.py).
+pytestmark = pytest.mark.usefixtures("wheel_impl")
 
 
 def test_wheel_all_is_pinned() -> None:

@@ -6,7 +6,9 @@ import os
 import subprocess
 import sys
 
+import pytest
 from vloop import VirtualLoop
+from wheel_impls import IMPLS
 
 import tickwheel.wheel
 from tickwheel.wheel import IMPLEMENTATION, TimingWheel
@@ -42,3 +44,17 @@ def test_compiled_is_in_use_when_required() -> None:
         )
     else:
         assert tickwheel.wheel.IMPLEMENTATION == tickwheel.wheel._impl.IMPLEMENTATION
+
+
+def test_compiled_wheel_refuses_until_initialised() -> None:
+    """The C base type alone (no __init__) raises instead of crashing."""
+    if "c" not in IMPLS:  # a fallback install: nothing compiled to check
+        assert tickwheel.wheel.IMPLEMENTATION == "python"
+        return
+    from tickwheel.wheel import _cwheel
+
+    bare = _cwheel.Wheel()
+    with pytest.raises(RuntimeError, match="not initialised"):
+        bare.schedule(1.0, print)
+    assert len(bare) == 0
+    assert bare.next_when() is None

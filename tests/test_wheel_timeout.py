@@ -13,6 +13,9 @@ from vloop import VirtualLoop
 
 from tickwheel.wheel import TimingWheel, get_wheel, sleep, timeout, timeout_at
 
+# Every test here runs on both implementations (tests/wheel_impls.py).
+pytestmark = pytest.mark.usefixtures("wheel_impl")
+
 
 @pytest.fixture(params=["virtual", "asyncio", "uvloop"])
 def loop(request: pytest.FixtureRequest) -> Iterator[asyncio.AbstractEventLoop]:

@@ -8,13 +8,22 @@ for asyncio's.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from ._default import get_wheel, sleep, timeout, timeout_at
-from ._driver import DEFAULT_TICK, TimingWheel, WheelStats
+from ._driver import DEFAULT_TICK, WheelStats
 from ._errors import WheelClosed, WheelError, WheelFull
-from ._handle import Timer
 from ._impl import IMPLEMENTATION
 from ._timeout import Timeout
+
+# The public names bind to the implementation in use (``IMPLEMENTATION``): the compiled
+# core, or the pure-Python reference. Type checkers see the pure-Python classes; the
+# compiled ones have the same names, methods, attributes and errors.
+if TYPE_CHECKING or IMPLEMENTATION == "python":
+    from ._driver import TimingWheel
+    from ._handle import Timer
+else:
+    from ._cdriver import Timer, TimingWheel
 
 __all__ = [
     "DEFAULT_TICK",

@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from ._driver import TimingWheel, _real
+from ._impl import IMPLEMENTATION
 from ._timeout import Timeout, sleep_on
+
+if TYPE_CHECKING or IMPLEMENTATION == "python":
+    _wheel_type: type[TimingWheel] = TimingWheel  # what get_wheel makes
+else:
+    from ._cdriver import TimingWheel as _CWheel
+
+    _wheel_type = _CWheel
 
 __all__ = ["get_wheel", "sleep", "timeout", "timeout_at"]
 
@@ -31,8 +39,8 @@ def get_wheel() -> TimingWheel:
     """
     loop = asyncio.get_running_loop()
     wheel = _wheels.get(loop)
-    if wheel is None or wheel.closed:
-        wheel = _wheels[loop] = TimingWheel(loop=loop)
+    if wheel is None or wheel.closed or type(wheel) is not _wheel_type:
+        wheel = _wheels[loop] = _wheel_type(loop=loop)
     return wheel
 
 

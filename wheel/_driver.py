@@ -23,7 +23,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ._core import Core
 from ._errors import WheelClosed, WheelFull
@@ -59,11 +59,145 @@ class WheelStats:
     #: share of its lateness; one subtraction per wake-up, none per timer)
     wakeup_lateness_max: float = 0.0
     wakeup_lateness_sum: float = 0.0
-    #: which implementation runs the wheel: "c" or "python" (``IMPLEMENTATION``)
+    #: which implementation runs this wheel: "c" or "python" (the public
+    #: ``TimingWheel`` is the one ``IMPLEMENTATION`` names)
     implementation: str = IMPLEMENTATION
 
 
-class TimingWheel:
+class _WheelAPI:
+    """What both implementations of :class:`TimingWheel` share: the cold, loop-facing
+    methods. The hot path (schedule, cancel, reschedule, firing) is the subclass's own:
+    :class:`TimingWheel` below in Python, ``_cdriver.TimingWheel`` on the C core."""
+
+    __slots__ = ()
+
+    _tick: float
+    _loop: asyncio.AbstractEventLoop
+    _time: Callable[[], float]
+    _closed: bool
+
+    if TYPE_CHECKING:
+
+        def __len__(self) -> int: ...
+
+        def schedule(
+            self,
+            delay: float,
+            callback: Callable[..., object],
+            *args: Any,
+            context: contextvars.Context | None = None,
+        ) -> Timer: ...
+
+    @property
+    def tick(self) -> float:
+        """Seconds per tick."""
+        return self._tick
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop driving the wheel."""
+        return self._loop
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
+    def time(self) -> float:
+        """The loop's clock (``loop.time()``), the clock every deadline refers to."""
+        return self._time()
+
+    def schedule_threadsafe(
+        self,
+        delay: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> concurrent.futures.Future[Timer]:
+        """Schedule from another thread; the delay counts from when the loop takes it.
+
+        The arguments are checked in the calling thread, so bad input raises here.
+        Counting the delay in the loop's thread means the timer is late by the hand-off
+        time at worst, never early (uvloop's clock, read from another thread, can be
+        stale by as long as the loop has been asleep).
+
+        Returns:
+            A :class:`concurrent.futures.Future` that resolves to the :class:`Timer`, or
+            to the error (e.g. :class:`WheelClosed`) the loop's thread met.
+        """
+        self._when_after(delay)  # only to check it, in the caller's thread
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {callback!r}")
+        future: concurrent.futures.Future[Timer] = concurrent.futures.Future()
+
+        def add() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(self.schedule(delay, callback, *args, context=context))
+            except Exception as exc:
+                future.set_exception(exc)
+
+        self._loop.call_soon_threadsafe(add)
+        return future
+
+    async def sleep(self, delay: float, result: T = None) -> T:  # type: ignore[assignment]
+        """Sleep ``delay`` seconds on the wheel; like :func:`asyncio.sleep`.
+
+        ``delay <= 0`` yields to the loop once, as asyncio does.
+
+        Raises:
+            ValueError: ``delay`` is NaN.
+            TypeError: ``delay`` is not a real number.
+        """
+        return await sleep_on(cast("TimingWheel", self), delay, result)
+
+    def timeout(self, delay: float | None) -> Timeout:
+        """An ``async with`` block that cancels itself after ``delay`` seconds.
+
+        Like :func:`asyncio.timeout`: raises :class:`TimeoutError` on expiry; ``None``
+        never expires; a negative delay expires at the next tick.
+        """
+        when = None if delay is None else self._loop.time() + _real(delay)
+        return Timeout(cast("TimingWheel", self), when)
+
+    def timeout_at(self, when: float | None) -> Timeout:
+        """Like :meth:`timeout`, with an absolute loop time; :func:`asyncio.timeout_at`."""
+        return Timeout(cast("TimingWheel", self), None if when is None else _real(when, "when"))
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"pending={len(self)}"
+        return f"<TimingWheel tick={self._tick} {state}>"
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _floor_tick(self, t: float) -> int:
+        """The last tick ``n`` with ``n * tick <= t`` in float arithmetic."""
+        tick = self._tick
+        n = _floor(t / tick)
+        if n * tick > t:
+            n -= 1
+        return n
+
+    def _when_after(self, delay: float) -> float:
+        try:
+            if 0.0 <= delay < _INF:
+                return self._time() + delay
+        except TypeError:
+            raise TypeError(f"delay must be a real number, got {delay!r}") from None
+        raise ValueError(f"delay must be a finite number >= 0, got {delay!r}")
+
+    @staticmethod
+    def _check_when(when: float) -> float:
+        try:
+            if -_INF < when < _INF:
+                return when
+        except TypeError:
+            raise TypeError(f"when must be a real number, got {when!r}") from None
+        raise ValueError(f"when must be a finite number, got {when!r}")
+
+
+class TimingWheel(_WheelAPI):
     """A hierarchical hashed timing wheel driven by an asyncio event loop.
 
     Args:
@@ -105,28 +239,9 @@ class TimingWheel:
         loop: asyncio.AbstractEventLoop | None = None,
         max_pending: int | None = None,
     ) -> None:
-        if isinstance(tick, bool) or not isinstance(tick, int | float):
-            raise TypeError(f"tick must be a positive finite number, got {tick!r}")
-        if not 0.0 < tick < _INF:
-            raise ValueError(f"tick must be a positive finite number, got {tick!r}")
-        if max_pending is not None and (
-            isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1
-        ):
-            raise ValueError(f"max_pending must be a positive int or None, got {max_pending!r}")
-        if loop is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                raise RuntimeError(
-                    "TimingWheel() needs a running event loop; pass loop= to make one outside it"
-                ) from None
-        self._tick = float(tick)  # seconds per tick
-        self._loop = loop  # the loop whose clock and call_at drive the wheel
-        # loop.time itself, or time.monotonic when that is all the loop's time() does:
-        # the stdlib's is a Python-level wrapper costing a call per schedule.
-        self._time: Callable[[], float] = (
-            time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else loop.time
-        )
+        self._tick, self._loop = _validated(tick, loop, max_pending)  # s per tick; the loop
+        loop = self._loop
+        self._time: Callable[[], float] = _clock_of(loop)  # the clock every deadline uses
         # The handles of this wheel: a subclass whose class attribute names the wheel, so
         # no timer spends a slot on it (see _handle.py).
         self._timer_type: type[Timer] = type(
@@ -150,25 +265,6 @@ class TimingWheel:
         self._late_sum = 0.0  # sum of wake-up lateness (s)
 
     # -- public API -----------------------------------------------------------------------
-
-    @property
-    def tick(self) -> float:
-        """Seconds per tick."""
-        return self._tick
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        """The loop driving the wheel."""
-        return self._loop
-
-    @property
-    def closed(self) -> bool:
-        """True once :meth:`close` was called."""
-        return self._closed
-
-    def time(self) -> float:
-        """The loop's clock (``loop.time()``), the clock every deadline refers to."""
-        return self._time()
 
     def __len__(self) -> int:
         """Number of pending timers (exact). O(1)."""
@@ -250,63 +346,6 @@ class TimingWheel:
         """
         return self._add(self._check_when(when), callback, args, context)
 
-    def schedule_threadsafe(
-        self,
-        delay: float,
-        callback: Callable[..., object],
-        *args: Any,
-        context: contextvars.Context | None = None,
-    ) -> concurrent.futures.Future[Timer]:
-        """Schedule from another thread; the delay counts from when the loop takes it.
-
-        The arguments are checked in the calling thread, so bad input raises here.
-        Counting the delay in the loop's thread means the timer is late by the hand-off
-        time at worst, never early (uvloop's clock, read from another thread, can be
-        stale by as long as the loop has been asleep).
-
-        Returns:
-            A :class:`concurrent.futures.Future` that resolves to the :class:`Timer`, or
-            to the error (e.g. :class:`WheelClosed`) the loop's thread met.
-        """
-        self._when_after(delay)  # only to check it, in the caller's thread
-        if not callable(callback):
-            raise TypeError(f"callback must be callable, got {callback!r}")
-        future: concurrent.futures.Future[Timer] = concurrent.futures.Future()
-
-        def add() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                future.set_result(self.schedule(delay, callback, *args, context=context))
-            except Exception as exc:
-                future.set_exception(exc)
-
-        self._loop.call_soon_threadsafe(add)
-        return future
-
-    async def sleep(self, delay: float, result: T = None) -> T:  # type: ignore[assignment]
-        """Sleep ``delay`` seconds on the wheel; like :func:`asyncio.sleep`.
-
-        ``delay <= 0`` yields to the loop once, as asyncio does.
-
-        Raises:
-            ValueError: ``delay`` is NaN.
-            TypeError: ``delay`` is not a real number.
-        """
-        return await sleep_on(self, delay, result)
-
-    def timeout(self, delay: float | None) -> Timeout:
-        """An ``async with`` block that cancels itself after ``delay`` seconds.
-
-        Like :func:`asyncio.timeout`: raises :class:`TimeoutError` on expiry; ``None``
-        never expires; a negative delay expires at the next tick.
-        """
-        return Timeout(self, None if delay is None else self._loop.time() + _real(delay))
-
-    def timeout_at(self, when: float | None) -> Timeout:
-        """Like :meth:`timeout`, with an absolute loop time; :func:`asyncio.timeout_at`."""
-        return Timeout(self, None if when is None else _real(when, "when"))
-
     def close(self) -> list[Timer]:
         """Stop the wheel and return the timers that had not fired, by deadline.
 
@@ -336,7 +375,7 @@ class TimingWheel:
             cancelled=self._cancelled,
             wakeup_lateness_max=self._late_max,
             wakeup_lateness_sum=self._late_sum,
-            implementation=IMPLEMENTATION,
+            implementation="python",
         )
 
     def _check(self) -> None:
@@ -351,36 +390,7 @@ class TimingWheel:
                 f"armed for tick {self._armed_tick}, a timer is due at tick {earliest}"
             )
 
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else f"pending={self._core._len}"
-        return f"<TimingWheel tick={self._tick} {state}>"
-
     # -- internals ------------------------------------------------------------------------
-
-    def _floor_tick(self, t: float) -> int:
-        """The last tick ``n`` with ``n * tick <= t`` in float arithmetic."""
-        tick = self._tick
-        n = _floor(t / tick)
-        if n * tick > t:
-            n -= 1
-        return n
-
-    def _when_after(self, delay: float) -> float:
-        try:
-            if 0.0 <= delay < _INF:
-                return self._time() + delay
-        except TypeError:
-            raise TypeError(f"delay must be a real number, got {delay!r}") from None
-        raise ValueError(f"delay must be a finite number >= 0, got {delay!r}")
-
-    @staticmethod
-    def _check_when(when: float) -> float:
-        try:
-            if -_INF < when < _INF:
-                return when
-        except TypeError:
-            raise TypeError(f"when must be a real number, got {when!r}") from None
-        raise ValueError(f"when must be a finite number, got {when!r}")
 
     def _add(
         self,
@@ -488,6 +498,34 @@ class TimingWheel:
                 deadline = core.next_deadline()
                 if deadline is not None:
                     self._arm(deadline)
+
+
+def _validated(
+    tick: float, loop: asyncio.AbstractEventLoop | None, max_pending: int | None
+) -> tuple[float, asyncio.AbstractEventLoop]:
+    """Check ``TimingWheel``'s arguments; return the tick as a float and the loop."""
+    if isinstance(tick, bool) or not isinstance(tick, int | float):
+        raise TypeError(f"tick must be a positive finite number, got {tick!r}")
+    if not 0.0 < tick < _INF:
+        raise ValueError(f"tick must be a positive finite number, got {tick!r}")
+    if max_pending is not None and (
+        isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1
+    ):
+        raise ValueError(f"max_pending must be a positive int or None, got {max_pending!r}")
+    if loop is None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(
+                "TimingWheel() needs a running event loop; pass loop= to make one outside it"
+            ) from None
+    return float(tick), loop
+
+
+def _clock_of(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
+    """``loop.time`` itself, or ``time.monotonic`` when that is all the loop's time() does:
+    the stdlib's is a Python-level wrapper costing a call per schedule."""
+    return time.monotonic if type(loop).time is asyncio.BaseEventLoop.time else loop.time
 
 
 def _real(value: float, name: str = "delay") -> float:
