@@ -56,7 +56,10 @@ def steps(plan: Plan) -> int:
 
 
 async def _used_memory(client: Any) -> int:
-    return int((await client.info("memory"))["used_memory"])
+    """Redis's ``used_memory`` less its clients' buffers: a peer that schedules over 100
+    connections at once would otherwise be charged for their query buffers."""
+    info = await client.info("memory")
+    return int(info["used_memory"]) - int(info["mem_clients_normal"])
 
 
 async def _tickwheel(url: str, plan: Plan, checks: Checks) -> dict[str, Any]:
