@@ -17,10 +17,17 @@ SUMMARY_ROWS = (
     ("wheel", "reschedule N=1e6", "uvloop"),
     ("server", "CPU per request, protocol/wheel", "call_later"),
     ("server", "CPU per request, stream/wheel.timeout", "asyncio.timeout"),
-    ("durable", "bulk schedule", "arq"),
-    ("durable", "claim+run+ack", "arq"),
-    ("durable", "Redis memory per pending job", "arq"),
-    ("durable", "firing lateness p99", "arq"),
+    *(
+        ("durable", name, peer)
+        for peer in ("arq", "bullmq", "saq", "streaq")
+        for name in (
+            "bulk schedule",
+            "single schedule",
+            "claim+run+ack",
+            "Redis memory per pending job",
+            "firing lateness p99 at 1,000",
+        )
+    ),
     ("example", "claim capacity per shard (claim only)", "the document's 5,000/s"),
 )
 

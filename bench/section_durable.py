@@ -1,21 +1,39 @@
-"""Section 3 of ``python -m bench``: durable jobs against arq, with N jobs pending.
+"""Section 3 of ``python -m bench``: durable jobs against arq, BullMQ, saq and streaq.
 
-One private redis-server for the section; each repeat measures tickwheel (namespace
-``bench``, one shard: arq also keeps one sorted set) then arq, flushing in between:
+One private redis-server for the section (and a second one, the sink of the SIGKILL
+row). Each repeat measures, for each peer in turn, tickwheel (namespace ``bench``, one
+shard: arq, saq and streaq also keep one sorted set per queue, BullMQ one ``delayed``
+set) and then the peer, flushing before each; every figure is the ratio within that
+pair. The peers are the adapters of bench/peers.py, which says what is set for each and
+why. Jobs carry a 32-byte payload (a 32-character str for the peers: saq encodes JSON).
 
-1. bulk schedule: N far jobs (due in a day). tickwheel: ``schedule_many`` by 1000; arq
-   has no batch call, so 100 ``enqueue_job`` calls in flight at once (its fastest path).
-2. Redis ``used_memory`` per pending job after step 1.
-3. single schedule: sequential awaited calls, one job each (``schedule`` /
-   ``enqueue_job``), with the N jobs pending.
-4. drain: D jobs due now, run by a worker until all ran (claim + run a no-op + ack):
-   a :class:`Loader` (max 32 tasks, LIMIT 1000) against arq's ``Worker`` (max_jobs 100,
-   poll 50 ms).
-5. firing lateness of jobs due at a steady rate, bench/spill_vs_arq.py's runs, with the
-   N jobs still pending.
+1. bulk schedule: N far jobs (due in a day). tickwheel: ``schedule_many`` by 1000;
+   BullMQ ``addBulk`` and streaq ``enqueue_many`` by 1000; arq and saq have no batch
+   call, so 100 calls in flight at once (their fastest path).
+2. Redis memory per pending job after step 1: ``used_memory`` less the clients' buffers
+   (``mem_clients_normal``), over N.
+3. single schedule: sequential awaited calls, one job each, with the N jobs pending.
+4. drain: D jobs due now (each library's path for a job without a delay), run by a
+   worker in this process until all ran, timed from the worker's start (claim + run a
+   no-op + ack): a :class:`Loader` (max 32 tasks, LIMIT 1000) against each peer's own
+   worker at concurrency 100.
+5. firing lateness at 1,000 and 5,000 jobs/s: ``rate * seconds`` jobs due at a steady
+   rate, scheduled ahead in batches with the N jobs still pending; lateness = the
+   ``time.time()`` at which the job starts minus its due time (both on this host's
+   clock). tickwheel: bench/spill_vs_arq.py's run (Loader, lookahead 0.5 s, poll 50 ms);
+   a peer: its worker already running while the jobs go in, the first due a second plus
+   twice its bulk-schedule time for as many jobs ahead. A peer that runs fewer jobs per
+   second than the rate shows its backlog here.
+6. SIGKILL row, once per run after the repeats (``--quick``: tickwheel only): K jobs due
+   at once, a worker subprocess (``python -m bench.peers kill-worker``, 4 jobs at once)
+   whose task adds 1 to the job's field in the sink's hash and sleeps 20 ms, SIGKILLed
+   when a third of the jobs wrote their effect; a fresh worker then runs until every
+   effect is in and stable for a second, and at least the library's redelivery time
+   (its lease or visibility timeout, cut to a few seconds for every library) plus 2 s
+   passed. Lost = jobs with no effect, duplicated = more than one. Reported, and checked
+   for tickwheel only (it must lose none).
 
-saq (also asyncio + Redis, installable here) is not a peer yet: its worker did not run
-scheduled jobs in a first try within this issue's time (see bench/README.md).
+Celery is not a peer: see bench/README.md.
 """
 
 from __future__ import annotations
