@@ -213,6 +213,13 @@ def _section_notes(section: str, results: dict[str, Any]) -> list[str]:
             if fired < plan["durable_seconds"] * int(rate)
         ]
         notes += [f"- {what}: only {got:,} of {n:,.0f} jobs ran in time" for what, got, n in short]
+        notes += [
+            f"- {run['peer']} at {rate} jobs/s: its scheduling ended {ms:,.0f} ms after the "
+            "first job was due"
+            for run in raw.get("runs", [])
+            for rate, ms in run[run["peer"]].get("lateness_enqueue_late_ms", {}).items()
+            if ms > 0
+        ]
         kills = raw.get("kill", {})
         if kills:
             notes += [
