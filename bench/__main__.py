@@ -6,8 +6,9 @@ Run from the repository root after ``pip install -e '.[dev,bench]'``. Sections:
            fire, memory per pending timer, lateness, idle wake-ups, N = 10^3..10^6
   server   10,000 loopback connections, idle timeouts reset per request: server CPU
            per request, requests/s, close lateness, for each timer style
-  durable  against arq with 10^5 jobs pending: schedule, claim+run+ack, lateness,
-           Redis memory per pending job
+  durable  against arq, BullMQ, saq and streaq with 10^5 jobs pending: schedule,
+           claim+run+ack, lateness at 1,000 and 5,000 jobs/s, Redis memory per
+           pending job; jobs lost or run twice when a worker is SIGKILLed
   example  the source document's worked example: 16 shards, 10^6 pending, 2,900 jobs/s
            for a minute through a Worker; claim capacity of one shard at LIMIT 500
 

@@ -36,8 +36,9 @@ class Plan:
     durable_pending: int
     durable_singles: int  # sequential single schedules timed per library
     durable_drain: int  # due jobs drained by each library's worker
-    durable_rate: int  # jobs/s of the lateness run
-    durable_seconds: float
+    durable_rates: tuple[int, ...]  # jobs/s of the lateness runs
+    durable_seconds: float  # length of each lateness run
+    durable_kill_jobs: int  # jobs of the SIGKILL row, per library
     example_pending: int
     example_rate: int
     example_seconds: float
@@ -56,11 +57,12 @@ class Plan:
                 server_conns=300,
                 server_rounds=2,
                 server_idle=1.0,
-                durable_pending=5_000,
-                durable_singles=300,
-                durable_drain=1_000,
-                durable_rate=500,
-                durable_seconds=1.0,
+                durable_pending=2_000,
+                durable_singles=200,
+                durable_drain=500,
+                durable_rates=(1_000, 5_000),
+                durable_seconds=0.1,
+                durable_kill_jobs=200,
                 example_pending=10_000,
                 example_rate=2_900,
                 example_seconds=2.0,
@@ -78,9 +80,10 @@ class Plan:
             server_idle=5.0,
             durable_pending=100_000,
             durable_singles=2_000,
-            durable_drain=10_000,
-            durable_rate=2_000,
-            durable_seconds=3.0,
+            durable_drain=5_000,
+            durable_rates=(1_000, 5_000),
+            durable_seconds=1.0,
+            durable_kill_jobs=1_000,
             example_pending=1_000_000,
             example_rate=2_900,
             example_seconds=60.0,
@@ -231,6 +234,9 @@ def machine() -> dict[str, str]:
         "hiredis": _version("hiredis"),
         "uvloop": _version("uvloop"),
         "arq": _version("arq"),
+        "bullmq": _version("bullmq"),
+        "saq": _version("saq"),
+        "streaq": _version("streaq"),
         "tickwheel": _version("tickwheel"),
         "load average": " ".join(f"{x:.2f}" for x in os.getloadavg()),
     }

@@ -17,10 +17,17 @@ SUMMARY_ROWS = (
     ("wheel", "reschedule N=1e6", "uvloop"),
     ("server", "CPU per request, protocol/wheel", "call_later"),
     ("server", "CPU per request, stream/wheel.timeout", "asyncio.timeout"),
-    ("durable", "bulk schedule", "arq"),
-    ("durable", "claim+run+ack", "arq"),
-    ("durable", "Redis memory per pending job", "arq"),
-    ("durable", "firing lateness p99", "arq"),
+    *(
+        ("durable", name, peer)
+        for peer in ("arq", "bullmq", "saq", "streaq")
+        for name in (
+            "bulk schedule",
+            "single schedule",
+            "claim+run+ack",
+            "Redis memory per pending job",
+            "firing lateness p99 at 1,000",
+        )
+    ),
     ("example", "claim capacity per shard (claim only)", "the document's 5,000/s"),
 )
 
@@ -84,7 +91,8 @@ def summary_figures(figs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _machine_line(m: dict[str, str]) -> str:
     return (
         f"{m['cpu']}, {m['cores']} cores, Python {m['python']}, redis-server "
-        f"{m['redis-server']}, redis-py {m['redis-py']}, uvloop {m['uvloop']}, arq {m['arq']}"
+        f"{m['redis-server']}, redis-py {m['redis-py']}, uvloop {m['uvloop']}, arq {m['arq']}, "
+        f"bullmq {m.get('bullmq', '-')}, saq {m.get('saq', '-')}, streaq {m.get('streaq', '-')}"
     )
 
 
@@ -113,7 +121,7 @@ def write(out: Path, results: dict[str, Any]) -> list[Path]:
     titles = {
         "wheel": "1. The wheel against asyncio's loop and uvloop",
         "server": "2. The network-server scenario",
-        "durable": "3. Durable jobs against arq",
+        "durable": "3. Durable jobs against arq, BullMQ, saq and streaq",
         "example": "4. The worked example (16 shards, peak 2,900 jobs/s)",
     }
     for section, title in titles.items():
@@ -189,14 +197,49 @@ def _section_notes(section: str, results: dict[str, Any]) -> list[str]:
             )
         return [*rows, ""]
     if section == "durable":
-        return [
+        rates = ", ".join(f"{r:,}" for r in plan["durable_rates"])
+        notes = [
             f"{plan['durable_pending']:,} jobs pending on one private redis-server; "
-            f"drain of {plan['durable_drain']:,} due jobs; lateness of "
-            f"{plan['durable_rate']:,} jobs/s for {plan['durable_seconds']:g} s "
-            "(bench/section_durable.py says how each is measured). saq was not run: see "
-            "bench/README.md.",
+            f"drain of {plan['durable_drain']:,} due jobs; lateness at {rates} jobs/s for "
+            f"{plan['durable_seconds']:g} s each. Every peer is measured right after its "
+            "own tickwheel run, in each repeat (bench/section_durable.py says how each is "
+            "measured, bench/peers.py how each peer is set).",
             "",
         ]
+        short = [
+            (f"{run['peer']} at {rate} jobs/s", fired, plan["durable_seconds"] * int(rate))
+            for run in raw.get("runs", [])
+            for rate, fired in run[run["peer"]].get("lateness_fired", {}).items()
+            if fired < plan["durable_seconds"] * int(rate)
+        ]
+        notes += [f"- {what}: only {got:,} of {n:,.0f} jobs ran in time" for what, got, n in short]
+        notes += [
+            f"- {run['peer']} at {rate} jobs/s: its scheduling ended {ms:,.0f} ms after the "
+            "first job was due"
+            for run in raw.get("runs", [])
+            for rate, ms in run[run["peer"]].get("lateness_enqueue_late_ms", {}).items()
+            if ms > 0
+        ]
+        kills = raw.get("kill", {})
+        if kills:
+            notes += [
+                "",
+                f"SIGKILL mid-run ({plan['durable_kill_jobs']:,} jobs due at once; a worker "
+                "subprocess is killed once a third of them wrote their effect to a second "
+                "Redis, then a fresh worker runs until the effects settle). A correctness "
+                "row, not a speed one:",
+                "",
+                "| library | lost (no effect) | duplicated (effect > 1) | effects at kill "
+                "| redelivery bound | settled after |",
+                "|---|---:|---:|---:|---:|---:|",
+            ]
+            for lib, k in kills.items():
+                err = " (worker failed: see results.json)" if "error" in k else ""
+                notes.append(
+                    f"| {lib}{err} | {k['lost']} | {k['duplicated']} | {k['effects_at_kill']} "
+                    f"| {k['redeliver_s']:g} s | {k['settle_s']:.1f} s |"
+                )
+        return [*notes, ""]
     if section == "example":
         p = raw.get("peak")
         if not p:

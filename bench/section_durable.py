@@ -1,33 +1,56 @@
-"""Section 3 of ``python -m bench``: durable jobs against arq, with N jobs pending.
+"""Section 3 of ``python -m bench``: durable jobs against arq, BullMQ, saq and streaq.
 
-One private redis-server for the section; each repeat measures tickwheel (namespace
-``bench``, one shard: arq also keeps one sorted set) then arq, flushing in between:
+One private redis-server for the section (and a second one, the sink of the SIGKILL
+row). Each repeat measures, for each peer in turn, tickwheel (namespace ``bench``, one
+shard: arq, saq and streaq also keep one sorted set per queue, BullMQ one ``delayed``
+set) and then the peer, flushing before each; every figure is the ratio within that
+pair. The peers are the adapters of bench/peers.py, which says what is set for each and
+why. Jobs carry a 32-byte payload (a 32-character str for the peers: saq encodes JSON).
 
-1. bulk schedule: N far jobs (due in a day). tickwheel: ``schedule_many`` by 1000; arq
-   has no batch call, so 100 ``enqueue_job`` calls in flight at once (its fastest path).
-2. Redis ``used_memory`` per pending job after step 1.
-3. single schedule: sequential awaited calls, one job each (``schedule`` /
-   ``enqueue_job``), with the N jobs pending.
-4. drain: D jobs due now, run by a worker until all ran (claim + run a no-op + ack):
-   a :class:`Loader` (max 32 tasks, LIMIT 1000) against arq's ``Worker`` (max_jobs 100,
-   poll 50 ms).
-5. firing lateness of jobs due at a steady rate, bench/spill_vs_arq.py's runs, with the
-   N jobs still pending.
+1. bulk schedule: N far jobs (due in a day). tickwheel: ``schedule_many`` by 1000;
+   BullMQ ``addBulk`` and streaq ``enqueue_many`` by 1000; arq and saq have no batch
+   call, so 100 calls in flight at once (their fastest path).
+2. Redis memory per pending job after step 1: ``used_memory`` less the clients' buffers
+   (``mem_clients_normal``), over N.
+3. single schedule: sequential awaited calls, one job each, with the N jobs pending.
+4. drain: D jobs due now (each library's path for a job without a delay), run by a
+   worker in this process until all ran, timed from the worker's start (claim + run a
+   no-op + ack): a :class:`Loader` (max 32 tasks, LIMIT 1000) against each peer's own
+   worker at concurrency 100.
+5. firing lateness at 1,000 and 5,000 jobs/s: ``rate * seconds`` jobs due at a steady
+   rate, scheduled ahead in batches with the N jobs still pending; lateness = the
+   ``time.time()`` at which the job starts minus its due time (both on this host's
+   clock). tickwheel: bench/spill_vs_arq.py's run (Loader, lookahead 0.5 s, poll 50 ms);
+   a peer: its worker already running while the jobs go in, the first due a second plus
+   twice its bulk-schedule time for as many jobs ahead. A peer that runs fewer jobs per
+   second than the rate shows its backlog here.
+6. SIGKILL row, once per run after the repeats (``--quick``: tickwheel only): K jobs due
+   at once, a worker subprocess (``python -m bench.peers kill-worker``, 4 jobs at once)
+   whose task adds 1 to the job's field in the sink's hash and sleeps 20 ms, SIGKILLed
+   when a third of the jobs wrote their effect; a fresh worker then runs until every
+   effect is in and stable for a second, and at least the library's redelivery time
+   (its lease or visibility timeout, cut to a few seconds for every library) plus 2 s
+   passed. Lost = jobs with no effect, duplicated = more than one. Reported, and checked
+   for tickwheel only (it must lose none).
 
-saq (also asyncio + Redis, installable here) is not a peer yet: its worker did not run
-scheduled jobs in a first try within this issue's time (see bench/README.md).
+Celery is not a peer: see bench/README.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import redis.asyncio
 
+from bench import peers
 from bench import spill_vs_arq as sv
 from bench._harness import Checks, Figure, Plan, Progress, percentiles
 from tickwheel.durable import JobSpec, Loader, Scheduler, TaskContext, TaskRegistry
@@ -37,17 +60,24 @@ from tickwheel.wheel import TimingWheel
 SECTION = "durable"
 FAR = 86_400  # s: the pending jobs are never due during a run
 CHUNK = 1000  # schedule_many batch
-IN_FLIGHT = 100  # arq enqueue_job calls at once in the bulk fill
 PAYLOAD = b"x" * 32
 DRAIN_TIMEOUT = 120.0  # s before a drain that has not finished counts as jobs lost
 
 
+def _kill_libs(plan: Plan) -> tuple[str, ...]:
+    """The SIGKILL row's libraries: ``--quick`` runs tickwheel's alone (its check)."""
+    return ("tickwheel",) if plan.quick else ("tickwheel", *LIBS)
+
+
 def steps(plan: Plan) -> int:
-    return plan.repeats * 2
+    return plan.repeats * 2 * len(LIBS) + len(_kill_libs(plan))
 
 
 async def _used_memory(client: Any) -> int:
-    return int((await client.info("memory"))["used_memory"])
+    """Redis's ``used_memory`` less its clients' buffers: a peer that schedules over 100
+    connections at once would otherwise be charged for their query buffers."""
+    info = await client.info("memory")
+    return int(info["used_memory"]) - int(info["mem_clients_normal"])
 
 
 async def _tickwheel(url: str, plan: Plan, checks: Checks) -> dict[str, Any]:
@@ -96,99 +126,222 @@ async def _tickwheel(url: str, plan: Plan, checks: Checks) -> dict[str, Any]:
     )
     await s.close()  # gives the shard back: spill_vs_arq's run takes it next
     await client.aclose()
-    late = await asyncio.wait_for(
-        sv._tickwheel(url, plan.durable_rate, plan.durable_seconds, flush=False),
-        plan.durable_seconds + DRAIN_TIMEOUT,
-    )
-    n = int(plan.durable_rate * plan.durable_seconds)
-    checks.expect(len(late) == n, f"durable: tickwheel fired every job ({len(late)}/{n})")
-    checks.expect(min(late) >= 0, f"durable: no tickwheel job early (min {min(late):.2f} ms)")
-    out["lateness_ms"] = percentiles(late)
+    out["lateness_ms"] = {}
+    for rate in plan.durable_rates:
+        late = await asyncio.wait_for(
+            sv._tickwheel(url, rate, plan.durable_seconds, flush=False, prefix=f"r{rate}:"),
+            plan.durable_seconds + DRAIN_TIMEOUT,
+        )
+        n = int(rate * plan.durable_seconds)
+        checks.expect(len(late) == n, f"durable: tickwheel fired every job ({len(late)}/{n})")
+        checks.expect(min(late) >= 0, f"durable: no tickwheel job early (min {min(late):.2f} ms)")
+        out["lateness_ms"][str(rate)] = percentiles(late)
     return out
 
 
-async def _arq(server: RedisServer, plan: Plan, checks: Checks) -> dict[str, Any]:
-    from arq.connections import RedisSettings, create_pool
-    from arq.worker import Worker, func
-
-    settings = RedisSettings(host="127.0.0.1", port=server.port)
-    pool = await create_pool(settings)
-    await pool.flushall()
+async def _peer(lib: str, url: str, plan: Plan) -> dict[str, Any]:
+    """One peer's figures, measured as tickwheel's are (see the module's docstring)."""
+    client = redis.asyncio.Redis.from_url(url)
+    await client.flushall()
+    peer = peers.PEERS[lib](url)
+    await peer.open()
     out: dict[str, Any] = {}
-    mem0 = await _used_memory(pool)
-    t = time.perf_counter()
-    for start in range(0, plan.durable_pending, IN_FLIGHT):
-        await asyncio.gather(
-            *(
-                pool.enqueue_job("noop", PAYLOAD, _job_id=f"far:{i}", _defer_by=FAR)
-                for i in range(start, min(plan.durable_pending, start + IN_FLIGHT))
-            )
-        )
-    out["bulk_per_s"] = plan.durable_pending / (time.perf_counter() - t)
-    out["bytes_per_job"] = (await _used_memory(pool) - mem0) / plan.durable_pending
-    t = time.perf_counter()
-    for i in range(plan.durable_singles):
-        await pool.enqueue_job("noop", PAYLOAD, _job_id=f"one:{i}", _defer_by=FAR)
-    out["single_per_s"] = plan.durable_singles / (time.perf_counter() - t)
+    try:
+        far_ms = peers.now_ms() + FAR * 1000
+        mem0 = await _used_memory(client)
+        t = time.perf_counter()
+        for start in range(0, plan.durable_pending, CHUNK):
+            stop = min(plan.durable_pending, start + CHUNK)
+            await peer.schedule_many([(f"far:{i}", far_ms) for i in range(start, stop)])
+        out["bulk_per_s"] = plan.durable_pending / (time.perf_counter() - t)
+        out["bytes_per_job"] = (await _used_memory(client) - mem0) / plan.durable_pending
+        t = time.perf_counter()
+        for i in range(plan.durable_singles):
+            await peer.schedule_one(f"one:{i}", far_ms)
+        out["single_per_s"] = plan.durable_singles / (time.perf_counter() - t)
 
-    ran: list[int] = []
-    all_ran = asyncio.Event()
+        ran: set[str] = set()
+        all_ran = asyncio.Event()
 
-    async def noop(ctx: dict[str, Any], payload: bytes) -> None:
-        ran.append(1)
-        if len(ran) == plan.durable_drain:
-            all_ran.set()
+        async def noop(key: str, due_ms: int) -> None:
+            ran.add(key)
+            if len(ran) == plan.durable_drain:
+                all_ran.set()
 
-    for start in range(0, plan.durable_drain, IN_FLIGHT):
-        await asyncio.gather(
-            *(
-                pool.enqueue_job("noop", PAYLOAD, _job_id=f"due:{i}")
-                for i in range(start, min(plan.durable_drain, start + IN_FLIGHT))
-            )
-        )
-    worker = Worker(
-        functions=[func(noop, name="noop")],
-        redis_settings=settings,
-        poll_delay=sv.POLL,
-        max_jobs=100,
-        handle_signals=False,
-        keep_result=0,
-    )
-    t = time.perf_counter()
-    task = asyncio.ensure_future(worker.async_run())
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(all_ran.wait(), DRAIN_TIMEOUT)
-    out["drain_per_s"] = len(ran) / (time.perf_counter() - t)
-    await asyncio.sleep(0.5)  # arq records each result after the job returned
-    # arq's close() re-raises the CancelledError of a job task it cancels.
-    with contextlib.suppress(asyncio.CancelledError):
-        await worker.close()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
-    checks.expect(len(ran) >= plan.durable_drain, "durable: arq ran every due job")
-    await pool.aclose()
-    late = await asyncio.wait_for(
-        sv._arq(server, plan.durable_rate, plan.durable_seconds, flush=False),
-        plan.durable_seconds + plan.durable_rate * plan.durable_seconds * 0.01 + DRAIN_TIMEOUT,
-    )
-    out["lateness_ms"] = percentiles(late)
+        for start in range(0, plan.durable_drain, CHUNK):
+            stop = min(plan.durable_drain, start + CHUNK)
+            await peer.schedule_now([f"due:{i}" for i in range(start, stop)])
+        t = time.perf_counter()
+        async with peer.worker(noop):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(all_ran.wait(), DRAIN_TIMEOUT)
+            out["drain_per_s"] = len(ran) / (time.perf_counter() - t)
+        out["drain_ran"] = len(ran)
+
+        out["lateness_ms"] = {}
+        out["lateness_fired"] = {}
+        out["lateness_enqueue_late_ms"] = {}
+        for rate in plan.durable_rates:
+            late, fired, overran = await _peer_lateness(peer, rate, plan, out["bulk_per_s"])
+            out["lateness_ms"][str(rate)] = percentiles(late) if late else None
+            out["lateness_fired"][str(rate)] = fired
+            out["lateness_enqueue_late_ms"][str(rate)] = overran
+    finally:
+        await peer.close()
+        await client.aclose()
     return out
+
+
+async def _peer_lateness(
+    peer: peers.Peer, rate: int, plan: Plan, bulk_per_s: float
+) -> tuple[list[float], int, float]:
+    """Lateness (ms) of ``rate * seconds`` jobs due at a steady rate, all scheduled (in
+    batches of 1000) before the first is due, with the peer's worker already running
+    (some take a second to start): the lead is a second plus twice the time this peer's
+    bulk schedule took for as many jobs. Returns the lateness of each job
+    that ran within the timeout, how many ran, and by how much the scheduling overran
+    the first due time (0 if it did not)."""
+    n = int(rate * plan.durable_seconds)
+    late: list[float] = []
+    seen: set[str] = set()
+    done = asyncio.Event()
+
+    async def probe(key: str, due_ms: int) -> None:
+        if key in seen:
+            return
+        seen.add(key)
+        late.append(time.time() * 1000 - due_ms)
+        if len(seen) == n:
+            done.set()
+
+    async with peer.worker(probe):
+        start_ms = peers.now_ms() + int((1 + 2 * n / bulk_per_s) * 1000)
+        for i in range(0, n, CHUNK):
+            stop = min(n, i + CHUNK)
+            await peer.schedule_many(
+                [(f"r{rate}:{k}", start_ms + k * 1000 // rate) for k in range(i, stop)]
+            )
+        overran = max(0, peers.now_ms() - start_ms)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), plan.durable_seconds + 2 + DRAIN_TIMEOUT)
+    return late, len(seen), overran
+
+
+def _spawn(lib: str, url: str, sink_url: str) -> subprocess.Popen[bytes]:
+    root = str(Path(__file__).resolve().parent.parent)
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    )
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.peers", "kill-worker", lib, url, sink_url],
+        cwd=root,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+async def _kill_row(lib: str, url: str, sink_url: str, k: int) -> dict[str, Any]:
+    """K jobs due now; a worker subprocess runs them (each adds 1 to its key's field in
+    the sink, then sleeps 20 ms) and is SIGKILLed once a third of them wrote their
+    effect; a fresh worker then runs until every job's effect is in and stayed for a
+    second, and at least the library's redelivery time (plus 2 s) has passed since the
+    kill, or that time plus 20 s. Counts jobs with no effect (lost) and with more than
+    one (duplicated)."""
+    client = redis.asyncio.Redis.from_url(url)
+    sink = redis.asyncio.Redis.from_url(sink_url)
+    await client.flushall()
+    await sink.flushall()
+    keys = [f"kill:{i}" for i in range(k)]
+    due = peers.now_ms()
+    if lib == "tickwheel":
+        s = Scheduler(client, "kill", shards=1, check=False)
+        for i in range(0, k, CHUNK):
+            await s.schedule_many(JobSpec(key, "job", at=due) for key in keys[i : i + CHUNK])
+        redeliver = 6.0  # owner TTL 2 s, lease 3 s, reaper every 1 s
+    else:
+        peer = peers.PEERS[lib](url)
+        await peer.open()
+        for i in range(0, k, CHUNK):
+            await peer.schedule_many([(key, due) for key in keys[i : i + CHUNK]])
+        await peer.close()
+        redeliver = peers.PEERS[lib].redeliver_s
+    out: dict[str, Any] = {"jobs": k, "redeliver_s": redeliver}
+    first = _spawn(lib, url, sink_url)
+    try:
+        deadline = time.monotonic() + 60
+        while await sink.hlen(peers.EFFECTS) < k // 3 and time.monotonic() < deadline:
+            if first.poll() is not None:
+                break
+            await asyncio.sleep(0.005)
+    finally:
+        _kill(first)
+    killed = time.monotonic()
+    out["effects_at_kill"] = int(await sink.hlen(peers.EFFECTS))
+    if first.returncode != -signal.SIGKILL:
+        assert first.stderr is not None
+        out["error"] = first.stderr.read().decode(errors="replace")[-2000:]
+    second = _spawn(lib, url, sink_url)
+    try:
+        last, stable_since = -1, time.monotonic()
+        while True:
+            now = time.monotonic()
+            effects = await sink.hgetall(peers.EFFECTS)
+            total = sum(int(v) for v in effects.values())
+            if total != last:
+                last, stable_since = total, now
+            settled = len(effects) == k and now - stable_since >= 1.0
+            if (settled and now - killed >= redeliver + 2) or now - killed >= redeliver + 20:
+                break
+            await asyncio.sleep(0.1)
+    finally:
+        _kill(second)
+    out["settle_s"] = time.monotonic() - killed
+    counts = [int(effects.get(key.encode(), 0)) for key in keys]
+    out["lost"] = sum(1 for c in counts if c == 0)
+    out["duplicated"] = sum(1 for c in counts if c > 1)
+    await client.aclose()
+    await sink.aclose()
+    return out
+
+
+LIBS = tuple(peers.PEERS)  # arq, bullmq, saq, streaq
 
 
 def run(plan: Plan, progress: Progress, checks: Checks) -> dict[str, Any]:
-    logging.getLogger("arq").setLevel(logging.WARNING)
+    peers.quiet()
     rows: list[dict[str, Any]] = []
+    kills: dict[str, Any] = {}
     loop = asyncio.new_event_loop()
     try:
-        with RedisServer() as server:
+        with RedisServer() as server, RedisServer() as sink:
             for r in range(plan.repeats):
-                progress.step(f"durable: tickwheel, {plan.durable_pending:,} pending, {r + 1}")
-                ours = loop.run_until_complete(_tickwheel(server.url, plan, checks))
-                progress.step(f"durable: arq, {plan.durable_pending:,} pending, {r + 1}")
-                theirs = loop.run_until_complete(_arq(server, plan, checks))
-                rows.append({"tickwheel": ours, "arq": theirs})
+                for lib in LIBS:
+                    n = f"{plan.durable_pending:,} pending, {r + 1}"
+                    progress.step(f"durable: tickwheel (beside {lib}), {n}")
+                    ours = loop.run_until_complete(_tickwheel(server.url, plan, checks))
+                    progress.step(f"durable: {lib}, {n}")
+                    theirs = loop.run_until_complete(_peer(lib, server.url, plan))
+                    rows.append({"peer": lib, "tickwheel": ours, lib: theirs})
+            for lib in _kill_libs(plan):
+                progress.step(f"durable: SIGKILL row, {lib}")
+                kills[lib] = loop.run_until_complete(
+                    _kill_row(lib, server.url, sink.url, plan.durable_kill_jobs)
+                )
     finally:
         loop.close()
+    tw = kills["tickwheel"]
+    checks.expect(
+        tw["lost"] == 0 and "error" not in tw,
+        f"durable: tickwheel lost no job to a SIGKILLed worker ({tw['lost']} lost, "
+        f"{tw['duplicated']} run twice)",
+    )
     n = f"{plan.durable_pending:,} pending"
     specs = [
         ("bulk_per_s", f"bulk schedule, {n}", "jobs/s", "higher"),
@@ -197,16 +350,19 @@ def run(plan: Plan, progress: Progress, checks: Checks) -> dict[str, Any]:
         ("bytes_per_job", "Redis memory per pending job", "B", "lower"),
     ]
     figures = []
-    for key, name, unit, better in specs:
-        fig = Figure(SECTION, name, "arq", unit, better)
-        for row in rows:
-            fig.add(row["tickwheel"][key], row["arq"][key])
-        figures.append(fig)
-    for q in ("p50", "p99", "max"):
-        fig = Figure(
-            SECTION, f"firing lateness {q} at {plan.durable_rate:,} jobs/s", "arq", "ms", "lower"
-        )
-        for row in rows:
-            fig.add(row["tickwheel"]["lateness_ms"][q], row["arq"]["lateness_ms"][q])
-        figures.append(fig)
-    return {"figures": figures, "raw": {"runs": rows}}
+    for lib in LIBS:
+        mine = [row for row in rows if row["peer"] == lib]
+        for key, name, unit, better in specs:
+            fig = Figure(SECTION, name, lib, unit, better)
+            for row in mine:
+                fig.add(row["tickwheel"][key], row[lib][key])
+            figures.append(fig)
+        for rate in plan.durable_rates:
+            for q in ("p50", "p99", "max"):
+                fig = Figure(SECTION, f"firing lateness {q} at {rate:,} jobs/s", lib, "ms", "lower")
+                for row in mine:
+                    theirs = row[lib]["lateness_ms"][str(rate)]
+                    if theirs is not None:
+                        fig.add(row["tickwheel"]["lateness_ms"][str(rate)][q], theirs[q])
+                figures.append(fig)
+    return {"figures": figures, "raw": {"runs": rows, "kill": kills}}

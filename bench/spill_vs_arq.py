@@ -71,9 +71,12 @@ def lateness_probe(
     return late, seen, done
 
 
-async def _tickwheel(url: str, rate: int, seconds: float, flush: bool = True) -> list[float]:
-    """Lateness (ms) of ``rate * seconds`` jobs in namespace ``bench`` (one shard); with
-    ``flush=False`` whatever is pending there stays (the far jobs of ``python -m bench``)."""
+async def _tickwheel(
+    url: str, rate: int, seconds: float, flush: bool = True, prefix: str = "j"
+) -> list[float]:
+    """Lateness (ms) of ``rate * seconds`` jobs in namespace ``bench`` (one shard), ids
+    ``prefix`` + a number; with ``flush=False`` whatever is pending there stays (the far
+    jobs of ``python -m bench``)."""
     client = redis.asyncio.Redis.from_url(url)
     if flush:
         await client.flushall()
@@ -86,7 +89,7 @@ async def _tickwheel(url: str, rate: int, seconds: float, flush: bool = True) ->
     start_ms = int(time.time() * 1000 + (1 + n * LEAD_PER_JOB) * 1000)
     for i in range(0, n, 1000):
         await sched.schedule_many(
-            JobSpec(f"j{k}", "probe", at=start_ms + k * 1000 // rate)
+            JobSpec(f"{prefix}{k}", "probe", at=start_ms + k * 1000 // rate)
             for k in range(i, min(n, i + 1000))
         )
     loader = Loader(sched, reg, TimingWheel(), lookahead=0.5, poll_interval=POLL, limit=1000)
@@ -94,6 +97,8 @@ async def _tickwheel(url: str, rate: int, seconds: float, flush: bool = True) ->
     await done.wait()
     loader.stop_claiming()
     await task
+    await loader.drain(1.0)  # the last acks
+    await sched.close()  # gives the shard back for the next run in this Redis
     await client.aclose()
     return late
 
