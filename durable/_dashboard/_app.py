@@ -185,6 +185,7 @@ def create_app(config: DashboardConfig) -> Starlette:
             namespace=config.namespace,
             where=state.ns.where,
             path=request.url.path,
+            here=request.url.path + (f"?{request.url.query}" if request.url.query else ""),
             refresh_ms=int(REFRESH_S * 1000),
             **ctx,
         )
