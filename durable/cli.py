@@ -688,6 +688,11 @@ def _dead_letters(args: argparse.Namespace) -> int:
 def _dashboard(args: argparse.Namespace) -> int:
     check_url(args.redis_url)  # a malformed URL is a usage error, said without its password
     try:
+        client_from_url(args.redis_url)  # redis-py's own checks; no connection is made
+    except ValueError as exc:
+        url = args.redis_url
+        raise CliError(EXIT_USAGE, f"--redis-url {_shown(url)!r}: {_hide(url, exc)}") from None
+    try:
         from tickwheel.durable import _dashboard as dash  # noqa: PLC0415 (the optional extra)
     except ImportError as exc:
         raise CliError(

@@ -555,6 +555,8 @@ async def _sample(state: _State) -> None:
             state.redis_error = ""
         except _REDIS_DOWN as exc:
             state.redis_error = state.unreachable(exc)
+        except ActionError as exc:
+            state.redis_error = str(exc)
         except Exception:  # the sampler must outlive a bad reply
             logger.exception("tickwheel dashboard: chart sample failed")
         await asyncio.sleep(state.config.sample_interval)

@@ -284,7 +284,10 @@ class Namespace:
             RedisUnavailable: if Redis cannot be reached.
         """
         if self._client is None:
-            self._client = await connect(self.url)
+            try:
+                self._client = await connect(self.url)
+            except ValueError:  # the message may quote the URL: say less
+                raise ActionError("the Redis URL is malformed (check --redis-url)", 500) from None
         return self._client
 
     async def scheduler(self) -> Scheduler | None:
