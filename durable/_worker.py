@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import socket
+import time
 import zlib
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -157,15 +158,16 @@ class Worker:
     def stats_document(self) -> dict[str, Any]:
         """What :meth:`publish_stats` writes: this worker's counters, compact.
 
-        ``c`` holds monotonic counters since the worker started (claimed, acked,
-        retries, dead letters, reaped); ``lat`` the firing-lateness histogram's bucket
-        counts (bounds ``LATENESS_BOUNDS`` in ``_stats.py``, the last one +Inf); ``v``
-        is the format version.
+        ``t`` is this host's wall clock (ms) when it was made; ``c`` monotonic counters
+        since the worker started (claimed, acked, retries, dead letters, reaped); ``lat``
+        the firing-lateness histogram's bucket counts (bounds ``LATENESS_BOUNDS`` in
+        ``_stats.py``, the last one +Inf); ``v`` the format version.
         """
         stats = self.scheduler.stats()
         loader = self.loader
         doc: dict[str, Any] = {
             "v": STATS_VERSION,
+            "t": int(time.time() * 1000),
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "owned": len(self.ownership.owned),

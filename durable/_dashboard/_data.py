@@ -370,7 +370,9 @@ class Namespace:
             out.append(
                 {
                     "token": token,
-                    "name": f"{doc.get('host', '?')}:{doc.get('pid', '?')}" if doc else token[:12],
+                    "name": f"{doc.get('host', '?')}:{doc.get('pid', '?')}/{token[:6]}"
+                    if doc
+                    else token[:12],
                     "beat_age_ms": max(now_ms - int(beat), 0),
                     "owned": doc.get("owned"),
                     "loaded": doc.get("loaded"),
