@@ -59,7 +59,12 @@ MAX_SESSIONS = 256
 PAGE_ROWS = 50
 # Seconds between the overview's refreshes (its inline script).
 REFRESH_S = 2.0
-_REDIS_DOWN = (RedisUnavailable, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+_REDIS_DOWN = (
+    RedisUnavailable,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.RedisClusterException,  # a cluster that cannot be reached or mapped
+)
 
 
 @dataclass
@@ -132,7 +137,8 @@ class _State:
     def unreachable(self, exc: BaseException) -> str:
         reason = str(exc).replace(self.config.redis_url, "<url>")
         # Any URL in the message (redis-py's or the library's) goes: `where` says it.
-        reason = re.sub(r"[\w+.-]+://\S*", "<url>", reason).replace("<url>: ", "")
+        reason = re.sub(r"(cannot reach Redis at )?[\w+.-]+://\S*\s*", "", reason)
+        reason = reason.replace("<url>", "").strip(" :") or type(exc).__name__
         return f"Redis is unreachable at {self.ns.where} ({reason}); retrying"
 
 
