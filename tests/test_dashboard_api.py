@@ -12,6 +12,7 @@ from dashboard_support import BASE, TOKEN, WorkerThread, api_client, bearer, log
 from durable_support import open_scheduler, run, unique_ns
 
 from tickwheel.durable import JobSpec, JobState, TaskRegistry
+from tickwheel.durable._dashboard._charts import Charts
 from tickwheel.durable._dashboard._data import DeadFilter, lateness_quantile
 from tickwheel.durable._keys import Keys
 from tickwheel.durable._server import RedisServer, free_port
@@ -395,13 +396,51 @@ def test_workers_and_live_charts_from_published_stats(redis_url: str) -> None:
         assert charts["counters"] == ["claimed", "acked", "retries", "dead_letters", "reaped"]
         html = client.get("/").text
         assert 'id="workers"' in html and "live workers" in html
-
+        token = worker["token"]
+        # The document under {ns}:wstats:<token>, with the member TTL (10 s).
+        doc, ttl = run(_stats_key(redis_url, ns, token))
+        assert doc is not None and 0 < ttl <= 10_000
+        assert doc["v"] == 1 and doc["owned"] == SHARDS and len(doc["c"]) == 5
+        assert len(doc["lat"]) == 16 and doc["t"] > 0
     # The stats key leaves with the worker.
-    async def stats_keys() -> int:
-        async with open_scheduler(redis_url, ns, shards=SHARDS) as sched:
-            return int(await sched.store.client.exists(sched.keys.worker_stats("x")))
+    assert run(_stats_key(redis_url, ns, token)) == (None, -2)
 
-    assert run(stats_keys()) == 0
+
+async def _stats_key(url: str, ns: str, token: str) -> tuple[Any, int]:
+    async with open_scheduler(url, ns, shards=SHARDS) as sched:
+        key = sched.keys.worker_stats(token)
+        raw: Any = await sched.store.client.get(key)
+        ttl = int(await sched.store.client.pttl(key))
+        return (None if raw is None else json.loads(raw)), ttl
+
+
+def test_charts_rates_between_a_workers_documents() -> None:
+    charts = Charts(1.0)
+
+    def row(token: str, t: int, c: list[int], lat: list[int]) -> dict[str, Any]:
+        return {"token": token, "stats": {"t": t, "c": c, "lat": lat}}
+
+    lat0 = [0] * 16
+    charts.add([row("a", 1000, [0, 0, 0, 0, 0], lat0)], 1)
+    assert [p["acked"] for p in charts.points] == [0]  # one document: no rate yet
+    lat1 = [0] * 16
+    lat1[3] = 10  # ten jobs fired <= 10 ms late
+    charts.add([row("a", 3000, [20, 20, 4, 2, 0], lat1)], 2)
+    charts.add([row("a", 3000, [20, 20, 4, 2, 0], lat1)], 3)  # not republished yet
+    p = charts.points[-1]
+    assert p["acked"] == 10.0 and p["retries"] == 2.0 and p["dead_letters"] == 1.0
+    assert charts.points[-2]["acked"] == 10.0  # the same rate, not a zero
+    assert p["p50"] == 0.01 and p["p99"] == 0.01 and p["fired"] == 10
+    # A restart under the same token (counters went down): counted from the new values.
+    charts.add([row("a", 4000, [5, 5, 0, 0, 0], lat0)], 4)
+    assert charts.points[-1]["acked"] == 5.0
+    # Two workers add up; a worker gone no longer counts.
+    charts.add([row("a", 5000, [6, 6, 0, 0, 0], lat0), row("b", 100, [0] * 5, lat0)], 5)
+    charts.add([row("a", 6000, [8, 8, 0, 0, 0], lat0), row("b", 1100, [3] * 5, lat0)], 6)
+    assert charts.points[-1]["acked"] == 5.0
+    charts.add([row("b", 2100, [4] * 5, lat0)], 7)
+    assert charts.points[-1]["acked"] == 1.0
+    assert charts.series()["points"][-1]["t"] == 7
 
 
 def test_redis_unreachable_is_said_without_the_password_and_recovers() -> None:
