@@ -75,6 +75,17 @@ def test_overview_counts_per_shard_and_totals(redis_url: str) -> None:
         assert re.search(r'id="total-dead"[^>]*>2<', html)
         fragment = client.get("/?fragment=1").text
         assert "<html" not in fragment and re.search(r'id="total-due"[^>]*>17<', fragment)
+        # Members without stats: live while their beat is fresh, gone past the TTL.
+        run(_members(redis_url, ns, {"fresh-one": 0, "ghost": -60_000}))
+        workers = client.get("/api/overview").json()["workers"]
+        assert [w["token"] for w in workers] == ["fresh-one"]
+        assert workers[0]["name"] == "fresh-one" and workers[0]["counters"] == {}
+
+
+async def _members(url: str, ns: str, ages: dict[str, int]) -> None:
+    async with open_scheduler(url, ns, shards=SHARDS) as sched:
+        now = await sched.store.now(0)
+        await sched.store.client.zadd(sched.keys.workers, {t: now + a for t, a in ages.items()})
 
 
 def test_lookup_by_id_shows_state_task_payload_and_clear_errors(redis_url: str) -> None:

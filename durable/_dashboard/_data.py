@@ -30,6 +30,7 @@ from tickwheel.durable._connect import Client, _redact, connect
 from tickwheel.durable._errors import RedisUnavailable
 from tickwheel.durable._keys import Keys
 from tickwheel.durable._model import MAX_TASK_BYTES, JobInfo, JobState, ShardInfo, check_job_id
+from tickwheel.durable._ownership import DEFAULT_OWNER_TTL
 from tickwheel.durable._recurrence import Recurrence
 from tickwheel.durable._scheduler import MAX_BATCH, MAX_ERROR_CHARS, Scheduler
 from tickwheel.durable._stats import LATENESS_BOUNDS
@@ -59,6 +60,9 @@ PAGE = MAX_BATCH
 SCAN_LIMIT = 20_000
 # Characters of a payload a page shows; the rest is cut (and said to be).
 PAYLOAD_PREVIEW_CHARS = 2000
+# A member without a stats document is gone once its beat is this old (ms): the
+# default member (owner) TTL.
+STALE_BEAT_MS = int(DEFAULT_OWNER_TTL * 1000)
 # The last epoch ms a datetime can show (9999-12-31T23:59:59.999Z).
 MAX_WHEN_MS = 253_402_300_799_999
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -353,7 +357,11 @@ class Namespace:
         }
 
     async def workers(self, sched: Scheduler, now_ms: int) -> list[dict[str, Any]]:
-        """The workers in the member set with their published stats (two commands)."""
+        """The live workers in the member set with their published stats (two commands).
+
+        The member set is pruned only when a worker beats, so a member counts as live
+        while its stats document lives (it has the member TTL) or, without one, while
+        its last beat is younger than the default member TTL."""
         client = sched.store.client
         keys = sched.keys
         entries: Any = await client.zrange(keys.workers, 0, -1, withscores=True)
@@ -366,6 +374,9 @@ class Namespace:
             entries, tokens, docs or [None] * len(tokens), strict=True
         ):
             doc = _stats_doc(raw)
+            age = max(now_ms - int(beat), 0)
+            if not doc and age > STALE_BEAT_MS:
+                continue  # gone: its stats expired and the member set was not pruned yet
             counters = dict(zip(STATS_COUNTERS, doc.get("c", []), strict=False))
             out.append(
                 {
@@ -373,7 +384,7 @@ class Namespace:
                     "name": f"{doc.get('host', '?')}:{doc.get('pid', '?')}/{token[:6]}"
                     if doc
                     else token[:12],
-                    "beat_age_ms": max(now_ms - int(beat), 0),
+                    "beat_age_ms": age,
                     "owned": doc.get("owned"),
                     "loaded": doc.get("loaded"),
                     "running": doc.get("running"),
