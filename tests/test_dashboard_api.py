@@ -501,3 +501,19 @@ def test_lateness_quantiles_and_dead_filter() -> None:
     flt = DeadFilter.parse(" charge ", "Declined", "", 4)
     assert flt.task == "charge" and not flt.empty
     assert DeadFilter.parse("", "", "", 4).empty
+
+
+def test_an_error_reply_is_a_502_with_the_reply(redis_url: str) -> None:
+    ns = unique_ns()
+    run(_schedule(redis_url, ns, [JobSpec("j", "t", delay=60)]))
+
+    async def spoil() -> None:
+        async with open_scheduler(redis_url, ns, shards=SHARDS) as sched:
+            await sched.store.client.set(sched.keys.workers, "not a sorted set")
+
+    run(spoil())
+    with api_client(redis_url, ns) as client:
+        r = client.get("/api/overview")
+        assert r.status_code == 502 and "WRONGTYPE" in r.json()["error"]
+        assert client.get("/").status_code == 502
+        assert client.get("/api/job", params={"id": "j"}).status_code == 200  # the rest works

@@ -215,7 +215,8 @@ def create_app(config: DashboardConfig) -> Starlette:
         elif isinstance(exc, DurableError):
             status, message = 409, f"{type(exc).__name__}: {exc}"
         else:  # an error reply: Redis answered and refused
-            status, message = 502, f"Redis refused the command: {type(exc).__name__}"
+            reply = str(exc).replace(config.redis_url, "<url>")[:300]
+            status, message = 502, f"Redis refused the command: {type(exc).__name__}: {reply}"
         if wants_json(request):
             return JSONResponse({"error": message, "status": status}, status_code=status)
         return render(request, "message.html", status, title=f"Error {status}", message=message)
@@ -232,7 +233,8 @@ def create_app(config: DashboardConfig) -> Starlette:
                 ):
                     if wants_json(request):
                         raise _Refused("this dashboard needs the token: log in first", 401)
-                    return RedirectResponse(f"/login?next={quote(request.url.path)}", 303)
+                    here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+                    return RedirectResponse(f"/login?next={quote(here, safe='')}", 303)
                 return await fn(request)
             except (ActionError, DurableError, *_REDIS_DOWN) as exc:
                 return failure(request, exc)
