@@ -74,7 +74,7 @@ class Keys:
         ValueError: if one is out of range.
     """
 
-    __slots__ = ("_shards", "buckets", "meta", "namespace", "shards")
+    __slots__ = ("_shards", "buckets", "meta", "namespace", "shards", "workers")
 
     def __init__(self, namespace: str, shards: int, buckets: int = DEFAULT_BUCKETS) -> None:
         if not isinstance(namespace, str):
@@ -98,6 +98,7 @@ class Keys:
         self.shards = shards  # shard count N
         self.buckets = buckets  # record hashes per shard
         self.meta = f"{{{namespace}}}:meta"  # STRING "shards:buckets", set on first use
+        self.workers = f"{{{namespace}}}:workers"  # ZSET worker token -> last heartbeat (ms)
         self._shards = tuple(self._build(s) for s in range(shards))  # ShardKeys by shard
 
     def _build(self, shard: int) -> ShardKeys:
@@ -127,6 +128,11 @@ class Keys:
     def jobs_key(self, shard: int, job_id: str) -> str:
         """Return the record hash of ``job_id`` in ``shard``."""
         return self.shard(shard).jobs[self.bucket_of(job_id)]
+
+    def worker_stats(self, token: str) -> str:
+        """Return the STRING where the worker ``token`` publishes its counters
+        (``{ns}:wstats:<token>``, JSON with a TTL; same slot as :attr:`workers`)."""
+        return f"{{{self.namespace}}}:wstats:{token}"
 
     def claim_reply(self, shard: int, token: str) -> str:
         """Return the STRING where claim.lua keeps the reply of the claim ``token``

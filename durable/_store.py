@@ -671,17 +671,15 @@ class Store:
         """A page of dead letters, oldest first (dead_list.lua)."""
         k = self.keys.shard(shard)
         reply = await self._run(self._scripts.dead_list, [k.dead, *k.jobs], [offset, count], shard)
-        jobs = [
-            _info(
-                reply[i].decode(),
-                shard,
-                JobState.DEAD,
-                reply[i + 1],
-                reply[i + 2 : i + _ROW_STRIDE],
-            )
+        return DeadPage(int(reply[0]), self._rows(shard, JobState.DEAD, reply))
+
+    @staticmethod
+    def _rows(shard: int, state: JobState, reply: Sequence[Any]) -> list[JobInfo]:
+        """The rows of a dead_list.lua reply (after its total)."""
+        return [
+            _info(reply[i].decode(), shard, state, reply[i + 1], reply[i + 2 : i + _ROW_STRIDE])
             for i in range(1, len(reply), _ROW_STRIDE)
         ]
-        return DeadPage(int(reply[0]), jobs)
 
     async def dead_requeue(self, shard: int, ids: Sequence[str], limit: int) -> list[str]:
         """Dead letters back to due now (dead_requeue.lua); ``ids`` empty: oldest ``limit``."""
@@ -722,25 +720,61 @@ class Store:
 
     # -- operators -----------------------------------------------------------------
 
+    async def inspect_all(self) -> list[ShardInfo]:
+        """:meth:`inspect` of every shard in one pipeline (one round trip per node).
+
+        Read only; the calls are not atomic together (each shard is read at its own
+        instant)."""
+        calls = [
+            _Call(self._scripts.inspect, self._inspect_keys(shard), [], shard)
+            for shard in range(self.keys.shards)
+        ]
+        replies = await self._pipelined(calls, wait=False)
+        return [_shard_info(shard, reply) for shard, reply in enumerate(replies)]
+
+    async def due_list(self, shard: int, offset: int, count: int) -> DeadPage:
+        """A page of one shard's due jobs in due order, from rank ``offset`` (read only;
+        dead_list.lua over the due set). Each row's ``when_ms`` is its due time."""
+        k = self.keys.shard(shard)
+        reply = await self._run(self._scripts.dead_list, [k.due, *k.jobs], [offset, count], shard)
+        return DeadPage(int(reply[0]), self._rows(shard, JobState.DUE, reply))
+
+    async def due_rank(self, shard: int, time_ms: int) -> int:
+        """How many of the shard's due jobs are due before ``time_ms`` (ZCOUNT)."""
+        k = self.keys.shard(shard)
+        try:
+            async with timeout(self.call_timeout):
+                return int(await self._client.zcount(k.due, "-inf", f"({time_ms}"))
+        except REDIS_ERRORS as exc:
+            raise translate(exc, shard) from exc
+        except TimeoutError:
+            raise self._no_reply(self.call_timeout) from None
+
+    def _inspect_keys(self, shard: int) -> list[str]:
+        k = self.keys.shard(shard)
+        return [k.due, k.leased, k.dead, k.owner, k.epoch, k.clock]
+
     async def inspect(self, shard: int) -> ShardInfo:
         """Counts, overdue lag, owner and next due of one shard (inspect.lua, read only).
         O(log N)."""
-        k = self.keys.shard(shard)
-        reply = await self._run(
-            self._scripts.inspect, [k.due, k.leased, k.dead, k.owner, k.epoch, k.clock], [], shard
-        )
-        now, due, overdue, oldest, next_due, leased, expired, dead, owner, ttl, epoch = reply
-        return ShardInfo(
-            shard=shard,
-            now_ms=int(now),
-            due=int(due),
-            overdue=int(overdue),
-            oldest_overdue_ms=int(oldest),
-            next_due_ms=int(next_due),
-            leased=int(leased),
-            expired=int(expired),
-            dead=int(dead),
-            owner=owner.decode(errors="replace"),
-            owner_ttl_ms=int(ttl),
-            epoch=int(epoch),
-        )
+        reply = await self._run(self._scripts.inspect, self._inspect_keys(shard), [], shard)
+        return _shard_info(shard, reply)
+
+
+def _shard_info(shard: int, reply: Sequence[Any]) -> ShardInfo:
+    """A ShardInfo from inspect.lua's reply."""
+    now, due, overdue, oldest, next_due, leased, expired, dead, owner, ttl, epoch = reply
+    return ShardInfo(
+        shard=shard,
+        now_ms=int(now),
+        due=int(due),
+        overdue=int(overdue),
+        oldest_overdue_ms=int(oldest),
+        next_due_ms=int(next_due),
+        leased=int(leased),
+        expired=int(expired),
+        dead=int(dead),
+        owner=owner.decode(errors="replace"),
+        owner_ttl_ms=int(ttl),
+        epoch=int(epoch),
+    )

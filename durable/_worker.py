@@ -14,6 +14,10 @@ Ground rules:
   is dropped with its loaded jobs, which its new owner gets back from the reaper.
 - The balancer and the reaper outlive any error: Redis unreachable or refusing for now
   is a warning, anything else is logged with its traceback, and the next round runs.
+- Every balancing round also publishes the worker's counters (claims, acks, retries,
+  dead letters, reaps, the lateness histogram) as one small JSON string under
+  ``{ns}:wstats:<token>`` with the member TTL, for the dashboard: one SET every few
+  seconds, off the job path; a dead worker's stats expire with its membership.
 - Shutdown (:meth:`Worker.stop`, SIGTERM in the CLI): stop claiming, release what is
   loaded but not fired at once, let running tasks finish (up to the drain timeout),
   give every shard back, leave the member set.
@@ -23,8 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
+import os
+import socket
+import time
 import zlib
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -51,7 +59,7 @@ from ._scheduler import DEFAULT_LEASE, Scheduler
 from ._stream import Publisher
 from ._tasks import TaskRegistry
 
-__all__ = ["DEFAULT_DRAIN_TIMEOUT", "Worker"]
+__all__ = ["DEFAULT_DRAIN_TIMEOUT", "STATS_COUNTERS", "STATS_VERSION", "Worker"]
 
 logger = logging.getLogger("tickwheel.durable")
 
@@ -59,6 +67,10 @@ logger = logging.getLogger("tickwheel.durable")
 # (a cancelled task's lease expires and the job runs again elsewhere). Below the usual
 # 30 s SIGKILL grace of process supervisors (Kubernetes, systemd's default 90 s).
 DEFAULT_DRAIN_TIMEOUT = 20.0
+# Format version of the stats a worker publishes (Worker.stats_document).
+STATS_VERSION = 1
+# The order of the counters in a stats document's "c" list.
+STATS_COUNTERS = ("claimed", "acked", "retries", "dead_letters", "reaped")
 
 
 class Worker:
@@ -96,7 +108,8 @@ class Worker:
         self.registry = registry  # tasks by name
         self.ownership = scheduler.ownership  # the shards this worker owns
         self.token = self.ownership.token  # member id, also the owner token
-        self.members_key = f"{{{scheduler.keys.namespace}}}:workers"  # ZSET token -> beat
+        self.members_key = scheduler.keys.workers  # ZSET token -> beat
+        self.stats_key = scheduler.keys.worker_stats(self.token)  # STRING, JSON with a TTL
         self._loader_args: dict[str, Any] = {
             "lookahead": lookahead,
             "lease": lease,
@@ -141,6 +154,44 @@ class Worker:
     def share(self) -> int:
         """This worker's fair share: ``ceil(shards / live workers)``."""
         return math.ceil(self.scheduler.keys.shards / max(self.live, 1))
+
+    def stats_document(self) -> dict[str, Any]:
+        """What :meth:`publish_stats` writes: this worker's counters, compact.
+
+        ``t`` is this host's wall clock (ms) when it was made; ``c`` monotonic counters
+        since the worker started (claimed, acked, retries, dead letters, reaped); ``lat``
+        the firing-lateness histogram's bucket counts (bounds ``LATENESS_BOUNDS`` in
+        ``_stats.py``, the last one +Inf); ``v`` the format version.
+        """
+        stats = self.scheduler.stats()
+        loader = self.loader
+        doc: dict[str, Any] = {
+            "v": STATS_VERSION,
+            "t": int(time.time() * 1000),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "owned": len(self.ownership.owned),
+            "c": [stats.claimed, stats.acked, stats.retries, stats.dead_letters, stats.reaped],
+        }
+        if loader is not None:
+            doc["loaded"] = loader.loaded
+            doc["running"] = loader.running
+            doc["lat"] = list(loader.lateness.counts)
+        return doc
+
+    async def publish_stats(self) -> None:
+        """Write :meth:`stats_document` to ``{ns}:wstats:<token>`` with a TTL of the
+        member TTL (one SET; the dashboard reads it). Called by the balancer, off the
+        job path.
+
+        Raises:
+            RedisUnavailable: if Redis cannot be reached.
+        """
+        text = json.dumps(self.stats_document(), separators=(",", ":"))
+        try:
+            await self.scheduler.store.client.set(self.stats_key, text, px=self.ownership.ttl_ms)
+        except redis.exceptions.RedisError as exc:
+            raise translate(exc) from exc
 
     async def balance_once(self) -> None:
         """Heartbeat, renew owned shards, then take free shards or give back extras.
@@ -204,6 +255,7 @@ class Worker:
         while True:
             try:
                 await self.balance_once()
+                await self.publish_stats()
             except RedisUnavailable as exc:
                 logger.warning("tickwheel.durable: worker cannot reach Redis (%s)", exc)
             except Exception:  # a bug or an unexpected reply: the next round may do better
@@ -269,9 +321,16 @@ class Worker:
             (lambda: asyncio.gather(*(t for _, t in self._leaving.values())), "give-backs"),
             (self.ownership.give_back_all, "giving shards back"),
             (lambda: self.heartbeat(join=False), "leaving the member set"),
+            (self._unpublish, "removing its stats"),
         )
         for step, what in steps:
             await _logged(step(), what)
+
+    async def _unpublish(self) -> None:
+        try:
+            await self.scheduler.store.client.delete(self.stats_key)
+        except redis.exceptions.RedisError as exc:
+            raise translate(exc) from exc
 
     async def _leave(self, shard: int) -> None:
         """:meth:`give_back` in a task of its own (a drain can take a while)."""

@@ -11,6 +11,7 @@ Commands:
     tickwheel inspect         per shard: due, overdue (lag), leased, dead, owner, next due
     tickwheel dead-letters list|requeue|purge
     tickwheel check           server version, AOF, maxmemory-policy, cluster state
+    tickwheel dashboard       a web UI and JSON API over a namespace (tickwheel[dashboard])
 
 Every command but the demos takes ``--redis-url`` (default ``$TICKWHEEL_REDIS_URL``),
 ``--namespace``, ``--shards``, ``--json`` (one JSON document on stdout, for scripts; not
@@ -39,6 +40,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import signal
 import sys
 import time
@@ -683,6 +685,59 @@ def _dead_letters(args: argparse.Namespace) -> int:
     return _run(args, lambda: _with_scheduler(args, body, absent=absent))
 
 
+def _dashboard(args: argparse.Namespace) -> int:
+    check_url(args.redis_url)  # a malformed URL is a usage error, said without its password
+    try:
+        client_from_url(args.redis_url)  # redis-py's own checks; no connection is made
+    except ValueError as exc:
+        url = args.redis_url
+        raise CliError(EXIT_USAGE, f"--redis-url {_shown(url)!r}: {_hide(url, exc)}") from None
+    try:
+        from tickwheel.durable import _dashboard as dash  # noqa: PLC0415 (the optional extra)
+    except ImportError as exc:
+        raise CliError(
+            EXIT_USAGE,
+            f"the dashboard needs its extra: pip install 'tickwheel[dashboard]' ({exc.name})",
+        ) from None
+    token = os.environ.get(dash.TOKEN_ENV) or None
+    if not dash.is_loopback(args.host) and token is None:
+        raise CliError(
+            EXIT_USAGE,
+            f"--host {args.host} is not a loopback address: set ${dash.TOKEN_ENV} to a secret "
+            "of your own before exposing the dashboard (reads then need it too)",
+        )
+    try:
+        config = dash.DashboardConfig(
+            args.redis_url,
+            args.namespace,
+            token=token or secrets.token_urlsafe(24),
+            read_only=args.read_only,
+            protect_reads=not dash.is_loopback(args.host),
+            allowed_hosts=["127.0.0.1", "localhost", "[::1]"]
+            if dash.is_loopback(args.host)
+            else ["*"],
+        )
+        from tickwheel.durable._dashboard._data import Namespace  # noqa: PLC0415
+
+        Namespace(args.redis_url, args.namespace)  # validates the namespace
+    except (TypeError, ValueError) as exc:
+        name = dash.TOKEN_ENV if "token" in str(exc) else "--namespace"
+        raise CliError(EXIT_USAGE, f"{name}: {exc}") from None
+    try:
+        return dash.serve(config, args.host, args.port, token_given=token is not None)
+    except OSError as exc:
+        raise CliError(EXIT_FAILED, f"cannot listen on {args.host}:{args.port}: {exc}") from None
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def _dashboard_command(args: argparse.Namespace) -> int:
+    try:
+        return _dashboard(args)
+    except CliError as error:
+        return _fail(args, error)
+
+
 def _report_lines(report: ServerReport) -> list[str]:
     def show(value: object) -> str:
         return "unknown" if value is None else str(value)
@@ -956,6 +1011,21 @@ def _parser() -> argparse.ArgumentParser:
         help=f"list: at most this many per shard (1..{MAX_BATCH})",
     )
     dead.set_defaults(func=_dead_letters)
+
+    dash = add("dashboard", "serve a web UI and JSON API over a namespace (tickwheel[dashboard])")
+    dash.add_argument(
+        "--redis-url",
+        default=os.environ.get(URL_ENV) or None,
+        help=f"redis://host:port/db (default ${URL_ENV})",
+    )
+    dash.add_argument("--namespace", default="tickwheel", help="key namespace")
+    dash.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    dash.add_argument("--port", type=_port, default=8765, help="port (0: a free one)")
+    dash.add_argument("--read-only", action="store_true", help="refuse every write")
+    dash.add_argument(
+        "-v", "--verbose", action="count", default=0, help="log to stderr (-vv: debug)"
+    )
+    dash.set_defaults(func=_dashboard_command)
 
     chk = add("check", "is the server fit for durable jobs?", parents=[common])
     chk.set_defaults(func=_check)

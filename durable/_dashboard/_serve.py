@@ -1,0 +1,89 @@
+"""Serve the dashboard with uvicorn on a socket bound here (so port 0 works and the
+printed address is the real one)."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import sys
+from collections.abc import Callable
+
+import uvicorn
+
+from ._app import DashboardConfig, create_app
+from ._data import shown_url
+
+__all__ = ["TOKEN_ENV", "is_loopback", "serve"]
+
+# Where the dashboard reads its token; without it one is generated and printed.
+TOKEN_ENV = "TICKWHEEL_DASHBOARD_TOKEN"
+LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
+
+
+def is_loopback(host: str) -> bool:
+    """Is ``host`` a loopback address (or ``localhost``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(
+    config: DashboardConfig,
+    host: str,
+    port: int,
+    *,
+    token_given: bool,
+    say: Callable[[str], None] = lambda text: print(text, flush=True),
+) -> int:
+    """Bind ``host:port``, print where (and the token when it was generated), serve
+    until interrupted; return 0.
+
+    Raises:
+        OSError: if the address cannot be bound.
+    """
+    sock = _bind(host, port)
+    bound = sock.getsockname()[1]
+    shown = f"[{host.strip('[]')}]" if ":" in host else host
+    say(
+        f"tickwheel dashboard: http://{shown}:{bound}/ (namespace {config.namespace!r}, "
+        f"Redis at {shown_url(config.redis_url)}{', read-only' if config.read_only else ''})"
+    )
+    if not config.read_only:
+        if token_given:
+            say(f"tickwheel dashboard: writes need the token in ${TOKEN_ENV}")
+        else:
+            say(f"tickwheel dashboard: token for writes (log in with it): {config.token}")
+    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(config),
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            server_header=False,
+        )
+    )
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    print("tickwheel dashboard: stopped", file=sys.stderr, flush=True)
+    return 0

@@ -1,0 +1,519 @@
+"""The dashboard's JSON API and pages through an ASGI test client (httpx), against a
+real Redis and a real Redis Cluster with real jobs."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from dashboard_support import BASE, TOKEN, WorkerThread, api_client, bearer, login, wait_for
+from durable_support import open_scheduler, run, unique_ns
+
+from tickwheel.durable import JobSpec, JobState, TaskRegistry
+from tickwheel.durable._dashboard._charts import Charts
+from tickwheel.durable._dashboard._data import DeadFilter, lateness_quantile
+from tickwheel.durable._keys import Keys
+from tickwheel.durable._server import RedisServer, free_port
+
+pytestmark = pytest.mark.redis
+
+SHARDS = 4
+XSS = "<script>alert('x')</script>"
+
+
+async def _schedule(url: str, ns: str, specs: list[JobSpec]) -> None:
+    async with open_scheduler(url, ns, shards=SHARDS) as sched:
+        await sched.schedule_many(specs)
+
+
+async def _kill(url: str, ns: str, ids: list[str], error: str) -> None:
+    """Make dead letters: schedule, claim and fail each for good."""
+    async with open_scheduler(url, ns, shards=SHARDS) as sched:
+        await sched.schedule_many([JobSpec(i, "charge", {"n": i}) for i in ids])
+        for shard in {sched.keys.shard_of(i) for i in ids}:
+            await sched.take(shard)
+            batch = await sched.claim(shard, limit=1000)
+            for job in batch.jobs:
+                if job.id in ids:
+                    assert await sched.retry(job, error, final=True) is JobState.DEAD
+        await sched.close()
+
+
+def _ids_in_shard(ns: str, shard: int, n: int, prefix: str = "j") -> list[str]:
+    keys = Keys(ns, SHARDS)
+    out: list[str] = []
+    i = 0
+    while len(out) < n:
+        if keys.shard_of(f"{prefix}{i}") == shard:
+            out.append(f"{prefix}{i}")
+        i += 1
+    return out
+
+
+def test_overview_counts_per_shard_and_totals(redis_url: str) -> None:
+    ns = unique_ns()
+    with api_client(redis_url, ns) as client:
+        r = client.get("/api/overview")
+        assert r.status_code == 200 and r.json()["created"] is False
+        page = client.get("/")
+        assert page.status_code == 200 and "does not exist yet" in page.text
+        run(_kill(redis_url, ns, ["d1", "d2"], "boom"))  # (claims every due job)
+        run(_schedule(redis_url, ns, [JobSpec(f"a{i}", "t", delay=3600) for i in range(12)]))
+        run(_schedule(redis_url, ns, [JobSpec(f"b{i}", "t") for i in range(5)]))
+        data = client.get("/api/overview").json()
+        assert data["created"] is True
+        assert len(data["shards"]) == SHARDS
+        totals = data["totals"]
+        assert totals["due"] == 17 and totals["dead"] == 2 and totals["leased"] == 0
+        assert totals["overdue"] == 5  # due now, nobody claims them
+        assert sum(s["due"] for s in data["shards"]) == 17
+        assert totals["next_due_ms"] > data["now_ms"]
+        html = client.get("/").text
+        assert re.search(r'id="total-due"[^>]*>17<', html)
+        assert re.search(r'id="total-dead"[^>]*>2<', html)
+        fragment = client.get("/?fragment=1").text
+        assert "<html" not in fragment and re.search(r'id="total-due"[^>]*>17<', fragment)
+        # Members without stats: live while their beat is fresh, gone past the TTL.
+        run(_members(redis_url, ns, {"fresh-one": 0, "ghost": -60_000}))
+        workers = client.get("/api/overview").json()["workers"]
+        assert [w["token"] for w in workers] == ["fresh-one"]
+        assert workers[0]["name"] == "fresh-one" and workers[0]["counters"] == {}
+
+
+async def _members(url: str, ns: str, ages: dict[str, int]) -> None:
+    async with open_scheduler(url, ns, shards=SHARDS) as sched:
+        now = await sched.store.now(0)
+        await sched.store.client.zadd(sched.keys.workers, {t: now + a for t, a in ages.items()})
+
+
+def test_lookup_by_id_shows_state_task_payload_and_clear_errors(redis_url: str) -> None:
+    ns = unique_ns()
+    run(_schedule(redis_url, ns, [JobSpec("order:1", "charge", {"amount": 5}, delay=60)]))
+    with api_client(redis_url, ns) as client:
+        job = client.get("/api/job", params={"id": "order:1"}).json()["job"]
+        assert job["state"] == "due" and job["task"] == "charge"
+        assert json.loads(job["payload"]) == {"amount": 5}
+        assert job["attempt"] == 1 and job["shard"] == Keys(ns, SHARDS).shard_of("order:1")
+        assert 0 < job["in_ms"] <= 60_000
+        missing = client.get("/api/job", params={"id": "nope"})
+        assert missing.status_code == 404 and "no job 'nope'" in missing.json()["error"]
+        for bad in ("", "x" * 300):
+            r = client.get("/api/job", params={"id": bad})
+            assert r.status_code == 400 and "job_id" in r.json()["error"]
+        page = client.get("/job", params={"id": "x" * 300})
+        assert page.status_code == 400 and "job_id must be at most" in page.text
+        assert client.get("/job", params={"id": "nope"}).status_code == 404
+
+
+def test_payloads_ids_and_errors_render_as_text(redis_url: str) -> None:
+    ns = unique_ns()
+    evil = f"x{XSS}"
+    run(_schedule(redis_url, ns, [JobSpec(evil, XSS, {"note": XSS}, delay=60)]))
+    run(_kill(redis_url, ns, ["dead" + XSS], XSS))
+    with api_client(redis_url, ns) as client:
+        for path, params in (
+            ("/job", {"id": evil}),
+            ("/scheduled", {"shard": str(Keys(ns, SHARDS).shard_of(evil))}),
+            ("/dead", {}),
+            ("/job", {"id": "nope" + XSS}),
+        ):
+            r = client.get(path, params=params)
+            assert "<script>alert" not in r.text, path
+            assert "&lt;script&gt;alert" in r.text, path
+            # The one script a page may run carries the response's nonce.
+            csp = r.headers["content-security-policy"]
+            assert "script-src 'nonce-" in csp and "unsafe-inline" not in csp
+
+
+def test_a_long_payload_is_cut_and_said_to_be(redis_url: str) -> None:
+    ns = unique_ns()
+    run(_schedule(redis_url, ns, [JobSpec("big", "t", b"y" * 5000, delay=60)]))
+    with api_client(redis_url, ns) as client:
+        job = client.get("/api/job", params={"id": "big"}).json()["job"]
+        assert job["payload_truncated"] and job["payload_chars"] == 5000
+        assert len(job["payload"]) == 2000
+        assert "cut at 2000 of 5000 characters" in client.get("/job?id=big").text
+
+
+def test_writes_need_the_token_and_a_csrf_check(redis_url: str) -> None:
+    ns = unique_ns()
+    run(_schedule(redis_url, ns, [JobSpec(f"w{i}", "t", delay=60) for i in range(6)]))
+    with api_client(redis_url, ns) as client:
+        # No token: refused, nothing written.
+        r = client.post("/api/job/cancel", json={"id": "w0"})
+        assert r.status_code == 401 and "token" in r.json()["error"]
+        r = client.post("/job/cancel", data={"id": "w0"}, headers={"Origin": BASE})
+        assert r.status_code == 401 and "log in" in r.text
+        r = client.post(
+            "/api/job/cancel", json={"id": "w0"}, headers={"Authorization": "Bearer no"}
+        )
+        assert r.status_code == 401
+        assert client.get("/api/job", params={"id": "w0"}).status_code == 200
+        # A wrong token does not log in.
+        r = client.post("/login", data={"token": "wrong"}, headers={"Origin": BASE})
+        assert r.status_code == 401 and "wrong token" in r.text
+        # The token as a bearer header (a script): allowed.
+        r = client.post("/api/job/cancel", json={"id": "w0"}, headers=bearer())
+        assert r.status_code == 200 and "cancelled" in r.json()["message"]
+        assert client.get("/api/job", params={"id": "w0"}).status_code == 404
+        # A session: the CSRF token and the same origin are both needed.
+        csrf = login(client)
+        r = client.post("/job/cancel", data={"id": "w1"}, headers={"Origin": BASE})
+        assert r.status_code == 403 and "CSRF" in r.text
+        r = client.post(
+            "/job/cancel", data={"id": "w1", "csrf": "x" * 40}, headers={"Origin": BASE}
+        )
+        assert r.status_code == 403
+        evil = {"Origin": "http://evil.example"}
+        r = client.post("/job/cancel", data={"id": "w1", "csrf": csrf}, headers=evil)
+        assert r.status_code == 403 and "cross-origin" in r.text
+        r = client.post("/job/cancel", data={"id": "w1", "csrf": csrf})  # no Origin/Referer
+        assert r.status_code == 403
+        assert client.get("/api/job", params={"id": "w1"}).status_code == 200
+        r = client.post("/job/cancel", data={"id": "w1", "csrf": csrf}, headers={"Origin": BASE})
+        assert r.status_code == 200 and "cancelled job" in r.text
+        r = client.post(
+            "/api/job/cancel",
+            json={"id": "w2"},
+            headers={"X-CSRF-Token": csrf, "Referer": f"{BASE}/job?id=w2"},
+        )
+        assert r.status_code == 200
+        # A bearer write from a foreign page is refused too.
+        r = client.post("/api/job/cancel", json={"id": "w3"}, headers={**bearer(), **evil})
+        assert r.status_code == 403
+        # Logged out: the session is gone.
+        client.post("/logout", data={"csrf": csrf}, headers={"Origin": BASE})
+        r = client.post("/job/cancel", data={"id": "w3", "csrf": csrf}, headers={"Origin": BASE})
+        assert r.status_code == 401
+        # A foreign Host (DNS rebinding) is not served.
+        assert client.get("/", headers={"Host": "evil.example"}).status_code == 400
+
+
+def test_read_only_refuses_every_write(redis_url: str) -> None:
+    ns = unique_ns()
+    run(_schedule(redis_url, ns, [JobSpec("r1", "t", delay=60)]))
+    run(_kill(redis_url, ns, ["rd"], "boom"))
+    with api_client(redis_url, ns, read_only=True) as client:
+        for path, body in (
+            ("/api/job/cancel", {"id": "r1"}),
+            ("/api/job/run-now", {"id": "r1"}),
+            ("/api/job/reschedule", {"id": "r1", "delay": 5}),
+            ("/api/dead/requeue", {"ids": ["rd"]}),
+            ("/api/dead/purge", {"ids": ["rd"]}),
+            ("/api/dead/bulk/purge", {"all": "1"}),
+        ):
+            r = client.post(path, json=body, headers=bearer())
+            assert r.status_code == 403 and "read-only" in r.json()["error"], path
+        assert client.get("/api/job", params={"id": "r1"}).json()["job"]["state"] == "due"
+        assert client.get("/api/overview").json()["totals"]["dead"] == 1
+        page = client.get("/job", params={"id": "r1"}).text
+        assert "Read-only dashboard" in page and 'id="cancel"' not in page
+
+
+def test_cancel_reschedule_run_now_and_stale_actions(redis_url: str) -> None:
+    ns = unique_ns()
+    run(_schedule(redis_url, ns, [JobSpec(f"c{i}", "t", delay=600) for i in range(3)]))
+    run(_kill(redis_url, ns, ["cd"], "boom"))
+    h = bearer()
+    with api_client(redis_url, ns) as client:
+        seen = client.get("/api/job", params={"id": "c0"}).json()["job"]["seen"]
+        r = client.post(
+            "/api/job/reschedule", json={"id": "c0", "seen": seen, "delay": 30}, headers=h
+        )
+        assert r.status_code == 200, r.text
+        job = client.get("/api/job", params={"id": "c0"}).json()["job"]
+        assert 0 < job["in_ms"] <= 30_000
+        # The page's view is stale now (a new occurrence): refused, nothing written.
+        r = client.post("/api/job/cancel", json={"id": "c0", "seen": seen}, headers=h)
+        assert r.status_code == 409 and "moved on" in r.json()["error"]
+        assert client.get("/api/job", params={"id": "c0"}).status_code == 200
+        r = client.post("/api/job/run-now", json={"id": "c0", "seen": job["seen"]}, headers=h)
+        assert r.status_code == 200 and "runs now" in r.json()["message"]
+        assert client.get("/api/job", params={"id": "c0"}).json()["job"]["in_ms"] <= 0
+        at = "2100-01-01T00:00:00Z"
+        r = client.post("/api/job/reschedule", json={"id": "c1", "at": at}, headers=h)
+        assert r.status_code == 200
+        assert client.get("/api/job", params={"id": "c1"}).json()["job"]["when"].startswith("2100")
+        for body, word in (
+            ({"id": "c2", "delay": "soon"}, "delay"),
+            ({"id": "c2", "delay": "-1"}, "delay"),
+            ({"id": "c2", "at": "tomorrow"}, "at must"),
+            ({"id": "c2", "at": "2100-01-01T00:00:00"}, "zone"),
+            ({"id": "c2"}, "give a delay"),
+            ({"id": "c2", "delay": "1", "at": at}, "not both"),
+            ({"id": ""}, "job_id"),
+        ):
+            r = client.post("/api/job/reschedule", json=body, headers=h)
+            assert r.status_code == 400 and word in r.json()["error"], body
+        r = client.post("/api/job/run-now", json={"id": "cd"}, headers=h)
+        assert r.status_code == 409 and "only a due job" in r.json()["error"]
+        r = client.post("/api/job/cancel", json={"id": "gone"}, headers=h)
+        assert r.status_code == 409 and "gone" in r.json()["error"]
+        r = client.post("/api/job/explode", json={"id": "c2"}, headers=h)
+        assert r.status_code == 404
+        r = client.post(
+            "/api/job/cancel",
+            content=b"{not json",
+            headers={**h, "Content-Type": "application/json"},
+        )
+        assert r.status_code == 400 and "JSON object" in r.json()["error"]
+
+
+def test_dead_letters_list_filter_requeue_and_purge(redis_url: str) -> None:
+    ns = unique_ns()
+    run(_kill(redis_url, ns, [f"p{i}" for i in range(4)], "PaymentDeclined: card expired"))
+    run(_kill(redis_url, ns, [f"q{i}" for i in range(3)], "TimeoutError"))
+    h = bearer()
+    with api_client(redis_url, ns) as client:
+        d = client.get("/api/dead").json()
+        assert d["total_dead"] == 7 and len(d["jobs"]) == 7
+        row = next(j for j in d["jobs"] if j["id"] == "p0")
+        assert row["last_error"].startswith("PaymentDeclined") and row["attempt"] == 1
+        d = client.get("/api/dead", params={"reason": "declined"}).json()
+        assert sorted(j["id"] for j in d["jobs"]) == ["p0", "p1", "p2", "p3"]
+        d = client.get("/api/dead", params={"reason": "timeout", "count": "2"}).json()
+        assert len(d["jobs"]) == 2
+        d2 = client.get(
+            "/api/dead", params={"reason": "timeout", "count": "2", "offset": "2"}
+        ).json()
+        assert len(d2["jobs"]) == 1 and d2["jobs"][0]["id"] not in {j["id"] for j in d["jobs"]}
+        for params, word in (
+            ({"shard": "99"}, "shard"),
+            ({"shard": "x"}, "shard"),
+            ({"count": "0"}, "count"),
+            ({"offset": "-1"}, "offset"),
+            ({"task": "t" * 200}, "task"),
+        ):
+            r = client.get("/api/dead", params=params)
+            assert r.status_code == 400 and word in r.json()["error"], params
+        assert client.get("/dead", params={"shard": "x"}).status_code == 400
+        # One at a time.
+        r = client.post("/api/dead/requeue", json={"ids": ["p0"]}, headers=h)
+        assert r.status_code == 200 and r.json()["requeued"] == ["p0"]
+        assert client.get("/api/job", params={"id": "p0"}).json()["job"]["state"] == "due"
+        r = client.post("/api/dead/purge", json={"ids": ["p1"]}, headers=h)
+        assert r.status_code == 200 and r.json()["purged"] == ["p1"]
+        assert client.get("/api/job", params={"id": "p1"}).status_code == 404
+        # Stale: p0 is not dead any more.
+        r = client.post("/api/dead/purge", json={"ids": ["p0"]}, headers=h)
+        assert r.status_code == 409 and "not dead letters" in r.json()["error"]
+        r = client.post("/api/dead/purge", json={"ids": []}, headers=h)
+        assert r.status_code == 400
+        # In bulk, over a filter.
+        r = client.post("/api/dead/bulk/requeue", json={"reason": "declined"}, headers=h)
+        assert r.status_code == 200 and sorted(r.json()["requeued"]) == ["p2", "p3"]
+        r = client.post("/api/dead/bulk/purge", json={}, headers=h)
+        assert r.status_code == 400 and "all dead letters" in r.json()["error"]
+        r = client.post(
+            "/api/dead/bulk/purge", json={"task": "charge", "reason": "timeout"}, headers=h
+        )
+        assert r.status_code == 200 and r.json()["count"] == 3
+        assert client.get("/api/overview").json()["totals"]["dead"] == 0
+        run(_kill(redis_url, ns, ["z1", "z2"], "x"))
+        r = client.post("/api/dead/bulk/purge", json={"all": "1"}, headers=h)
+        assert r.json()["count"] == 2
+
+
+def test_scheduled_jobs_of_a_shard_paged_by_due_time(redis_url: str) -> None:
+    ns = unique_ns()
+    ids = _ids_in_shard(ns, 1, 25)
+    run(_schedule(redis_url, ns, [JobSpec(i, "t", delay=100 + n) for n, i in enumerate(ids)]))
+
+    async def recurring() -> None:
+        async with open_scheduler(redis_url, ns, shards=SHARDS) as sched:
+            await sched.schedule("rec", "tick", every=60)
+            await sched.schedule("nightly", "report", cron="0 3 * * *", missed="skip")
+
+    run(recurring())
+    with api_client(redis_url, ns) as client:
+        s = client.get("/api/scheduled", params={"shard": "1", "count": "10"}).json()
+        keys = Keys(ns, SHARDS)
+        assert s["total"] == 25 + sum(keys.shard_of(i) == 1 for i in ("rec", "nightly"))
+        first = [j for j in s["jobs"] if j["id"] not in ("rec", "nightly")]
+        assert [j["id"] for j in first] == ids[: len(first)]
+        s2 = client.get(
+            "/api/scheduled", params={"shard": "1", "count": "10", "offset": "10"}
+        ).json()
+        whens = [j["when_ms"] for j in s["jobs"] + s2["jobs"]]
+        assert whens == sorted(whens) and len(whens) == 20
+        cut = s2["jobs"][0]["when_ms"]
+        s3 = client.get(
+            "/api/scheduled", params={"shard": "1", "from": str(cut), "count": "5"}
+        ).json()
+        assert s3["jobs"][0]["when_ms"] >= cut and s3["start_rank"] == 10
+        page = client.get("/scheduled", params={"shard": "1"}).text
+        assert ids[0] in page and 'id="next"' not in page
+        for params in (
+            {"shard": "9"},
+            {"shard": "a"},
+            {"shard": "0", "count": "5000"},
+            {"shard": "0", "from": "later"},
+        ):
+            assert client.get("/api/scheduled", params=params).status_code == 400, params
+
+        # Recurring series: interval and cron, with policy and next occurrence.
+        rec = client.get("/api/recurring").json()
+        assert rec["complete"] is True
+        by_id = {j["id"]: j for j in rec["jobs"]}
+        assert set(by_id) == {"rec", "nightly"}
+        assert by_id["rec"]["recurring"].startswith("every 60s, missed: once")
+        assert by_id["nightly"]["recurring"].startswith("cron 0 3 * * *, missed: skip")
+        assert "T03:00:00" in by_id["nightly"]["next"]
+        assert "nightly" in client.get("/recurring").text
+
+
+def test_workers_and_live_charts_from_published_stats(redis_url: str) -> None:
+    ns = unique_ns()
+    reg = TaskRegistry()
+    failing: set[str] = {"f0", "f1"}
+
+    @reg.task(name="t")
+    async def task(ctx: Any) -> None:
+        if ctx.job_id in failing:
+            raise RuntimeError("nope")
+
+    run(_schedule(redis_url, ns, [JobSpec("warm", "t", delay=600)]))
+    with api_client(redis_url, ns) as client, WorkerThread(redis_url, ns, reg):
+        assert wait_for(lambda: len(client.get("/api/overview").json()["workers"]) == 1, 20)
+        specs = [JobSpec(f"n{i}", "t") for i in range(40)]
+        specs += [JobSpec(i, "t", max_attempts=1) for i in failing]
+        run(_schedule(redis_url, ns, specs))
+
+        def done() -> bool:
+            o = client.get("/api/overview").json()
+            return (
+                o["totals"]["due"] == 1 and o["totals"]["dead"] == 2 and o["totals"]["leased"] == 0
+            )
+
+        assert wait_for(done, 30)
+
+        def counted() -> bool:
+            w = client.get("/api/overview").json()["workers"][0]
+            return w["counters"].get("acked", 0) >= 40 and w["counters"].get("dead_letters") == 2
+
+        assert wait_for(counted, 30)
+        worker = client.get("/api/overview").json()["workers"][0]
+        assert worker["owned"] == SHARDS and worker["beat_age_ms"] < 10_000
+        assert sum(worker["stats"]["lat"]) >= 42  # every fired job observed once
+
+        def charted() -> bool:
+            pts = client.get("/api/charts").json()["points"]
+            return sum(p["acked"] for p in pts) > 0 and any(p["p50"] is not None for p in pts)
+
+        assert wait_for(charted, 30)
+        charts = client.get("/api/charts").json()
+        assert charts["counters"] == ["claimed", "acked", "retries", "dead_letters", "reaped"]
+        html = client.get("/").text
+        assert 'id="workers"' in html and "live workers" in html
+        token = worker["token"]
+        # The document under {ns}:wstats:<token>, with the member TTL (10 s).
+        doc, ttl = run(_stats_key(redis_url, ns, token))
+        assert doc is not None and 0 < ttl <= 10_000
+        assert doc["v"] == 1 and doc["owned"] == SHARDS and len(doc["c"]) == 5
+        assert len(doc["lat"]) == 16 and doc["t"] > 0
+    # The stats key leaves with the worker.
+    assert run(_stats_key(redis_url, ns, token)) == (None, -2)
+
+
+async def _stats_key(url: str, ns: str, token: str) -> tuple[Any, int]:
+    async with open_scheduler(url, ns, shards=SHARDS) as sched:
+        key = sched.keys.worker_stats(token)
+        raw: Any = await sched.store.client.get(key)
+        ttl = int(await sched.store.client.pttl(key))
+        return (None if raw is None else json.loads(raw)), ttl
+
+
+def test_charts_rates_between_a_workers_documents() -> None:
+    charts = Charts(1.0)
+
+    def row(token: str, t: int, c: list[int], lat: list[int]) -> dict[str, Any]:
+        return {"token": token, "stats": {"t": t, "c": c, "lat": lat}}
+
+    lat0 = [0] * 16
+    charts.add([row("a", 1000, [0, 0, 0, 0, 0], lat0)], 1)
+    assert [p["acked"] for p in charts.points] == [0]  # one document: no rate yet
+    lat1 = [0] * 16
+    lat1[3] = 10  # ten jobs fired <= 10 ms late
+    charts.add([row("a", 3000, [20, 20, 4, 2, 0], lat1)], 2)
+    charts.add([row("a", 3000, [20, 20, 4, 2, 0], lat1)], 3)  # not republished yet
+    p = charts.points[-1]
+    assert p["acked"] == 10.0 and p["retries"] == 2.0 and p["dead_letters"] == 1.0
+    assert charts.points[-2]["acked"] == 10.0  # the same rate, not a zero
+    assert p["p50"] == 0.01 and p["p99"] == 0.01 and p["fired"] == 10
+    # A restart under the same token (counters went down): counted from the new values.
+    charts.add([row("a", 4000, [5, 5, 0, 0, 0], lat0)], 4)
+    assert charts.points[-1]["acked"] == 5.0
+    # Two workers add up; a worker gone no longer counts.
+    charts.add([row("a", 5000, [6, 6, 0, 0, 0], lat0), row("b", 100, [0] * 5, lat0)], 5)
+    charts.add([row("a", 6000, [8, 8, 0, 0, 0], lat0), row("b", 1100, [3] * 5, lat0)], 6)
+    assert charts.points[-1]["acked"] == 5.0
+    charts.add([row("b", 2100, [4] * 5, lat0)], 7)
+    assert charts.points[-1]["acked"] == 1.0
+    assert charts.series()["points"][-1]["t"] == 7
+
+
+def test_redis_unreachable_is_said_without_the_password_and_recovers() -> None:
+    port = free_port()
+    url = f"redis://admin:s3cret-pw@127.0.0.1:{port}/0"
+    ns = unique_ns()
+    with api_client(url, ns) as client:
+        for path in ("/", "/?fragment=1", "/job?id=x", "/dead", "/api/overview", "/api/job?id=x"):
+            r = client.get(path)
+            assert r.status_code == 503, path
+            assert "unreachable" in r.text and f"127.0.0.1:{port}" in r.text, path
+            assert "s3cret" not in r.text, path
+        r = client.post("/api/job/cancel", json={"id": "x"}, headers=bearer())
+        assert r.status_code == 503 and "s3cret" not in r.text
+        acl = ["--user", "admin", "on", ">s3cret-pw", "~*", "&*", "+@all"]
+        with RedisServer(port=port, extra_args=acl):
+            run(_schedule(url, ns, [JobSpec("j", "t", delay=60)]))
+            assert wait_for(lambda: client.get("/api/overview").status_code == 200, 20)
+            assert client.get("/api/overview").json()["totals"]["due"] == 1
+            page = client.get("/")
+            assert page.status_code == 200 and "s3cret" not in page.text
+        assert wait_for(lambda: client.get("/api/overview").status_code == 503, 20)
+
+
+def test_protected_reads_need_the_token() -> None:
+    with api_client("redis://127.0.0.1:1/0", unique_ns(), protect_reads=True) as client:
+        r = client.get("/", follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"].startswith("/login")
+        assert client.get("/api/overview").status_code == 401
+        assert client.get("/api/overview", headers=bearer()).status_code == 503  # no Redis
+        r = client.post(
+            "/login", data={"token": TOKEN}, headers={"Origin": BASE}, follow_redirects=False
+        )
+        assert r.status_code == 303
+        assert client.get("/api/overview").status_code == 503  # in: only Redis is missing
+
+
+def test_lateness_quantiles_and_dead_filter() -> None:
+    assert lateness_quantile([0] * 16, 0.5) is None
+    counts = [0] * 16
+    counts[2] = 90  # <= 5 ms
+    counts[6] = 10  # <= 100 ms
+    assert lateness_quantile(counts, 0.5) == 0.005
+    assert lateness_quantile(counts, 0.99) == 0.1
+    counts[15] = 1000
+    assert lateness_quantile(counts, 0.99) == float("inf")
+    flt = DeadFilter.parse(" charge ", "Declined", "", 4)
+    assert flt.task == "charge" and not flt.empty
+    assert DeadFilter.parse("", "", "", 4).empty
+
+
+def test_an_error_reply_is_a_502_with_the_reply(redis_url: str) -> None:
+    ns = unique_ns()
+    run(_schedule(redis_url, ns, [JobSpec("j", "t", delay=60)]))
+
+    async def spoil() -> None:
+        async with open_scheduler(redis_url, ns, shards=SHARDS) as sched:
+            await sched.store.client.set(sched.keys.workers, "not a sorted set")
+
+    run(spoil())
+    with api_client(redis_url, ns) as client:
+        r = client.get("/api/overview")
+        assert r.status_code == 502 and "WRONGTYPE" in r.json()["error"]
+        assert client.get("/").status_code == 502
+        assert client.get("/api/job", params={"id": "j"}).status_code == 200  # the rest works
