@@ -1,0 +1,393 @@
+"""The Postgres mode: migrations, transactional enqueue, outbox relay, ack with fencing,
+reconcile after Redis lost its data, errors. Real redis-server and PostgreSQL processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+from durable_support import client_of, push_clock, run, snapshot
+from pg_support import migrated, pg_scheduler, rows, table_counts
+
+from tickwheel.durable import (
+    Fenced,
+    JobSpec,
+    JobState,
+    PostgresUnavailable,
+    ScheduleStatus,
+    SchemaNotReady,
+)
+from tickwheel.durable._server import RedisServer
+from tickwheel.durable.postgres import SCHEMA_VERSION, migrate, schema_version
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+
+
+async def _claim_all(sched, shard: int = 0):  # type: ignore[no-untyped-def]
+    await sched.take(shard)
+    return await sched.claim(shard, limit=1000)
+
+
+# -- migrations ---------------------------------------------------------------------
+
+
+def test_migrate_is_versioned_and_idempotent(pg_url: str) -> None:
+    async def main() -> None:
+        conn = await asyncpg.connect(pg_url)
+        try:
+            assert await schema_version(conn) == 0
+            assert await migrate(conn) == list(range(1, SCHEMA_VERSION + 1))
+            assert await migrate(conn) == []
+            assert await schema_version(conn) == SCHEMA_VERSION
+            # Two concurrent runs serialise on the advisory lock: one applies nothing.
+            other = await asyncpg.connect(pg_url)
+            try:
+                assert await asyncio.gather(migrate(conn), migrate(other)) == [[], []]
+            finally:
+                await other.close()
+            idx = await conn.fetchval(
+                "SELECT indexdef FROM pg_indexes WHERE indexname = 'tickwheel_jobs_pending_due'"
+            )
+            assert "WHERE (state = 0)" in idx
+        finally:
+            await conn.close()
+
+    run(main())
+
+
+def test_concurrent_first_migrations_apply_once(pg_url: str) -> None:
+    async def main() -> None:
+        conns = [await asyncpg.connect(pg_url) for _ in range(3)]
+        try:
+            results = await asyncio.gather(*(migrate(c) for c in conns))
+        finally:
+            for c in conns:
+                await c.close()
+        assert sorted(results) == [[], [], list(range(1, SCHEMA_VERSION + 1))]
+
+    run(main())
+
+
+def test_missing_schema_is_a_typed_error_and_no_ddl(redis_server: RedisServer, pg_url: str) -> None:
+    async def main() -> None:
+        async with pg_scheduler(redis_server.url, pg_url) as s:
+            with pytest.raises(SchemaNotReady, match="tickwheel pg migrate") as info:
+                await s.schedule("a", "t", b"x", delay=0)
+            assert info.value.found == 0 and info.value.wanted == SCHEMA_VERSION
+            assert not info.value.transient
+            assert await snapshot(s) == {}
+        tables = await rows(pg_url, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        assert tables == []
+
+    run(main())
+
+
+# -- transactional enqueue ----------------------------------------------------------
+
+
+def test_rollback_means_no_job(redis_server: RedisServer, pg_url: str) -> None:
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(redis_server.url, pg_url, shards=1) as s:
+            app = await asyncpg.connect(pg_url)
+            try:
+                await app.execute("CREATE TABLE orders (id text PRIMARY KEY)")
+                with pytest.raises(RuntimeError, match="card declined"):
+                    async with app.transaction():
+                        await app.execute("INSERT INTO orders VALUES ('o1')")
+                        result = await s.schedule(
+                            "charge-o1", "charge", {"o": 1}, delay=0, conn=app
+                        )
+                        assert result.status is ScheduleStatus.CREATED
+                        raise RuntimeError("card declined")
+            finally:
+                await app.close()
+            assert await s.relay() == 0
+            assert await table_counts(pg_url) == {
+                "tickwheel_jobs": 0,
+                "tickwheel_done": 0,
+                "tickwheel_outbox": 0,
+            }
+            batch = await _claim_all(s)
+            assert batch.jobs == []
+            assert await s.get("charge-o1") is None
+
+    run(main())
+
+
+def test_commit_means_the_job_runs_once(redis_server: RedisServer, pg_url: str) -> None:
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(redis_server.url, pg_url, shards=1) as s:
+            app = await asyncpg.connect(pg_url)
+            try:
+                async with app.transaction():
+                    await s.schedule("charge-o2", "charge", {"o": 2}, delay=0, conn=app)
+                    # Not committed yet: nothing in Redis, nothing to relay.
+                    assert await s.get("charge-o2") is None
+            finally:
+                await app.close()
+            assert await s.get("charge-o2") is None  # the relay has not run
+            assert await s.relay() == 1
+            assert await s.relay() == 0
+            info = await s.get("charge-o2")
+            assert info is not None and info.state is JobState.DUE
+            batch = await _claim_all(s)
+            assert [j.id for j in batch.jobs] == ["charge-o2"]
+            assert batch.jobs[0].payload == {"o": 2}
+            await s.ack(batch.jobs[0])
+            # Relayed again (a stale outbox copy) or reconciled: it does not come back.
+            await rows(
+                pg_url,
+                "INSERT INTO tickwheel_outbox (ns, id, due_ms) SELECT ns, id, due_ms"
+                " FROM tickwheel_jobs",
+            )
+            assert await s.relay() == 1
+            result = await s.reconcile()
+            assert result.pending == 0 and result.restored == 0
+            await push_clock(s, 0, 10_000)
+            assert (await s.claim(0)).jobs == []
+            (done,) = await rows(pg_url, "SELECT id, attempt, epoch FROM tickwheel_done")
+            assert tuple(done) == ("charge-o2", 1, batch.jobs[0].epoch)
+            (job,) = await rows(pg_url, "SELECT state FROM tickwheel_jobs")
+            assert job[0] == 1
+
+    run(main())
+
+
+def test_own_transaction_indexes_at_once_and_is_idempotent(
+    redis_server: RedisServer, pg_url: str
+) -> None:
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(redis_server.url, pg_url, shards=2) as s:
+            first = await s.schedule("j", "t", b"x", delay=60)
+            assert first.status is ScheduleStatus.CREATED
+            again = await s.schedule("j", "t", b"y", delay=120)
+            assert again.status is ScheduleStatus.KEPT and again.when_ms == first.when_ms
+            info = await s.get("j")
+            assert info is not None and info.when_ms == first.when_ms and info.payload == b"x"
+            assert (await table_counts(pg_url))["tickwheel_outbox"] == 0
+            many = await s.schedule_many([JobSpec(f"m{i}", "t", i, delay=30) for i in range(5)])
+            assert [r.status for r in many] == [ScheduleStatus.CREATED] * 5
+            assert (await table_counts(pg_url))["tickwheel_jobs"] == 6
+            for i in range(5):
+                assert await s.get(f"m{i}") is not None
+
+    run(main())
+
+
+def test_crash_between_commit_and_relay_loses_nothing(
+    redis_server: RedisServer, pg_url: str
+) -> None:
+    """The producer commits and dies before any relay; a new process relays; it runs."""
+
+    async def producer(ns: str) -> None:
+        async with pg_scheduler(redis_server.url, pg_url, ns, shards=1) as s:
+            app = await asyncpg.connect(pg_url)
+            async with app.transaction():
+                await s.schedule("pay", "charge", b"p", delay=0, conn=app)
+            # The process dies here: the connection drops, no relay ever ran.
+            app.terminate()
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(redis_server.url, pg_url, shards=1) as probe:
+            ns = probe.keys.namespace
+        await producer(ns)
+        async with pg_scheduler(redis_server.url, pg_url, ns, shards=1) as s:
+            assert await s.get("pay") is None
+            ran: list[str] = []
+
+            async def handler(job) -> None:  # type: ignore[no-untyped-def]
+                ran.append(job.id)
+
+            await s.take(0)
+            assert await s.relay() == 1
+            assert await s.process(handler) == 1
+            assert await s.process(handler) == 0
+            assert ran == ["pay"]
+
+    run(main())
+
+
+# -- ack, fencing, reconcile --------------------------------------------------------
+
+
+def test_acked_occurrence_never_runs_again_after_flushall(
+    private_redis: RedisServer, pg_url: str
+) -> None:
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=2) as s:
+            ns = s.keys.namespace
+            for i in range(10):
+                await s.schedule(f"j{i}", "t", i, delay=0)
+            await s.schedule("r", "t", b"", every=0.05)
+            acked: set[str] = set()
+            for shard in range(2):
+                batch = await _claim_all(s, shard)
+                for job in batch.jobs[:2]:
+                    await s.ack(job)
+                    acked.add(job.id)
+            assert len(acked) == 4
+            await client_of(s).flushall()
+        # A fresh process (and so fresh scripts, namespace meta, epochs) after the loss.
+        async with pg_scheduler(private_redis.url, pg_url, ns, shards=2) as s:
+            result = await s.reconcile()
+            assert result.pending == 7  # 6 one-shot jobs and the recurring one
+            assert result.restored == 7
+            assert result.epochs_raised == 2
+            assert (await s.reconcile()).restored == 0  # idempotent
+            ran: list[str] = []
+
+            async def handler(job) -> None:  # type: ignore[no-untyped-def]
+                ran.append(job.id)
+
+            for shard in range(2):
+                epoch = await s.take(shard)
+                assert epoch is not None and epoch >= 3  # above what PostgreSQL recorded
+            await push_clock(s, 0, 1000)
+            await push_clock(s, 1, 1000)
+            await s.process(handler)
+            one_shots = sorted(x for x in ran if x != "r")
+            assert one_shots == sorted({f"j{i}" for i in range(10)} - acked)
+            assert not acked & set(ran)
+
+    run(main())
+
+
+def test_pg_refuses_a_stale_epoch_and_drops_done_copies(
+    redis_server: RedisServer, pg_url: str
+) -> None:
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(redis_server.url, pg_url, shards=1) as a:
+            ns = a.keys.namespace
+            await a.schedule("x", "t", b"", delay=0)
+            await a.schedule("y", "t", b"", delay=0)
+            batch = await _claim_all(a)
+            assert {j.id for j in batch.jobs} == {"x", "y"}
+            stale = batch.jobs
+            async with pg_scheduler(redis_server.url, pg_url, ns, shards=1) as b:
+                # b takes over (a's token is deleted as if it had expired).
+                await client_of(b).delete(b.keys.shard(0).owner)
+                epoch_b = await b.take(0)
+                assert epoch_b == stale[0].epoch + 1
+                await push_clock(b, 0, 60_000)
+                await b.reap(0)
+                batch_b = await b.claim(0)
+                assert {j.id for j in batch_b.jobs} == {"x", "y"}
+                # The stale owner is refused by PostgreSQL before Redis: nothing written.
+                with pytest.raises(Fenced):
+                    await a.ack_many(stale)
+                assert (await table_counts(pg_url))["tickwheel_done"] == 0
+                await b.ack(batch_b.jobs[0])
+                (done,) = await rows(pg_url, "SELECT id, epoch FROM tickwheel_done")
+                assert tuple(done) == (batch_b.jobs[0].id, epoch_b)
+
+    run(main())
+
+
+# -- errors -------------------------------------------------------------------------
+
+
+def test_bad_input_writes_nothing_in_either_store(redis_server: RedisServer, pg_url: str) -> None:
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(redis_server.url, pg_url, shards=1) as s:
+            await s.open()
+            before = await snapshot(s)
+            with pytest.raises(ValueError, match="job_id"):
+                await s.schedule("", "t")
+            with pytest.raises(TypeError, match="task"):
+                await s.schedule("a", 5)  # type: ignore[arg-type]
+            with pytest.raises(ValueError, match="payload"):
+                await s.schedule("a", "t", b"x" * (s.max_payload_bytes + 1))
+            with pytest.raises(ValueError, match="replace"):
+                await s.schedule("a", "t", replace=True)
+            with pytest.raises(ValueError, match="delay"):
+                await s.schedule("a", "t", delay=-1)
+            with pytest.raises(TypeError, match="specs"):
+                await s.schedule_many([JobSpec("ok", "t"), "bad"])  # type: ignore[list-item]
+            assert await snapshot(s) == before
+            assert await table_counts(pg_url) == {
+                "tickwheel_jobs": 0,
+                "tickwheel_done": 0,
+                "tickwheel_outbox": 0,
+            }
+
+    run(main())
+
+
+def test_conn_without_postgres_mode_is_refused(redis_server: RedisServer) -> None:
+    from durable_support import open_scheduler
+
+    async def main() -> None:
+        async with open_scheduler(redis_server.url) as s:
+            with pytest.raises(ValueError, match="postgres_url"):
+                await s.schedule("a", "t", conn=object())
+            with pytest.raises(ValueError, match="postgres_url"):
+                await s.reconcile()
+
+    run(main())
+
+
+def test_postgres_down_is_transient_and_writes_nothing(redis_server: RedisServer) -> None:
+    from tickwheel.durable._pgserver import PostgresServer
+
+    async def main(server: PostgresServer) -> None:
+        await migrated(server.url)
+        async with pg_scheduler(redis_server.url, server.url, shards=1) as s:
+            await s.schedule("before", "t", delay=0)
+            server.kill()
+            with pytest.raises(PostgresUnavailable) as info:
+                await s.schedule("during", "t", delay=0)
+            assert info.value.transient
+            assert await s.get("during") is None
+            server.start()
+            # The pool reconnects: the same call succeeds once PostgreSQL is back.
+            for _ in range(50):
+                try:
+                    await s.schedule("after", "t", delay=0)
+                    break
+                except PostgresUnavailable:
+                    await asyncio.sleep(0.1)
+            assert await s.get("after") is not None
+            ids = [
+                r[0] for r in await rows(server.url, "SELECT id FROM tickwheel_jobs ORDER BY id")
+            ]
+            assert ids == ["after", "before"]
+
+    with PostgresServer() as server:
+        run(main(server))
+
+
+def test_redis_down_after_commit_is_repaired_by_the_relay(pg_url: str) -> None:
+    async def main() -> None:
+        await migrated(pg_url)
+        server = RedisServer().start()
+        try:
+            async with pg_scheduler(server.url, pg_url, shards=1) as s:
+                await s.open()
+                server.kill()
+                # Committed in PostgreSQL: not an error, the relay writes it later.
+                result = await s.schedule("k", "t", b"v", delay=0)
+                assert result.status is ScheduleStatus.CREATED
+                assert (await table_counts(pg_url))["tickwheel_outbox"] == 1
+                server.start()
+                for _ in range(50):
+                    try:
+                        assert await s.relay() == 1
+                        break
+                    except Exception:
+                        await asyncio.sleep(0.1)
+                info = await s.get("k")
+                assert info is not None and info.payload == b"v"
+                assert (await table_counts(pg_url))["tickwheel_outbox"] == 0
+        finally:
+            server.stop()
+
+    run(main())
