@@ -205,6 +205,7 @@ class PostgresMode:
         """
         start = time.monotonic()
         await sched.open()
+        await sched.store.init()  # the namespace's layout, if Redis lost it (SET NX)
         raised = 0
         for shard, epoch in sorted((await self.store.shard_epochs()).items()):
             if shard < sched.keys.shards:
