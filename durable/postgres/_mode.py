@@ -82,7 +82,13 @@ class PostgresMode:
                 encode_pg_job(self._first_run(spec, now), job.shard, limit)
                 for spec, job in zip(specs, jobs, strict=True)
             ]
-        replies = await self.store.schedule(jobs, conn)
+        # Rows are locked in id order, so concurrent batches never deadlock.
+        order = sorted(range(len(jobs)), key=lambda k: jobs[k].id)
+        replies: list[tuple[int, int]] = [(0, 0)] * len(jobs)
+        for k, reply in zip(
+            order, await self.store.schedule([jobs[k] for k in order], conn), strict=True
+        ):
+            replies[k] = reply
         out = [
             ScheduleResult(job.id, _STATUS[status], when)
             for job, (status, when) in zip(jobs, replies, strict=True)
@@ -141,6 +147,13 @@ class PostgresMode:
         except Fenced as exc:
             with contextlib.suppress(RedisUnavailable):
                 await sched.store.raise_epoch(shard, stored_epoch(exc))
+            raise
+        except PostgresUnavailable:
+            # Hand the batch back unrun (no attempt spent): without PostgreSQL nothing
+            # can be acked, and a long outage must not run jobs out of attempts.
+            refs = [ClaimedRef(j.id, j.attempt, j.nominal_ms, j.due_ms) for j in batch.jobs]
+            with contextlib.suppress(RedisUnavailable, Fenced):
+                await sched.store.release(shard, epoch, refs)
             raise
         if not done:
             return batch
