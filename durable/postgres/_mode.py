@@ -46,6 +46,8 @@ DEFAULT_RELAY_INTERVAL = 1.0
 # Pending rows read per reconcile page (and written per schedule.lua call).
 DEFAULT_RECONCILE_PAGE = 1000
 _CHANNEL = "tickwheel_outbox"
+# Jobs per schedule.lua call (MAX_BATCH of the scheduler: a script blocks Redis).
+_REDIS_BATCH = 1000
 _STATUS = {1: ScheduleStatus.CREATED, 2: ScheduleStatus.KEPT, 5: ScheduleStatus.DONE}
 
 
@@ -84,19 +86,19 @@ class PostgresMode:
             ]
         # Rows are locked in id order, so concurrent batches never deadlock.
         order = sorted(range(len(jobs)), key=lambda k: jobs[k].id)
-        replies: list[tuple[int, int]] = [(0, 0)] * len(jobs)
+        replies: list[tuple[int, int, int]] = [(0, 0, 0)] * len(jobs)
         for k, reply in zip(
             order, await self.store.schedule([jobs[k] for k in order], conn), strict=True
         ):
             replies[k] = reply
         out = [
             ScheduleResult(job.id, _STATUS[status], when)
-            for job, (status, when) in zip(jobs, replies, strict=True)
+            for job, (status, when, _) in zip(jobs, replies, strict=True)
         ]
         if conn is None:
             created = [
-                (job, when)
-                for job, (status, when) in zip(jobs, replies, strict=True)
+                (job, when, seq)
+                for job, (status, when, seq) in zip(jobs, replies, strict=True)
                 if status == 1
             ]
             if created:
@@ -112,17 +114,18 @@ class PostgresMode:
             return dataclasses.replace(spec, delay=rec.every_ms / 1000)
         return dataclasses.replace(spec, at=rec.next_after(now, now))
 
-    async def _index(self, sched: Scheduler, created: Sequence[tuple[PgJob, int]]) -> None:
+    async def _index(self, sched: Scheduler, created: Sequence[tuple[PgJob, int, int]]) -> None:
         """Write committed jobs to Redis and drop their outbox rows; on failure leave
         both to the relay (the job is committed: this is never the caller's error)."""
         try:
             await sched.open()
             groups: dict[int, list[EncodedJob]] = {}
-            for job, when in created:
+            for job, when, _ in created:
                 groups.setdefault(job.shard, []).append(redis_job(job.id, when, job.record))
             for shard, encoded in groups.items():
-                await sched.store.schedule(shard, encoded, False)
-            await self.store.delete_outbox([(job.id, when) for job, when in created])
+                for i in range(0, len(encoded), _REDIS_BATCH):
+                    await sched.store.schedule(shard, encoded[i : i + _REDIS_BATCH], False)
+            await self.store.relayed([seq for _, _, seq in created])
         except (RedisUnavailable, PostgresUnavailable) as exc:
             logger.warning(
                 "tickwheel.durable: %d committed job(s) left to the relay (%s)", len(created), exc

@@ -135,9 +135,21 @@ def redis_job(job_id: str, due_ms: int, record: bytes) -> EncodedJob:
 
 
 _SCHEDULE = (
-    "SELECT status, when_ms FROM tickwheel_schedule"
+    "SELECT status, when_ms, seq FROM tickwheel_schedule"
     "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
 )
+# A batch in one statement: the function per row of the arrays, in their order.
+_SCHEDULE_MANY = """
+SELECT s.status, s.when_ms, s.seq
+FROM unnest($2::text[], $3::integer[], $4::text[], $5::bytea[], $6::boolean[],
+            $7::integer[], $8::integer[], $9::bigint[], $10::smallint[], $11::text[],
+            $12::smallint[], $13::integer[], $14::bigint[], $15::bytea[])
+     WITH ORDINALITY AS u(id, shard, task, payload, json, max, mode, t, rkind, rspec,
+                          policy, cap, grace, record, k)
+CROSS JOIN LATERAL tickwheel_schedule($1, u.id, u.shard, u.task, u.payload, u.json, u.max,
+    u.mode, u.t, u.rkind, u.rspec, u.policy, u.cap, u.grace, u.record) AS s
+ORDER BY u.k
+"""
 _NOW = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
 
@@ -236,8 +248,11 @@ class PgStore:
             raise translated from exc
 
     @contextlib.asynccontextmanager
-    async def _on(self, conn: Any, shard: int | None = None) -> AsyncIterator[Any]:
-        """The caller's connection, or a pooled one in a transaction of its own."""
+    async def _on(
+        self, conn: Any, shard: int | None = None, *, own_transaction: bool = True
+    ) -> AsyncIterator[Any]:
+        """The caller's connection, or a pooled one (in a transaction of its own unless
+        the body is one statement, which is its own transaction)."""
         if conn is not None:
             try:
                 yield conn
@@ -250,8 +265,12 @@ class PgStore:
                 raise translated from exc
             return
         await self.open()
-        async with self._conn(shard=shard) as own, own.transaction():
-            yield own
+        async with self._conn(shard=shard) as own:
+            if not own_transaction:
+                yield own
+                return
+            async with own.transaction():
+                yield own
 
     # -- producers -----------------------------------------------------------------
 
@@ -260,20 +279,36 @@ class PgStore:
         async with self._on(conn) as c:
             return int(await c.fetchval(_NOW))
 
-    async def schedule(self, jobs: Sequence[PgJob], conn: Any = None) -> list[tuple[int, int]]:
-        """Create jobs (and their outbox rows) in one transaction: the caller's when
-        ``conn`` is given (committed or rolled back with it), else one of the store's.
+    async def schedule(self, jobs: Sequence[PgJob], conn: Any = None) -> list[tuple[int, int, int]]:
+        """Create jobs (and their outbox rows) in one statement, so one transaction:
+        the caller's when ``conn`` is given (committed or rolled back with it), else
+        its own.
 
         Returns:
-            Per job, (status, when_ms) as schedule.lua's: 1 created, 2 kept, 5 done.
+            Per job, (status, when_ms, outbox seq) with schedule.lua's status codes:
+            1 created (seq set), 2 kept, 5 done.
         """
         ns = self.namespace
-        out: list[tuple[int, int]] = []
-        async with self._on(conn) as c:
-            for job in jobs:
-                row = await c.fetchrow(_SCHEDULE, ns, job.id, job.shard, *job.args)
-                out.append((int(row[0]), int(row[1])))
-        return out
+        async with self._on(conn, own_transaction=False) as c:
+            if len(jobs) == 1:
+                job = jobs[0]
+                rows = [await c.fetchrow(_SCHEDULE, ns, job.id, job.shard, *job.args)]
+            else:
+                columns = list(zip(*(job.args for job in jobs), strict=True))
+                rows = await c.fetch(
+                    _SCHEDULE_MANY,
+                    ns,
+                    [job.id for job in jobs],
+                    [job.shard for job in jobs],
+                    *(list(col) for col in columns),
+                )
+        return [(int(r[0]), int(r[1]), int(r[2] or 0)) for r in rows]
+
+    async def relayed(self, seqs: Sequence[int]) -> None:
+        """Delete outbox rows whose jobs the producer wrote to Redis itself."""
+        await self.open()
+        async with self._conn() as c:
+            await c.execute("SELECT tickwheel_relayed($1, $2::bigint[])", self.namespace, seqs)
 
     async def cancel(self, job_id: str, conn: Any = None) -> bool:
         """Delete a job's row (and its outbox rows); True if there was a pending one."""
@@ -380,20 +415,6 @@ class PgStore:
                     "DELETE FROM tickwheel_outbox WHERE seq = ANY($1::bigint[])",
                     [b.seq for b in batch],
                 )
-
-    async def delete_outbox(self, ns_id_due: Sequence[tuple[str, int]]) -> None:
-        """Delete the outbox rows of jobs that were written to Redis already."""
-        await self.open()
-        async with self._conn() as c:
-            await c.execute(
-                """
-                DELETE FROM tickwheel_outbox o USING unnest($2::text[], $3::bigint[]) AS x(id, due)
-                WHERE o.ns = $1 AND o.id = x.id AND o.due_ms = x.due
-                """,
-                self.namespace,
-                [i for i, _ in ns_id_due],
-                [d for _, d in ns_id_due],
-            )
 
     async def pending(self, after: tuple[int, str] | None, limit: int) -> list[PendingRow]:
         """A page of pending jobs in (due, id) order, after ``after`` (the partial

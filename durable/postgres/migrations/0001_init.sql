@@ -82,7 +82,7 @@ CREATE FUNCTION tickwheel_schedule(
     p_ns text, p_id text, p_shard integer, p_task text, p_payload bytea, p_json boolean,
     p_max integer, p_mode integer, p_time bigint, p_rkind smallint, p_rspec text,
     p_policy smallint, p_cap integer, p_grace bigint, p_record bytea,
-    OUT status integer, OUT when_ms bigint)
+    OUT status integer, OUT when_ms bigint, OUT seq bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
     v_due   bigint := p_time;
@@ -120,7 +120,8 @@ BEGIN
             record = p_record, state = 0, attempt = 1, epoch = 0, updated_at = now()
         WHERE j.ns = p_ns AND j.id = p_id;
     END IF;
-    INSERT INTO tickwheel_outbox (ns, id, due_ms) VALUES (p_ns, p_id, v_due);
+    INSERT INTO tickwheel_outbox (ns, id, due_ms) VALUES (p_ns, p_id, v_due)
+        RETURNING tickwheel_outbox.seq INTO seq;
     PERFORM pg_notify('tickwheel_outbox', p_ns);  -- delivered at commit, to the relays
     status := 1; when_ms := v_due;
 END
@@ -136,9 +137,16 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_cur bigint;
 BEGIN
-    INSERT INTO tickwheel_shard_epochs AS e (ns, shard, epoch) VALUES (p_ns, p_shard, p_epoch)
-    ON CONFLICT (ns, shard) DO UPDATE SET epoch = greatest(e.epoch, excluded.epoch)
-    RETURNING e.epoch INTO v_cur;
+    -- Written only when the epoch moves: a claim under a known epoch writes nothing
+    -- (and its commit waits for no WAL flush).
+    SELECT e.epoch INTO v_cur FROM tickwheel_shard_epochs e
+        WHERE e.ns = p_ns AND e.shard = p_shard;
+    IF v_cur IS NULL OR v_cur < p_epoch THEN
+        INSERT INTO tickwheel_shard_epochs AS e (ns, shard, epoch)
+        VALUES (p_ns, p_shard, p_epoch)
+        ON CONFLICT (ns, shard) DO UPDATE SET epoch = greatest(e.epoch, excluded.epoch)
+        RETURNING e.epoch INTO v_cur;
+    END IF;
     IF v_cur > p_epoch THEN
         RAISE EXCEPTION USING ERRCODE = 'TWFEN', DETAIL = v_cur::text,
             MESSAGE = format('shard %s epoch is %s, caller has %s', p_shard, v_cur, p_epoch);
@@ -192,5 +200,16 @@ BEGIN
         END IF;
     END LOOP;
     RETURN v_out;
+END
+$$;
+
+-- Delete outbox rows whose jobs were written to Redis by the producer itself. Losing
+-- this delete in a crash is harmless (the relay writes the entry again, a no-op), so
+-- its commit does not wait for the WAL flush.
+CREATE FUNCTION tickwheel_relayed(p_ns text, p_seqs bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    DELETE FROM tickwheel_outbox o WHERE o.ns = p_ns AND o.seq = ANY(p_seqs);
 END
 $$;
