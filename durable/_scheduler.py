@@ -200,9 +200,12 @@ class Scheduler:
             ShardCountMismatch: if the namespace was created with another count.
             ServerCheckFailed: in strict mode, for a server that may lose jobs.
             RedisUnavailable: if Redis cannot be reached.
+            SchemaNotReady, PostgresUnavailable: Postgres mode, checked first.
         """
         if self._opened:
             return self
+        if self.pg is not None:  # a missing schema is refused before Redis is written
+            await self.pg.store.open()
         if self.check:
             self.server_report = await check_server(self.store.client, strict=self.strict)
         shards, buckets = await self.store.init()
@@ -210,8 +213,6 @@ class Scheduler:
             raise ShardCountMismatch(
                 self.keys.namespace, (shards, buckets), (self.keys.shards, self.keys.buckets)
             )
-        if self.pg is not None:
-            await self.pg.store.open()
         self._opened = True
         return self
 

@@ -563,3 +563,19 @@ def test_worker_reconciles_at_start(private_redis: RedisServer, pg_url: str) -> 
             assert sorted(ran) == sorted(f"w{i}" for i in range(20))
 
     run(main())
+
+
+def test_shard_count_mismatch_writes_nothing(redis_server: RedisServer, pg_url: str) -> None:
+    from tickwheel.durable import ShardCountMismatch
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(redis_server.url, pg_url, shards=2) as s:
+            await s.schedule("a", "t", delay=60)
+            ns = s.keys.namespace
+        async with pg_scheduler(redis_server.url, pg_url, ns, shards=3) as wrong:
+            with pytest.raises(ShardCountMismatch):
+                await wrong.schedule("b", "t", delay=60)
+        assert [r[0] for r in await rows(pg_url, "SELECT id FROM tickwheel_jobs")] == ["a"]
+
+    run(main())

@@ -74,6 +74,11 @@ class PostgresMode:
         self, sched: Scheduler, specs: Sequence[JobSpec], conn: Any
     ) -> list[ScheduleResult]:
         """Write the jobs in one transaction, then (own transaction only) index them."""
+        if not sched._opened:
+            # The namespace's shard count is checked before anything is written (a
+            # mismatch raises); a Redis that is down does not stop the enqueue.
+            with contextlib.suppress(RedisUnavailable):
+                await sched.open()
         jobs: list[PgJob] = []
         limit = sched.max_payload_bytes
         for spec in specs:
@@ -191,8 +196,8 @@ class PostgresMode:
         async with self.store.outbox(limit) as rows:
             groups: dict[int, list[EncodedJob]] = {}
             for row in rows:
-                if row.job is not None:
-                    groups.setdefault(row.shard, []).append(row.job)
+                if row.job is not None:  # the shard by this scheduler's count, as claims see it
+                    groups.setdefault(sched.keys.shard_of(row.job.id), []).append(row.job)
             for shard, jobs in groups.items():
                 await sched.store.schedule(shard, jobs, False)
         return len(rows)
@@ -231,7 +236,7 @@ class PostgresMode:
         while rows := await self.store.pending(after, page):
             groups: dict[int, list[EncodedJob]] = {}
             for row in rows:
-                groups.setdefault(row.shard, []).append(row.job)
+                groups.setdefault(sched.keys.shard_of(row.job.id), []).append(row.job)
             for shard, jobs in groups.items():
                 results = await sched.store.schedule(shard, jobs, False)
                 restored += sum(r.status is ScheduleStatus.CREATED for r in results)
