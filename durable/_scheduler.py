@@ -626,6 +626,9 @@ class Scheduler:
             self.backoff_ms(job.attempt) if delay is None else finite_seconds_ms("delay", delay)
         )
         try:
+            if self.pg is not None and (final or job.attempt >= job.max_attempts):
+                # The end state goes to the source of truth first, under the epoch.
+                await self.pg.store.dead(job.shard, job.epoch, job.id, job.attempt)
             status, _ = await self.store.retry(
                 job.shard,
                 job.epoch,
@@ -778,6 +781,8 @@ class Scheduler:
         out: list[str] = []
         for shard, ids in groups.items():
             out += await self.store.dead_requeue(shard, ids, len(ids))
+        if self.pg is not None:
+            await self.pg.store.undead(out, purge=False)
         return out
 
     async def purge_dead(self, job_ids: Sequence[str]) -> list[str]:
@@ -787,6 +792,8 @@ class Scheduler:
         out: list[str] = []
         for shard, ids in groups.items():
             out += await self.store.dead_purge(shard, ids, len(ids))
+        if self.pg is not None:
+            await self.pg.store.undead(out, purge=True)
         return out
 
     async def purge_all_dead(self, shard: int, *, limit: int = MAX_BATCH) -> list[str]:
@@ -794,7 +801,10 @@ class Scheduler:
         self.keys.shard(shard)
         _positive_int("limit", limit, MAX_BATCH)
         await self.open()
-        return await self.store.dead_purge(shard, [], limit)
+        out = await self.store.dead_purge(shard, [], limit)
+        if self.pg is not None:
+            await self.pg.store.undead(out, purge=True)
+        return out
 
     def _by_shard(self, job_ids: Sequence[str]) -> dict[int, list[str]]:
         if isinstance(job_ids, str):
@@ -836,4 +846,7 @@ class Scheduler:
         self.keys.shard(shard)
         _positive_int("limit", limit, MAX_BATCH)
         await self.open()
-        return await self.store.dead_requeue(shard, [], limit)
+        out = await self.store.dead_requeue(shard, [], limit)
+        if self.pg is not None:
+            await self.pg.store.undead(out, purge=False)
+        return out

@@ -579,3 +579,51 @@ def test_shard_count_mismatch_writes_nothing(redis_server: RedisServer, pg_url: 
         assert [r[0] for r in await rows(pg_url, "SELECT id FROM tickwheel_jobs")] == ["a"]
 
     run(main())
+
+
+def test_bad_postgres_url_is_named(redis_server: RedisServer) -> None:
+    from tickwheel.durable import Scheduler
+    from tickwheel.durable._connect import client_from_url
+
+    async def main() -> None:
+        client = client_from_url(redis_server.url)
+        try:
+            with pytest.raises(TypeError, match="postgres_url"):
+                Scheduler(client, postgres_url=5)  # type: ignore[arg-type]
+            with pytest.raises(ValueError, match="postgres_url"):
+                Scheduler(client, postgres_url="mysql://x")
+        finally:
+            await client.aclose()
+
+    run(main())
+
+
+def test_dead_letters_are_an_end_state_in_postgres(private_redis: RedisServer, pg_url: str) -> None:
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            for job_id in ("d1", "d2", "d3"):
+                await s.schedule(job_id, "t", b"", delay=0, max_attempts=1)
+            batch = await _claim_all(s)
+            for job in batch.jobs:
+                assert await s.retry(job, "boom") is JobState.DEAD
+
+            async def states() -> dict[str, int]:
+                got = await rows(pg_url, "SELECT id, state FROM tickwheel_jobs")
+                return {r[0]: r[1] for r in got}
+
+            assert await states() == {"d1": 2, "d2": 2, "d3": 2}
+            assert await s.requeue_dead(["d1"]) == ["d1"]
+            assert await s.purge_dead(["d2"]) == ["d2"]
+            assert await states() == {"d1": 0, "d3": 2}
+            # After Redis loses everything, the dead job does not come back as due.
+            await client_of(s).flushall()
+            ns = s.keys.namespace
+        async with pg_scheduler(private_redis.url, pg_url, ns, shards=1) as s:
+            result = await s.reconcile()
+            assert (result.pending, result.restored) == (1, 1)
+            await push_clock(s, 0, 1000)
+            batch = await _claim_all(s)
+            assert [j.id for j in batch.jobs] == ["d1"]
+
+    run(main())

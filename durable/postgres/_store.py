@@ -370,6 +370,37 @@ class PgStore:
             )
         return [int(v) for v in reply]
 
+    async def dead(self, shard: int, epoch: int, job_id: str, attempt: int) -> None:
+        """Record a job dead (its last attempt failed) under ``epoch``.
+
+        Raises:
+            Fenced: if ``epoch`` is not the shard's stored epoch (nothing written).
+        """
+        await self.open()
+        async with self._conn(shard=shard) as c:
+            await c.execute(
+                "SELECT tickwheel_dead($1, $2, $3, $4, $5)",
+                self.namespace,
+                shard,
+                epoch,
+                job_id,
+                attempt,
+            )
+
+    async def undead(self, ids: Sequence[str], *, purge: bool) -> None:
+        """Dead letters that Redis requeued (pending again) or purged (deleted)."""
+        if not ids:
+            return
+        await self.open()
+        sql = (
+            "DELETE FROM tickwheel_jobs WHERE ns = $1 AND state = 2 AND id = ANY($2::text[])"
+            if purge
+            else "UPDATE tickwheel_jobs SET state = 0, attempt = 1, epoch = 0, updated_at = now()"
+            " WHERE ns = $1 AND state = 2 AND id = ANY($2::text[])"
+        )
+        async with self._conn() as c:
+            await c.execute(sql, self.namespace, list(ids))
+
     async def shard_epochs(self) -> dict[int, int]:
         """The highest epoch recorded per shard."""
         await self.open()

@@ -195,7 +195,7 @@ BEGIN
         ELSE
             UPDATE tickwheel_jobs j SET state = 1, attempt = p_attempts[k], epoch = p_epoch,
                 updated_at = now()
-            WHERE j.ns = p_ns AND j.id = p_ids[k] AND j.state = 0 AND j.due_ms = p_nominals[k];
+            WHERE j.ns = p_ns AND j.id = p_ids[k] AND j.state = 0;
             v_out := v_out || 1;
         END IF;
     END LOOP;
@@ -211,5 +211,29 @@ LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     DELETE FROM tickwheel_outbox o WHERE o.ns = p_ns AND o.seq = ANY(p_seqs);
+END
+$$;
+
+-- A job's last attempt failed (or it was retried with final): it is dead, under epoch
+-- p_epoch (refused whole, TWFEN, unless that is the shard's stored epoch). A dead row is
+-- not pending, so reconcile does not bring it back; requeue and purge of dead letters
+-- follow Redis with tickwheel_requeued / tickwheel_purged.
+CREATE FUNCTION tickwheel_dead(
+    p_ns text, p_shard integer, p_epoch bigint, p_id text, p_attempt integer)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_cur bigint;
+BEGIN
+    SELECT e.epoch INTO v_cur FROM tickwheel_shard_epochs e
+        WHERE e.ns = p_ns AND e.shard = p_shard FOR SHARE;
+    IF v_cur IS NULL OR v_cur <> p_epoch THEN
+        RAISE EXCEPTION USING ERRCODE = 'TWFEN', DETAIL = coalesce(v_cur, 0)::text,
+            MESSAGE = format('shard %s epoch is %s, caller has %s', p_shard,
+                             coalesce(v_cur, 0), p_epoch);
+    END IF;
+    UPDATE tickwheel_jobs j SET state = 2, attempt = p_attempt, epoch = p_epoch,
+        updated_at = now()
+    WHERE j.ns = p_ns AND j.id = p_id AND j.state = 0;
 END
 $$;
