@@ -20,8 +20,10 @@ __all__ = [
     "Fenced",
     "LeaseLost",
     "NotOwner",
+    "PostgresUnavailable",
     "RedisUnavailable",
     "ReplicationTimeout",
+    "SchemaNotReady",
     "ServerCheckFailed",
     "ShardCountMismatch",
     "translate",
@@ -97,6 +99,28 @@ class ShardCountMismatch(DurableError):
         )
         self.stored = stored  # (shards, buckets) stored in Redis
         self.given = given  # (shards, buckets) the caller passed
+
+
+class PostgresUnavailable(DurableError):
+    """PostgreSQL could not be reached, timed out, or failed the transaction for now
+    (a restart, a serialization failure, too many connections). Transient: retry later.
+
+    The call's transaction was rolled back: nothing of it is in PostgreSQL, and nothing
+    was written to Redis (the Redis side follows a commit, never precedes it).
+    """
+
+    transient = True
+
+
+class SchemaNotReady(DurableError):
+    """The PostgreSQL database lacks tickwheel's tables, or has an older version of
+    them. Permanent until ``tickwheel pg migrate`` is run (nothing runs DDL on its own).
+    """
+
+    def __init__(self, message: str, found: int, wanted: int) -> None:
+        super().__init__(message)
+        self.found = found  # the schema version in the database (0: none)
+        self.wanted = wanted  # the version this library needs
 
 
 class ServerCheckFailed(DurableError):

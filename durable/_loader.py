@@ -35,7 +35,7 @@ from datetime import timedelta
 
 from tickwheel.wheel import Timer, TimingWheel
 
-from ._errors import Fenced, LeaseLost, NotOwner, RedisUnavailable
+from ._errors import Fenced, LeaseLost, NotOwner, PostgresUnavailable, RedisUnavailable
 from ._model import Job, JobState, finite_seconds_ms
 from ._scheduler import DEFAULT_LEASE, MAX_BATCH, Scheduler
 from ._stats import LatenessHistogram
@@ -256,9 +256,9 @@ class Loader:
         while self._claiming:
             try:
                 full = await self.load_once()
-            except RedisUnavailable as exc:
+            except (RedisUnavailable, PostgresUnavailable) as exc:
                 self.stats.unavailable += 1
-                logger.warning("tickwheel.durable: loader cannot reach Redis (%s)", exc)
+                logger.warning("tickwheel.durable: loader cannot reach its store (%s)", exc)
                 await self._pause(UNAVAILABLE_BACKOFF)
                 continue
             except Exception:  # a bug or a server error: keep the other shards going

@@ -20,7 +20,7 @@ import random
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._check import ServerReport, check_server
 from ._connect import Client
@@ -51,6 +51,9 @@ from ._recurrence import (
 )
 from ._stats import SchedulerStats
 from ._store import DEFAULT_CALL_TIMEOUT, ClaimedRef, EncodedJob, Store, encode_job
+
+if TYPE_CHECKING:
+    from .postgres import PostgresMode, ReconcileResult
 
 __all__ = ["DEFAULT_SHARDS", "Scheduler"]
 
@@ -122,6 +125,10 @@ class Scheduler:
         call_timeout: seconds one call may wait for Redis (besides ``WAIT``) before it
             raises :class:`RedisUnavailable` (default 10; the clients :func:`connect`
             makes also time out each reply after 5 s).
+        postgres_url: a ``postgresql://`` DSN: the Postgres mode (docs/postgres.md).
+            Jobs and completed occurrences live in PostgreSQL, Redis indexes them;
+            ``schedule`` takes ``conn=`` (the application's asyncpg connection). None
+            (the default): Redis only, and the PostgreSQL code is never imported.
 
     Raises:
         TypeError, ValueError: naming a bad parameter.
@@ -145,6 +152,7 @@ class Scheduler:
         replicas: int = 0,
         replica_timeout: float | timedelta = DEFAULT_REPLICA_TIMEOUT,
         call_timeout: float | timedelta = DEFAULT_CALL_TIMEOUT,
+        postgres_url: str | None = None,
     ) -> None:
         self.keys = Keys(namespace, shards, buckets)  # key names
         if not isinstance(replicas, int) or isinstance(replicas, bool):
@@ -172,6 +180,14 @@ class Scheduler:
         # sent again with its token (its reply may be lost, its leases held), one that
         # was received is forgotten by the next claim (claim.lua keeps replies).
         self._claims: dict[int, tuple[int, str, bool]] = {}
+        # The Postgres mode (None: Redis only): PostgreSQL is the source of truth.
+        self.pg: PostgresMode | None = None
+        if postgres_url is not None:
+            from .postgres import PgStore, PostgresMode  # noqa: PLC0415
+
+            self.pg = PostgresMode(
+                PgStore(postgres_url, namespace, call_timeout=self.store.call_timeout)
+            )
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -184,9 +200,12 @@ class Scheduler:
             ShardCountMismatch: if the namespace was created with another count.
             ServerCheckFailed: in strict mode, for a server that may lose jobs.
             RedisUnavailable: if Redis cannot be reached.
+            SchemaNotReady, PostgresUnavailable: Postgres mode, checked first.
         """
         if self._opened:
             return self
+        if self.pg is not None:  # a missing schema is refused before Redis is written
+            await self.pg.store.open()
         if self.check:
             self.server_report = await check_server(self.store.client, strict=self.strict)
         shards, buckets = await self.store.init()
@@ -204,6 +223,8 @@ class Scheduler:
             await self.ownership.give_back_all()
         finally:
             await self.store.aclose()
+            if self.pg is not None:
+                await self.pg.store.aclose()
 
     async def __aenter__(self) -> Scheduler:
         return await self.open()
@@ -233,6 +254,7 @@ class Scheduler:
         missed: MissedRun | str = MissedRun.ONCE,
         max_catch_up: int = DEFAULT_MAX_CATCH_UP,
         misfire_grace: float | timedelta = _DEFAULT_GRACE_S,
+        conn: Any = None,
     ) -> ScheduleResult:
         """Schedule one job by id. One script call.
 
@@ -250,6 +272,9 @@ class Scheduler:
             missed: missed-run policy of a recurring job: once, all or skip.
             max_catch_up: at most this many missed runs under ``all``.
             misfire_grace: seconds late before an occurrence counts as missed.
+            conn: Postgres mode only: the application's open asyncpg connection. The
+                job is written in its current transaction and exists iff that commits;
+                the relay indexes it in Redis after the commit.
 
         Returns:
             The outcome: created, kept, replaced, busy or done.
@@ -257,6 +282,7 @@ class Scheduler:
         Raises:
             TypeError, ValueError: naming a bad parameter (nothing is written).
             ShardCountMismatch, RedisUnavailable: see :meth:`open`.
+            PostgresUnavailable: Postgres mode: the transaction rolled back.
 
         Runtime complexity: O(log N) in the shard's pending jobs.
         """
@@ -268,12 +294,23 @@ class Scheduler:
             misfire_grace=misfire_grace,
         )
         spec = JobSpec(job_id, task, payload, delay, at, max_attempts, rec)
+        if self.pg is not None or conn is not None:
+            return (await self._pg_schedule([spec], replace, conn))[0]
         encoded = encode_job(spec, self.max_payload_bytes)
         await self.open()
         shard = self.keys.shard_of(job_id)
         encoded = await self._first_run(shard, spec, encoded)
         (result,) = await self.store.schedule(shard, [encoded], replace)
         return result
+
+    async def _pg_schedule(
+        self, specs: Sequence[JobSpec], replace: bool, conn: Any
+    ) -> list[ScheduleResult]:
+        if self.pg is None:
+            raise ValueError("conn needs the Postgres mode (Scheduler(..., postgres_url=...))")
+        if replace:
+            raise ValueError("replace=True is not supported in the Postgres mode yet")
+        return await self.pg.schedule(self, specs, conn)
 
     @staticmethod
     def recurrence(
@@ -324,7 +361,7 @@ class Scheduler:
         return encode_job(spec, self.max_payload_bytes)
 
     async def schedule_many(
-        self, specs: Iterable[JobSpec], *, replace: bool = False
+        self, specs: Iterable[JobSpec], *, replace: bool = False, conn: Any = None
     ) -> list[ScheduleResult]:
         """Schedule many jobs in one round trip: one script call per shard (per
         ``MAX_BATCH`` jobs), in one MULTI/EXEC (all or nothing on a single Redis).
@@ -332,6 +369,7 @@ class Scheduler:
         Args:
             specs: the jobs (validated on construction).
             replace: as in :meth:`schedule`.
+            conn: as in :meth:`schedule` (Postgres mode: every job in one transaction).
 
         Returns:
             One result per job, grouped by shard (each carries its id).
@@ -347,6 +385,8 @@ class Scheduler:
             if not isinstance(spec, JobSpec):
                 raise TypeError(f"specs must hold JobSpec values, got {spec!r}")
             pending.append((shard_of(spec.id), spec, encode_job(spec, limit)))
+        if self.pg is not None or conn is not None:
+            return await self._pg_schedule([spec for _, spec, _ in pending], replace, conn)
         await self.open()
         for shard, spec, encoded in pending:
             groups.setdefault(shard, []).append(await self._first_run(shard, spec, encoded))
@@ -362,6 +402,10 @@ class Scheduler:
         """Remove a job in any state; True if there was one. A leased job's holder
         gets :class:`LeaseLost` on ack. O(log N)."""
         check_job_id(job_id)
+        if self.pg is not None:  # the source of truth first: a crash between leaves none
+            found = await self.pg.store.cancel(job_id)
+            await self.open()
+            return await self.store.cancel(self.keys.shard_of(job_id), job_id) is not None or found
         await self.open()
         return await self.store.cancel(self.keys.shard_of(job_id), job_id) is not None
 
@@ -383,6 +427,8 @@ class Scheduler:
         """
         check_job_id(job_id)
         mode, time_ms = when_args(delay, at)
+        if self.pg is not None:
+            raise ValueError("reschedule is not supported in the Postgres mode yet")
         await self.open()
         status, _ = await self.store.reschedule(self.keys.shard_of(job_id), job_id, mode, time_ms)
         return status == 1
@@ -432,6 +478,8 @@ class Scheduler:
             )
             counters.claim_calls += 1
             planned = await self._plan(batch, epoch)
+            if self.pg is not None:
+                planned = await self.pg.after_claim(self, planned, epoch)
         except Fenced:
             self._claims.pop(shard, None)
             self.ownership.drop(shard, epoch)
@@ -529,6 +577,9 @@ class Scheduler:
         refs = [ClaimedRef(j.id, j.attempt, j.nominal_ms, j.next_due_ms) for j in jobs]
         out: list[bool] = []
         try:
+            if self.pg is not None:  # the source of truth first, under the same epoch
+                for i in range(0, len(refs), MAX_BATCH):
+                    await self.pg.ack(shard, epoch, refs[i : i + MAX_BATCH])
             for i in range(0, len(refs), MAX_BATCH):
                 out += await self.store.ack(
                     shard, epoch, refs[i : i + MAX_BATCH], self.dedup_window_ms
@@ -575,6 +626,9 @@ class Scheduler:
             self.backoff_ms(job.attempt) if delay is None else finite_seconds_ms("delay", delay)
         )
         try:
+            if self.pg is not None and (final or job.attempt >= job.max_attempts):
+                # The end state goes to the source of truth first, under the epoch.
+                await self.pg.store.dead(job.shard, job.epoch, job.id, job.attempt)
             status, _ = await self.store.retry(
                 job.shard,
                 job.epoch,
@@ -692,6 +746,23 @@ class Scheduler:
                     continue
         return handled
 
+    # -- Postgres mode -------------------------------------------------------------
+
+    async def relay(self) -> int:
+        """Postgres mode: write the outbox's committed jobs to Redis (see
+        :meth:`PostgresMode.relay`); return the rows handled. Workers run it on
+        every commit notification and every second."""
+        if self.pg is None:
+            raise ValueError("relay needs the Postgres mode (Scheduler(..., postgres_url=...))")
+        return await self.pg.relay_all(self)
+
+    async def reconcile(self) -> ReconcileResult:
+        """Postgres mode: rebuild the Redis index from PostgreSQL (see
+        :meth:`PostgresMode.reconcile`). Idempotent; safe beside running workers."""
+        if self.pg is None:
+            raise ValueError("reconcile needs the Postgres mode (Scheduler(..., postgres_url=...))")
+        return await self.pg.reconcile(self)
+
     # -- dead letters --------------------------------------------------------------
 
     async def dead_letters(self, shard: int, *, offset: int = 0, count: int = 100) -> DeadPage:
@@ -710,6 +781,8 @@ class Scheduler:
         out: list[str] = []
         for shard, ids in groups.items():
             out += await self.store.dead_requeue(shard, ids, len(ids))
+        if self.pg is not None:
+            await self.pg.store.undead(out, purge=False)
         return out
 
     async def purge_dead(self, job_ids: Sequence[str]) -> list[str]:
@@ -719,6 +792,8 @@ class Scheduler:
         out: list[str] = []
         for shard, ids in groups.items():
             out += await self.store.dead_purge(shard, ids, len(ids))
+        if self.pg is not None:
+            await self.pg.store.undead(out, purge=True)
         return out
 
     async def purge_all_dead(self, shard: int, *, limit: int = MAX_BATCH) -> list[str]:
@@ -726,7 +801,10 @@ class Scheduler:
         self.keys.shard(shard)
         _positive_int("limit", limit, MAX_BATCH)
         await self.open()
-        return await self.store.dead_purge(shard, [], limit)
+        out = await self.store.dead_purge(shard, [], limit)
+        if self.pg is not None:
+            await self.pg.store.undead(out, purge=True)
+        return out
 
     def _by_shard(self, job_ids: Sequence[str]) -> dict[int, list[str]]:
         if isinstance(job_ids, str):
@@ -768,4 +846,7 @@ class Scheduler:
         self.keys.shard(shard)
         _positive_int("limit", limit, MAX_BATCH)
         await self.open()
-        return await self.store.dead_requeue(shard, [], limit)
+        out = await self.store.dead_requeue(shard, [], limit)
+        if self.pg is not None:
+            await self.pg.store.undead(out, purge=False)
+        return out

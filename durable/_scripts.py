@@ -41,6 +41,7 @@ SCRIPT_NAMES = (
     "take",
     "renew",
     "give_back",
+    "raise_epoch",
 )
 
 
@@ -83,6 +84,7 @@ class Scripts:
     take: AsyncScript
     renew: AsyncScript
     give_back: AsyncScript
+    raise_epoch: AsyncScript
 
     def __init__(self, client: Client) -> None:
         for name in SCRIPT_NAMES:

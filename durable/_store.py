@@ -718,6 +718,13 @@ class Store:
         reply = await self._run(self._scripts.give_back, [k.owner, k.epoch], [token, epoch], shard)
         return bool(reply)
 
+    async def raise_epoch(self, shard: int, floor: int) -> bool:
+        """Lift the shard's epoch to ``floor + 1`` if it is below ``floor``
+        (raise_epoch.lua): after a Redis that lost its data, epochs start again from 0,
+        and PostgreSQL still refuses acks below the highest one it recorded."""
+        k = self.keys.shard(shard)
+        return bool(await self._run(self._scripts.raise_epoch, [k.epoch], [floor], shard))
+
     # -- operators -----------------------------------------------------------------
 
     async def inspect_all(self) -> list[ShardInfo]:

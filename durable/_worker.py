@@ -43,7 +43,7 @@ import redis.exceptions
 
 from tickwheel.wheel import TimingWheel
 
-from ._errors import Fenced, NotOwner, RedisUnavailable, translate
+from ._errors import Fenced, NotOwner, PostgresUnavailable, RedisUnavailable, translate
 from ._loader import (
     DEFAULT_LIMIT,
     DEFAULT_LOOKAHEAD,
@@ -71,6 +71,10 @@ DEFAULT_DRAIN_TIMEOUT = 20.0
 STATS_VERSION = 1
 # The order of the counters in a stats document's "c" list.
 STATS_COUNTERS = ("claimed", "acked", "retries", "dead_letters", "reaped")
+# Postgres mode: seconds between reconciles of the Redis index from PostgreSQL. Each reads
+# every pending row (docs/postgres.md has the cost per million), so not too often; the
+# relay and the claim's check against PostgreSQL cover the time between.
+DEFAULT_RECONCILE_INTERVAL = 300.0
 
 
 class Worker:
@@ -83,6 +87,9 @@ class Worker:
         reap_interval: seconds between reaper rounds.
         drain_timeout: seconds running tasks get at shutdown.
         publisher: publish due jobs to this broker instead of running tasks.
+        reconcile_interval: Postgres mode: seconds between reconciles of the Redis
+            index from PostgreSQL (one also runs at start). The relay of the outbox
+            runs at every commit notification and every second.
 
     Raises:
         TypeError, ValueError: naming a bad parameter.
@@ -101,6 +108,7 @@ class Worker:
         reap_interval: float | timedelta = DEFAULT_REAP_INTERVAL,
         drain_timeout: float | timedelta = DEFAULT_DRAIN_TIMEOUT,
         publisher: Publisher | None = None,
+        reconcile_interval: float | timedelta = DEFAULT_RECONCILE_INTERVAL,
     ) -> None:
         if not isinstance(registry, TaskRegistry):
             raise TypeError(f"registry must be a TaskRegistry, got {registry!r}")
@@ -120,6 +128,9 @@ class Worker:
         }
         self.reap_interval_ms = finite_seconds_ms("reap_interval", reap_interval, minimum_ms=1)
         self.drain_timeout_ms = finite_seconds_ms("drain_timeout", drain_timeout)
+        self.reconcile_interval_ms = finite_seconds_ms(
+            "reconcile_interval", reconcile_interval, minimum_ms=1
+        )
         self.loader: Loader | None = None  # set while running
         self.live = 0  # live workers at the last heartbeat
         self.shards_lost = 0  # shards dropped because another owner fenced this one
@@ -278,6 +289,19 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self.reap_interval_ms / 1000)
 
+    async def _reconcile(self) -> None:
+        """Postgres mode: reconcile at start, then every ``reconcile_interval``."""
+        while not self._stop.is_set():
+            try:
+                result = await self.scheduler.reconcile()
+                logger.info("tickwheel.durable: reconciled %s", result)
+            except (RedisUnavailable, PostgresUnavailable) as exc:
+                logger.warning("tickwheel.durable: reconcile failed (%s)", exc)
+            except Exception:  # the next round may do better
+                logger.exception("tickwheel.durable: reconcile failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.reconcile_interval_ms / 1000)
+
     async def run(self) -> LoaderStats:
         """Run until :meth:`stop`; then shut down gracefully.
 
@@ -294,10 +318,17 @@ class Worker:
         balance = asyncio.ensure_future(self._balance())
         loading = asyncio.ensure_future(loader.run())
         reaping = asyncio.ensure_future(self._reap(reaper))
+        pg = self.scheduler.pg
+        extra: list[asyncio.Future[None]] = []
+        if pg is not None:  # Postgres mode: the outbox relay, and reconcile
+            extra.append(asyncio.ensure_future(pg.run_relay(self.scheduler, self._stop)))
+            extra.append(asyncio.ensure_future(self._reconcile()))
         try:
             await self._stop.wait()
         finally:
             await self._shutdown(loader, balance, loading, reaping)
+            for task in extra:
+                await _logged(task, "postgres relay and reconcile")
             wheel.close()
         loader.stats.fenced += self.shards_lost
         return loader.stats

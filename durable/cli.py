@@ -12,12 +12,16 @@ Commands:
     tickwheel dead-letters list|requeue|purge
     tickwheel check           server version, AOF, maxmemory-policy, cluster state
     tickwheel dashboard       a web UI and JSON API over a namespace (tickwheel[dashboard])
+    tickwheel pg migrate      apply tickwheel's PostgreSQL migrations (Postgres mode)
+    tickwheel reconcile       rebuild the Redis index from PostgreSQL (Postgres mode)
 
 Every command but the demos takes ``--redis-url`` (default ``$TICKWHEEL_REDIS_URL``),
-``--namespace``, ``--shards``, ``--json`` (one JSON document on stdout, for scripts; not
-``worker``, which prints JSON lines always) and ``-v``/``--verbose`` (log INFO, or DEBUG
-with ``-vv``, to stderr). ``inspect``, ``dead-letters`` and ``cancel`` never create a
-namespace (one that does not exist is reported, exit 1).
+``--postgres-url`` (default ``$TICKWHEEL_POSTGRES_URL``: the Postgres mode, see
+docs/postgres.md), ``--namespace``, ``--shards``, ``--json`` (one JSON document on
+stdout, for scripts; not ``worker``, which prints JSON lines always) and
+``-v``/``--verbose`` (log INFO, or DEBUG with ``-vv``, to stderr). ``inspect``,
+``dead-letters`` and ``cancel`` never create a namespace (one that does not exist is
+reported, exit 1).
 
 Exit codes:
 
@@ -28,6 +32,7 @@ Exit codes:
     2  bad usage: a bad argument or option, a malformed ``--redis-url``
     3  Redis unreachable (connection refused, timeout, authentication)
     4  the namespace was created with another shard count (pass the stored one)
+    5  PostgreSQL unreachable (Postgres mode)
     130  interrupted (Ctrl-C); the demo still stops its workers and its Redis
 """
 
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib
 import json
 import logging
@@ -65,7 +71,9 @@ from tickwheel.durable._connect import (
 )
 from tickwheel.durable._errors import (
     DurableError,
+    PostgresUnavailable,
     RedisUnavailable,
+    SchemaNotReady,
     ServerCheckFailed,
     ShardCountMismatch,
 )
@@ -82,13 +90,14 @@ from tickwheel.durable._reaper import DEFAULT_REAP_INTERVAL
 from tickwheel.durable._recurrence import MissedRun
 from tickwheel.durable._scheduler import DEFAULT_LEASE, DEFAULT_SHARDS, MAX_BATCH, Scheduler
 from tickwheel.durable._tasks import TaskRegistry
-from tickwheel.durable._worker import DEFAULT_DRAIN_TIMEOUT, Worker
+from tickwheel.durable._worker import DEFAULT_DRAIN_TIMEOUT, DEFAULT_RECONCILE_INTERVAL, Worker
 
 __all__ = [
     "EXIT_FAILED",
     "EXIT_INTERRUPTED",
     "EXIT_MISMATCH",
     "EXIT_OK",
+    "EXIT_PG_UNREACHABLE",
     "EXIT_UNREACHABLE",
     "EXIT_USAGE",
     "CliError",
@@ -100,6 +109,9 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 EXIT_MISMATCH = 4
+EXIT_PG_UNREACHABLE = 5
+# The Postgres mode's DSN, when --postgres-url is not given.
+PG_URL_ENV = "TICKWHEEL_POSTGRES_URL"
 EXIT_INTERRUPTED = 130  # the shell's 128 + SIGINT
 
 EPILOG = """\
@@ -110,9 +122,11 @@ exit codes:
   2  bad usage (a bad argument, a malformed --redis-url)
   3  Redis unreachable (connection refused, timeout, authentication)
   4  the namespace was created with another shard count (pass the stored one)
+  5  PostgreSQL unreachable (Postgres mode)
   130  interrupted (Ctrl-C); what the command started was stopped
 
---redis-url defaults to $TICKWHEEL_REDIS_URL. --json prints one JSON document on stdout.
+--redis-url defaults to $TICKWHEEL_REDIS_URL, --postgres-url to $TICKWHEEL_POSTGRES_URL.
+--json prints one JSON document on stdout.
 """
 
 
@@ -260,6 +274,13 @@ async def _guarded(args: argparse.Namespace, body: Callable[[], Awaitable[int]])
         raise _unreachable(url or "", e) from None
     except ServerCheckFailed as exc:
         raise CliError(EXIT_FAILED, f"the server may lose jobs: {exc}") from None
+    except PostgresUnavailable as exc:
+        raise CliError(
+            EXIT_PG_UNREACHABLE,
+            f"cannot reach PostgreSQL ({exc}). Check --postgres-url (or ${PG_URL_ENV}).",
+        ) from None
+    except SchemaNotReady as exc:
+        raise CliError(EXIT_FAILED, str(exc)) from None
     except (ValueError, TypeError) as exc:  # a bad argument, named by the library
         raise CliError(EXIT_USAGE, str(exc)) from None
     except DurableError as exc:
@@ -304,7 +325,12 @@ async def _with_scheduler(
             return absent()
         buckets = stored[1] if stored else DEFAULT_BUCKETS
         scheduler = Scheduler(
-            client, args.namespace, shards=args.shards, buckets=buckets, check=False
+            client,
+            args.namespace,
+            shards=args.shards,
+            buckets=buckets,
+            check=False,
+            postgres_url=getattr(args, "postgres_url", None),
         )
         await scheduler.open()  # a shard count mismatch is refused here
         return await fn(scheduler)
@@ -382,6 +408,7 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
             shards=args.shards,
             owner_ttl=args.owner_ttl,
             check=not args.no_check,
+            postgres_url=args.postgres_url,
         )
         worker = Worker(
             scheduler,
@@ -393,6 +420,7 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
             max_running=args.max_running,
             reap_interval=args.reap_interval,
             drain_timeout=args.drain_timeout,
+            reconcile_interval=args.reconcile_interval,
         )
         await scheduler.open()  # fail early: unreachable, shard count mismatch
         if args.metrics_port is not None:
@@ -903,6 +931,11 @@ def _common(*, with_json: bool = True) -> argparse.ArgumentParser:
         default=os.environ.get(URL_ENV) or None,
         help=f"redis://host:port/db (default ${URL_ENV})",
     )
+    common.add_argument(
+        "--postgres-url",
+        default=os.environ.get(PG_URL_ENV) or None,
+        help=f"postgresql://...: the Postgres mode (default ${PG_URL_ENV})",
+    )
     common.add_argument("--namespace", default="tickwheel", help="key namespace")
     common.add_argument(
         "--shards", type=_positive_int, default=DEFAULT_SHARDS, help="the namespace's shard count"
@@ -964,6 +997,12 @@ def _parser() -> argparse.ArgumentParser:
     work.add_argument("--poll-interval", type=_positive_float, default=DEFAULT_POLL_INTERVAL)
     work.add_argument("--reap-interval", type=_positive_float, default=DEFAULT_REAP_INTERVAL)
     work.add_argument("--drain-timeout", type=_non_negative_float, default=DEFAULT_DRAIN_TIMEOUT)
+    work.add_argument(
+        "--reconcile-interval",
+        type=_positive_float,
+        default=DEFAULT_RECONCILE_INTERVAL,
+        help="Postgres mode: seconds between reconciles (one runs at start)",
+    )
     work.add_argument("--no-check", action="store_true", help="skip the server config check")
     work.add_argument(
         "--metrics-port",
@@ -1029,7 +1068,98 @@ def _parser() -> argparse.ArgumentParser:
 
     chk = add("check", "is the server fit for durable jobs?", parents=[common])
     chk.set_defaults(func=_check)
+
+    pg = add("pg", "PostgreSQL schema of the Postgres mode: migrate, or show its version")
+    pg.add_argument("action", choices=["migrate", "status"])
+    pg.add_argument(
+        "--postgres-url",
+        default=os.environ.get(PG_URL_ENV) or None,
+        help=f"postgresql://user@host:port/db (default ${PG_URL_ENV})",
+    )
+    pg.add_argument("--json", action="store_true", help="print one JSON document")
+    pg.add_argument("-v", "--verbose", action="count", default=0, help="log to stderr")
+    pg.set_defaults(func=_pg, needs_url=False)
+
+    rec_cmd = add(
+        "reconcile",
+        "rebuild the Redis index from PostgreSQL (after Redis lost data; safe to repeat)",
+        parents=[common],
+    )
+    rec_cmd.set_defaults(func=_reconcile)
     return parser
+
+
+# -- Postgres mode -------------------------------------------------------------------
+
+
+def _pg(args: argparse.Namespace) -> int:
+    if not args.postgres_url:
+        return _fail(
+            args, CliError(EXIT_USAGE, f"--postgres-url is required (or set {PG_URL_ENV})")
+        )
+
+    async def body() -> int:
+        from tickwheel.durable.postgres import (  # noqa: PLC0415  (optional extra)
+            SCHEMA_VERSION,
+            migrate,
+            schema_version,
+        )
+        from tickwheel.durable.postgres._store import translate  # noqa: PLC0415
+
+        try:
+            import asyncpg  # noqa: PLC0415
+
+            conn = await asyncpg.connect(args.postgres_url, timeout=10)
+        except ImportError as exc:
+            raise CliError(
+                EXIT_USAGE, f"needs asyncpg: pip install 'tickwheel[postgres]' ({exc})"
+            ) from None
+        except Exception as exc:
+            err = translate(exc)
+            raise (
+                err
+                if isinstance(err, PostgresUnavailable)
+                else CliError(EXIT_USAGE, f"--postgres-url: {type(exc).__name__}: {exc}")
+            ) from None
+        try:
+            applied = await migrate(conn) if args.action == "migrate" else []
+            version = await schema_version(conn)
+        finally:
+            await conn.close()
+        data = {"applied": applied, "version": version, "wanted": SCHEMA_VERSION}
+        if args.action == "migrate":
+            text = (
+                f"applied migrations {applied}; schema version {version}"
+                if applied
+                else f"schema is current (version {version})"
+            )
+        else:
+            text = f"schema version {version}; this tickwheel needs {SCHEMA_VERSION}"
+        _emit(args, data, text)
+        return EXIT_OK if version >= SCHEMA_VERSION else EXIT_FAILED
+
+    return _run(args, body)
+
+
+def _reconcile(args: argparse.Namespace) -> int:
+    if not args.postgres_url:
+        return _fail(
+            args, CliError(EXIT_USAGE, f"--postgres-url is required (or set {PG_URL_ENV})")
+        )
+
+    async def body(scheduler: Scheduler) -> int:
+        result = await scheduler.reconcile()
+        data = dataclasses.asdict(result)
+        _emit(
+            args,
+            data,
+            f"{result.pending} pending jobs in PostgreSQL, {result.restored} written back to "
+            f"Redis, {result.epochs_raised} shard epochs raised, {result.relayed} outbox rows "
+            f"relayed, in {result.seconds:.3f} s",
+        )
+        return EXIT_OK
+
+    return _run(args, lambda: _with_scheduler(args, body))
 
 
 def _configure_logging(verbose: int) -> None:

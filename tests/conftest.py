@@ -1,4 +1,4 @@
-"""Shared fixtures: real redis-server processes on free loopback ports.
+"""Shared fixtures: real redis-server and PostgreSQL processes on free loopback ports.
 
 No Redis test skips: when no binary can be found the fixture errors, so a machine
 without Redis fails loudly instead of passing quietly.
@@ -10,7 +10,9 @@ redis-server (``[redis]``) and once against a Redis Cluster of 3 masters and 3 r
 
 from __future__ import annotations
 
+import asyncio
 import types
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -18,6 +20,7 @@ from vloop import VirtualLoop
 from wheel_impls import IMPLS
 
 import tickwheel.wheel
+from tickwheel.durable._pgserver import PostgresServer
 from tickwheel.durable._server import RedisClusterServer, RedisServer
 from tickwheel.wheel import _default
 
@@ -79,3 +82,31 @@ def private_redis() -> Iterator[RedisServer]:
     """A redis-server of this test's own, stopped (by pid) when the test ends."""
     with RedisServer() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    """One PostgreSQL (initdb in a temporary directory) for the whole session; tests
+    isolate themselves by database (:func:`pg_url`). Never the machine's own server."""
+    with PostgresServer() as server:
+        yield server
+
+
+async def _admin(url: str, sql: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def pg_url(pg_server: PostgresServer) -> Iterator[str]:
+    """The URL of a fresh, empty database of this test's own on the session's server
+    (dropped after the test)."""
+    name = f"t{uuid.uuid4().hex[:12]}"
+    asyncio.run(_admin(pg_server.url, f"CREATE DATABASE {name}"))
+    yield pg_server.url_for(name)
+    asyncio.run(_admin(pg_server.url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))

@@ -26,6 +26,7 @@ def test_all_is_pinned() -> None:
             "MissedRun",
             "NotOwner",
             "Ownership",
+            "PostgresUnavailable",
             "Publisher",
             "ReapResult",
             "Reaper",
@@ -36,6 +37,7 @@ def test_all_is_pinned() -> None:
             "ScheduleStatus",
             "Scheduler",
             "SchedulerStats",
+            "SchemaNotReady",
             "ServerCheckFailed",
             "ServerConfigWarning",
             "ServerReport",
@@ -60,12 +62,14 @@ def test_all_is_pinned() -> None:
 def test_errors_say_transient_or_permanent() -> None:
     assert durable.RedisUnavailable.transient
     assert durable.ReplicationTimeout.transient
+    assert durable.PostgresUnavailable.transient
     for cls in (
         durable.Fenced,
         durable.LeaseLost,
         durable.NotOwner,
         durable.ShardCountMismatch,
         durable.ServerCheckFailed,
+        durable.SchemaNotReady,
     ):
         assert issubclass(cls, durable.DurableError)
         assert not cls.transient, cls

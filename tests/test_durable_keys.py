@@ -139,6 +139,7 @@ def test_all_keys_of_each_script_land_in_one_slot(
                 await s.purge_dead([j.id for j in page.jobs[1:2]])
                 await s.purge_all_dead(shard)
             await s.cancel("k2")
+            assert not await s.store.raise_epoch(3, 0)
             assert len(await s.inspect()) == 4
             await s.close()
 

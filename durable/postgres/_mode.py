@@ -1,0 +1,294 @@
+"""The Postgres mode of a :class:`Scheduler`: PostgreSQL holds the jobs, Redis indexes them.
+
+What changes against the Redis-only mode (everything else is the same code):
+
+- ``schedule`` writes the job row and an outbox row in one PostgreSQL transaction (the
+  application's own, when it passes ``conn=``). After a commit of its own it writes the
+  Redis index entry at once; whatever it could not write (Redis down, or the
+  application's transaction) the relay writes later from the outbox. The Redis write is
+  schedule.lua at the stored nominal due with ``replace`` off, so writing an entry twice
+  is a no-op.
+- ``claim`` records the owner's epoch in PostgreSQL and drops (acks unrun) any claimed
+  occurrence that PostgreSQL has done already: an acked occurrence never runs again,
+  even when Redis lost the ack.
+- ``ack`` writes the done rows (and a recurring job's next occurrence) to PostgreSQL
+  first, under the epoch, then acks in Redis. A stale epoch is refused in both.
+- :meth:`PostgresMode.reconcile` rebuilds the Redis index from the pending rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from tickwheel.durable._errors import Fenced, PostgresUnavailable, RedisUnavailable
+from tickwheel.durable._model import ClaimBatch, Job, JobSpec, ScheduleResult, ScheduleStatus
+from tickwheel.durable._store import ClaimedRef, EncodedJob
+
+from ._store import PgJob, PgStore, encode_pg_job, redis_job, stored_epoch
+
+if TYPE_CHECKING:
+    from tickwheel.durable._scheduler import Scheduler
+
+__all__ = ["DEFAULT_RECONCILE_PAGE", "DEFAULT_RELAY_INTERVAL", "PostgresMode", "ReconcileResult"]
+
+logger = logging.getLogger("tickwheel.durable")
+
+# How often (s) a worker's relay looks at the outbox without being notified. A commit
+# notifies it at once (pg_notify in tickwheel_schedule); this bounds the delay when a
+# notification is lost (the listening connection dropped).
+DEFAULT_RELAY_INTERVAL = 1.0
+# Pending rows read per reconcile page (and written per schedule.lua call).
+DEFAULT_RECONCILE_PAGE = 1000
+_CHANNEL = "tickwheel_outbox"
+# Jobs per schedule.lua call (MAX_BATCH of the scheduler: a script blocks Redis).
+_REDIS_BATCH = 1000
+_STATUS = {1: ScheduleStatus.CREATED, 2: ScheduleStatus.KEPT, 5: ScheduleStatus.DONE}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReconcileResult:
+    """What one reconcile did."""
+
+    pending: int  # pending jobs in PostgreSQL (all written to Redis, or there already)
+    restored: int  # of those, missing from Redis and written back
+    epochs_raised: int  # shards whose Redis epoch was below PostgreSQL's (Redis lost it)
+    relayed: int  # outbox rows handled
+    seconds: float  # how long it took
+
+
+class PostgresMode:
+    """The PostgreSQL half of a scheduler (``Scheduler(..., postgres_url=...)``)."""
+
+    def __init__(self, store: PgStore) -> None:
+        self.store = store
+
+    # -- producers -----------------------------------------------------------------
+
+    async def schedule(
+        self, sched: Scheduler, specs: Sequence[JobSpec], conn: Any
+    ) -> list[ScheduleResult]:
+        """Write the jobs in one transaction, then (own transaction only) index them."""
+        if not sched._opened:
+            # The namespace's shard count is checked before anything is written (a
+            # mismatch raises); a Redis that is down does not stop the enqueue.
+            with contextlib.suppress(RedisUnavailable):
+                await sched.open()
+        jobs: list[PgJob] = []
+        limit = sched.max_payload_bytes
+        for spec in specs:
+            jobs.append(encode_pg_job(spec, sched.keys.shard_of(spec.id), limit))
+        if any(s.recurrence is not None and s.delay is None and s.at is None for s in specs):
+            now = await self.store.now(conn)
+            jobs = [
+                encode_pg_job(self._first_run(spec, now), job.shard, limit)
+                for spec, job in zip(specs, jobs, strict=True)
+            ]
+        # Rows are locked in id order, so concurrent batches never deadlock.
+        order = sorted(range(len(jobs)), key=lambda k: jobs[k].id)
+        replies: list[tuple[int, int, int]] = [(0, 0, 0)] * len(jobs)
+        for k, reply in zip(
+            order, await self.store.schedule([jobs[k] for k in order], conn), strict=True
+        ):
+            replies[k] = reply
+        out = [
+            ScheduleResult(job.id, _STATUS[status], when)
+            for job, (status, when, _) in zip(jobs, replies, strict=True)
+        ]
+        if conn is None:
+            created = [
+                (job, when, seq)
+                for job, (status, when, seq) in zip(jobs, replies, strict=True)
+                if status == 1
+            ]
+            if created:
+                await self._index(sched, created)
+        return out
+
+    @staticmethod
+    def _first_run(spec: JobSpec, now: int) -> JobSpec:
+        rec = spec.recurrence
+        if rec is None or spec.delay is not None or spec.at is not None:
+            return spec
+        if rec.every_ms:
+            return dataclasses.replace(spec, delay=rec.every_ms / 1000)
+        return dataclasses.replace(spec, at=rec.next_after(now, now))
+
+    async def _index(self, sched: Scheduler, created: Sequence[tuple[PgJob, int, int]]) -> None:
+        """Write committed jobs to Redis and drop their outbox rows; on failure leave
+        both to the relay (the job is committed: this is never the caller's error)."""
+        try:
+            await sched.open()
+            groups: dict[int, list[EncodedJob]] = {}
+            for job, when, _ in created:
+                groups.setdefault(job.shard, []).append(redis_job(job.id, when, job.record))
+            for shard, encoded in groups.items():
+                for i in range(0, len(encoded), _REDIS_BATCH):
+                    await sched.store.schedule(shard, encoded[i : i + _REDIS_BATCH], False)
+            await self.store.relayed([seq for _, _, seq in created])
+        except (RedisUnavailable, PostgresUnavailable) as exc:
+            logger.warning(
+                "tickwheel.durable: %d committed job(s) left to the relay (%s)", len(created), exc
+            )
+
+    # -- workers -------------------------------------------------------------------
+
+    async def after_claim(self, sched: Scheduler, batch: ClaimBatch, epoch: int) -> ClaimBatch:
+        """Record the epoch in PostgreSQL; ack unrun what PostgreSQL has done already.
+
+        Raises:
+            Fenced: if PostgreSQL holds a higher epoch (Redis lost its epochs): the
+                Redis epoch is lifted above it first, so the next take is current.
+        """
+        if not batch.jobs:
+            return batch
+        shard = batch.shard
+        try:
+            done = await self.store.claimed(
+                shard, epoch, [j.id for j in batch.jobs], [j.nominal_ms for j in batch.jobs]
+            )
+        except Fenced as exc:
+            with contextlib.suppress(RedisUnavailable):
+                await sched.store.raise_epoch(shard, stored_epoch(exc))
+            raise
+        except PostgresUnavailable:
+            # Hand the batch back unrun (no attempt spent): without PostgreSQL nothing
+            # can be acked, and a long outage must not run jobs out of attempts.
+            refs = [ClaimedRef(j.id, j.attempt, j.nominal_ms, j.due_ms) for j in batch.jobs]
+            with contextlib.suppress(RedisUnavailable, Fenced):
+                await sched.store.release(shard, epoch, refs)
+            raise
+        if not done:
+            return batch
+        dups = [j for k, j in enumerate(batch.jobs) if k in done]
+        await sched.store.ack(shard, epoch, [self._ref(j) for j in dups], sched.dedup_window_ms)
+        sched.ownership.counters.dedup_dropped += len(dups)
+        jobs = [j for k, j in enumerate(batch.jobs) if k not in done]
+        return dataclasses.replace(batch, jobs=jobs, dropped=batch.dropped + len(dups))
+
+    @staticmethod
+    def _ref(job: Job) -> ClaimedRef:
+        nxt = job.next_due_ms
+        if not nxt and job.recurrence is not None:
+            nxt = job.recurrence.next_after(job.nominal_ms, job.nominal_ms)
+        return ClaimedRef(job.id, job.attempt, job.nominal_ms, nxt)
+
+    async def ack(self, shard: int, epoch: int, refs: Sequence[ClaimedRef]) -> list[int]:
+        """The PostgreSQL half of an ack (before the Redis half)."""
+        return await self.store.ack(shard, epoch, refs)
+
+    # -- relay and reconcile -------------------------------------------------------
+
+    async def relay(self, sched: Scheduler, limit: int = 1000) -> int:
+        """Write up to ``limit`` outbox rows to Redis and delete them; return how many
+        rows were handled. Safe beside other relays (rows are locked, skipped by the
+        others) and to repeat (a job indexed already is kept as it is).
+
+        Raises:
+            RedisUnavailable, PostgresUnavailable: nothing was deleted.
+        """
+        await sched.open()
+        async with self.store.outbox(limit) as rows:
+            groups: dict[int, list[EncodedJob]] = {}
+            for row in rows:
+                if row.job is not None:  # the shard by this scheduler's count, as claims see it
+                    groups.setdefault(sched.keys.shard_of(row.job.id), []).append(row.job)
+            for shard, jobs in groups.items():
+                await sched.store.schedule(shard, jobs, False)
+        return len(rows)
+
+    async def relay_all(self, sched: Scheduler) -> int:
+        """:meth:`relay` until the outbox is empty (of rows no other relay holds)."""
+        total = 0
+        while n := await self.relay(sched):
+            total += n
+        return total
+
+    async def reconcile(
+        self, sched: Scheduler, *, page: int = DEFAULT_RECONCILE_PAGE
+    ) -> ReconcileResult:
+        """Rebuild the Redis index from PostgreSQL after a Redis loss (or to check).
+
+        - Each shard's Redis epoch is lifted above PostgreSQL's when it is below (Redis
+          lost it): owners that took the shard since are fenced and take it again.
+        - Every pending job is written at its nominal due with ``replace`` off: a job
+          Redis has (due, leased, dead) is left as it is; a missing one is due again.
+          Nothing done comes back: done rows are not pending, and a claim drops an
+          occurrence PostgreSQL has done.
+        - The outbox is relayed.
+
+        Idempotent, and safe beside running workers.
+        """
+        start = time.monotonic()
+        await sched.open()
+        await sched.store.init()  # the namespace's layout, if Redis lost it (SET NX)
+        raised = 0
+        for shard, epoch in sorted((await self.store.shard_epochs()).items()):
+            if shard < sched.keys.shards:
+                raised += await sched.store.raise_epoch(shard, epoch)
+        pending = restored = 0
+        after: tuple[int, str] | None = None
+        while rows := await self.store.pending(after, page):
+            groups: dict[int, list[EncodedJob]] = {}
+            for row in rows:
+                groups.setdefault(sched.keys.shard_of(row.job.id), []).append(row.job)
+            for shard, jobs in groups.items():
+                results = await sched.store.schedule(shard, jobs, False)
+                restored += sum(r.status is ScheduleStatus.CREATED for r in results)
+            pending += len(rows)
+            after = (rows[-1].due_ms, rows[-1].job.id)
+        relayed = await self.relay_all(sched)
+        return ReconcileResult(pending, restored, raised, relayed, time.monotonic() - start)
+
+    async def run_relay(
+        self, sched: Scheduler, stop: asyncio.Event, interval: float = DEFAULT_RELAY_INTERVAL
+    ) -> None:
+        """Relay until ``stop`` is set: at each commit notification, and every
+        ``interval`` seconds. Errors are logged, and the next round tries again."""
+        wake = asyncio.Event()
+        listener: Any = None
+        while not stop.is_set():
+            if listener is None:
+                listener = await self._listen(wake)
+            try:
+                await self.relay_all(sched)
+            except (RedisUnavailable, PostgresUnavailable) as exc:
+                logger.warning("tickwheel.durable: relay round failed (%s)", exc)
+            except Exception:  # a bug or an unexpected reply: the next round may do better
+                logger.exception("tickwheel.durable: relay round failed")
+            wake.clear()
+            with contextlib.suppress(TimeoutError):
+                waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())}
+                try:
+                    await asyncio.wait(waits, timeout=interval, return_when="FIRST_COMPLETED")
+                finally:
+                    for w in waits:
+                        w.cancel()
+            if listener is not None and listener.is_closed():
+                listener = None
+        if listener is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(listener.close(), 5)
+
+    async def _listen(self, wake: asyncio.Event) -> Any:
+        """A connection of its own LISTENing to commit notifications (None if down)."""
+        import asyncpg  # noqa: PLC0415
+
+        ns = self.store.namespace
+
+        def notified(_conn: object, _pid: int, _channel: str, payload: object) -> None:
+            if payload == ns:
+                wake.set()
+
+        try:
+            conn = await asyncpg.connect(self.store.url, timeout=self.store.call_timeout)
+            await conn.add_listener(_CHANNEL, notified)
+        except Exception as exc:  # the poll goes on without notifications
+            logger.warning("tickwheel.durable: relay cannot listen (%r)", exc)
+            return None
+        return conn

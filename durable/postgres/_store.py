@@ -1,0 +1,469 @@
+"""The PostgreSQL side of the Postgres mode: one method per SQL function or query.
+
+Ground rules:
+
+- PostgreSQL is the source of truth: a job exists iff its row committed, an occurrence
+  is complete iff its done row committed. Redis is the index (due, leases, claim), and
+  follows PostgreSQL: written after a commit, rebuilt from it by reconcile.
+- Each write is one call of a function made by the migrations (``tickwheel_schedule``,
+  ``tickwheel_claimed``, ``tickwheel_ack``): one round trip, one transaction (the
+  caller's when it passes its own connection).
+- Every driver error goes through :func:`translate`: the caller sees
+  :class:`PostgresUnavailable` (transient), :class:`Fenced`, or the driver's own error
+  for a bug; a failed call rolled back whole.
+- The driver (asyncpg, the ``postgres`` extra) is imported on :meth:`PgStore.open`, so
+  the Redis-only mode never loads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tickwheel.durable._errors import Fenced, PostgresUnavailable
+from tickwheel.durable._model import JobSpec, encode_payload
+from tickwheel.durable._record import pack_record
+from tickwheel.durable._recurrence import KIND_CRON, KIND_INTERVAL, POLICY_CODES
+from tickwheel.durable._store import ClaimedRef, EncodedJob
+
+from ._migrate import check_schema
+
+__all__ = ["DEFAULT_POOL_SIZE", "OutboxRow", "PendingRow", "PgJob", "PgStore", "translate"]
+
+# Connections per store: a worker's loader, relay and acks, and a producer's bursts.
+DEFAULT_POOL_SIZE = 10
+# SQLSTATE classes a restart, a failover or an overload produces: the same call may
+# succeed later. 08 connection exception, 53 insufficient resources, 57 operator
+# intervention (admin shutdown, cannot connect now), 40 transaction rollback
+# (serialization failure, deadlock).
+_TRANSIENT_CLASSES = ("08", "53", "57", "40")
+_FENCED = "TWFEN"
+
+
+def translate(exc: BaseException, shard: int | None = None) -> BaseException:
+    """Map what asyncpg (or the socket under it) raised to what the caller should see."""
+    import asyncpg  # noqa: PLC0415  (loaded by open() already)
+
+    if isinstance(exc, asyncpg.PostgresError):
+        state = str(getattr(exc, "sqlstate", "") or "")
+        if state == _FENCED:
+            return Fenced(str(exc), shard)
+        if state[:2] in _TRANSIENT_CLASSES:
+            return PostgresUnavailable(f"postgres unavailable: {exc}")
+        return exc
+    if isinstance(exc, OSError | TimeoutError | asyncpg.InterfaceError):
+        return PostgresUnavailable(f"postgres unavailable: {exc!r}")
+    return exc
+
+
+def stored_epoch(exc: BaseException) -> int:
+    """The stored epoch a ``TWFEN`` refusal carries (0 if none)."""
+    cause = exc.__cause__
+    detail = getattr(cause, "detail", None) or "0"
+    try:
+        return int(detail)
+    except ValueError:
+        return 0
+
+
+@dataclass(frozen=True, slots=True)
+class PgJob:
+    """A validated job as ``tickwheel_schedule`` takes it."""
+
+    id: str
+    shard: int
+    args: tuple[Any, ...]  # task .. record, after ns, id and shard
+    record: bytes  # the Redis record (nominal 0, attempt 1)
+
+
+def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int) -> PgJob:
+    """Encode a job spec for ``tickwheel_schedule`` (and its Redis record).
+
+    Raises:
+        TypeError, ValueError: if the payload is not encodable or over ``payload_limit``.
+    """
+    data, flags = encode_payload(spec.payload, payload_limit)
+    fields: list[int | bytes] = [spec.task.encode(), data, spec.max_attempts, flags, 0, 1, 0]
+    rec = spec.recurrence
+    rkind, rspec, policy, cap, grace = 0, "", 0, 0, 0
+    if rec is not None:
+        rkind, rspec = (KIND_INTERVAL, str(rec.every_ms)) if rec.every_ms else (KIND_CRON, rec.cron)
+        policy, cap, grace = POLICY_CODES[rec.missed], rec.max_catch_up, rec.misfire_grace_ms
+        fields += [rkind, rspec.encode(), policy, cap, grace]
+    record = pack_record(fields)
+    args = (
+        spec.task,
+        data,
+        bool(flags & 1),
+        spec.max_attempts,
+        spec.mode,
+        spec.time_ms,
+        rkind,
+        rspec,
+        policy,
+        cap,
+        grace,
+        record,
+    )
+    return PgJob(spec.id, shard, args, record)
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """An index entry still to be written to Redis."""
+
+    seq: int
+    job: EncodedJob | None  # None: the job is gone or moved on (nothing to write)
+    shard: int
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRow:
+    """A pending job as reconcile puts it back in Redis."""
+
+    shard: int
+    due_ms: int
+    job: EncodedJob
+
+
+def redis_job(job_id: str, due_ms: int, record: bytes) -> EncodedJob:
+    """The schedule.lua form of a stored job: its own id at its nominal due."""
+    return EncodedJob(job_id, (job_id.encode(), 0, due_ms, record))
+
+
+_SCHEDULE = (
+    "SELECT status, when_ms, seq FROM tickwheel_schedule"
+    "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+)
+# A batch in one statement: the function per row of the arrays, in their order.
+_SCHEDULE_MANY = """
+SELECT s.status, s.when_ms, s.seq
+FROM unnest($2::text[], $3::integer[], $4::text[], $5::bytea[], $6::boolean[],
+            $7::integer[], $8::integer[], $9::bigint[], $10::smallint[], $11::text[],
+            $12::smallint[], $13::integer[], $14::bigint[], $15::bytea[])
+     WITH ORDINALITY AS u(id, shard, task, payload, json, max, mode, t, rkind, rspec,
+                          policy, cap, grace, record, k)
+CROSS JOIN LATERAL tickwheel_schedule($1, u.id, u.shard, u.task, u.payload, u.json, u.max,
+    u.mode, u.t, u.rkind, u.rspec, u.policy, u.cap, u.grace, u.record) AS s
+ORDER BY u.k
+"""
+_NOW = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+
+
+class PgStore:
+    """The namespace's tables in one PostgreSQL database.
+
+    Args:
+        url: a ``postgresql://`` DSN.
+        namespace: the scheduler's namespace (a column of every table).
+        pool_size: connections of the pool (opened on :meth:`open`).
+        call_timeout: seconds a call may take; then :class:`PostgresUnavailable`.
+
+    Raises:
+        TypeError, ValueError: naming a bad parameter.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        namespace: str,
+        *,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        call_timeout: float = 10.0,
+    ) -> None:
+        if not isinstance(url, str):
+            raise TypeError(f"postgres_url must be a str, got {type(url).__name__}")
+        if not url.startswith(("postgresql://", "postgres://")):
+            raise ValueError(f"postgres_url must start with postgresql://, got {url!r}")
+        if not isinstance(pool_size, int) or isinstance(pool_size, bool) or pool_size < 1:
+            raise ValueError(f"pool_size must be an int >= 1, got {pool_size!r}")
+        self.url = url
+        self.namespace = namespace
+        self.pool_size = pool_size
+        self.call_timeout = call_timeout
+        self._pool: Any = None
+        self._lock = asyncio.Lock()
+
+    async def open(self) -> PgStore:
+        """Connect the pool and check the schema version.
+
+        Raises:
+            SchemaNotReady: if the database lacks the current schema (run migrate).
+            PostgresUnavailable: if PostgreSQL cannot be reached.
+        """
+        if self._pool is None:
+            await self._connect()
+        return self
+
+    async def _connect(self) -> None:
+        async with self._lock:
+            if self._pool is not None:
+                return
+            try:
+                import asyncpg  # noqa: PLC0415
+            except ImportError as exc:  # pragma: no cover - the extra is missing
+                raise ImportError(
+                    "the Postgres mode needs asyncpg: pip install 'tickwheel[postgres]'"
+                ) from exc
+            try:
+                pool = await asyncpg.create_pool(
+                    self.url,
+                    min_size=1,
+                    max_size=self.pool_size,
+                    command_timeout=self.call_timeout,
+                    timeout=self.call_timeout,
+                )
+            except Exception as exc:
+                raise translate(exc) from exc
+            try:
+                async with self._conn(pool) as conn:
+                    await check_schema(conn)
+            except BaseException:
+                await pool.close()
+                raise
+            self._pool = pool
+
+    async def aclose(self) -> None:
+        """Close the pool."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(pool.close(), self.call_timeout)
+
+    @contextlib.asynccontextmanager
+    async def _conn(self, pool: Any = None, shard: int | None = None) -> AsyncIterator[Any]:
+        """A pooled connection; every driver error translated."""
+        try:
+            async with (pool or self._pool).acquire(timeout=self.call_timeout) as conn:
+                yield conn
+        except (Fenced, PostgresUnavailable):
+            raise
+        except Exception as exc:
+            translated = translate(exc, shard)
+            if translated is exc:
+                raise
+            raise translated from exc
+
+    @contextlib.asynccontextmanager
+    async def _on(
+        self, conn: Any, shard: int | None = None, *, own_transaction: bool = True
+    ) -> AsyncIterator[Any]:
+        """The caller's connection, or a pooled one (in a transaction of its own unless
+        the body is one statement, which is its own transaction)."""
+        if conn is not None:
+            try:
+                yield conn
+            except (Fenced, PostgresUnavailable):
+                raise
+            except Exception as exc:
+                translated = translate(exc, shard)
+                if translated is exc:
+                    raise
+                raise translated from exc
+            return
+        await self.open()
+        async with self._conn(shard=shard) as own:
+            if not own_transaction:
+                yield own
+                return
+            async with own.transaction():
+                yield own
+
+    # -- producers -----------------------------------------------------------------
+
+    async def now(self, conn: Any = None) -> int:
+        """PostgreSQL's clock (ms): a delay in Postgres mode is added to it."""
+        async with self._on(conn) as c:
+            return int(await c.fetchval(_NOW))
+
+    async def schedule(self, jobs: Sequence[PgJob], conn: Any = None) -> list[tuple[int, int, int]]:
+        """Create jobs (and their outbox rows) in one statement, so one transaction:
+        the caller's when ``conn`` is given (committed or rolled back with it), else
+        its own.
+
+        Returns:
+            Per job, (status, when_ms, outbox seq) with schedule.lua's status codes:
+            1 created (seq set), 2 kept, 5 done.
+        """
+        ns = self.namespace
+        async with self._on(conn, own_transaction=False) as c:
+            if len(jobs) == 1:
+                job = jobs[0]
+                rows = [await c.fetchrow(_SCHEDULE, ns, job.id, job.shard, *job.args)]
+            else:
+                columns = list(zip(*(job.args for job in jobs), strict=True))
+                rows = await c.fetch(
+                    _SCHEDULE_MANY,
+                    ns,
+                    [job.id for job in jobs],
+                    [job.shard for job in jobs],
+                    *(list(col) for col in columns),
+                )
+        return [(int(r[0]), int(r[1]), int(r[2] or 0)) for r in rows]
+
+    async def relayed(self, seqs: Sequence[int]) -> None:
+        """Delete outbox rows whose jobs the producer wrote to Redis itself."""
+        await self.open()
+        async with self._conn() as c:
+            await c.execute("SELECT tickwheel_relayed($1, $2::bigint[])", self.namespace, seqs)
+
+    async def cancel(self, job_id: str, conn: Any = None) -> bool:
+        """Delete a job's row (and its outbox rows); True if there was a pending one."""
+        async with self._on(conn) as c:
+            await c.execute(
+                "DELETE FROM tickwheel_outbox WHERE ns = $1 AND id = $2", self.namespace, job_id
+            )
+            state = await c.fetchval(
+                "DELETE FROM tickwheel_jobs WHERE ns = $1 AND id = $2 RETURNING state",
+                self.namespace,
+                job_id,
+            )
+        return bool(state == 0)
+
+    # -- workers -------------------------------------------------------------------
+
+    async def claimed(
+        self, shard: int, epoch: int, ids: Sequence[str], nominals: Sequence[int]
+    ) -> set[int]:
+        """Record ``epoch`` as the shard's (it only moves up) and return the 0-based
+        positions of the claimed occurrences that are done already.
+
+        Raises:
+            Fenced: if PostgreSQL holds a higher epoch for the shard (its stored epoch
+                is in :func:`stored_epoch` of the exception).
+        """
+        await self.open()
+        async with self._conn(shard=shard) as c:
+            rows = await c.fetch(
+                "SELECT * FROM tickwheel_claimed($1, $2, $3, $4, $5)",
+                self.namespace,
+                shard,
+                epoch,
+                list(ids),
+                list(nominals),
+            )
+        return {int(r[0]) - 1 for r in rows}
+
+    async def ack(self, shard: int, epoch: int, refs: Sequence[ClaimedRef]) -> list[int]:
+        """Record occurrences done (and move recurring jobs on) in one transaction.
+
+        Returns:
+            Per ref: 1 acked, 2 acked and moved to its next occurrence, 3 done already.
+
+        Raises:
+            Fenced: if ``epoch`` is not the shard's stored epoch (nothing written).
+        """
+        await self.open()
+        async with self._conn(shard=shard) as c:
+            reply = await c.fetchval(
+                "SELECT tickwheel_ack($1, $2, $3, $4, $5, $6, $7)",
+                self.namespace,
+                shard,
+                epoch,
+                [r.id for r in refs],
+                [r.attempt for r in refs],
+                [r.nominal_ms for r in refs],
+                [r.time_ms for r in refs],
+            )
+        return [int(v) for v in reply]
+
+    async def dead(self, shard: int, epoch: int, job_id: str, attempt: int) -> None:
+        """Record a job dead (its last attempt failed) under ``epoch``.
+
+        Raises:
+            Fenced: if ``epoch`` is not the shard's stored epoch (nothing written).
+        """
+        await self.open()
+        async with self._conn(shard=shard) as c:
+            await c.execute(
+                "SELECT tickwheel_dead($1, $2, $3, $4, $5)",
+                self.namespace,
+                shard,
+                epoch,
+                job_id,
+                attempt,
+            )
+
+    async def undead(self, ids: Sequence[str], *, purge: bool) -> None:
+        """Dead letters that Redis requeued (pending again) or purged (deleted)."""
+        if not ids:
+            return
+        await self.open()
+        sql = (
+            "DELETE FROM tickwheel_jobs WHERE ns = $1 AND state = 2 AND id = ANY($2::text[])"
+            if purge
+            else "UPDATE tickwheel_jobs SET state = 0, attempt = 1, epoch = 0, updated_at = now()"
+            " WHERE ns = $1 AND state = 2 AND id = ANY($2::text[])"
+        )
+        async with self._conn() as c:
+            await c.execute(sql, self.namespace, list(ids))
+
+    async def shard_epochs(self) -> dict[int, int]:
+        """The highest epoch recorded per shard."""
+        await self.open()
+        async with self._conn() as c:
+            rows = await c.fetch(
+                "SELECT shard, epoch FROM tickwheel_shard_epochs WHERE ns = $1", self.namespace
+            )
+        return {int(r[0]): int(r[1]) for r in rows}
+
+    # -- relay and reconcile -------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def outbox(self, limit: int) -> AsyncIterator[list[OutboxRow]]:
+        """Lock up to ``limit`` outbox rows (oldest first, skipping rows another relay
+        holds) for the body to write to Redis; delete them when the body returns. If it
+        raises, the transaction rolls back and the rows stay for the next relay."""
+        await self.open()
+        async with self._conn() as c, c.transaction():
+            rows = await c.fetch(
+                """
+                SELECT o.seq, o.id, o.due_ms, j.shard, j.record,
+                       coalesce(j.state = 0 AND j.due_ms = o.due_ms, false) AS live
+                FROM (SELECT seq, id, due_ms FROM tickwheel_outbox
+                      WHERE ns = $1 ORDER BY seq LIMIT $2
+                      FOR UPDATE SKIP LOCKED) o
+                LEFT JOIN tickwheel_jobs j ON j.ns = $1 AND j.id = o.id
+                ORDER BY o.seq
+                """,
+                self.namespace,
+                limit,
+            )
+            batch = [
+                OutboxRow(
+                    int(r[0]),
+                    redis_job(r[1], int(r[2]), bytes(r[4])) if r[5] else None,
+                    int(r[3]) if r[3] is not None else -1,
+                )
+                for r in rows
+            ]
+            yield batch
+            if batch:
+                await c.execute(
+                    "DELETE FROM tickwheel_outbox WHERE seq = ANY($1::bigint[])",
+                    [b.seq for b in batch],
+                )
+
+    async def pending(self, after: tuple[int, str] | None, limit: int) -> list[PendingRow]:
+        """A page of pending jobs in (due, id) order, after ``after`` (the partial
+        index on pending rows serves it)."""
+        await self.open()
+        due, last = after if after is not None else (-(2**63), "")
+        async with self._conn() as c:
+            rows = await c.fetch(
+                """
+                SELECT id, shard, due_ms, record FROM tickwheel_jobs
+                WHERE ns = $1 AND state = 0 AND (due_ms, id) > ($2, $3)
+                ORDER BY due_ms, id LIMIT $4
+                """,
+                self.namespace,
+                due,
+                last,
+                limit,
+            )
+        return [
+            PendingRow(int(r[1]), int(r[2]), redis_job(r[0], int(r[2]), bytes(r[3]))) for r in rows
+        ]

@@ -1,0 +1,629 @@
+"""The Postgres mode: migrations, transactional enqueue, outbox relay, ack with fencing,
+reconcile after Redis lost its data, errors. Real redis-server and PostgreSQL processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+from durable_support import client_of, push_clock, run, snapshot
+from pg_support import migrated, pg_scheduler, rows, table_counts
+
+from tickwheel.durable import (
+    Fenced,
+    JobSpec,
+    JobState,
+    PostgresUnavailable,
+    RedisUnavailable,
+    ScheduleStatus,
+    SchemaNotReady,
+)
+from tickwheel.durable._server import RedisServer
+from tickwheel.durable.postgres import SCHEMA_VERSION, migrate, schema_version
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+
+
+async def _claim_all(sched, shard: int = 0):  # type: ignore[no-untyped-def]
+    await sched.take(shard)
+    return await sched.claim(shard, limit=1000)
+
+
+# -- migrations ---------------------------------------------------------------------
+
+
+def test_migrate_is_versioned_and_idempotent(pg_url: str) -> None:
+    async def main() -> None:
+        conn = await asyncpg.connect(pg_url)
+        try:
+            assert await schema_version(conn) == 0
+            assert await migrate(conn) == list(range(1, SCHEMA_VERSION + 1))
+            assert await migrate(conn) == []
+            assert await schema_version(conn) == SCHEMA_VERSION
+            # Two concurrent runs serialise on the advisory lock: one applies nothing.
+            other = await asyncpg.connect(pg_url)
+            try:
+                assert await asyncio.gather(migrate(conn), migrate(other)) == [[], []]
+            finally:
+                await other.close()
+            idx = await conn.fetchval(
+                "SELECT indexdef FROM pg_indexes WHERE indexname = 'tickwheel_jobs_pending_due'"
+            )
+            assert "WHERE (state = 0)" in idx
+        finally:
+            await conn.close()
+
+    run(main())
+
+
+def test_concurrent_first_migrations_apply_once(pg_url: str) -> None:
+    async def main() -> None:
+        conns = [await asyncpg.connect(pg_url) for _ in range(3)]
+        try:
+            results = await asyncio.gather(*(migrate(c) for c in conns))
+        finally:
+            for c in conns:
+                await c.close()
+        assert sorted(results) == [[], [], list(range(1, SCHEMA_VERSION + 1))]
+
+    run(main())
+
+
+def test_missing_schema_is_a_typed_error_and_no_ddl(redis_server: RedisServer, pg_url: str) -> None:
+    async def main() -> None:
+        async with pg_scheduler(redis_server.url, pg_url) as s:
+            with pytest.raises(SchemaNotReady, match="tickwheel pg migrate") as info:
+                await s.schedule("a", "t", b"x", delay=0)
+            assert info.value.found == 0 and info.value.wanted == SCHEMA_VERSION
+            assert not info.value.transient
+            assert await snapshot(s) == {}
+        tables = await rows(pg_url, "SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        assert tables == []
+
+    run(main())
+
+
+# -- transactional enqueue ----------------------------------------------------------
+
+
+def test_rollback_means_no_job(redis_server: RedisServer, pg_url: str) -> None:
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(redis_server.url, pg_url, shards=1) as s:
+            app = await asyncpg.connect(pg_url)
+            try:
+                await app.execute("CREATE TABLE orders (id text PRIMARY KEY)")
+                with pytest.raises(RuntimeError, match="card declined"):
+                    async with app.transaction():
+                        await app.execute("INSERT INTO orders VALUES ('o1')")
+                        result = await s.schedule(
+                            "charge-o1", "charge", {"o": 1}, delay=0, conn=app
+                        )
+                        assert result.status is ScheduleStatus.CREATED
+                        raise RuntimeError("card declined")
+            finally:
+                await app.close()
+            assert await s.relay() == 0
+            assert await table_counts(pg_url) == {
+                "tickwheel_jobs": 0,
+                "tickwheel_done": 0,
+                "tickwheel_outbox": 0,
+            }
+            batch = await _claim_all(s)
+            assert batch.jobs == []
+            assert await s.get("charge-o1") is None
+
+    run(main())
+
+
+def test_commit_means_the_job_runs_once(redis_server: RedisServer, pg_url: str) -> None:
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(redis_server.url, pg_url, shards=1) as s:
+            app = await asyncpg.connect(pg_url)
+            try:
+                async with app.transaction():
+                    await s.schedule("charge-o2", "charge", {"o": 2}, delay=0, conn=app)
+                    # Not committed yet: nothing in Redis, nothing to relay.
+                    assert await s.get("charge-o2") is None
+            finally:
+                await app.close()
+            assert await s.get("charge-o2") is None  # the relay has not run
+            assert await s.relay() == 1
+            assert await s.relay() == 0
+            info = await s.get("charge-o2")
+            assert info is not None and info.state is JobState.DUE
+            batch = await _claim_all(s)
+            assert [j.id for j in batch.jobs] == ["charge-o2"]
+            assert batch.jobs[0].payload == {"o": 2}
+            await s.ack(batch.jobs[0])
+            # Relayed again (a stale outbox copy) or reconciled: it does not come back.
+            await rows(
+                pg_url,
+                "INSERT INTO tickwheel_outbox (ns, id, due_ms) SELECT ns, id, due_ms"
+                " FROM tickwheel_jobs",
+            )
+            assert await s.relay() == 1
+            result = await s.reconcile()
+            assert result.pending == 0 and result.restored == 0
+            await push_clock(s, 0, 10_000)
+            assert (await s.claim(0)).jobs == []
+            (done,) = await rows(pg_url, "SELECT id, attempt, epoch FROM tickwheel_done")
+            assert tuple(done) == ("charge-o2", 1, batch.jobs[0].epoch)
+            (job,) = await rows(pg_url, "SELECT state FROM tickwheel_jobs")
+            assert job[0] == 1
+
+    run(main())
+
+
+def test_own_transaction_indexes_at_once_and_is_idempotent(
+    redis_server: RedisServer, pg_url: str
+) -> None:
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(redis_server.url, pg_url, shards=2) as s:
+            first = await s.schedule("j", "t", b"x", delay=60)
+            assert first.status is ScheduleStatus.CREATED
+            again = await s.schedule("j", "t", b"y", delay=120)
+            assert again.status is ScheduleStatus.KEPT and again.when_ms == first.when_ms
+            info = await s.get("j")
+            assert info is not None and info.when_ms == first.when_ms and info.payload == b"x"
+            assert (await table_counts(pg_url))["tickwheel_outbox"] == 0
+            many = await s.schedule_many([JobSpec(f"m{i}", "t", i, delay=30) for i in range(5)])
+            assert [r.status for r in many] == [ScheduleStatus.CREATED] * 5
+            assert (await table_counts(pg_url))["tickwheel_jobs"] == 6
+            for i in range(5):
+                assert await s.get(f"m{i}") is not None
+
+    run(main())
+
+
+def test_crash_between_commit_and_relay_loses_nothing(
+    redis_server: RedisServer, pg_url: str
+) -> None:
+    """The producer commits and dies before any relay; a new process relays; it runs."""
+
+    async def producer(ns: str) -> None:
+        async with pg_scheduler(redis_server.url, pg_url, ns, shards=1) as s:
+            app = await asyncpg.connect(pg_url)
+            async with app.transaction():
+                await s.schedule("pay", "charge", b"p", delay=0, conn=app)
+            # The process dies here: the connection drops, no relay ever ran.
+            app.terminate()
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(redis_server.url, pg_url, shards=1) as probe:
+            ns = probe.keys.namespace
+        await producer(ns)
+        async with pg_scheduler(redis_server.url, pg_url, ns, shards=1) as s:
+            assert await s.get("pay") is None
+            ran: list[str] = []
+
+            async def handler(job) -> None:  # type: ignore[no-untyped-def]
+                ran.append(job.id)
+
+            await s.take(0)
+            assert await s.relay() == 1
+            assert await s.process(handler) == 1
+            assert await s.process(handler) == 0
+            assert ran == ["pay"]
+
+    run(main())
+
+
+# -- ack, fencing, reconcile --------------------------------------------------------
+
+
+def test_acked_occurrence_never_runs_again_after_flushall(
+    private_redis: RedisServer, pg_url: str
+) -> None:
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=2) as s:
+            ns = s.keys.namespace
+            for i in range(10):
+                await s.schedule(f"j{i}", "t", i, delay=0)
+            await s.schedule("r", "t", b"", every=0.05)
+            acked: set[str] = set()
+            for shard in range(2):
+                batch = await _claim_all(s, shard)
+                for job in batch.jobs[:2]:
+                    await s.ack(job)
+                    acked.add(job.id)
+            assert len(acked) == 4
+            await client_of(s).flushall()
+        # A fresh process (and so fresh scripts, namespace meta, epochs) after the loss.
+        async with pg_scheduler(private_redis.url, pg_url, ns, shards=2) as s:
+            result = await s.reconcile()
+            assert result.pending == 7  # 6 one-shot jobs and the recurring one
+            assert result.restored == 7
+            assert result.epochs_raised == 2
+            assert (await s.reconcile()).restored == 0  # idempotent
+            ran: list[str] = []
+
+            async def handler(job) -> None:  # type: ignore[no-untyped-def]
+                ran.append(job.id)
+
+            for shard in range(2):
+                epoch = await s.take(shard)
+                assert epoch is not None and epoch >= 3  # above what PostgreSQL recorded
+            await push_clock(s, 0, 1000)
+            await push_clock(s, 1, 1000)
+            await s.process(handler)
+            one_shots = sorted(x for x in ran if x != "r")
+            assert one_shots == sorted({f"j{i}" for i in range(10)} - acked)
+            assert not acked & set(ran)
+
+    run(main())
+
+
+def test_pg_refuses_a_stale_epoch_and_drops_done_copies(
+    redis_server: RedisServer, pg_url: str
+) -> None:
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(redis_server.url, pg_url, shards=1) as a:
+            ns = a.keys.namespace
+            await a.schedule("x", "t", b"", delay=0)
+            await a.schedule("y", "t", b"", delay=0)
+            batch = await _claim_all(a)
+            assert {j.id for j in batch.jobs} == {"x", "y"}
+            stale = batch.jobs
+            async with pg_scheduler(redis_server.url, pg_url, ns, shards=1) as b:
+                # b takes over (a's token is deleted as if it had expired).
+                await client_of(b).delete(b.keys.shard(0).owner)
+                epoch_b = await b.take(0)
+                assert epoch_b == stale[0].epoch + 1
+                await push_clock(b, 0, 60_000)
+                await b.reap(0)
+                batch_b = await b.claim(0)
+                assert {j.id for j in batch_b.jobs} == {"x", "y"}
+                # The stale owner is refused by PostgreSQL before Redis: nothing written.
+                with pytest.raises(Fenced):
+                    await a.ack_many(stale)
+                assert (await table_counts(pg_url))["tickwheel_done"] == 0
+                await b.ack(batch_b.jobs[0])
+                (done,) = await rows(pg_url, "SELECT id, epoch FROM tickwheel_done")
+                assert tuple(done) == (batch_b.jobs[0].id, epoch_b)
+
+    run(main())
+
+
+# -- errors -------------------------------------------------------------------------
+
+
+def test_bad_input_writes_nothing_in_either_store(redis_server: RedisServer, pg_url: str) -> None:
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(redis_server.url, pg_url, shards=1) as s:
+            await s.open()
+            before = await snapshot(s)
+            with pytest.raises(ValueError, match="job_id"):
+                await s.schedule("", "t")
+            with pytest.raises(TypeError, match="task"):
+                await s.schedule("a", 5)  # type: ignore[arg-type]
+            with pytest.raises(ValueError, match="payload"):
+                await s.schedule("a", "t", b"x" * (s.max_payload_bytes + 1))
+            with pytest.raises(ValueError, match="replace"):
+                await s.schedule("a", "t", replace=True)
+            with pytest.raises(ValueError, match="delay"):
+                await s.schedule("a", "t", delay=-1)
+            with pytest.raises(TypeError, match="specs"):
+                await s.schedule_many([JobSpec("ok", "t"), "bad"])  # type: ignore[list-item]
+            assert await snapshot(s) == before
+            assert await table_counts(pg_url) == {
+                "tickwheel_jobs": 0,
+                "tickwheel_done": 0,
+                "tickwheel_outbox": 0,
+            }
+
+    run(main())
+
+
+def test_conn_without_postgres_mode_is_refused(redis_server: RedisServer) -> None:
+    from durable_support import open_scheduler
+
+    async def main() -> None:
+        async with open_scheduler(redis_server.url) as s:
+            with pytest.raises(ValueError, match="postgres_url"):
+                await s.schedule("a", "t", conn=object())
+            with pytest.raises(ValueError, match="postgres_url"):
+                await s.reconcile()
+
+    run(main())
+
+
+def test_postgres_down_is_transient_and_writes_nothing(redis_server: RedisServer) -> None:
+    from tickwheel.durable._pgserver import PostgresServer
+
+    async def main(server: PostgresServer) -> None:
+        await migrated(server.url)
+        async with pg_scheduler(redis_server.url, server.url, shards=1) as s:
+            await s.schedule("before", "t", delay=0)
+            server.kill()
+            with pytest.raises(PostgresUnavailable) as info:
+                await s.schedule("during", "t", delay=0)
+            assert info.value.transient
+            assert await s.get("during") is None
+            server.start()
+            # The pool reconnects: the same call succeeds once PostgreSQL is back.
+            for _ in range(50):
+                try:
+                    await s.schedule("after", "t", delay=0)
+                    break
+                except PostgresUnavailable:
+                    await asyncio.sleep(0.1)
+            assert await s.get("after") is not None
+            ids = [
+                r[0] for r in await rows(server.url, "SELECT id FROM tickwheel_jobs ORDER BY id")
+            ]
+            assert ids == ["after", "before"]
+
+    with PostgresServer() as server:
+        run(main(server))
+
+
+def test_redis_down_after_commit_is_repaired_by_the_relay(pg_url: str) -> None:
+    async def main() -> None:
+        await migrated(pg_url)
+        server = RedisServer().start()
+        try:
+            async with pg_scheduler(server.url, pg_url, shards=1) as s:
+                await s.open()
+                server.kill()
+                # Committed in PostgreSQL: not an error, the relay writes it later.
+                result = await s.schedule("k", "t", b"v", delay=0)
+                assert result.status is ScheduleStatus.CREATED
+                assert (await table_counts(pg_url))["tickwheel_outbox"] == 1
+                server.start()
+                for _ in range(50):
+                    try:
+                        assert await s.relay() == 1
+                        break
+                    except Exception:
+                        await asyncio.sleep(0.1)
+                info = await s.get("k")
+                assert info is not None and info.payload == b"v"
+                assert (await table_counts(pg_url))["tickwheel_outbox"] == 0
+        finally:
+            server.stop()
+
+    run(main())
+
+
+# -- workers through a Redis loss -----------------------------------------------------
+
+
+@pytest.mark.parametrize("loss", ["flushall", "restart"])
+def test_workers_ride_out_a_redis_loss(pg_url: str, loss: str) -> None:
+    """Two workers run 200 jobs; mid-run Redis loses everything (FLUSHALL, or a restart
+    of a server without persistence). After reconcile every job runs, each occurrence
+    has one effect, and nothing acked before the loss runs again."""
+    from spill_support import running_worker, until
+
+    from tickwheel.durable import TaskContext, TaskRegistry
+
+    n = 200
+    calls: dict[tuple[str, int], int] = {}
+    reg = TaskRegistry()
+
+    @reg.task(name="pay")
+    async def pay(ctx: TaskContext) -> None:
+        calls[ctx.key] = calls.get(ctx.key, 0) + 1
+        await asyncio.sleep(0.005)
+
+    async def main(server: RedisServer) -> None:
+        await migrated(pg_url)
+        opts = {"shards": 4, "owner_ttl": 2.0}
+        async with (
+            pg_scheduler(server.url, pg_url, **opts) as s1,
+            pg_scheduler(server.url, pg_url, s1.keys.namespace, **opts) as s2,
+        ):
+            now = await s1.pg.store.now() if s1.pg else 0  # type: ignore[union-attr]
+            specs = [JobSpec(f"j{i:03d}", "pay", i, at=now + 300 + 15 * i) for i in range(n)]
+            await s1.schedule_many(specs)
+            # The workers reconcile at start only here: the test's reconcile is the one
+            # that finds the loss (test_worker_reconciles_at_start covers the workers').
+            wargs = {"lookahead": 0.2, "poll_interval": 0.05, "reconcile_interval": 600}
+            async with (
+                running_worker(s1, reg, **wargs),
+                running_worker(s2, reg, **wargs),
+            ):
+                assert await until(lambda: len(calls) >= n // 3, 30)
+                if loss == "flushall":
+                    await client_of(s1).flushall()
+                else:
+                    server.kill()
+                    server.start()
+                acked = {
+                    (r[0], r[1])
+                    for r in await rows(pg_url, "SELECT id, nominal_ms FROM tickwheel_done")
+                }
+                for _ in range(50):  # the first call after a restart meets a dead socket
+                    try:
+                        result = await s1.reconcile()
+                        break
+                    except RedisUnavailable:
+                        await asyncio.sleep(0.1)
+                assert result.pending >= n - len(acked) - 10  # a few were being acked
+                assert result.restored > 0  # Redis had lost them
+                assert await until(lambda: len(calls) == n, 60), (len(calls), result)
+                await asyncio.sleep(1.0)  # let a late duplicate show up, if any
+            assert sorted(k[0] for k in calls) == [s.id for s in specs]
+            for key in acked:
+                assert calls[key] == 1, key
+            (done,) = await rows(pg_url, "SELECT count(*) FROM tickwheel_done")
+            assert done[0] == n
+            pending = await rows(pg_url, "SELECT id FROM tickwheel_jobs WHERE state = 0")
+            assert pending == []
+
+    with RedisServer() as server:
+        run(main(server))
+
+
+def test_workers_ride_out_postgres_killed_and_restarted(redis_server: RedisServer) -> None:
+    """PostgreSQL is SIGKILLed mid-run and restarted: claims hand their batches back
+    (no attempt spent), and every job runs and is recorded done once PostgreSQL is back."""
+    from spill_support import running_worker, until
+
+    from tickwheel.durable import TaskContext, TaskRegistry
+    from tickwheel.durable._pgserver import PostgresServer
+
+    n = 120
+    calls: dict[tuple[str, int], int] = {}
+    reg = TaskRegistry()
+
+    @reg.task(name="pay")
+    async def pay(ctx: TaskContext) -> None:
+        calls[ctx.key] = calls.get(ctx.key, 0) + 1
+
+    async def main(pg: PostgresServer) -> None:
+        await migrated(pg.url)
+        async with pg_scheduler(redis_server.url, pg.url, shards=2) as s:
+            assert s.pg is not None
+            now = await s.pg.store.now()
+            specs = [
+                JobSpec(f"j{i:03d}", "pay", i, at=now + 200 + 25 * i, max_attempts=2)
+                for i in range(n)
+            ]
+            await s.schedule_many(specs)
+            wargs = {"lookahead": 0.1, "poll_interval": 0.05, "lease": 2.0, "reap_interval": 0.2}
+            async with running_worker(s, reg, **wargs) as worker:
+                assert await until(lambda: len(calls) >= n // 4, 30)
+                pg.kill()
+                await asyncio.sleep(1.0)
+                pg.start()
+                assert await until(lambda: len(calls) == n, 60), len(calls)
+
+                async def all_done() -> bool:
+                    return (await rows(pg.url, "SELECT count(*) FROM tickwheel_done"))[0][0] == n
+
+                for _ in range(300):  # acks lost in the outage are redelivered, then acked
+                    if await all_done():
+                        break
+                    await asyncio.sleep(0.1)
+                assert await all_done()
+                assert worker.loader is not None and worker.loader.stats.unavailable > 0
+            assert sorted(k[0] for k in calls) == [s.id for s in specs]
+            assert await rows(pg.url, "SELECT id FROM tickwheel_jobs WHERE state = 0") == []
+            # Nothing went dead for want of PostgreSQL.
+            for shard in range(2):
+                assert (await s.dead_letters(shard)).jobs == []
+
+    with PostgresServer() as pg:
+        run(main(pg))
+
+
+def test_concurrent_producers_create_each_job_once(redis_server: RedisServer, pg_url: str) -> None:
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(redis_server.url, pg_url, shards=2) as a:
+            b_ctx = pg_scheduler(redis_server.url, pg_url, a.keys.namespace, shards=2)
+            async with b_ctx as b:
+                specs = [JobSpec(f"c{i}", "t", i, delay=30) for i in range(50)]
+                results = await asyncio.gather(*(p.schedule_many(specs) for p in (a, b, a, b)))
+                created = [r.id for rs in results for r in rs if r.status is ScheduleStatus.CREATED]
+                assert sorted(created) == sorted(s.id for s in specs)
+                whens = {(r.id, r.when_ms) for rs in results for r in rs}
+                assert len(whens) == len(specs)  # every producer saw the one due time
+                counts = await table_counts(pg_url)
+                assert counts["tickwheel_jobs"] == 50
+                for spec in specs:
+                    info = await a.get(spec.id)
+                    assert info is not None and (spec.id, info.when_ms) in whens
+
+    run(main())
+
+
+def test_worker_reconciles_at_start(private_redis: RedisServer, pg_url: str) -> None:
+    """Jobs committed while Redis was lost (here: never relayed, Redis flushed) are
+    back in Redis once a worker starts, without any reconcile command."""
+    from spill_support import running_worker, until
+
+    from tickwheel.durable import TaskContext, TaskRegistry
+
+    ran: list[str] = []
+    reg = TaskRegistry()
+
+    @reg.task(name="t")
+    def t(ctx: TaskContext) -> None:
+        ran.append(ctx.job_id)
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=2) as s:
+            await s.schedule_many([JobSpec(f"w{i}", "t", delay=0) for i in range(20)])
+            await client_of(s).flushall()
+            await rows(pg_url, "DELETE FROM tickwheel_outbox")  # no relay can help either
+            async with running_worker(s, reg, poll_interval=0.05):
+                assert await until(lambda: len(ran) == 20, 30), ran
+            assert sorted(ran) == sorted(f"w{i}" for i in range(20))
+
+    run(main())
+
+
+def test_shard_count_mismatch_writes_nothing(redis_server: RedisServer, pg_url: str) -> None:
+    from tickwheel.durable import ShardCountMismatch
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(redis_server.url, pg_url, shards=2) as s:
+            await s.schedule("a", "t", delay=60)
+            ns = s.keys.namespace
+        async with pg_scheduler(redis_server.url, pg_url, ns, shards=3) as wrong:
+            with pytest.raises(ShardCountMismatch):
+                await wrong.schedule("b", "t", delay=60)
+        assert [r[0] for r in await rows(pg_url, "SELECT id FROM tickwheel_jobs")] == ["a"]
+
+    run(main())
+
+
+def test_bad_postgres_url_is_named(redis_server: RedisServer) -> None:
+    from tickwheel.durable import Scheduler
+    from tickwheel.durable._connect import client_from_url
+
+    async def main() -> None:
+        client = client_from_url(redis_server.url)
+        try:
+            with pytest.raises(TypeError, match="postgres_url"):
+                Scheduler(client, postgres_url=5)  # type: ignore[arg-type]
+            with pytest.raises(ValueError, match="postgres_url"):
+                Scheduler(client, postgres_url="mysql://x")
+        finally:
+            await client.aclose()
+
+    run(main())
+
+
+def test_dead_letters_are_an_end_state_in_postgres(private_redis: RedisServer, pg_url: str) -> None:
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            for job_id in ("d1", "d2", "d3"):
+                await s.schedule(job_id, "t", b"", delay=0, max_attempts=1)
+            batch = await _claim_all(s)
+            for job in batch.jobs:
+                assert await s.retry(job, "boom") is JobState.DEAD
+
+            async def states() -> dict[str, int]:
+                got = await rows(pg_url, "SELECT id, state FROM tickwheel_jobs")
+                return {r[0]: r[1] for r in got}
+
+            assert await states() == {"d1": 2, "d2": 2, "d3": 2}
+            assert await s.requeue_dead(["d1"]) == ["d1"]
+            assert await s.purge_dead(["d2"]) == ["d2"]
+            assert await states() == {"d1": 0, "d3": 2}
+            # After Redis loses everything, the dead job does not come back as due.
+            await client_of(s).flushall()
+            ns = s.keys.namespace
+        async with pg_scheduler(private_redis.url, pg_url, ns, shards=1) as s:
+            result = await s.reconcile()
+            assert (result.pending, result.restored) == (1, 1)
+            await push_clock(s, 0, 1000)
+            batch = await _claim_all(s)
+            assert [j.id for j in batch.jobs] == ["d1"]
+
+    run(main())
