@@ -73,18 +73,20 @@ def test_fires_in_deadline_order_never_early(loop: asyncio.AbstractEventLoop) ->
         delays = [0.03, 0.0, 0.001, 0.0105, 0.002, 0.0, 0.03, 0.02]
         for i, d in enumerate(delays):
             when = loop.time() + d
-            wheel.schedule(d, rec, i, when)
+            ticks[i] = wheel.schedule(d, rec, i, when).when()
         rec.expect = len(delays)
         await asyncio.wait_for(rec.done, 5)
         wheel._check()
         assert len(wheel) == 0
         return rec
 
+    ticks: dict[int, float] = {}
     rec = run(loop, main)
-    by_when = sorted(rec.calls, key=lambda c: c[2])
-    assert [c[2] for c in rec.calls] == [c[2] for c in by_when]
-    assert rec.names[:2] == [1, 5]  # same tick: FIFO
-    assert rec.names[-2:] == [0, 6]
+    # In deadline order (each rounded up to its tick), FIFO within a tick. Not the order
+    # of the unrounded times: two timers a tick boundary apart in their scheduling can
+    # round to the same tick (a loaded machine crosses one mid-loop now and then).
+    assert rec.names == sorted(ticks, key=lambda i: (ticks[i], i))
+    assert ticks[1] <= ticks[5] and ticks[0] <= ticks[6]
 
 
 def test_exact_tick_on_virtual_clock(vloop: VirtualLoop) -> None:
