@@ -360,9 +360,11 @@ PEERS: dict[str, type[Peer]] = {p.name: p for p in (ArqPeer, BullMQPeer, SaqPeer
 
 
 def quiet() -> None:
-    """The peers log every job at INFO: keep the bench's output to its progress bar."""
-    for name in ("arq", "bullmq", "saq", "streaq", "coredis"):
+    """The peers log every job at INFO: keep the bench's output to its progress bar. saq
+    warns at every stop that its jobs' tasks (blocked in BLMOVE) had to be cancelled."""
+    for name in ("arq", "bullmq", "streaq", "coredis"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("saq").setLevel(logging.ERROR)
 
 
 async def _kill_worker(lib: str, url: str, sink_url: str) -> None:
