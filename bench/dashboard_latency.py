@@ -8,7 +8,7 @@ each, in turn):
 * the overview page (``/``) and its JSON (``/api/overview``): one pipeline of
   inspect.lua over the shards plus two commands for the workers;
 * a lookup by id (``/job?id=...``, ``/api/job?id=...``) of a random pending job: one
-  get.lua call on the id's shard, plus its shard's TIME.
+  pipeline of get.lua and now.lua to the id's shard (one round trip).
 
 Beside each, in the same run, the peer: the library calls an operator's script would
 make itself (``Scheduler.inspect()``, the one-call-per-shard loop ``tickwheel inspect``

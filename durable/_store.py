@@ -510,6 +510,22 @@ class Store:
             return None
         return _info(job_id, shard, JobState(reply[0]), reply[1], reply[2:])
 
+    async def get_and_now(self, shard: int, job_id: str) -> tuple[JobInfo | None, int]:
+        """:meth:`get` and :meth:`now` of the id's shard in one pipeline (one round
+        trip): the job, and Redis's now to show its times against."""
+        k = self.keys.shard(shard)
+        jobs = self.keys.jobs_key(shard, job_id)
+        reply, now = await self._pipelined(
+            [
+                _Call(self._scripts.get, [k.due, k.leased, k.dead, jobs], [job_id], shard),
+                _Call(self._scripts.now, [k.clock], [], shard),
+            ],
+            wait=False,
+        )
+        if reply is None:
+            return None, int(now)
+        return _info(job_id, shard, JobState(reply[0]), reply[1], reply[2:]), int(now)
+
     # -- owners --------------------------------------------------------------------
 
     async def claim(

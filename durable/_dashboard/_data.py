@@ -5,7 +5,8 @@ Ground rules:
 - Every read is a bounded number of round trips: the overview is one pipeline of
   inspect.lua over the shards (one round trip per node) and two commands for the
   workers (their member set, then one MGET of their stats, all in the ``{ns}`` slot);
-  a lookup is one get.lua call on the id's own shard. Nothing here runs SCAN or KEYS.
+  a lookup is one pipeline of get.lua and now.lua on the id's own shard (one round
+  trip). Nothing here runs SCAN or KEYS.
 - Lists that have no index (dead letters by task or reason, recurring series) are
   read in pages of :data:`PAGE` from their sorted sets, up to a stated bound, and the
   answer says how far it looked.
@@ -403,13 +404,12 @@ class Namespace:
         job_id = checked_id(job_id)
         sched = await self._need()
         shard = sched.keys.shard_of(job_id)
-        info = await sched.store.get(shard, job_id)
+        info, now = await sched.store.get_and_now(shard, job_id)
         if info is None:
             raise NotFound(
                 f"no job {job_id!r} (shard {shard}): it completed, was cancelled or purged, "
                 "or was never scheduled"
             )
-        now = await sched.store.now(shard)
         return {"now_ms": now, "job": job_row(info, now)}
 
     async def scheduled(
