@@ -12,7 +12,7 @@ Commands:
     tickwheel dead-letters list|requeue|purge
     tickwheel check           server version, AOF, maxmemory-policy, cluster state
     tickwheel dashboard       a web UI and JSON API over a namespace (tickwheel[dashboard])
-    tickwheel pg migrate      apply tickwheel's PostgreSQL migrations (Postgres mode)
+    tickwheel pg migrate|status|prune   the Postgres mode's schema, and retention
     tickwheel reconcile       rebuild the Redis index from PostgreSQL (Postgres mode)
 
 Every command but the demos takes ``--redis-url`` (default ``$TICKWHEEL_REDIS_URL``),
@@ -1069,8 +1069,18 @@ def _parser() -> argparse.ArgumentParser:
     chk = add("check", "is the server fit for durable jobs?", parents=[common])
     chk.set_defaults(func=_check)
 
-    pg = add("pg", "PostgreSQL schema of the Postgres mode: migrate, or show its version")
-    pg.add_argument("action", choices=["migrate", "status"])
+    pg = add(
+        "pg",
+        "PostgreSQL of the Postgres mode: migrate the schema, show its version, or prune "
+        "done rows older than --older-than seconds",
+    )
+    pg.add_argument("action", choices=["migrate", "status", "prune"])
+    pg.add_argument(
+        "--older-than",
+        type=_non_negative_float,
+        default=7 * 86400.0,
+        help="prune: seconds a done row is kept (default 7 days)",
+    )
     pg.add_argument(
         "--postgres-url",
         default=os.environ.get(PG_URL_ENV) or None,
@@ -1101,6 +1111,7 @@ def _pg(args: argparse.Namespace) -> int:
     async def body() -> int:
         from tickwheel.durable.postgres import (  # noqa: PLC0415  (optional extra)
             SCHEMA_VERSION,
+            check_schema,
             migrate,
             schema_version,
         )
@@ -1122,6 +1133,17 @@ def _pg(args: argparse.Namespace) -> int:
                 else CliError(EXIT_USAGE, f"--postgres-url: {type(exc).__name__}: {exc}")
             ) from None
         try:
+            if args.action == "prune":
+                from tickwheel.durable.postgres._store import prune  # noqa: PLC0415
+
+                await check_schema(conn)
+                done, jobs = await prune(conn, args.older_than)
+                _emit(
+                    args,
+                    {"done_deleted": done, "jobs_deleted": jobs},
+                    f"deleted {done} done rows and {jobs} completed job rows",
+                )
+                return EXIT_OK
             applied = await migrate(conn) if args.action == "migrate" else []
             version = await schema_version(conn)
         finally:

@@ -55,3 +55,36 @@ def redis_lose(server: RedisServer, ns: str) -> None:
     with redis.Redis(port=server.port) as c:
         for key in c.scan_iter(match=f"*{ns}*"):
             c.delete(key)
+
+
+def test_pg_prune_deletes_old_done_rows_only(redis_server: RedisServer, pg_url: str) -> None:
+    ns = unique_ns()
+    o = ["--redis-url", redis_server.url, "--postgres-url", pg_url, "--namespace", ns]
+    cli_json("pg", "migrate", "--postgres-url", pg_url)
+    for job_id in ("old", "new", "pending"):
+        cli_json("schedule", job_id, "t", "--delay", "3600", *o)
+    run(
+        rows(
+            pg_url,
+            """
+            WITH d AS (
+                INSERT INTO tickwheel_done (ns, id, nominal_ms, epoch, attempt, done_at)
+                SELECT ns, id, due_ms, 1, 1,
+                       CASE id WHEN 'old' THEN now() - interval '8 days' ELSE now() END
+                FROM tickwheel_jobs WHERE id IN ('old', 'new')
+            )
+            UPDATE tickwheel_jobs SET state = 1,
+                updated_at = CASE id WHEN 'old' THEN now() - interval '8 days' ELSE now() END
+            WHERE id IN ('old', 'new')
+            """,
+        )
+    )
+    assert cli_json("pg", "prune", "--postgres-url", pg_url) == {
+        "done_deleted": 1,
+        "jobs_deleted": 1,
+    }
+    left = run(rows(pg_url, "SELECT id FROM tickwheel_jobs ORDER BY id"))
+    assert [r[0] for r in left] == ["new", "pending"]
+    assert [r[0] for r in run(rows(pg_url, "SELECT id FROM tickwheel_done"))] == ["new"]
+    again = cli_json("pg", "prune", "--postgres-url", pg_url, "--older-than", "0")
+    assert again == {"done_deleted": 1, "jobs_deleted": 1}

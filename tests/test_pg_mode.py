@@ -627,3 +627,21 @@ def test_dead_letters_are_an_end_state_in_postgres(private_redis: RedisServer, p
             assert [j.id for j in batch.jobs] == ["d1"]
 
     run(main())
+
+
+def test_redis_only_mode_never_imports_the_driver() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, redis.asyncio\n"
+        "from tickwheel.durable import Scheduler, Worker, TaskRegistry\n"
+        "import tickwheel.durable.cli\n"
+        "s = Scheduler(redis.asyncio.Redis(), 'n', check=False)\n"
+        "Worker(s, TaskRegistry())\n"
+        "assert s.pg is None\n"
+        "assert 'asyncpg' not in sys.modules, 'asyncpg imported'\n"
+        "assert 'tickwheel.durable.postgres' not in sys.modules, 'postgres imported'\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr

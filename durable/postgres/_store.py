@@ -31,7 +31,15 @@ from tickwheel.durable._store import ClaimedRef, EncodedJob
 
 from ._migrate import check_schema
 
-__all__ = ["DEFAULT_POOL_SIZE", "OutboxRow", "PendingRow", "PgJob", "PgStore", "translate"]
+__all__ = [
+    "DEFAULT_POOL_SIZE",
+    "OutboxRow",
+    "PendingRow",
+    "PgJob",
+    "PgStore",
+    "prune",
+    "translate",
+]
 
 # Connections per store: a worker's loader, relay and acks, and a producer's bursts.
 DEFAULT_POOL_SIZE = 10
@@ -467,3 +475,40 @@ class PgStore:
         return [
             PendingRow(int(r[1]), int(r[2]), redis_job(r[0], int(r[2]), bytes(r[3]))) for r in rows
         ]
+
+
+# Rows deleted per statement by prune(): short transactions, so autovacuum and
+# replication keep up, and no long lock on the tables.
+_PRUNE_BATCH = 10_000
+
+
+async def prune(conn: Any, older_than_s: float) -> tuple[int, int]:
+    """Delete done rows, and completed (state 1) job rows, older than ``older_than_s``,
+    in batches of their own transactions.
+
+    A done row only matters while a copy of its occurrence can still turn up (a Redis
+    restored from an old backup); reconcile never brings a completed occurrence back.
+
+    Returns:
+        (done rows deleted, job rows deleted).
+
+    Raises:
+        ValueError: if ``older_than_s`` is negative or not finite.
+    """
+    if not isinstance(older_than_s, int | float) or not 0 <= older_than_s < float("inf"):
+        raise ValueError(f"older_than must be a finite number >= 0, got {older_than_s!r}")
+    counts = [0, 0]
+    statements = (
+        "DELETE FROM tickwheel_done WHERE ctid = ANY(ARRAY(SELECT ctid FROM tickwheel_done"
+        " WHERE done_at < now() - make_interval(secs => $1) LIMIT $2))",
+        "DELETE FROM tickwheel_jobs WHERE ctid = ANY(ARRAY(SELECT ctid FROM tickwheel_jobs"
+        " WHERE state = 1 AND updated_at < now() - make_interval(secs => $1) LIMIT $2))",
+    )
+    for k, sql in enumerate(statements):
+        while True:
+            status = await conn.execute(sql, float(older_than_s), _PRUNE_BATCH)
+            n = int(status.rsplit(" ", 1)[-1])
+            counts[k] += n
+            if n < _PRUNE_BATCH:
+                break
+    return counts[0], counts[1]

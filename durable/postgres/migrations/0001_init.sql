@@ -48,6 +48,12 @@ CREATE TABLE tickwheel_done (
     PRIMARY KEY (ns, id, nominal_ms)
 );
 
+-- Retention (tickwheel pg prune) deletes old rows by time: done rows arrive in time
+-- order, so a BRIN index finds them for a few pages; completed job rows are few next
+-- to the pending ones, and a partial index keeps them apart.
+CREATE INDEX tickwheel_done_done_at ON tickwheel_done USING brin (done_at);
+CREATE INDEX tickwheel_jobs_completed ON tickwheel_jobs (updated_at) WHERE state = 1;
+
 -- Index entries still to be written to Redis, in the producer's transaction.
 CREATE TABLE tickwheel_outbox (
     seq        bigserial   PRIMARY KEY,
