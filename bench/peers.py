@@ -107,7 +107,24 @@ async def _in_flight(calls: Sequence[Callable[[], Awaitable[Any]]]) -> None:
         await asyncio.gather(*(c() for c in calls[start : start + IN_FLIGHT]))
 
 
-class ArqPeer(Peer):
+class _CallPeer(Peer):
+    """A library with no batch call: one call per job, IN_FLIGHT of them at once."""
+
+    def _enqueue(self, key: str, due_ms: int | None) -> Callable[[], Awaitable[Any]]:
+        """The call that schedules one job (due now when ``due_ms`` is None)."""
+        raise NotImplementedError
+
+    async def schedule_many(self, jobs: Sequence[Job]) -> None:
+        await _in_flight([self._enqueue(k, d) for k, d in jobs])
+
+    async def schedule_one(self, key: str, due_ms: int) -> None:
+        await self._enqueue(key, due_ms)()
+
+    async def schedule_now(self, keys: Sequence[str]) -> None:
+        await _in_flight([self._enqueue(k, None) for k in keys])
+
+
+class ArqPeer(_CallPeer):
     name = "arq"
     redeliver_s = 11.0  # in-progress key: job_timeout (1 s in the kill row) + 10 s
 
@@ -126,15 +143,6 @@ class ArqPeer(Peer):
         return lambda: self.pool.enqueue_job(
             "job", due_ms or now_ms(), PAD, _job_id=key, _defer_until=when
         )
-
-    async def schedule_many(self, jobs: Sequence[Job]) -> None:
-        await _in_flight([self._enqueue(k, d) for k, d in jobs])
-
-    async def schedule_one(self, key: str, due_ms: int) -> None:
-        await self._enqueue(key, due_ms)()
-
-    async def schedule_now(self, keys: Sequence[str]) -> None:
-        await _in_flight([self._enqueue(k, None) for k in keys])
 
     @contextlib.asynccontextmanager
     async def worker(
@@ -228,7 +236,7 @@ class BullMQPeer(Peer):
             await asyncio.gather(task, return_exceptions=True)
 
 
-class SaqPeer(Peer):
+class SaqPeer(_CallPeer):
     name = "saq"
     # Kill row: a job running for more than its timeout (3 s) is swept (every 1 s), and
     # the sweep waits up to 5 s for each swept job to abort, one after the other.
@@ -257,15 +265,6 @@ class SaqPeer(Peer):
             due_ms=due,
             pad=PAD,
         )
-
-    async def schedule_many(self, jobs: Sequence[Job]) -> None:
-        await _in_flight([self._enqueue(k, d) for k, d in jobs])
-
-    async def schedule_one(self, key: str, due_ms: int) -> None:
-        await self._enqueue(key, due_ms)()
-
-    async def schedule_now(self, keys: Sequence[str]) -> None:
-        await _in_flight([self._enqueue(k, None) for k in keys])
 
     @contextlib.asynccontextmanager
     async def worker(

@@ -29,6 +29,7 @@ __all__ = [
     "MAX_SHARDS",
     "Keys",
     "ShardKeys",
+    "parse_layout",
 ]
 
 # Job ids are stored in two sorted sets and the done set: a cap keeps a runaway id (say a
@@ -148,3 +149,13 @@ class Keys:
         if not isinstance(shard, int) or not 0 <= shard < self.shards:
             raise ValueError(f"shard must be in range({self.shards}), got {shard!r}")
         return self._shards[shard]
+
+
+def parse_layout(stored: bytes) -> tuple[int, int]:
+    """The ``(shards, buckets)`` of a meta key's ``shards:buckets`` (buckets 0 if absent).
+
+    Raises:
+        ValueError: if the value is not two counts.
+    """
+    shards, _, buckets = stored.decode(errors="replace").partition(":")
+    return int(shards), int(buckets or 0)

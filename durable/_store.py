@@ -45,7 +45,7 @@ from tickwheel.wheel import timeout
 
 from ._connect import Client, no_retry
 from ._errors import REDIS_ERRORS, RedisUnavailable, ReplicationTimeout, translate
-from ._keys import Keys
+from ._keys import Keys, parse_layout
 from ._model import (
     ClaimBatch,
     DeadPage,
@@ -395,8 +395,7 @@ class Store:
         """Store the shard and bucket counts on first use (init.lua); return the stored."""
         layout = f"{self.keys.shards}:{self.keys.buckets}"
         reply = await self._run(self._scripts.init, [self.keys.meta], [layout], shard=-1)
-        shards, _, buckets = reply.decode().partition(":")
-        return int(shards), int(buckets or 0)
+        return parse_layout(reply)
 
     async def now(self, shard: int) -> int:
         """Redis's now for ``shard`` in ms: max(TIME, clock) (now.lua)."""

@@ -77,7 +77,7 @@ from tickwheel.durable._errors import (
     ServerCheckFailed,
     ShardCountMismatch,
 )
-from tickwheel.durable._keys import DEFAULT_BUCKETS, Keys
+from tickwheel.durable._keys import DEFAULT_BUCKETS, Keys, parse_layout
 from tickwheel.durable._loader import (
     DEFAULT_LIMIT,
     DEFAULT_LOOKAHEAD,
@@ -343,9 +343,8 @@ def _layout(stored: bytes | None) -> tuple[int, int] | None:
     cannot be read (then reported as a mismatch with any shard count)."""
     if stored is None:
         return None
-    shards, _, buckets = stored.decode(errors="replace").partition(":")
     try:
-        return int(shards), int(buckets)
+        return parse_layout(stored)
     except ValueError:
         return 0, DEFAULT_BUCKETS
 

@@ -29,7 +29,7 @@ import redis.exceptions
 
 from tickwheel.durable._connect import Client, _redact, connect
 from tickwheel.durable._errors import RedisUnavailable
-from tickwheel.durable._keys import Keys
+from tickwheel.durable._keys import Keys, parse_layout
 from tickwheel.durable._model import MAX_TASK_BYTES, JobInfo, JobState, ShardInfo, check_job_id
 from tickwheel.durable._ownership import DEFAULT_OWNER_TTL
 from tickwheel.durable._recurrence import Recurrence
@@ -199,9 +199,8 @@ def job_row(job: JobInfo, now_ms: int) -> dict[str, Any]:
 def _layout(stored: bytes | None) -> tuple[int, int] | None:
     if stored is None:
         return None
-    shards, _, buckets = stored.decode(errors="replace").partition(":")
     try:
-        return int(shards), int(buckets)
+        return parse_layout(stored)
     except ValueError:
         raise ActionError(f"the namespace's layout key holds {stored!r}", 500) from None
 

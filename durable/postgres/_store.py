@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +75,20 @@ def stored_epoch(exc: BaseException) -> int:
         return int(detail)
     except ValueError:
         return 0
+
+
+@contextlib.contextmanager
+def _translated(shard: int | None) -> Iterator[None]:
+    """Raise the library's error for a driver's, from the body (see :func:`translate`)."""
+    try:
+        yield
+    except (Fenced, PostgresUnavailable):
+        raise
+    except Exception as exc:
+        translated = translate(exc, shard)
+        if translated is exc:
+            raise
+        raise translated from exc
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,16 +258,9 @@ class PgStore:
     @contextlib.asynccontextmanager
     async def _conn(self, pool: Any = None, shard: int | None = None) -> AsyncIterator[Any]:
         """A pooled connection; every driver error translated."""
-        try:
+        with _translated(shard):
             async with (pool or self._pool).acquire(timeout=self.call_timeout) as conn:
                 yield conn
-        except (Fenced, PostgresUnavailable):
-            raise
-        except Exception as exc:
-            translated = translate(exc, shard)
-            if translated is exc:
-                raise
-            raise translated from exc
 
     @contextlib.asynccontextmanager
     async def _on(
@@ -262,15 +269,8 @@ class PgStore:
         """The caller's connection, or a pooled one (in a transaction of its own unless
         the body is one statement, which is its own transaction)."""
         if conn is not None:
-            try:
+            with _translated(shard):
                 yield conn
-            except (Fenced, PostgresUnavailable):
-                raise
-            except Exception as exc:
-                translated = translate(exc, shard)
-                if translated is exc:
-                    raise
-                raise translated from exc
             return
         await self.open()
         async with self._conn(shard=shard) as own:
