@@ -6,8 +6,8 @@ the request, so the handshake and other commands pass), then lets the caller rec
 the way the library does, and checks the end state against what a single run leaves:
 nothing stuck leased, no attempt consumed without a run, nothing lost or doubled.
 
-One redis-server only: a cluster client learns each node's real port from the cluster
-itself, so a proxy in front of one node does not see its traffic (see faultproxy.py).
+One redis-server here; test_faults_cluster.py runs the lost claim and ack replies and the
+black hole on a Redis Cluster whose nodes announce their proxies' ports.
 """
 
 from __future__ import annotations
