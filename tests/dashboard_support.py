@@ -24,8 +24,9 @@ from tickwheel.durable._worker import Worker
 
 TOKEN = "test-token-0123456789abcdef"
 BASE = "http://127.0.0.1"
-# Chromium of the distribution (never a browser Playwright downloads).
-CHROMIUM = "/usr/bin/chromium"
+# Chromium of the distribution (never a browser Playwright downloads);
+# $TICKWHEEL_CHROMIUM names another build.
+CHROMIUM = os.environ.get("TICKWHEEL_CHROMIUM") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,6 +45,11 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(
+            f"the browser tests need Chromium at {CHROMIUM}: on Debian or Ubuntu, "
+            "apt-get install chromium (.ci/run does), or set TICKWHEEL_CHROMIUM"
+        )
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield b
