@@ -56,5 +56,7 @@ def test_compiled_wheel_refuses_until_initialised() -> None:
     bare = _cwheel.Wheel()
     with pytest.raises(RuntimeError, match="not initialised"):
         bare.schedule(1.0, print)
+    with pytest.raises(RuntimeError, match="not initialised"):
+        bare._run()  # a wake-up reaching a wheel the GC cleared
     assert len(bare) == 0
     assert bare.next_when() is None

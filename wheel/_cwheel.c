@@ -600,7 +600,12 @@ static int fire_one(WheelObject *w, TimerObject *t) {
 }
 
 static PyObject *Wheel__run(WheelObject *w, PyObject *Py_UNUSED(ignored)) {
-    Py_SETREF(w->handle, Py_NewRef(Py_None));
+    if (w->call_at == NULL) {
+        /* a wake-up armed before the GC cleared the wheel: refuse rather than crash */
+        PyErr_SetString(PyExc_RuntimeError, "the TimingWheel is not initialised");
+        return NULL;
+    }
+    Py_XSETREF(w->handle, Py_NewRef(Py_None));
     double t_now;
     if (read_clock(w, &t_now) < 0) return NULL;
     double late = t_now - w->armed_tick * w->tick;
