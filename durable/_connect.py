@@ -21,6 +21,7 @@ Ground rules:
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 from typing import Any, TypeAlias
 
@@ -233,3 +234,13 @@ def _redact(url: str) -> str:
     netloc = parts.netloc.rpartition("@")[2]
     user = parts.username or ""
     return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def shown_url(url: str) -> str:
+    """``url`` without its password, for a message, also when it is malformed."""
+    try:
+        shown = _redact(url)
+    except ValueError:  # urlsplit refuses it (a bad IPv6 literal)
+        shown = url
+    # What urlsplit does not see as userinfo (no scheme): user:password@host.
+    return re.sub(r"^((?:[^:/@]+://)?[^:/@]*):[^@/]*@", r"\1:***@", shown)

@@ -51,6 +51,9 @@ __all__ = [
     "LoaderStats",
 ]
 
+# The stores' transient errors: a job's end state waits them out while its lease lasts.
+_UNAVAILABLE = (RedisUnavailable, PostgresUnavailable)
+
 logger = logging.getLogger("tickwheel.durable")
 
 # How far ahead jobs are claimed (s). Long enough to hide a claim round trip and a poll
@@ -387,7 +390,7 @@ class Loader:
         except Fenced:
             self.stats.fenced += 1
             self.drop_shard(job.shard, job.epoch)
-        except RedisUnavailable as exc:
+        except _UNAVAILABLE as exc:
             self.stats.unavailable += 1
             logger.warning("tickwheel.durable: job %r left to the reaper (%s)", job.id, exc)
         except Exception:
@@ -408,18 +411,18 @@ class Loader:
         self.stats.succeeded += 1
 
     async def _ack(self, job: Job, lease_end: float) -> None:
-        """Ack; while Redis is unreachable, try again (pauses of ``ACK_RETRY_PAUSES``,
-        then of its last one) as long as the lease lasts by the local clock: a job that
-        ran must not run again because Redis restarted or failed over meanwhile (a
-        pooled connection broken by a restart also fails once). Safe to repeat: a second
-        ack of the same lease finds the occurrence done and counts as acked. Past the
-        lease the reaper may have handed the job on: the error is raised, and the job is
-        the reaper's."""
+        """Ack; while Redis (or PostgreSQL) is unreachable, try again (pauses of
+        ``ACK_RETRY_PAUSES``, then of its last one) as long as the lease lasts by the
+        local clock: a job that ran must not run again because Redis restarted or failed
+        over meanwhile (a pooled connection broken by a restart also fails once). Safe
+        to repeat: a second ack of the same lease finds the occurrence done and counts as
+        acked. Past the lease the reaper may have handed the job on: the error is raised,
+        and the job is the reaper's."""
         pauses = iter(ACK_RETRY_PAUSES)
         while True:
             try:
                 await self._acks.ack(job)
-            except RedisUnavailable:
+            except _UNAVAILABLE:  # in the Postgres mode the ack writes PostgreSQL first
                 pause = next(pauses, ACK_RETRY_PAUSES[-1])
                 if self.wheel.time() + pause >= lease_end:
                     raise

@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from tickwheel.durable._server import free_port
+
 __all__ = ["PostgresServer", "PostgresServerError", "find_postgres_bin"]
 
 # How long initdb, a start and a stop may take. initdb with fsync on is ~1 s on a quiet
@@ -92,13 +94,6 @@ def find_postgres_bin() -> Path:
     )
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
-
-
 def _run_as() -> pwd.struct_passwd | None:
     """The user to run the server as when this process is root, else None."""
     if os.geteuid() != 0:
@@ -140,7 +135,7 @@ class PostgresServer:
         bin_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.bin_dir = Path(bin_dir) if bin_dir is not None else find_postgres_bin()
-        self.port = port if port is not None else _free_port()
+        self.port = port if port is not None else free_port()
         self._own_dir = data_dir is None
         self.base_dir = (
             Path(data_dir)

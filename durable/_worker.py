@@ -327,8 +327,15 @@ class Worker:
             await self._stop.wait()
         finally:
             await self._shutdown(loader, balance, loading, reaping)
+            if extra:  # both end at the stop event; a reconcile part-way is cut short
+                _, late = await asyncio.wait(extra, timeout=self.drain_timeout_ms / 1000)
+                for task in late:
+                    task.cancel()
+                if late:
+                    await asyncio.wait(late)
             for task in extra:
-                await _logged(task, "postgres relay and reconcile")
+                if not task.cancelled():
+                    await _logged(task, "postgres relay and reconcile")
             wheel.close()
         loader.stats.fenced += self.shards_lost
         return loader.stats

@@ -63,10 +63,10 @@ from tickwheel.durable._check import ServerReport, check_server
 from tickwheel.durable._connect import (
     URL_ENV,
     Client,
-    _redact,
     client_from_url,
     connect,
     parse_nodes,
+    shown_url,
     split_url,
 )
 from tickwheel.durable._errors import (
@@ -186,22 +186,12 @@ async def _connect(url: str) -> Client:
     try:
         return await connect(url)
     except ValueError as exc:  # redis-py's own URL checks (query options)
-        raise CliError(EXIT_USAGE, f"--redis-url {_shown(url)!r}: {_hide(url, exc)}") from None
-
-
-def _shown(url: str) -> str:
-    """``url`` without its password, for a message (also when it is malformed)."""
-    try:
-        shown = _redact(url)
-    except ValueError:  # urlsplit refuses it (a bad IPv6 literal)
-        shown = url
-    # What urlsplit does not see as userinfo (no scheme): user:password@host.
-    return re.sub(r"^((?:[^:/@]+://)?[^:/@]*):[^@/]*@", r"\1:***@", shown)
+        raise CliError(EXIT_USAGE, f"--redis-url {shown_url(url)!r}: {_hide(url, exc)}") from None
 
 
 def _hide(url: str, exc: BaseException) -> str:
     """An exception's message with ``url`` in it shown without its password."""
-    return str(exc).replace(url, _shown(url)) if isinstance(url, str) else str(exc)
+    return str(exc).replace(url, shown_url(url)) if isinstance(url, str) else str(exc)
 
 
 def _unreachable(url: str, exc: BaseException) -> CliError:
@@ -332,8 +322,11 @@ async def _with_scheduler(
             check=False,
             postgres_url=getattr(args, "postgres_url", None),
         )
-        await scheduler.open()  # a shard count mismatch is refused here
-        return await fn(scheduler)
+        try:
+            await scheduler.open()  # a shard count mismatch is refused here
+            return await fn(scheduler)
+        finally:
+            await scheduler.close()  # its own connections (PostgreSQL's pool), not client
     finally:
         await client.aclose()
 
@@ -400,6 +393,7 @@ def _load_registry(path: str) -> TaskRegistry:
 async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
     client = await _connect(args.redis_url)
     metrics = None
+    scheduler: Scheduler | None = None
     try:
         scheduler = Scheduler(
             client,
@@ -465,6 +459,8 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
     finally:
         if metrics is not None:
             metrics.stop()
+        if scheduler is not None and scheduler.pg is not None:
+            await scheduler.pg.store.aclose()
         await client.aclose()
 
 
@@ -718,7 +714,7 @@ def _dashboard(args: argparse.Namespace) -> int:
         client_from_url(args.redis_url)  # redis-py's own checks; no connection is made
     except ValueError as exc:
         url = args.redis_url
-        raise CliError(EXIT_USAGE, f"--redis-url {_shown(url)!r}: {_hide(url, exc)}") from None
+        raise CliError(EXIT_USAGE, f"--redis-url {shown_url(url)!r}: {_hide(url, exc)}") from None
     try:
         from tickwheel.durable import _dashboard as dash  # noqa: PLC0415 (the optional extra)
     except ImportError as exc:

@@ -3,6 +3,7 @@ command line never imports the dashboard's extra."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import subprocess
@@ -30,14 +31,33 @@ def _dashboard(*args: str, env: dict[str, str] | None = None) -> subprocess.Pope
     )
 
 
-def _finish(proc: subprocess.Popen[str]) -> tuple[str, str]:
+def _finish(proc: subprocess.Popen[str], within: float = 60) -> tuple[str, str]:
     """Wait for a command that should exit by itself; kill it (by its pid) if it hangs."""
     try:
-        return proc.communicate(timeout=60)
+        return proc.communicate(timeout=within)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
         raise
+
+
+def _interrupt(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """Ctrl-C a running dashboard and wait for it; kill it (by its pid) if it hangs."""
+    proc.send_signal(signal.SIGINT)
+    return _finish(proc, 60)
+
+
+def _first_lines(proc: subprocess.Popen[str], n: int, within: float = 120) -> list[str]:
+    """The first ``n`` lines the command prints, waited for at most ``within`` s."""
+    out = proc.stdout
+    assert out is not None
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(lambda: [out.readline() for _ in range(n)])
+        try:
+            return reading.result(timeout=within)
+        except concurrent.futures.TimeoutError:
+            proc.kill()  # ends the read too: its pipe closes
+            raise
 
 
 def test_a_non_loopback_bind_without_a_token_is_refused() -> None:
@@ -61,9 +81,7 @@ def test_it_prints_where_and_a_generated_token_never_the_password() -> None:
     url = f"redis://admin:pw-never-shown@127.0.0.1:{port}/0"
     proc = _dashboard("--redis-url", url, "--port", "0", "--namespace", "shop")
     try:
-        assert proc.stdout is not None
-        first = proc.stdout.readline()
-        second = proc.stdout.readline()
+        first, second = _first_lines(proc, 2)
         assert first.startswith("tickwheel dashboard: http://127.0.0.1:"), first
         assert "redis://admin:***@127.0.0.1" in first and "pw-never-shown" not in first
         token = second.rsplit(" ", 1)[1].strip()
@@ -80,8 +98,7 @@ def test_it_prints_where_and_a_generated_token_never_the_password() -> None:
             )
             assert allowed.status_code == 503  # past the guard; Redis is down
     finally:
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        _, err = _interrupt(proc)
     assert proc.returncode == 0, err
     assert "pw-never-shown" not in err
 
@@ -92,13 +109,10 @@ def test_a_token_from_the_environment_is_not_printed() -> None:
         "--redis-url", "redis://127.0.0.1:1/0", "--port", "0", env={TOKEN_ENV: secret}
     )
     try:
-        assert proc.stdout is not None
-        proc.stdout.readline()
-        second = proc.stdout.readline()
+        _, second = _first_lines(proc, 2)
         assert TOKEN_ENV in second and secret not in second
     finally:
-        proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=30)
+        out, _ = _interrupt(proc)
     assert secret not in out
 
 

@@ -13,13 +13,12 @@ Ground rules:
 - Every action names what the operator saw (``seen``: state, nominal due and attempt):
   if the job moved on since, nothing is written and :class:`Stale` says so.
 - Errors an operator can act on are :class:`ActionError` with an HTTP status and one
-  sentence; the Redis URL's password never appears in one (``_connect._redact``).
+  sentence; the Redis URL's password never appears in one (``_connect.shown_url``).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -27,7 +26,7 @@ from typing import Any
 
 import redis.exceptions
 
-from tickwheel.durable._connect import Client, _redact, connect
+from tickwheel.durable._connect import Client, connect, shown_url
 from tickwheel.durable._errors import RedisUnavailable
 from tickwheel.durable._keys import Keys, parse_layout
 from tickwheel.durable._model import MAX_TASK_BYTES, JobInfo, JobState, ShardInfo, check_job_id
@@ -52,7 +51,6 @@ __all__ = [
     "lateness_quantile",
     "parse_when",
     "seen_of",
-    "shown_url",
 ]
 
 # Entries read per script call when paging a sorted set (the scripts' batch cap).
@@ -90,15 +88,6 @@ class Stale(ActionError):
     """The job moved on since the page was loaded (409): nothing was written."""
 
     status = 409
-
-
-def shown_url(url: str) -> str:
-    """``url`` without its password (also when it is malformed)."""
-    try:
-        shown = _redact(url)
-    except ValueError:
-        shown = url
-    return re.sub(r"^((?:[^:/@]+://)?[^:/@]*):[^@/]*@", r"\1:***@", shown)
 
 
 def iso(ms: int) -> str:

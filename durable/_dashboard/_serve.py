@@ -11,8 +11,9 @@ from collections.abc import Callable
 
 import uvicorn
 
+from tickwheel.durable._connect import shown_url
+
 from ._app import DashboardConfig, create_app
-from ._data import shown_url
 
 __all__ = ["TOKEN_ENV", "is_loopback", "serve"]
 

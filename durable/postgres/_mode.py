@@ -285,10 +285,14 @@ class PostgresMode:
             if payload == ns:
                 wake.set()
 
+        bound = self.store.call_timeout
+        conn = None
         try:
-            conn = await asyncpg.connect(self.store.url, timeout=self.store.call_timeout)
-            await conn.add_listener(_CHANNEL, notified)
+            conn = await asyncpg.connect(self.store.url, timeout=bound)
+            await asyncio.wait_for(conn.add_listener(_CHANNEL, notified), bound)
         except Exception as exc:  # the poll goes on without notifications
             logger.warning("tickwheel.durable: relay cannot listen (%r)", exc)
+            if conn is not None:
+                conn.terminate()  # no goodbye to wait on: this connection failed
             return None
         return conn

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tickwheel.durable._connect import shown_url
 from tickwheel.durable._errors import Fenced, PostgresUnavailable
 from tickwheel.durable._model import JobSpec, encode_payload
 from tickwheel.durable._record import pack_record
@@ -199,7 +200,7 @@ class PgStore:
         if not isinstance(url, str):
             raise TypeError(f"postgres_url must be a str, got {type(url).__name__}")
         if not url.startswith(("postgresql://", "postgres://")):
-            raise ValueError(f"postgres_url must start with postgresql://, got {url!r}")
+            raise ValueError(f"postgres_url must start with postgresql://, got {shown_url(url)!r}")
         if not isinstance(pool_size, int) or isinstance(pool_size, bool) or pool_size < 1:
             raise ValueError(f"pool_size must be an int >= 1, got {pool_size!r}")
         self.url = url
