@@ -63,24 +63,29 @@ def serve(
     sock = _bind(host, port)
     bound = sock.getsockname()[1]
     shown = f"[{host.strip('[]')}]" if ":" in host else host
-    say(
-        f"tickwheel dashboard: http://{shown}:{bound}/ (namespace {config.namespace!r}, "
-        f"Redis at {shown_url(config.redis_url)}{', read-only' if config.read_only else ''})"
-    )
-    if not config.read_only:
-        if token_given:
-            say(f"tickwheel dashboard: writes need the token in ${TOKEN_ENV}")
-        else:
-            say(f"tickwheel dashboard: token for writes (log in with it): {config.token}")
+
+    def ready() -> None:
+        say(
+            f"tickwheel dashboard: http://{shown}:{bound}/ (namespace {config.namespace!r}, "
+            f"Redis at {shown_url(config.redis_url)}"
+            f"{', read-only' if config.read_only else ''})"
+        )
+        if not config.read_only:
+            if token_given:
+                say(f"tickwheel dashboard: writes need the token in ${TOKEN_ENV}")
+            else:
+                say(f"tickwheel dashboard: token for writes (log in with it): {config.token}")
+
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
-    server = uvicorn.Server(
+    server = _Server(
         uvicorn.Config(
             create_app(config),
             log_level="warning",
             access_log=False,
             lifespan="on",
             server_header=False,
-        )
+        ),
+        ready,
     )
     try:
         server.run(sockets=[sock])
@@ -88,3 +93,18 @@ def serve(
         sock.close()
     print("tickwheel dashboard: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, saying where it listens once it serves: by then its signal
+    handlers are in place, so a Ctrl-C right after the address is printed is a graceful
+    stop (one that came before them could land anywhere in the start-up)."""
+
+    def __init__(self, config: uvicorn.Config, ready: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._ready = ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and not self.should_exit:
+            self._ready()
