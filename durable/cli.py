@@ -739,6 +739,7 @@ def _dashboard(args: argparse.Namespace) -> int:
             allowed_hosts=["127.0.0.1", "localhost", "[::1]"]
             if dash.is_loopback(args.host)
             else ["*"],
+            postgres_url=args.postgres_url,
         )
         from tickwheel.durable._dashboard._data import Namespace  # noqa: PLC0415
 
@@ -1056,6 +1057,11 @@ def _parser() -> argparse.ArgumentParser:
     dash.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     dash.add_argument("--port", type=_port, default=8765, help="port (0: a free one)")
     dash.add_argument("--read-only", action="store_true", help="refuse every write")
+    dash.add_argument(
+        "--postgres-url",
+        default=os.environ.get(PG_URL_ENV) or None,
+        help=f"the Postgres mode's PostgreSQL (default ${PG_URL_ENV})",
+    )
     dash.add_argument(
         "-v", "--verbose", action="count", default=0, help="log to stderr (-vv: debug)"
     )

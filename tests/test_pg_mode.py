@@ -8,7 +8,7 @@ import asyncio
 
 import asyncpg
 import pytest
-from durable_support import client_of, push_clock, run, snapshot
+from durable_support import client_of, push_clock, run, snapshot, unique_ns
 from pg_support import migrated, pg_scheduler, rows, table_counts
 
 from tickwheel.durable import (
@@ -645,3 +645,32 @@ def test_redis_only_mode_never_imports_the_driver() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
+
+
+def test_dashboard_cancel_reaches_postgres(redis_server: RedisServer, pg_url: str) -> None:
+    """In the Postgres mode the dashboard's cancel deletes the source-of-truth row too,
+    so a reconcile does not bring the job back."""
+    from dashboard_support import api_client, bearer
+
+    ns = unique_ns()
+
+    async def setup() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(redis_server.url, pg_url, ns, shards=2) as s:
+            await s.schedule("keep", "t", b"", delay=600)
+            await s.schedule("gone", "t", b"", delay=600)
+
+    run(setup())
+    with api_client(redis_server.url, ns, postgres_url=pg_url) as client:
+        seen = client.get("/api/job", params={"id": "gone"}).json()["job"]["seen"]
+        r = client.post("/api/job/cancel", json={"id": "gone", "seen": seen}, headers=bearer())
+        assert r.status_code == 200, r.text
+
+    async def check() -> None:
+        ids = {r["id"] for r in await rows(pg_url, "SELECT id FROM tickwheel_jobs")}
+        assert ids == {"keep"}
+        async with pg_scheduler(redis_server.url, pg_url, ns, shards=2) as s:
+            await s.reconcile()
+            assert await s.get("gone") is None and await s.get("keep") is not None
+
+    run(check())

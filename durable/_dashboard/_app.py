@@ -79,6 +79,8 @@ class DashboardConfig:
         protect_reads: reads need the token too (set when bound beyond loopback).
         allowed_hosts: Host header values served (DNS rebinding); ``["*"]`` for any.
         sample_interval: seconds between chart samples.
+        postgres_url: the namespace's PostgreSQL in the Postgres mode (docs/postgres.md):
+            actions then change the source of truth too; None for Redis only.
     """
 
     redis_url: str
@@ -88,6 +90,7 @@ class DashboardConfig:
     protect_reads: bool = False
     allowed_hosts: list[str] = field(default_factory=lambda: ["127.0.0.1", "localhost", "[::1]"])
     sample_interval: float = 5.0
+    postgres_url: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.token, str) or len(self.token) < 16:
@@ -105,7 +108,7 @@ class _State:
 
     def __init__(self, config: DashboardConfig) -> None:
         self.config = config
-        self.ns = Namespace(config.redis_url, config.namespace)
+        self.ns = Namespace(config.redis_url, config.namespace, config.postgres_url)
         self.sessions: dict[str, str] = {}  # session id -> its CSRF token
         self.charts = Charts(config.sample_interval)
         self.redis_error = ""  # the last sampler error, shown until a sample works

@@ -252,10 +252,11 @@ class Namespace:
         namespace: the tickwheel namespace.
     """
 
-    def __init__(self, url: str, namespace: str) -> None:
+    def __init__(self, url: str, namespace: str, postgres_url: str | None = None) -> None:
         Keys(namespace, 1)  # validates the name
         self.url = url  # where Redis is
         self.namespace = namespace  # the namespace
+        self.postgres_url = postgres_url  # the Postgres mode's source of truth, or None
         self._client: Client | None = None  # made on first use
         self._scheduler: Scheduler | None = None  # made once the namespace exists
 
@@ -265,8 +266,10 @@ class Namespace:
         return shown_url(self.url)
 
     async def aclose(self) -> None:
-        """Close the client."""
-        client, self._client, self._scheduler = self._client, None, None
+        """Close the client (and the Postgres mode's pool)."""
+        client, self._client, sched, self._scheduler = self._client, None, self._scheduler, None
+        if sched is not None and sched.pg is not None:
+            await sched.pg.store.aclose()
         if client is not None:
             await client.aclose()
 
@@ -302,7 +305,14 @@ class Namespace:
         if layout is None:
             return None
         shards, buckets = layout
-        sched = Scheduler(client, self.namespace, shards=shards, buckets=buckets, check=False)
+        sched = Scheduler(
+            client,
+            self.namespace,
+            shards=shards,
+            buckets=buckets,
+            check=False,
+            postgres_url=self.postgres_url,
+        )
         self._scheduler = sched
         return sched
 
@@ -513,6 +523,8 @@ class Namespace:
         job_id = checked_id(job_id)
         sched = await self._need()
         await self._current(sched, job_id, seen)
+        if sched.pg is not None:  # the source of truth first, as Scheduler.cancel does
+            await sched.pg.store.cancel(job_id)
         state = await sched.store.cancel(sched.keys.shard_of(job_id), job_id)
         if state is None:
             raise Stale(f"job {job_id!r} was gone before the cancel reached it")
