@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import redis.asyncio
 from durable_support import check_shard, run, unique_ns
-from faultproxy import FaultProxy
+from faultproxy import FaultProxy, ThreadedFaultProxy
 
 from tickwheel.durable import JobState, LeaseLost, RedisUnavailable, Scheduler
 from tickwheel.durable._connect import client_from_url
@@ -110,16 +110,21 @@ def test_a_client_that_resends_gets_the_first_claims_batch(private_redis: RedisS
 def test_lost_ack_reply_then_ack_again_completes_once(private_redis: RedisServer) -> None:
     async def main() -> None:
         async with proxied(private_redis) as (proxy, s):
-            await s.schedule("j", "t", b"x", delay=0, max_attempts=1)
-            (job,) = (await s.claim(0)).jobs
-            proxy.drop_next_reply(sha(s, "ack"))
-            with pytest.raises(RedisUnavailable):
-                await s.ack(job)
-            await s.ack(job)  # the retry sees the done entry: acked, no LeaseLost
-            assert await check_shard(s, 0) == {}
-            assert (await s.claim(0)).jobs == []
+            await lost_ack_then_ack_again(s, proxy)
 
     run(main())
+
+
+async def lost_ack_then_ack_again(s: Scheduler, proxy: FaultProxy | ThreadedFaultProxy) -> None:
+    """Shard 0's ack reply is lost; the ack sent again completes the job once."""
+    await s.schedule("j", "t", b"x", delay=0, max_attempts=1)
+    (job,) = (await s.claim(0)).jobs
+    proxy.drop_next_reply(sha(s, "ack"))
+    with pytest.raises(RedisUnavailable):
+        await s.ack(job)
+    await s.ack(job)  # the retry sees the done entry: acked, no LeaseLost
+    assert await check_shard(s, 0) == {}
+    assert (await s.claim(0)).jobs == []
 
 
 def test_lost_retry_reply_consumes_one_attempt(private_redis: RedisServer) -> None:
@@ -175,20 +180,26 @@ def test_black_hole_gives_a_bounded_error_then_the_same_objects_work(
 ) -> None:
     async def main() -> None:
         async with proxied(private_redis, call_timeout=1.0) as (proxy, s):
-            await s.schedule("before", "t", b"x", delay=0)
-            proxy.black_hole()
-            for call in (s.schedule("during", "t", b"x", delay=0), s.claim(0), s.get("x")):
-                t0 = time.monotonic()
-                with pytest.raises(RedisUnavailable):
-                    await call
-                assert time.monotonic() - t0 < BOUND
-            proxy.reset_all()  # the held requests are lost with their connections
-            proxy.heal()
-            await s.schedule("after", "t", b"x", delay=0)
-            ids = sorted(j.id for j in (await s.claim(0)).jobs)
-            assert "before" in ids and "after" in ids
+            await black_hole_then_recover(s, proxy)
 
     run(main())
+
+
+async def black_hole_then_recover(s: Scheduler, proxy: FaultProxy | ThreadedFaultProxy) -> None:
+    """Shard 0's Redis stops answering: each call fails within the bound; once it
+    answers again, the same objects work and nothing scheduled before was lost."""
+    await s.schedule("before", "t", b"x", delay=0)
+    proxy.black_hole()
+    for call in (s.schedule("during", "t", b"x", delay=0), s.claim(0), s.get("x")):
+        t0 = time.monotonic()
+        with pytest.raises(RedisUnavailable):
+            await call
+        assert time.monotonic() - t0 < BOUND
+    proxy.reset_all()  # the held requests are lost with their connections
+    proxy.heal()
+    await s.schedule("after", "t", b"x", delay=0)
+    ids = sorted(j.id for j in (await s.claim(0)).jobs)
+    assert "before" in ids and "after" in ids
 
 
 def test_a_worker_rides_out_a_black_hole_and_runs_every_job_once(

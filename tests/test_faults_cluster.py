@@ -19,7 +19,7 @@ import redis
 from durable_support import check_shard, run, unique_ns
 from faultproxy import ThreadedFaultProxy
 from redis.crc import key_slot
-from test_faults import BOUND, load_scripts, sha
+from test_faults import BOUND, black_hole_then_recover, load_scripts, lost_ack_then_ack_again, sha
 
 from tickwheel.durable import JobState, RedisUnavailable, Scheduler
 from tickwheel.durable._connect import client_from_url
@@ -140,15 +140,7 @@ def test_cluster_lost_ack_reply_then_ack_again_completes_once(
 ) -> None:
     async def main() -> None:
         async with proxied(proxied_cluster) as s:
-            proxy = proxied_cluster.proxy_of(s, 0)
-            await s.schedule("j", "t", b"x", delay=0, max_attempts=1)
-            (job,) = (await s.claim(0)).jobs
-            proxy.drop_next_reply(sha(s, "ack"))
-            with pytest.raises(RedisUnavailable):
-                await s.ack(job)
-            await s.ack(job)  # the done entry answers the re-sent ack
-            assert await check_shard(s, 0) == {}
-            assert (await s.claim(0)).jobs == []
+            await lost_ack_then_ack_again(s, proxied_cluster.proxy_of(s, 0))
 
     run(main())
 
@@ -158,18 +150,6 @@ def test_cluster_black_holed_node_gives_a_bounded_error_then_recovers(
 ) -> None:
     async def main() -> None:
         async with proxied(proxied_cluster, call_timeout=1.0) as s:
-            proxy = proxied_cluster.proxy_of(s, 0)
-            await s.schedule("before", "t", b"x", delay=0)
-            proxy.black_hole()
-            for call in (s.schedule("during", "t", b"x", delay=0), s.claim(0), s.get("x")):
-                t0 = time.monotonic()
-                with pytest.raises(RedisUnavailable):
-                    await call
-                assert time.monotonic() - t0 < BOUND
-            proxy.reset_all()
-            proxy.heal()
-            await s.schedule("after", "t", b"x", delay=0)
-            ids = sorted(j.id for j in (await s.claim(0)).jobs)
-            assert "before" in ids and "after" in ids
+            await black_hole_then_recover(s, proxied_cluster.proxy_of(s, 0))
 
     run(main())
