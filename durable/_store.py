@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -764,9 +764,26 @@ class Store:
     async def due_rank(self, shard: int, time_ms: int) -> int:
         """How many of the shard's due jobs are due before ``time_ms`` (ZCOUNT)."""
         k = self.keys.shard(shard)
+        return int(await self.bounded(lambda: self._client.zcount(k.due, "-inf", f"({time_ms}")))
+
+    # -- worker stats (the dashboard's charts) -------------------------------------
+
+    async def put_worker_stats(self, token: str, document: str, ttl_ms: int) -> None:
+        """Write a worker's stats document under ``{ns}:wstats:<token>`` (SET PX)."""
+        key = self.keys.worker_stats(token)
+        await self.bounded(lambda: self._client.set(key, document, px=ttl_ms))
+
+    async def delete_worker_stats(self, token: str) -> None:
+        """Remove a worker's stats document (it is leaving)."""
+        key = self.keys.worker_stats(token)
+        await self.bounded(lambda: self._client.delete(key))
+
+    async def bounded(self, call: Callable[[], Awaitable[Any]], shard: int = -1) -> Any:
+        """Await ``call()`` (one plain command, or a script the caller holds) within
+        ``call_timeout``, its errors translated to the library's."""
         try:
             async with timeout(self.call_timeout):
-                return int(await self._client.zcount(k.due, "-inf", f"({time_ms}"))
+                return await call()
         except REDIS_ERRORS as exc:
             raise translate(exc, shard) from exc
         except TimeoutError:

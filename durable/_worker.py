@@ -39,11 +39,9 @@ from datetime import timedelta
 from importlib import resources
 from typing import Any
 
-import redis.exceptions
-
 from tickwheel.wheel import TimingWheel
 
-from ._errors import Fenced, NotOwner, PostgresUnavailable, RedisUnavailable, translate
+from ._errors import Fenced, NotOwner, PostgresUnavailable, RedisUnavailable
 from ._loader import (
     DEFAULT_LIMIT,
     DEFAULT_LOOKAHEAD,
@@ -153,12 +151,8 @@ class Worker:
         Raises:
             RedisUnavailable: if Redis cannot be reached.
         """
-        try:
-            reply = await self._members(
-                [self.members_key], [self.token, self.ownership.ttl_ms, 1 if join else 0]
-            )
-        except redis.exceptions.RedisError as exc:
-            raise translate(exc) from exc
+        args: list[str | int] = [self.token, self.ownership.ttl_ms, 1 if join else 0]
+        reply = await self.scheduler.store.bounded(lambda: self._members([self.members_key], args))
         self.live = int(reply)
         return self.live
 
@@ -199,10 +193,7 @@ class Worker:
             RedisUnavailable: if Redis cannot be reached.
         """
         text = json.dumps(self.stats_document(), separators=(",", ":"))
-        try:
-            await self.scheduler.store.client.set(self.stats_key, text, px=self.ownership.ttl_ms)
-        except redis.exceptions.RedisError as exc:
-            raise translate(exc) from exc
+        await self.scheduler.store.put_worker_stats(self.token, text, self.ownership.ttl_ms)
 
     async def balance_once(self) -> None:
         """Heartbeat, renew owned shards, then take free shards or give back extras.
@@ -365,10 +356,7 @@ class Worker:
             await _logged(step(), what)
 
     async def _unpublish(self) -> None:
-        try:
-            await self.scheduler.store.client.delete(self.stats_key)
-        except redis.exceptions.RedisError as exc:
-            raise translate(exc) from exc
+        await self.scheduler.store.delete_worker_stats(self.token)
 
     async def _leave(self, shard: int) -> None:
         """:meth:`give_back` in a task of its own (a drain can take a while)."""
