@@ -215,7 +215,7 @@ def machine() -> dict[str, str]:
     except OSError:
         pass
     try:
-        from tickwheel.durable._server import find_redis_server
+        from tickwheel.durable.servers._redis import find_redis_server
 
         out = subprocess.run(
             [find_redis_server(), "--version"], capture_output=True, text=True, check=True

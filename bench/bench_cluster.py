@@ -37,8 +37,8 @@ import pytest
 import redis
 
 from tickwheel.durable import JobSpec, Scheduler
-from tickwheel.durable._connect import client_from_url
-from tickwheel.durable._server import RedisClusterServer, RedisServer
+from tickwheel.durable.servers._redis import RedisClusterServer, RedisServer
+from tickwheel.durable.store._connect import client_from_url
 
 JOBS = 10_000
 SHARDS = 16

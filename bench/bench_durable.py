@@ -35,7 +35,7 @@ import pytest
 import redis.asyncio
 
 from tickwheel.durable import JobSpec, Scheduler
-from tickwheel.durable._server import RedisServer
+from tickwheel.durable.servers._redis import RedisServer
 
 PAYLOAD = b"x" * 32
 BATCH = 10_000

@@ -22,8 +22,8 @@ import time
 from redis.crc import key_slot
 
 from tickwheel.durable import RedisUnavailable, ReplicationTimeout, Scheduler
-from tickwheel.durable._connect import client_from_url
-from tickwheel.durable._server import RedisClusterServer
+from tickwheel.durable.servers._redis import RedisClusterServer
+from tickwheel.durable.store._connect import client_from_url
 
 
 async def _trial(replicas: int, writers: int) -> tuple[int, int]:

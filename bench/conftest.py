@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-from tickwheel.durable._server import RedisServer
+from tickwheel.durable.servers._redis import RedisServer
 
 
 def _fmt_seconds(s: float) -> str:

@@ -32,9 +32,9 @@ import httpx
 import uvicorn
 
 from tickwheel.durable import JobSpec, Scheduler
-from tickwheel.durable._connect import client_from_url
-from tickwheel.durable._dashboard import DashboardConfig, create_app
-from tickwheel.durable._server import RedisServer
+from tickwheel.durable.ops.dashboard import DashboardConfig, create_app
+from tickwheel.durable.servers._redis import RedisServer
+from tickwheel.durable.store._connect import client_from_url
 
 SHARDS = 16
 BATCH = 50_000

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from tickwheel.durable import JobSpec, Scheduler, TaskRegistry
-from tickwheel.durable._connect import client_from_url
-from tickwheel.durable._server import RedisServer
+from tickwheel.durable.servers._redis import RedisServer
+from tickwheel.durable.store._connect import client_from_url
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from dashboard_support import (

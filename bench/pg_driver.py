@@ -2,7 +2,7 @@
 
     python -m bench.pg_driver [--rounds N] [--n JOBS]
 
-Starts a private PostgreSQL (durable/_pgserver.py), makes the two tables, and times on
+Starts a private PostgreSQL (durable/servers/_postgres.py), makes the two tables, and times on
 each driver, alternating rounds so both see the same machine load:
 
 - enqueue: one transaction that inserts a job row and an outbox row;
@@ -21,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tickwheel.durable._pgserver import PostgresServer
+from tickwheel.durable.servers._postgres import PostgresServer
 
 DDL = """
 CREATE TABLE jobs (id text PRIMARY KEY, task text NOT NULL, payload bytea NOT NULL,

@@ -24,11 +24,11 @@ from typing import Any
 import asyncpg
 
 from tickwheel.durable import JobSpec, Scheduler
-from tickwheel.durable._connect import client_from_url
-from tickwheel.durable._pgserver import PostgresServer
-from tickwheel.durable._server import RedisServer
 from tickwheel.durable.postgres import migrate
 from tickwheel.durable.postgres._store import encode_pg_job
+from tickwheel.durable.servers._postgres import PostgresServer
+from tickwheel.durable.servers._redis import RedisServer
+from tickwheel.durable.store._connect import client_from_url
 
 SHARDS = 4
 

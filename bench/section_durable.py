@@ -54,7 +54,7 @@ from bench import peers
 from bench import spill_vs_arq as sv
 from bench._harness import Checks, Figure, Plan, Progress, percentiles
 from tickwheel.durable import JobSpec, Loader, Scheduler, TaskContext, TaskRegistry
-from tickwheel.durable._server import RedisServer
+from tickwheel.durable.servers._redis import RedisServer
 from tickwheel.wheel import TimingWheel
 
 SECTION = "durable"

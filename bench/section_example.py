@@ -26,7 +26,7 @@ import redis.asyncio
 from bench._harness import Checks, Figure, Plan, Progress, percentiles
 from bench.spill_vs_arq import lateness_probe
 from tickwheel.durable import JobSpec, Scheduler, TaskRegistry, Worker
-from tickwheel.durable._server import RedisServer
+from tickwheel.durable.servers._redis import RedisServer
 
 SECTION = "example"
 SHARDS = 16

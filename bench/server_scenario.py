@@ -210,7 +210,7 @@ def run_mode(
         timed rounds), ``cpu`` (the server's CPU s over them) and ``idle_late`` (sorted
         close lateness per connection, s; negative means closed early).
     """
-    from tickwheel.durable._server import free_port
+    from tickwheel.durable.servers._redis import free_port
 
     raise_fd_limit(conns + 100)
     port = free_port()

@@ -29,7 +29,7 @@ from arq.connections import RedisSettings, create_pool
 from arq.worker import Worker, func
 
 from tickwheel.durable import JobSpec, Loader, Scheduler, TaskContext, TaskRegistry
-from tickwheel.durable._server import RedisServer
+from tickwheel.durable.servers._redis import RedisServer
 from tickwheel.wheel import TimingWheel
 
 # Seconds of lead per job enqueued, plus a fixed second: arq enqueues one job per call

@@ -12,44 +12,55 @@ from __future__ import annotations
 
 import logging
 
-from ._check import ServerConfigWarning, ServerReport, check_server
-from ._connect import Client, connect
-from ._errors import (
-    DurableError,
-    Fenced,
-    LeaseLost,
-    NotOwner,
-    PostgresUnavailable,
-    RedisUnavailable,
-    ReplicationTimeout,
-    SchemaNotReady,
-    ServerCheckFailed,
-    ShardCountMismatch,
-)
-from ._keys import MAX_JOB_ID_BYTES, Keys
-from ._loader import Loader, LoaderStats
-from ._model import (
+from .model import (
     ClaimBatch,
     DeadPage,
+    DurableError,
+    Fenced,
     Job,
     JobInfo,
     JobSpec,
     JobState,
+    LeaseLost,
+    MissedRun,
+    NotOwner,
+    PostgresUnavailable,
     ReapResult,
+    Recurrence,
+    RedisUnavailable,
+    ReplicationTimeout,
     ScheduleResult,
+    SchedulerStats,
     ScheduleStatus,
+    SchemaNotReady,
+    ServerCheckFailed,
+    ShardCountMismatch,
     ShardInfo,
 )
-from ._ownership import Ownership
-from ._reaper import Reaper
-from ._recurrence import MissedRun, Recurrence
-from ._scheduler import Scheduler
-from ._spill import Timers
-from ._stats import SchedulerStats
-from ._store import Store
-from ._stream import Publisher, StreamConsumer, StreamEntry, StreamPublisher
-from ._tasks import TaskContext, TaskRegistry
-from ._worker import Worker
+from .runtime import (
+    Loader,
+    LoaderStats,
+    Publisher,
+    Reaper,
+    StreamConsumer,
+    StreamEntry,
+    StreamPublisher,
+    TaskContext,
+    TaskRegistry,
+    Timers,
+    Worker,
+)
+from .scheduler import Ownership, Scheduler
+from .store import (
+    MAX_JOB_ID_BYTES,
+    Client,
+    Keys,
+    ServerConfigWarning,
+    ServerReport,
+    Store,
+    check_server,
+    connect,
+)
 
 __all__ = [
     "MAX_JOB_ID_BYTES",

@@ -29,7 +29,7 @@ from typing import Any
 import redis.asyncio
 
 from tickwheel.durable import TaskContext, TaskRegistry
-from tickwheel.durable._connect import client_from_url
+from tickwheel.durable.store._connect import client_from_url
 
 SINK_ENV = "TICKWHEEL_CHAOS_SINK_URL"
 TESTS_DIR = Path(__file__).resolve().parent
@@ -121,7 +121,7 @@ class ChaosWorker:
         with self.out_path.open("wb") as out, self.err_path.open("wb") as err:
             self.proc = subprocess.Popen(
                 [
-                    sys.executable, "-m", "tickwheel.durable.cli", "worker",
+                    sys.executable, "-m", "tickwheel.durable.ops.cli", "worker",
                     "chaos_support:registry", "--redis-url", url, "--namespace", namespace,
                     "--no-check", *opts,
                 ],

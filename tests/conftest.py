@@ -20,8 +20,8 @@ from vloop import VirtualLoop
 from wheel_impls import IMPLS
 
 import tickwheel.wheel
-from tickwheel.durable._pgserver import PostgresServer
-from tickwheel.durable._server import RedisClusterServer, RedisServer
+from tickwheel.durable.servers._postgres import PostgresServer
+from tickwheel.durable.servers._redis import RedisClusterServer, RedisServer
 from tickwheel.wheel import _default
 
 # The two backends of ``redis_url``.

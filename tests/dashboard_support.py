@@ -19,8 +19,8 @@ from durable_support import open_scheduler
 from starlette.testclient import TestClient
 
 from tickwheel.durable import TaskRegistry
-from tickwheel.durable._dashboard import DashboardConfig, create_app
-from tickwheel.durable._worker import Worker
+from tickwheel.durable.ops.dashboard import DashboardConfig, create_app
+from tickwheel.durable.runtime._worker import Worker
 
 TOKEN = "test-token-0123456789abcdef"
 BASE = "http://127.0.0.1"

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
 from tickwheel.durable import Client, JobState, Scheduler
-from tickwheel.durable._connect import client_from_url
+from tickwheel.durable.store._connect import client_from_url
 
 T = TypeVar("T")
 

@@ -11,8 +11,8 @@ import asyncpg
 from durable_support import unique_ns
 
 from tickwheel.durable import Scheduler
-from tickwheel.durable._connect import client_from_url
 from tickwheel.durable.postgres import migrate
+from tickwheel.durable.store._connect import client_from_url
 
 
 async def migrated(url: str) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 import redis.asyncio
 
 from tickwheel.durable import Scheduler, TaskContext, TaskRegistry, Worker
-from tickwheel.durable._connect import client_from_url
+from tickwheel.durable.store._connect import client_from_url
 
 # The sink's Redis (a worker process reads it from the environment).
 SINK_ENV = "TICKWHEEL_TEST_SINK_URL"
@@ -135,7 +135,7 @@ class WorkerProcess:
         env = dict(os.environ, PYTHONPATH=str(TESTS_DIR), **{SINK_ENV: url})
         self.proc = subprocess.Popen(
             [
-                sys.executable, "-m", "tickwheel.durable.cli", "worker",
+                sys.executable, "-m", "tickwheel.durable.ops.cli", "worker",
                 "spill_support:registry", "--redis-url", url, "--namespace", namespace,
                 "--no-check", *options,
             ],

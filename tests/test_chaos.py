@@ -45,8 +45,8 @@ import redis.asyncio
 
 from tests.chaos_support import ChaosWorker, occurrence, sink_state
 from tickwheel.durable import RedisUnavailable, Scheduler
-from tickwheel.durable._connect import client_from_url
-from tickwheel.durable._server import RedisServer
+from tickwheel.durable.servers._redis import RedisServer
+from tickwheel.durable.store._connect import client_from_url
 
 SOAK = os.environ.get("TICKWHEEL_SOAK") == "1"
 CHAOS_SECONDS = 720.0 if SOAK else 40.0

@@ -18,16 +18,16 @@ import pytest
 from tests.durable_support import open_scheduler, run, unique_ns
 from tests.spill_support import SINK_ENV, TESTS_DIR
 from tickwheel.durable import JobSpec
-from tickwheel.durable._server import RedisClusterServer, RedisServer, free_port
+from tickwheel.durable.servers._redis import RedisClusterServer, RedisServer, free_port
 
 pytestmark = pytest.mark.redis
 
 
 def cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m tickwheel.durable.cli`` (without $TICKWHEEL_REDIS_URL unless given)."""
+    """Run ``python -m tickwheel.durable.ops.cli`` (without $TICKWHEEL_REDIS_URL unless given)."""
     base = {k: v for k, v in os.environ.items() if k != "TICKWHEEL_REDIS_URL"}
     return subprocess.run(
-        [sys.executable, "-m", "tickwheel.durable.cli", *argv],
+        [sys.executable, "-m", "tickwheel.durable.ops.cli", *argv],
         capture_output=True,
         text=True,
         env={**base, **(env or {})},
@@ -258,7 +258,7 @@ def test_worker_serves_prometheus_metrics(redis_url: str) -> None:
     env = dict(os.environ, PYTHONPATH=str(TESTS_DIR), **{SINK_ENV: redis_url})
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "tickwheel.durable.cli", "worker", "spill_support:registry",
+            sys.executable, "-m", "tickwheel.durable.ops.cli", "worker", "spill_support:registry",
             *opts(redis_url, ns), "--no-check", "--metrics-port", str(port),
             "--poll-interval", "0.05", "--lookahead", "0.2",
         ],
@@ -310,7 +310,7 @@ def test_worker_serves_prometheus_metrics(redis_url: str) -> None:
 def test_metrics_without_prometheus_client_names_the_extra(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from tickwheel.durable import _metrics
+    from tickwheel.durable.ops import metrics as _metrics
 
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
     with pytest.raises(ImportError, match=r"tickwheel\[prometheus\]"):
@@ -323,7 +323,7 @@ def test_logging_is_quiet_by_default_and_verbose_on_request(redis_url: str) -> N
     code = (
         "import asyncio, warnings\n"
         "from tickwheel.durable import check_server\n"
-        "from tickwheel.durable._connect import client_from_url\n"
+        "from tickwheel.durable.store._connect import client_from_url\n"
         "warnings.simplefilter('ignore')\n"
         f"c = client_from_url({redis_url!r})\n"
         "asyncio.run(check_server(c))\n"
@@ -414,7 +414,7 @@ def test_due_times_a_datetime_cannot_show_are_refused_before_writing(redis_url: 
 
 
 def _namespace_keys(url: str, ns: str) -> list[bytes]:
-    from tickwheel.durable._connect import connect
+    from tickwheel.durable.store._connect import connect
 
     async def main() -> list[bytes]:
         client = await connect(url)
@@ -519,7 +519,7 @@ def test_worker_stops_gracefully_on_sigterm_and_ctrl_c(redis_url: str, sig: str,
     env.pop("TICKWHEEL_REDIS_URL", None)
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "tickwheel.durable.cli", "worker", "spill_support:registry",
+            sys.executable, "-m", "tickwheel.durable.ops.cli", "worker", "spill_support:registry",
             *opts(redis_url, unique_ns()), "--no-check", "--poll-interval", "0.05",
         ],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True,
@@ -547,8 +547,8 @@ def test_a_refusal_the_library_calls_unavailable_is_not_unreachable(
 
     import redis.exceptions
 
-    from tickwheel.durable import cli as cli_module
-    from tickwheel.durable._errors import RedisUnavailable
+    from tickwheel.durable.model import RedisUnavailable
+    from tickwheel.durable.ops.cli import _common
 
     async def body() -> int:
         try:
@@ -557,6 +557,6 @@ def test_a_refusal_the_library_calls_unavailable_is_not_unreachable(
             raise RedisUnavailable(f"redis unavailable: {exc}") from exc
 
     args = argparse.Namespace(command="schedule", redis_url="redis://127.0.0.1:1/0", json=False)
-    assert cli_module._run(args, body) == 1
+    assert _common.run(args, body) == 1
     err = capsys.readouterr().err
     assert "Redis refused the command: OutOfMemoryError" in err and "cannot reach" not in err

@@ -25,8 +25,8 @@ from tickwheel.durable import (
     Scheduler,
     connect,
 )
-from tickwheel.durable._connect import client_from_url, parse_nodes
-from tickwheel.durable._server import RedisClusterServer, RedisServer
+from tickwheel.durable.servers._redis import RedisClusterServer, RedisServer
+from tickwheel.durable.store._connect import client_from_url, parse_nodes
 
 pytestmark = pytest.mark.redis
 

@@ -12,10 +12,10 @@ from dashboard_support import BASE, TOKEN, WorkerThread, api_client, bearer, log
 from durable_support import open_scheduler, run, unique_ns
 
 from tickwheel.durable import JobSpec, JobState, TaskRegistry
-from tickwheel.durable._dashboard._charts import Charts
-from tickwheel.durable._dashboard._data import DeadFilter, lateness_quantile
-from tickwheel.durable._keys import Keys
-from tickwheel.durable._server import RedisServer, free_port
+from tickwheel.durable.ops.dashboard._charts import Charts
+from tickwheel.durable.ops.dashboard._data import DeadFilter, lateness_quantile
+from tickwheel.durable.servers._redis import RedisServer, free_port
+from tickwheel.durable.store._keys import Keys
 
 pytestmark = pytest.mark.redis
 

@@ -28,7 +28,7 @@ from durable_support import open_scheduler, unique_ns
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from tickwheel.durable import JobSpec, JobState, TaskRegistry
-from tickwheel.durable._server import RedisServer, free_port
+from tickwheel.durable.servers._redis import RedisServer, free_port
 
 pytestmark = pytest.mark.redis
 
@@ -240,7 +240,7 @@ def test_an_xss_payload_stays_text(browser: Browser, redis_url: str, tmp_path: P
 
 
 def _shard(ns: str, job_id: str) -> int:
-    from tickwheel.durable._keys import Keys
+    from tickwheel.durable.store._keys import Keys
 
     return Keys(ns, SHARDS).shard_of(job_id)
 

@@ -13,8 +13,8 @@ import httpx
 import pytest
 from dashboard_support import wait_for
 
-from tickwheel.durable._dashboard import TOKEN_ENV, is_loopback
-from tickwheel.durable._server import free_port
+from tickwheel.durable.ops.dashboard import TOKEN_ENV, is_loopback
+from tickwheel.durable.servers._redis import free_port
 
 pytestmark = pytest.mark.redis
 
@@ -23,7 +23,7 @@ def _dashboard(*args: str, env: dict[str, str] | None = None) -> subprocess.Pope
     environ = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
     environ.update(env or {})
     return subprocess.Popen(
-        [sys.executable, "-m", "tickwheel.durable.cli", "dashboard", *args],
+        [sys.executable, "-m", "tickwheel.durable.ops.cli", "dashboard", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -118,7 +118,7 @@ def test_a_token_from_the_environment_is_not_printed() -> None:
 
 def test_the_command_line_does_not_import_the_dashboard() -> None:
     code = (
-        "import sys, tickwheel.durable.cli as c; c._parser(); "
+        "import sys, tickwheel.durable.ops.cli as c; c._parser(); "
         "print(any(m.split('.')[0] in ('starlette', 'uvicorn', 'jinja2') for m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -18,9 +18,9 @@ from tickwheel.durable import (
     ServerConfigWarning,
     check_server,
 )
-from tickwheel.durable._check import crash_loss
-from tickwheel.durable._connect import client_from_url
-from tickwheel.durable._server import RedisClusterServer, RedisServer
+from tickwheel.durable.servers._redis import RedisClusterServer, RedisServer
+from tickwheel.durable.store._check import crash_loss
+from tickwheel.durable.store._connect import client_from_url
 
 pytestmark = pytest.mark.redis
 
@@ -140,7 +140,14 @@ def test_the_report_says_what_a_crash_loses(tmp_path: Any, appendfsync: str, sai
 
         run(main())
         # `tickwheel check` says it in its text and in its JSON.
-        cmd = [sys.executable, "-m", "tickwheel.durable.cli", "check", "--redis-url", server.url]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tickwheel.durable.ops.cli",
+            "check",
+            "--redis-url",
+            server.url,
+        ]
         text = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
         assert text.returncode == 0, text.stderr
         assert f"appendfsync       {appendfsync}" in text.stdout

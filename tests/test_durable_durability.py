@@ -12,7 +12,7 @@ import redis.asyncio
 
 from tests.durable_support import run
 from tickwheel.durable import JobSpec, JobState, Scheduler
-from tickwheel.durable._server import RedisServer
+from tickwheel.durable.servers._redis import RedisServer
 
 pytestmark = pytest.mark.redis
 

@@ -12,8 +12,8 @@ from redis.crc import key_slot
 
 from tests.durable_support import open_scheduler, push_clock, run
 from tickwheel.durable import JobSpec, Keys, Store
-from tickwheel.durable._connect import client_from_url
-from tickwheel.durable._scripts import SCRIPT_NAMES, source
+from tickwheel.durable.store._connect import client_from_url
+from tickwheel.durable.store._scripts import SCRIPT_NAMES, STANDALONE_SCRIPTS, source
 
 pytestmark = pytest.mark.redis
 
@@ -140,6 +140,7 @@ def test_all_keys_of_each_script_land_in_one_slot(
                 await s.purge_all_dead(shard)
             await s.cancel("k2")
             assert not await s.store.raise_epoch(3, 0)
+            assert await s.store.heartbeat("w1", 10_000, True) == 1
             assert len(await s.inspect()) == 4
             await s.close()
 
@@ -149,9 +150,9 @@ def test_all_keys_of_each_script_land_in_one_slot(
         assert len({key_slot(k.encode()) for k in keys}) == 1, (name, keys)
 
 
-@pytest.mark.parametrize("name", SCRIPT_NAMES)
+@pytest.mark.parametrize("name", SCRIPT_NAMES + STANDALONE_SCRIPTS)
 def test_lua_header_lists_keys_argv_returns_errors(name: str) -> None:
-    text = resources.files("tickwheel.durable").joinpath("lua", f"{name}.lua").read_text()
+    text = resources.files("tickwheel.durable.store").joinpath("lua", f"{name}.lua").read_text()
     header = []
     for line in text.splitlines():
         if not line.startswith("--"):

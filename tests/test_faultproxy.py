@@ -25,7 +25,7 @@ import redis.retry
 from tests.durable_support import run
 from tests.faultproxy import Direction, FaultProxy, ThreadedFaultProxy
 from tests.spill_support import until
-from tickwheel.durable._server import RedisServer
+from tickwheel.durable.servers._redis import RedisServer
 
 pytestmark = pytest.mark.redis
 

@@ -24,9 +24,9 @@ from durable_support import check_shard, run, unique_ns
 from faultproxy import FaultProxy, ThreadedFaultProxy
 
 from tickwheel.durable import JobState, LeaseLost, RedisUnavailable, Scheduler
-from tickwheel.durable._connect import client_from_url
-from tickwheel.durable._scripts import SCRIPT_NAMES
-from tickwheel.durable._server import RedisServer
+from tickwheel.durable.servers._redis import RedisServer
+from tickwheel.durable.store._connect import client_from_url
+from tickwheel.durable.store._scripts import SCRIPT_NAMES
 
 # A bound on a fault's error for a loaded machine (the configured bound is 1 s).
 BOUND = 8.0

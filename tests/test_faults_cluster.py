@@ -22,8 +22,8 @@ from redis.crc import key_slot
 from test_faults import BOUND, black_hole_then_recover, load_scripts, lost_ack_then_ack_again, sha
 
 from tickwheel.durable import JobState, RedisUnavailable, Scheduler
-from tickwheel.durable._connect import client_from_url
-from tickwheel.durable._server import CLUSTER_SLOTS, RedisClusterServer
+from tickwheel.durable.servers._redis import CLUSTER_SLOTS, RedisClusterServer
+from tickwheel.durable.store._connect import client_from_url
 
 pytestmark = pytest.mark.redis
 

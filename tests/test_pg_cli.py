@@ -7,8 +7,8 @@ import pytest
 from tests.durable_support import run, unique_ns
 from tests.pg_support import rows
 from tests.test_cli import cli, cli_json
-from tickwheel.durable._server import RedisServer
 from tickwheel.durable.postgres import SCHEMA_VERSION
+from tickwheel.durable.servers._redis import RedisServer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 

@@ -20,8 +20,8 @@ from tickwheel.durable import (
     ScheduleStatus,
     SchemaNotReady,
 )
-from tickwheel.durable._server import RedisServer
 from tickwheel.durable.postgres import SCHEMA_VERSION, migrate, schema_version
+from tickwheel.durable.servers._redis import RedisServer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -337,7 +337,7 @@ def test_conn_without_postgres_mode_is_refused(redis_server: RedisServer) -> Non
 
 
 def test_postgres_down_is_transient_and_writes_nothing(redis_server: RedisServer) -> None:
-    from tickwheel.durable._pgserver import PostgresServer
+    from tickwheel.durable.servers._postgres import PostgresServer
 
     async def main(server: PostgresServer) -> None:
         await migrated(server.url)
@@ -470,7 +470,7 @@ def test_workers_ride_out_postgres_killed_and_restarted(redis_server: RedisServe
     from spill_support import running_worker, until
 
     from tickwheel.durable import TaskContext, TaskRegistry
-    from tickwheel.durable._pgserver import PostgresServer
+    from tickwheel.durable.servers._postgres import PostgresServer
 
     n = 120
     calls: dict[tuple[str, int], int] = {}
@@ -583,7 +583,7 @@ def test_shard_count_mismatch_writes_nothing(redis_server: RedisServer, pg_url: 
 
 def test_bad_postgres_url_is_named(redis_server: RedisServer) -> None:
     from tickwheel.durable import Scheduler
-    from tickwheel.durable._connect import client_from_url
+    from tickwheel.durable.store._connect import client_from_url
 
     async def main() -> None:
         client = client_from_url(redis_server.url)
@@ -636,7 +636,7 @@ def test_redis_only_mode_never_imports_the_driver() -> None:
     code = (
         "import sys, redis.asyncio\n"
         "from tickwheel.durable import Scheduler, Worker, TaskRegistry\n"
-        "import tickwheel.durable.cli\n"
+        "import tickwheel.durable.ops.cli\n"
         "s = Scheduler(redis.asyncio.Redis(), 'n', check=False)\n"
         "Worker(s, TaskRegistry())\n"
         "assert s.pg is None\n"

@@ -9,7 +9,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from tickwheel.durable._pgserver import PostgresServer, PostgresServerError, find_postgres_bin
+from tickwheel.durable.servers._postgres import (
+    PostgresServer,
+    PostgresServerError,
+    find_postgres_bin,
+)
 
 pytestmark = pytest.mark.postgres
 

@@ -1,4 +1,4 @@
-"""The test support that starts private redis-servers (durable/_server.py)."""
+"""The test support that starts private redis-servers (durable/servers/_redis.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tickwheel.durable import _server
-from tickwheel.durable._server import RedisServer, RedisServerError, find_redis_server, free_port
+from tickwheel.durable.servers import _redis as _server
+from tickwheel.durable.servers._redis import (
+    RedisServer,
+    RedisServerError,
+    find_redis_server,
+    free_port,
+)
 
 
 def _alive(pid: int) -> bool:

@@ -21,7 +21,7 @@ from tests.spill_support import (
     wait_effects,
 )
 from tickwheel.durable import JobState, Scheduler, TaskContext, TaskRegistry, Timers
-from tickwheel.durable._connect import client_from_url
+from tickwheel.durable.store._connect import client_from_url
 
 pytestmark = pytest.mark.redis
 

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from tickwheel.durable import TaskContext, TaskRegistry
-from tickwheel.durable._tasks import call_task
+from tickwheel.durable.runtime._tasks import call_task
 
 
 def _ctx(payload: object = None) -> TaskContext:

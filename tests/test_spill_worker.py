@@ -24,8 +24,8 @@ from tests.spill_support import (
     worker_processes,
 )
 from tickwheel.durable import JobSpec, Scheduler, TaskContext, TaskRegistry
-from tickwheel.durable._server import RedisServer
-from tickwheel.durable.cli import main as cli_main
+from tickwheel.durable.ops.cli import main as cli_main
+from tickwheel.durable.servers._redis import RedisServer
 
 pytestmark = pytest.mark.redis
 

@@ -16,8 +16,8 @@ import pytest
 from tests.durable_support import client_of, open_scheduler, run
 from tests.spill_support import running_worker, until
 from tickwheel.durable import Fenced, RedisUnavailable, TaskContext, TaskRegistry
-from tickwheel.durable._errors import translate
-from tickwheel.durable._server import RedisServer
+from tickwheel.durable.servers._redis import RedisServer
+from tickwheel.durable.store import translate
 
 pytestmark = pytest.mark.redis
 

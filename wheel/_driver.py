@@ -419,6 +419,30 @@ class TimingWheel(_WheelAPI):
             self._arm(deadline)
         return timer
 
+    def _clear_entry(self) -> None:
+        """A pending timer left its bucket (``Timer.cancel``): count it, disarm once empty.
+
+        Runtime complexity: O(1).
+        """
+        self._cancelled += 1
+        core = self._core
+        core._len -= 1
+        if not core._len:
+            self._disarm()
+
+    def _reregister(self, timer: Timer, when: float) -> None:
+        """Move a pending ``timer`` to loop time ``when`` (``Timer.reschedule``).
+
+        Runtime complexity: O(1).
+        """
+        tick = self._tick
+        deadline = _ceil(when / tick)
+        if deadline * tick < when:  # never early (G1)
+            deadline += 1
+        deadline = self._core.move(timer, deadline)
+        if deadline < self._armed_tick:
+            self._arm(deadline)
+
     def _refuse(self) -> None:
         if self._closed:
             raise WheelClosed("cannot schedule on a closed TimingWheel")

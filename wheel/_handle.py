@@ -23,17 +23,35 @@ from __future__ import annotations
 import contextvars
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from ._core import Entry
 
-if TYPE_CHECKING:
-    from ._driver import TimingWheel
-
-__all__ = ["Timer"]
+__all__ = ["Timer", "TimerOwner"]
 
 _INF = math.inf
 _ceil = math.ceil
+
+
+class TimerOwner(Protocol):
+    """What a :class:`Timer` uses of the wheel that owns it (``TimingWheel`` is one).
+
+    The handle never touches the wheel's insides (its core, its armed call): it reports
+    a cancel and asks for a move, as tokio's entries call ``clear_entry`` and
+    ``reregister`` on the driver. So the handle imports nothing of the driver.
+    """
+
+    @property
+    def _tick(self) -> float: ...  # seconds per tick
+
+    def _time(self) -> float:
+        """The loop's clock."""
+
+    def _clear_entry(self) -> None:
+        """A pending timer has left its bucket (cancelled): count it; disarm if empty."""
+
+    def _reregister(self, timer: Timer, when: float) -> None:
+        """Move a pending ``timer`` to loop time ``when`` (never early)."""
 
 
 def _FIRED() -> None:  # a sentinel that is also a valid callback
@@ -52,7 +70,7 @@ class Timer(Entry):
     _callback: Callable[..., object] | None  # the function; see the state table above
     _args: tuple[Any, ...] | None  # its positional arguments; None once dropped
     _context: contextvars.Context | None  # context to run in; None: the wheel's own
-    _wheel: ClassVar[TimingWheel]  # owner (class attribute of the wheel's own subclass)
+    _wheel: ClassVar[TimerOwner]  # owner (class attribute of the wheel's own subclass)
 
     def cancel(self) -> bool:
         """Cancel the timer, dropping its callback and arguments at once.
@@ -71,12 +89,7 @@ class Timer(Entry):
         self._callback = None
         self._args = None
         self._context = None
-        wheel = self._wheel
-        wheel._cancelled += 1
-        core = wheel._core
-        core._len -= 1
-        if not core._len:
-            wheel._disarm()
+        self._wheel._clear_entry()
         return True
 
     def cancelled(self) -> bool:
@@ -130,17 +143,9 @@ class Timer(Entry):
         return self._move_to(when)
 
     def _move_to(self, when: float) -> bool:
-        bucket = self._bucket
-        if bucket is None:
+        if self._bucket is None:
             return False
-        wheel = self._wheel
-        tick = wheel._tick
-        deadline = _ceil(when / tick)
-        if deadline * tick < when:  # never early (G1)
-            deadline += 1
-        deadline = wheel._core.move(self, deadline)
-        if deadline < wheel._armed_tick:
-            wheel._arm(deadline)
+        self._wheel._reregister(self, when)
         return True
 
     @property

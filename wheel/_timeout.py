@@ -11,18 +11,35 @@ from __future__ import annotations
 
 import asyncio
 import enum
+from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar, final
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, final
 
 if TYPE_CHECKING:
-    from ._driver import TimingWheel
     from ._handle import Timer
 
-__all__ = ["Timeout", "sleep_on"]
+__all__ = ["Timeout", "TimeoutWheel", "sleep_on"]
 
 T = TypeVar("T")
 
 _INF = float("inf")
+
+
+class TimeoutWheel(Protocol):
+    """What a :class:`Timeout` and a sleep use of their wheel (``TimingWheel`` is one);
+    named here so that this module imports nothing of the driver."""
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def _time(self) -> float:
+        """The loop's clock."""
+
+    def schedule(self, delay: float, callback: Callable[..., object], *args: Any) -> Timer:
+        """Call ``callback(*args)`` after ``delay`` seconds."""
+
+    def schedule_at(self, when: float, callback: Callable[..., object], *args: Any) -> Timer:
+        """Call ``callback(*args)`` at loop time ``when``."""
 
 
 class _State(enum.Enum):
@@ -43,7 +60,7 @@ class Timeout:
 
     __slots__ = ("_cancelling", "_soon", "_state", "_task", "_time", "_timer", "_wheel", "_when")
 
-    def __init__(self, wheel: TimingWheel, when: float | None) -> None:
+    def __init__(self, wheel: TimeoutWheel, when: float | None) -> None:
         self._wheel = wheel  # the wheel the expiry is scheduled on
         self._time = wheel._time  # the loop's clock (loop.time or its C twin), per reschedule
         self._when = when  # deadline as given (loop time); None: never
@@ -157,7 +174,7 @@ def _wake(future: asyncio.Future[T], result: T) -> None:
         future.set_result(result)
 
 
-async def sleep_on(wheel: TimingWheel, delay: float, result: T) -> T:
+async def sleep_on(wheel: TimeoutWheel, delay: float, result: T) -> T:
     """Sleep ``delay`` seconds on ``wheel``; the body of ``sleep`` and ``wheel.sleep``.
 
     Raises:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ._migrate import SCHEMA_VERSION, check_schema, migrate, migrations, schema_version
 from ._mode import PostgresMode, ReconcileResult
-from ._store import PgStore
+from ._store import PgStore, prune, translate
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -18,5 +18,7 @@ __all__ = [
     "check_schema",
     "migrate",
     "migrations",
+    "prune",
     "schema_version",
+    "translate",
 ]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from tickwheel.durable._errors import SchemaNotReady
+from tickwheel.durable.model import SchemaNotReady
 
 __all__ = ["SCHEMA_VERSION", "Migration", "check_schema", "migrate", "migrations", "schema_version"]
 

@@ -24,16 +24,21 @@ import dataclasses
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from tickwheel.durable._errors import Fenced, PostgresUnavailable, RedisUnavailable
-from tickwheel.durable._model import ClaimBatch, Job, JobSpec, ScheduleResult, ScheduleStatus
-from tickwheel.durable._store import ClaimedRef, EncodedJob
+from tickwheel.durable.model import (
+    ClaimBatch,
+    Fenced,
+    Job,
+    JobSpec,
+    PostgresUnavailable,
+    RedisUnavailable,
+    ScheduleResult,
+    ScheduleStatus,
+)
+from tickwheel.durable.store import ClaimedRef, EncodedJob, Keys, Store
 
 from ._store import PgJob, PgStore, encode_pg_job, redis_job, stored_epoch
-
-if TYPE_CHECKING:
-    from tickwheel.durable._scheduler import Scheduler
 
 __all__ = ["DEFAULT_RECONCILE_PAGE", "DEFAULT_RELAY_INTERVAL", "PostgresMode", "ReconcileResult"]
 
@@ -62,6 +67,29 @@ class ReconcileResult:
     seconds: float  # how long it took
 
 
+class RedisSide(Protocol):
+    """What the Postgres mode uses of the Redis side: a :class:`Scheduler` is one.
+
+    The scheduler layer sits above this one, so the mode names what it needs rather
+    than importing it (the layer rule, tests/test_layers.py).
+    """
+
+    @property
+    def store(self) -> Store: ...  # the Redis store: the due index, leases, epochs
+
+    @property
+    def keys(self) -> Keys: ...  # the namespace's shard count, for an id's shard
+
+    @property
+    def max_payload_bytes(self) -> int: ...
+
+    @property
+    def dedup_window_ms(self) -> int: ...
+
+    async def open(self) -> object:
+        """Check (or create) the namespace's layout in Redis; idempotent."""
+
+
 class PostgresMode:
     """The PostgreSQL half of a scheduler (``Scheduler(..., postgres_url=...)``)."""
 
@@ -71,14 +99,9 @@ class PostgresMode:
     # -- producers -----------------------------------------------------------------
 
     async def schedule(
-        self, sched: Scheduler, specs: Sequence[JobSpec], conn: Any
+        self, sched: RedisSide, specs: Sequence[JobSpec], conn: Any
     ) -> list[ScheduleResult]:
         """Write the jobs in one transaction, then (own transaction only) index them."""
-        if not sched._opened:
-            # The namespace's shard count is checked before anything is written (a
-            # mismatch raises); a Redis that is down does not stop the enqueue.
-            with contextlib.suppress(RedisUnavailable):
-                await sched.open()
         jobs: list[PgJob] = []
         limit = sched.max_payload_bytes
         for spec in specs:
@@ -119,7 +142,7 @@ class PostgresMode:
             return dataclasses.replace(spec, delay=rec.every_ms / 1000)
         return dataclasses.replace(spec, at=rec.next_after(now, now))
 
-    async def _index(self, sched: Scheduler, created: Sequence[tuple[PgJob, int, int]]) -> None:
+    async def _index(self, sched: RedisSide, created: Sequence[tuple[PgJob, int, int]]) -> None:
         """Write committed jobs to Redis and drop their outbox rows; on failure leave
         both to the relay (the job is committed: this is never the caller's error)."""
         try:
@@ -138,8 +161,9 @@ class PostgresMode:
 
     # -- workers -------------------------------------------------------------------
 
-    async def after_claim(self, sched: Scheduler, batch: ClaimBatch, epoch: int) -> ClaimBatch:
-        """Record the epoch in PostgreSQL; ack unrun what PostgreSQL has done already.
+    async def after_claim(self, sched: RedisSide, batch: ClaimBatch, epoch: int) -> ClaimBatch:
+        """Record the epoch in PostgreSQL; ack unrun what PostgreSQL has done already
+        (they are added to the batch's ``dropped``).
 
         Raises:
             Fenced: if PostgreSQL holds a higher epoch (Redis lost its epochs): the
@@ -167,7 +191,6 @@ class PostgresMode:
             return batch
         dups = [j for k, j in enumerate(batch.jobs) if k in done]
         await sched.store.ack(shard, epoch, [self._ref(j) for j in dups], sched.dedup_window_ms)
-        sched.ownership.counters.dedup_dropped += len(dups)
         jobs = [j for k, j in enumerate(batch.jobs) if k not in done]
         return dataclasses.replace(batch, jobs=jobs, dropped=batch.dropped + len(dups))
 
@@ -184,7 +207,7 @@ class PostgresMode:
 
     # -- relay and reconcile -------------------------------------------------------
 
-    async def relay(self, sched: Scheduler, limit: int = 1000) -> int:
+    async def relay(self, sched: RedisSide, limit: int = 1000) -> int:
         """Write up to ``limit`` outbox rows to Redis and delete them; return how many
         rows were handled. Safe beside other relays (rows are locked, skipped by the
         others) and to repeat (a job indexed already is kept as it is).
@@ -202,7 +225,7 @@ class PostgresMode:
                 await sched.store.schedule(shard, jobs, False)
         return len(rows)
 
-    async def relay_all(self, sched: Scheduler) -> int:
+    async def relay_all(self, sched: RedisSide) -> int:
         """:meth:`relay` until the outbox is empty (of rows no other relay holds)."""
         total = 0
         while n := await self.relay(sched):
@@ -210,7 +233,7 @@ class PostgresMode:
         return total
 
     async def reconcile(
-        self, sched: Scheduler, *, page: int = DEFAULT_RECONCILE_PAGE
+        self, sched: RedisSide, *, page: int = DEFAULT_RECONCILE_PAGE
     ) -> ReconcileResult:
         """Rebuild the Redis index from PostgreSQL after a Redis loss (or to check).
 
@@ -246,7 +269,7 @@ class PostgresMode:
         return ReconcileResult(pending, restored, raised, relayed, time.monotonic() - start)
 
     async def run_relay(
-        self, sched: Scheduler, stop: asyncio.Event, interval: float = DEFAULT_RELAY_INTERVAL
+        self, sched: RedisSide, stop: asyncio.Event, interval: float = DEFAULT_RELAY_INTERVAL
     ) -> None:
         """Relay until ``stop`` is set: at each commit notification, and every
         ``interval`` seconds. Errors are logged, and the next round tries again."""

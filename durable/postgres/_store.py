@@ -23,12 +23,16 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tickwheel.durable._connect import shown_url
-from tickwheel.durable._errors import Fenced, PostgresUnavailable
-from tickwheel.durable._model import JobSpec, encode_payload
-from tickwheel.durable._record import pack_record
-from tickwheel.durable._recurrence import KIND_CRON, KIND_INTERVAL, POLICY_CODES
-from tickwheel.durable._store import ClaimedRef, EncodedJob
+from tickwheel.durable.model import (
+    KIND_CRON,
+    KIND_INTERVAL,
+    POLICY_CODES,
+    Fenced,
+    JobSpec,
+    PostgresUnavailable,
+    encode_payload,
+)
+from tickwheel.durable.store import ClaimedRef, EncodedJob, pack_record, shown_url
 
 from ._migrate import check_schema
 

@@ -1,0 +1,100 @@
+"""The vocabulary every layer of tickwheel.durable shares: jobs, recurrences, errors, counters.
+
+Owns: the typed values (``JobSpec``, ``Job``, ``JobInfo``, results), the argument checks
+that build them, recurrence arithmetic, the error classes and the counters.
+
+Invariants: values are validated when they are built, so a bad argument is refused
+before anything is sent; times are integer ms from Redis's (or PostgreSQL's) clock.
+
+May import: the standard library and ``cronsim``; nothing else from tickwheel.
+"""
+
+from __future__ import annotations
+
+from ._errors import (
+    DurableError,
+    Fenced,
+    LeaseLost,
+    NotOwner,
+    PostgresUnavailable,
+    RedisUnavailable,
+    ReplicationTimeout,
+    SchemaNotReady,
+    ServerCheckFailed,
+    ShardCountMismatch,
+)
+from ._jobs import (
+    DEFAULT_MAX_ATTEMPTS,
+    MAX_JOB_ID_BYTES,
+    MAX_TASK_BYTES,
+    ClaimBatch,
+    DeadPage,
+    Job,
+    JobInfo,
+    JobSpec,
+    JobState,
+    ReapResult,
+    ScheduleResult,
+    ScheduleStatus,
+    ShardInfo,
+    check_job_id,
+    decode_payload,
+    encode_payload,
+    finite_seconds_ms,
+    when_args,
+)
+from ._recurrence import (
+    DEFAULT_MAX_CATCH_UP,
+    DEFAULT_MISFIRE_GRACE_MS,
+    KIND_CRON,
+    KIND_INTERVAL,
+    POLICY_BY_CODE,
+    POLICY_CODES,
+    MissedRun,
+    Recurrence,
+)
+from ._stats import LATENESS_BOUNDS, Counters, LatenessHistogram, SchedulerStats, count_reap
+
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "DEFAULT_MAX_CATCH_UP",
+    "DEFAULT_MISFIRE_GRACE_MS",
+    "KIND_CRON",
+    "KIND_INTERVAL",
+    "LATENESS_BOUNDS",
+    "MAX_JOB_ID_BYTES",
+    "MAX_TASK_BYTES",
+    "POLICY_BY_CODE",
+    "POLICY_CODES",
+    "ClaimBatch",
+    "Counters",
+    "DeadPage",
+    "DurableError",
+    "Fenced",
+    "Job",
+    "JobInfo",
+    "JobSpec",
+    "JobState",
+    "LatenessHistogram",
+    "LeaseLost",
+    "MissedRun",
+    "NotOwner",
+    "PostgresUnavailable",
+    "ReapResult",
+    "Recurrence",
+    "RedisUnavailable",
+    "ReplicationTimeout",
+    "ScheduleResult",
+    "ScheduleStatus",
+    "SchedulerStats",
+    "SchemaNotReady",
+    "ServerCheckFailed",
+    "ShardCountMismatch",
+    "ShardInfo",
+    "check_job_id",
+    "count_reap",
+    "decode_payload",
+    "encode_payload",
+    "finite_seconds_ms",
+    "when_args",
+]

@@ -1,0 +1,297 @@
+"""The typed values of tickwheel.durable: job specs, claimed jobs, states, results.
+
+Ground rules:
+
+- Times are integers in ms since the epoch, read from Redis (names end in ``_ms``);
+  durations given by users are seconds (float) or ``timedelta``, as in asyncio.
+- A job is in exactly one :class:`JobState`; a completed or cancelled job has none.
+- Validation happens when a :class:`JobSpec` is built, before anything is sent, so a bad
+  argument writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import IntEnum
+from typing import Any
+
+from ._recurrence import Recurrence, _duration_ms
+
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "MAX_JOB_ID_BYTES",
+    "MAX_TASK_BYTES",
+    "ClaimBatch",
+    "DeadPage",
+    "Job",
+    "JobInfo",
+    "JobSpec",
+    "JobState",
+    "ReapResult",
+    "ScheduleResult",
+    "ScheduleStatus",
+    "ShardInfo",
+]
+
+# Enough to ride out a short outage of a downstream service with exponential backoff
+# (1 s, 2 s, 4 s, 8 s) without keeping a broken job alive for hours.
+# Job ids are stored in two sorted sets and the done set: a cap keeps a runaway id (say a
+# whole URL with its query string) from multiplying the memory of every entry.
+MAX_JOB_ID_BYTES = 256
+DEFAULT_MAX_ATTEMPTS = 5
+# Task names are registry keys, stored in every record: short by nature.
+MAX_TASK_BYTES = 128
+# The largest attempt count a record may hold (a msgpack uint32, far beyond any policy).
+MAX_ATTEMPTS_LIMIT = 2**31 - 1
+
+FLAG_JSON = 1  # record field 4, bit 0: the payload is JSON text
+
+
+class JobState(IntEnum):
+    """The state a job is in (codes as the scripts return them)."""
+
+    DUE = 1  # in {ns:s}:due, waiting for its due time
+    LEASED = 2  # in {ns:s}:leased, held by a claimer until the lease deadline
+    DEAD = 3  # in {ns:s}:dead, after max attempts
+
+
+class ScheduleStatus(IntEnum):
+    """What scheduling a job id did (codes as schedule.lua returns them)."""
+
+    CREATED = 1  # a new job
+    KEPT = 2  # the id existed and replace was False: untouched
+    REPLACED = 3  # the id was due or dead and replace was True: overwritten, now due
+    BUSY = 4  # the id is leased (running): never replaced
+    DONE = 5  # this occurrence (id, nominal due) completed already: nothing written
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleResult:
+    """The outcome of scheduling one job."""
+
+    id: str  # the job id
+    status: ScheduleStatus  # what happened
+    when_ms: int  # due time (created/replaced/done), or the existing job's score
+
+
+def check_job_id(job_id: object) -> str:
+    """Return ``job_id`` if it is a valid job id.
+
+    Raises:
+        TypeError: if it is not a str.
+        ValueError: if it is empty or longer than ``MAX_JOB_ID_BYTES`` UTF-8 bytes.
+    """
+    if not isinstance(job_id, str):
+        raise TypeError(f"job_id must be a str, got {type(job_id).__name__}")
+    size = len(job_id.encode())
+    if size == 0:
+        raise ValueError("job_id must not be empty")
+    if size > MAX_JOB_ID_BYTES:
+        raise ValueError(f"job_id must be at most {MAX_JOB_ID_BYTES} UTF-8 bytes, got {size}")
+    return job_id
+
+
+def when_args(delay: float | timedelta | None, at: int | datetime | None) -> tuple[int, int]:
+    """Return ``(mode, time)`` for a script: mode 1 a delay in ms, mode 0 an epoch ms.
+
+    Raises:
+        TypeError, ValueError: naming ``delay`` or ``at``.
+    """
+    if delay is not None and at is not None:
+        raise ValueError("give delay or at, not both")
+    if at is None:
+        return 1, _duration_ms("delay", 0 if delay is None else delay)
+    if isinstance(at, datetime):
+        if at.tzinfo is None:
+            raise ValueError(f"at must be timezone-aware, got naive {at!r}")
+        return 0, (at.astimezone(UTC) - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(
+            milliseconds=1
+        )
+    if isinstance(at, int) and not isinstance(at, bool):
+        if at < 0:
+            raise ValueError(f"at must be epoch ms >= 0, got {at}")
+        return 0, at
+    raise TypeError(f"at must be epoch ms (int) or a datetime, got {at!r}")
+
+
+def encode_payload(payload: object, limit: int) -> tuple[bytes, int]:
+    """Return ``(bytes, flags)`` for a payload: bytes as is, anything else as JSON.
+
+    Raises:
+        TypeError: if ``payload`` is neither bytes nor JSON-serialisable.
+        ValueError: if it is over ``limit`` bytes once encoded.
+    """
+    if isinstance(payload, bytes | bytearray | memoryview):
+        data, flags = bytes(payload), 0
+    else:
+        try:
+            text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"payload must be bytes or JSON-serialisable: {exc}") from exc
+        data, flags = text.encode(), FLAG_JSON
+    if len(data) > limit:
+        raise ValueError(f"payload must be at most {limit} bytes encoded, got {len(data)}")
+    return data, flags
+
+
+def decode_payload(data: bytes, flags: int) -> Any:
+    """Inverse of :func:`encode_payload`."""
+    return json.loads(data) if flags & FLAG_JSON else data
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A job to schedule. Validated on construction: a bad field raises at once.
+
+    Args:
+        id: the job id (stable; re-scheduling the same id is idempotent).
+        task: the task name the handler is registered under.
+        payload: bytes, or any JSON-serialisable value.
+        delay: seconds (or timedelta) from Redis's now; the default is now.
+        at: absolute due, epoch ms or an aware datetime (excludes ``delay``).
+        max_attempts: attempts before the job goes dead.
+        recurrence: for a recurring job; the first run is ``delay``/``at`` if given,
+            else the first occurrence after now.
+
+    Raises:
+        TypeError, ValueError: naming the bad parameter.
+    """
+
+    id: str
+    task: str
+    payload: Any = b""
+    delay: float | timedelta | None = None
+    at: int | datetime | None = None
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    recurrence: Recurrence | None = None
+    mode: int = field(init=False, repr=False, compare=False)  # 1 delay, 0 absolute
+    time_ms: int = field(init=False, repr=False, compare=False)  # delay or epoch ms
+
+    def __post_init__(self) -> None:
+        check_job_id(self.id)
+        if not isinstance(self.task, str):
+            raise TypeError(f"task must be a str, got {type(self.task).__name__}")
+        if not 0 < len(self.task.encode()) <= MAX_TASK_BYTES:
+            raise ValueError(f"task must be 1 to {MAX_TASK_BYTES} UTF-8 bytes, got {self.task!r}")
+        ma = self.max_attempts
+        if not isinstance(ma, int) or isinstance(ma, bool):
+            raise TypeError(f"max_attempts must be an int, got {type(ma).__name__}")
+        if not 1 <= ma <= MAX_ATTEMPTS_LIMIT:
+            raise ValueError(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}, got {ma}")
+        if self.recurrence is not None and not isinstance(self.recurrence, Recurrence):
+            raise TypeError(f"recurrence must be a Recurrence, got {self.recurrence!r}")
+        mode, time_ms = when_args(self.delay, self.at)
+        object.__setattr__(self, "mode", mode)
+        object.__setattr__(self, "time_ms", time_ms)
+
+
+@dataclass(slots=True)
+class Job:
+    """A claimed job: the handler's view. ``(id, nominal_ms)`` is the idempotency key.
+
+    Treat it as read-only. It is not frozen because a claim builds one per job and a
+    frozen dataclass's ``__init__`` costs twice as much (bench: durable claim+ack).
+    """
+
+    id: str  # job id
+    shard: int  # its shard
+    task: str  # task name
+    payload: Any  # bytes, or the decoded JSON value
+    nominal_ms: int  # nominal due: the occurrence's identity (dedup key with id)
+    due_ms: int  # the due score it was claimed at (later than nominal after a retry)
+    deadline_ms: int  # lease deadline
+    attempt: int  # attempt number, from 1
+    max_attempts: int  # attempts before it goes dead
+    epoch: int  # the owner epoch the lease was taken under
+    recurrence: Recurrence | None  # set for recurring jobs
+    next_due_ms: int = 0  # the next occurrence ack re-inserts (recurring); 0 none
+    duplicate: bool = False  # this occurrence was done already: ack it without running
+    last_error: str = ""  # error of the previous attempt
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """One job's state, as :meth:`Scheduler.get` and the dead-letter list return it."""
+
+    id: str  # job id
+    shard: int  # its shard
+    state: JobState  # due, leased or dead
+    when_ms: int  # due time, lease deadline or time of death, by state
+    task: str  # task name
+    payload: Any  # bytes, or the decoded JSON value
+    nominal_ms: int  # nominal due
+    attempt: int  # attempt number, from 1
+    max_attempts: int  # attempts before it goes dead
+    epoch: int  # epoch of the current lease; 0 when not leased
+    recurrence: Recurrence | None  # set for recurring jobs
+    last_error: str  # error of the last failed attempt
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimBatch:
+    """What one claim returned."""
+
+    shard: int  # the shard claimed from
+    now_ms: int  # Redis's now at the claim (to convert due times to a loop clock)
+    jobs: list[Job]  # leased jobs, in due order
+    dropped: int  # one-shot jobs dropped because their occurrence was done
+    moved: int = 0  # recurring jobs moved unrun by their missed-run policy
+
+
+@dataclass(frozen=True, slots=True)
+class ReapResult:
+    """What one reap returned."""
+
+    shard: int  # the shard reaped
+    now_ms: int  # Redis's now at the reap
+    requeued: list[str]  # ids returned to due (attempt + 1)
+    dead: list[str]  # ids moved to dead (max attempts reached)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadPage:
+    """A page of dead letters."""
+
+    total: int  # dead letters in the shard
+    jobs: list[JobInfo]  # this page, oldest first
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    """One shard as an operator sees it (inspect.lua), at Redis's ``now_ms``."""
+
+    shard: int  # the shard
+    now_ms: int  # Redis's now for the shard
+    due: int  # jobs waiting for their due time (or overdue)
+    overdue: int  # due jobs whose time has come and that nobody claimed yet
+    oldest_overdue_ms: int  # due time of the oldest overdue job; 0 when none
+    next_due_ms: int  # the earliest due time after now; 0 when none
+    leased: int  # jobs claimed and not yet acked
+    expired: int  # leases past their deadline, waiting for the reaper
+    dead: int  # dead letters
+    owner: str  # the owner's token; "" when no one owns the shard
+    owner_ttl_ms: int  # how long the owner's token lives without renewal; -2 when free
+    epoch: int  # the shard's fencing epoch
+
+    @property
+    def lag_ms(self) -> int:
+        """How late the oldest overdue job is (ms); 0 when none is overdue."""
+        return self.now_ms - self.oldest_overdue_ms if self.overdue else 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields by name, with ``lag_ms``."""
+        return {**asdict(self), "lag_ms": self.lag_ms}
+
+
+def finite_seconds_ms(name: str, value: float | timedelta, minimum_ms: int = 0) -> int:
+    """``value`` seconds as ms, checked finite and >= ``minimum_ms``.
+
+    Raises:
+        TypeError, ValueError: naming ``name``.
+    """
+    ms = _duration_ms(name, value)
+    if ms < minimum_ms:
+        raise ValueError(f"{name} must be at least {minimum_ms} ms, got {value!r}")
+    return ms

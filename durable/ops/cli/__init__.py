@@ -1,0 +1,139 @@
+"""The ``tickwheel`` command: the demo, a worker, and what an operator needs.
+
+Commands:
+
+    tickwheel demo            wheel timers and durable jobs on an embedded Redis; one of
+                              two workers is killed (SIGKILL) mid-way; nothing is lost
+    tickwheel wheel-demo      the timing wheel beside asyncio's timers, in memory
+    tickwheel worker M:ATTR   run durable jobs with the tasks of a TaskRegistry
+    tickwheel schedule ID TASK [PAYLOAD]   schedule a job (payload as JSON)
+    tickwheel cancel ID       remove a job in any state
+    tickwheel inspect         per shard: due, overdue (lag), leased, dead, owner, next due
+    tickwheel dead-letters list|requeue|purge
+    tickwheel check           server version, AOF, maxmemory-policy, cluster state
+    tickwheel dashboard       a web UI and JSON API over a namespace (tickwheel[dashboard])
+    tickwheel pg migrate|status|prune   the Postgres mode's schema, and retention
+    tickwheel reconcile       rebuild the Redis index from PostgreSQL (Postgres mode)
+
+Every command but the demos takes ``--redis-url`` (default ``$TICKWHEEL_REDIS_URL``),
+``--postgres-url`` (default ``$TICKWHEEL_POSTGRES_URL``: the Postgres mode, see
+docs/postgres.md), ``--namespace``, ``--shards``, ``--json`` (one JSON document on
+stdout, for scripts; not ``worker``, which prints JSON lines always) and
+``-v``/``--verbose`` (log INFO, or DEBUG with ``-vv``, to stderr). ``inspect``,
+``dead-letters`` and ``cancel`` never create a namespace (one that does not exist is
+reported, exit 1).
+
+Exit codes:
+
+    0  success
+    1  the command ran and found a failure: problems in ``check``, no such job for
+       ``cancel``, a job not scheduled (busy/done), a namespace not created, an error
+       reply from Redis (OOM, WRONGTYPE, NOPERM), a lost or early job in a demo
+    2  bad usage: a bad argument or option, a malformed ``--redis-url``
+    3  Redis unreachable (connection refused, timeout, authentication)
+    4  the namespace was created with another shard count (pass the stored one)
+    5  PostgreSQL unreachable (Postgres mode)
+    130  interrupted (Ctrl-C); the demo still stops its workers and its Redis
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from tickwheel.durable.store import URL_ENV
+
+from . import _demos, _jobs, _pg, _server, _worker
+from ._args import common_options
+from ._common import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_MISMATCH,
+    EXIT_OK,
+    EXIT_PG_UNREACHABLE,
+    EXIT_UNREACHABLE,
+    EXIT_USAGE,
+    CliError,
+)
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_MISMATCH",
+    "EXIT_OK",
+    "EXIT_PG_UNREACHABLE",
+    "EXIT_UNREACHABLE",
+    "EXIT_USAGE",
+    "CliError",
+    "main",
+]
+
+
+EPILOG = """\
+exit codes:
+  0  success
+  1  the command ran and found a failure (check problems, no such job or namespace,
+     an error reply from Redis, a lost job)
+  2  bad usage (a bad argument, a malformed --redis-url)
+  3  Redis unreachable (connection refused, timeout, authentication)
+  4  the namespace was created with another shard count (pass the stored one)
+  5  PostgreSQL unreachable (Postgres mode)
+  130  interrupted (Ctrl-C); what the command started was stopped
+
+--redis-url defaults to $TICKWHEEL_REDIS_URL, --postgres-url to $TICKWHEEL_POSTGRES_URL.
+--json prints one JSON document on stdout.
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="tickwheel",
+        description="Timing wheel and durable Redis scheduler.",
+        epilog=EPILOG,
+        formatter_class=fmt,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    common = common_options()
+
+    def add(name: str, text: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(
+            name, help=text, description=text, epilog=EPILOG, formatter_class=fmt, **kwargs
+        )
+
+    for group in (_demos, _worker, _jobs, _server, _pg):
+        group.add_commands(add, common)
+    return parser
+
+
+def _configure_logging(verbose: int) -> None:
+    if verbose <= 0:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger("tickwheel")
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line.
+
+    Args:
+        argv: the arguments (``sys.argv[1:]`` when None).
+
+    Returns:
+        The exit code (see the module docstring).
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "needs_url", True) and not args.redis_url:
+        parser.error(f"{args.command}: --redis-url is required (or set {URL_ENV})")
+    if getattr(args, "shard", None) is not None and args.shard >= args.shards:
+        parser.error(f"--shard must be below --shards {args.shards}, got {args.shard}")
+    _configure_logging(getattr(args, "verbose", 0))
+    result: int = args.func(args)
+    return result

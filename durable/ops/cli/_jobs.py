@@ -1,0 +1,266 @@
+"""The job commands: ``schedule``, ``cancel``, ``inspect`` and ``dead-letters``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from tickwheel.durable.model import (
+    DEFAULT_MAX_ATTEMPTS,
+    JobInfo,
+    MissedRun,
+    ScheduleStatus,
+    ShardInfo,
+)
+from tickwheel.durable.scheduler import (
+    MAX_BATCH,
+    Scheduler,
+)
+
+from ._args import (
+    AddCommand,
+    at_time,
+    batch_size,
+    delay_seconds,
+    json_payload,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
+from ._common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    emit,
+    fail,
+    iso,
+    not_created,
+    run,
+    with_scheduler,
+)
+
+
+def _schedule(args: argparse.Namespace) -> int:
+    try:  # checked before anything is written
+        payload, at = json_payload(args.payload), at_time(args.at)
+        delay, every = delay_seconds("--delay", args.delay), delay_seconds("--every", args.every)
+    except CliError as error:
+        return fail(args, error)
+
+    async def body(scheduler: Scheduler) -> int:
+        result = await scheduler.schedule(
+            args.id,
+            args.task,
+            payload,
+            delay=delay,
+            at=at,
+            replace=args.replace,
+            max_attempts=args.max_attempts,
+            every=every,
+            cron=args.cron,
+            missed=args.missed,
+        )
+        data = {
+            "id": result.id,
+            "status": result.status.name.lower(),
+            "when_ms": result.when_ms,
+            "due": iso(result.when_ms),
+            "shard": scheduler.keys.shard_of(args.id),
+        }
+        emit(
+            args,
+            data,
+            lambda: f"{data['status']}: job {args.id!r} (shard {data['shard']}), due {data['due']}",
+        )
+        refused = (ScheduleStatus.BUSY, ScheduleStatus.DONE)
+        return EXIT_FAILED if result.status in refused else EXIT_OK
+
+    return run(args, lambda: with_scheduler(args, body))
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    async def body(scheduler: Scheduler) -> int:
+        found = await scheduler.cancel(args.id)
+        text = f"cancelled job {args.id!r}" if found else f"no job {args.id!r}"
+        emit(args, {"id": args.id, "cancelled": found}, text)
+        return EXIT_OK if found else EXIT_FAILED
+
+    def absent() -> int:
+        return not_created(args, {"id": args.id, "cancelled": False}, f"no job {args.id!r}: ")
+
+    return run(args, lambda: with_scheduler(args, body, absent=absent))
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    async def body(scheduler: Scheduler) -> int:
+        rows = await scheduler.inspect()
+        totals = {
+            name: sum(getattr(r, name) for r in rows)
+            for name in ("due", "overdue", "leased", "expired", "dead")
+        }
+        lags = [r.lag_ms for r in rows if r.overdue]
+        totals["max_lag_ms"] = max(lags, default=0)
+        totals["owned"] = sum(1 for r in rows if r.owner)
+        data = {
+            "namespace": args.namespace,
+            "created": True,
+            "shards": [r.as_dict() for r in rows],
+            **totals,
+        }
+        emit(args, data, lambda: _inspect_text(args.namespace, rows, totals))
+        return EXIT_OK
+
+    return run(args, lambda: with_scheduler(args, body, absent=lambda: not_created(args, {})))
+
+
+def _inspect_text(namespace: str, rows: list[ShardInfo], totals: dict[str, int]) -> str:
+    lines = [
+        f"namespace {namespace!r}, {len(rows)} shards (Redis time {iso(rows[0].now_ms)})",
+        f"  {'shard':>5} {'due':>8} {'overdue':>8} {'lag':>9} {'leased':>7} {'expired':>7} "
+        f"{'dead':>6} {'epoch':>6}  {'owner':<12} next due",
+    ]
+    for r in rows:
+        owner = f"{r.owner[:12]}" if r.owner else "-"
+        lag = f"{r.lag_ms / 1000:.1f}s" if r.overdue else "-"
+        nxt = iso(r.next_due_ms) if r.next_due_ms else "-"
+        lines.append(
+            f"  {r.shard:>5} {r.due:>8} {r.overdue:>8} {lag:>9} {r.leased:>7} "
+            f"{r.expired:>7} {r.dead:>6} {r.epoch:>6}  {owner:<12} {nxt}"
+        )
+    lines.append(
+        f"  total: {totals['due']} due ({totals['overdue']} overdue, oldest "
+        f"{totals['max_lag_ms'] / 1000:.1f}s late), {totals['leased']} leased "
+        f"({totals['expired']} expired), {totals['dead']} dead; "
+        f"{totals['owned']}/{len(rows)} shards owned"
+    )
+    return "\n".join(lines)
+
+
+def _dead_row(job: JobInfo) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "shard": job.shard,
+        "task": job.task,
+        "payload": job.payload.decode(errors="replace")
+        if isinstance(job.payload, bytes)
+        else job.payload,
+        "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
+        "died_ms": job.when_ms,
+        "error": job.last_error,
+    }
+
+
+def _dead_letters(args: argparse.Namespace) -> int:
+    action = f"dead-letters {args.action}"
+    if args.action == "list" and (args.ids or args.all):
+        bad = "job ids" if args.ids else "--all"
+        return fail(args, CliError(EXIT_USAGE, f"{action} takes no {bad} (only --shard, --limit)"))
+    if args.action != "list":
+        if not args.ids and not args.all:
+            return fail(args, CliError(EXIT_USAGE, f"{action}: give job ids, or --all"))
+        if args.ids and args.all:
+            return fail(args, CliError(EXIT_USAGE, f"{action}: give job ids or --all, not both"))
+        if args.ids and args.shard is not None:
+            return fail(
+                args,
+                CliError(
+                    EXIT_USAGE, f"{action}: --shard goes with --all; a job id names its shard"
+                ),
+            )
+
+    async def body(scheduler: Scheduler) -> int:
+        shards = [args.shard] if args.shard is not None else range(scheduler.keys.shards)
+        if args.action == "list":
+            rows: list[dict[str, Any]] = []
+            total = 0
+            for shard in shards:
+                page = await scheduler.dead_letters(shard, count=args.limit)
+                total += page.total
+                rows += [_dead_row(j) for j in page.jobs]
+
+            def text() -> str:
+                lines = [
+                    f"  {r['id']}  shard {r['shard']}  task {r['task']}  attempt {r['attempt']}/"
+                    f"{r['max_attempts']}  died {iso(r['died_ms'])}  {r['error']}"
+                    for r in rows
+                ]
+                return "\n".join([f"{total} dead letters", *lines])
+
+            emit(args, {"created": True, "total": total, "jobs": rows}, text)
+            return EXIT_OK
+        if args.ids:
+            act = scheduler.requeue_dead if args.action == "requeue" else scheduler.purge_dead
+            done = await act(args.ids)
+            missing = [i for i in args.ids if i not in set(done)]
+        else:
+            done, missing = [], []
+            for shard in shards:
+                while True:  # a batch at a time, until the shard has none left
+                    if args.action == "requeue":
+                        got = await scheduler.requeue_all_dead(shard, limit=MAX_BATCH)
+                    else:
+                        got = await scheduler.purge_all_dead(shard, limit=MAX_BATCH)
+                    done += got
+                    if len(got) < MAX_BATCH:
+                        break
+        verb = "requeued" if args.action == "requeue" else "purged"
+        said = f"{verb} {len(done)} dead letters"
+        if missing:
+            said += f"; not dead letters: {', '.join(missing)}"
+        emit(args, {verb: done, "missing": missing}, said)
+        return EXIT_FAILED if missing else EXIT_OK
+
+    def absent() -> int:
+        if args.action == "list":
+            return not_created(args, {"total": 0, "jobs": []}, "0 dead letters: ")
+        verb = "requeued" if args.action == "requeue" else "purged"
+        return not_created(args, {verb: [], "missing": list(args.ids)}, f"{verb} nothing: ")
+
+    return run(args, lambda: with_scheduler(args, body, absent=absent))
+
+
+def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
+    """Add this group's commands (``add`` makes a subparser; ``common`` holds the
+    options every Redis command takes)."""
+    sched = add("schedule", "schedule a durable job", parents=[common])
+    sched.add_argument("id", help="the job id (scheduling it again keeps the first)")
+    sched.add_argument("task", help="the task name")
+    sched.add_argument("payload", nargs="?", help="the payload, as JSON")
+    when = sched.add_mutually_exclusive_group()
+    when.add_argument("--delay", type=non_negative_float, help="seconds from Redis's now")
+    when.add_argument("--at", help="epoch ms, or ISO 8601 with a zone")
+    rec = sched.add_mutually_exclusive_group()
+    rec.add_argument("--every", type=positive_float, help="recur every this many seconds")
+    rec.add_argument("--cron", help="recur on a cron expression (UTC)")
+    sched.add_argument(
+        "--missed",
+        choices=[m.value for m in MissedRun],
+        default=MissedRun.ONCE.value,
+        help="missed-run policy of a recurring job",
+    )
+    sched.add_argument("--replace", action="store_true", help="overwrite a due or dead job")
+    sched.add_argument("--max-attempts", type=positive_int, default=DEFAULT_MAX_ATTEMPTS)
+    sched.set_defaults(func=_schedule)
+
+    cancel = add("cancel", "remove a job in any state", parents=[common])
+    cancel.add_argument("id", help="the job id")
+    cancel.set_defaults(func=_cancel)
+
+    insp = add("inspect", "per shard: due, overdue and lag, leased, dead, owner", parents=[common])
+    insp.set_defaults(func=_inspect)
+
+    dead = add("dead-letters", "list, requeue or purge dead letters", parents=[common])
+    dead.add_argument("action", choices=["list", "requeue", "purge"])
+    dead.add_argument("ids", nargs="*", help="job ids (requeue, purge)")
+    dead.add_argument("--all", action="store_true", help="requeue or purge every dead letter")
+    dead.add_argument("--shard", type=non_negative_int, help="only this shard")
+    dead.add_argument(
+        "--limit",
+        type=batch_size,
+        default=100,
+        help=f"list: at most this many per shard (1..{MAX_BATCH})",
+    )
+    dead.set_defaults(func=_dead_letters)

@@ -1,0 +1,211 @@
+"""The server commands: ``check`` (is Redis fit for durable jobs?) and ``dashboard``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import warnings
+from typing import Any
+
+import redis.exceptions
+from redis.asyncio.cluster import RedisCluster
+
+from tickwheel.durable.model import (
+    RedisUnavailable,
+    ShardCountMismatch,
+)
+from tickwheel.durable.store import (
+    DEFAULT_BUCKETS,
+    URL_ENV,
+    Keys,
+    ServerReport,
+    check_server,
+    client_from_url,
+    shown_url,
+)
+
+from ._args import (
+    AddCommand,
+    port,
+)
+from ._common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    PG_URL_ENV,
+    CliError,
+    check_url,
+    connect_redis,
+    emit,
+    fail,
+    hide_password,
+    run,
+    shard_mismatch,
+    stored_layout,
+)
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    check_url(args.redis_url)  # a malformed URL is a usage error, said without its password
+    try:
+        client_from_url(args.redis_url)  # redis-py's own checks; no connection is made
+    except ValueError as exc:
+        url = args.redis_url
+        raise CliError(
+            EXIT_USAGE, f"--redis-url {shown_url(url)!r}: {hide_password(url, exc)}"
+        ) from None
+    try:
+        from tickwheel.durable.ops import dashboard as dash  # noqa: PLC0415 (the optional extra)
+    except ImportError as exc:
+        raise CliError(
+            EXIT_USAGE,
+            f"the dashboard needs its extra: pip install 'tickwheel[dashboard]' ({exc.name})",
+        ) from None
+    token = os.environ.get(dash.TOKEN_ENV) or None
+    if not dash.is_loopback(args.host) and token is None:
+        raise CliError(
+            EXIT_USAGE,
+            f"--host {args.host} is not a loopback address: set ${dash.TOKEN_ENV} to a secret "
+            "of your own before exposing the dashboard (reads then need it too)",
+        )
+    try:
+        config = dash.DashboardConfig(
+            args.redis_url,
+            args.namespace,
+            token=token or secrets.token_urlsafe(24),
+            read_only=args.read_only,
+            protect_reads=not dash.is_loopback(args.host),
+            allowed_hosts=["127.0.0.1", "localhost", "[::1]"]
+            if dash.is_loopback(args.host)
+            else ["*"],
+            postgres_url=args.postgres_url,
+        )
+        from tickwheel.durable.ops.dashboard._data import Namespace  # noqa: PLC0415
+
+        Namespace(args.redis_url, args.namespace)  # validates the namespace
+    except (TypeError, ValueError) as exc:
+        name = dash.TOKEN_ENV if "token" in str(exc) else "--namespace"
+        raise CliError(EXIT_USAGE, f"{name}: {exc}") from None
+    try:
+        return dash.serve(config, args.host, args.port, token_given=token is not None)
+    except OSError as exc:
+        raise CliError(EXIT_FAILED, f"cannot listen on {args.host}:{args.port}: {exc}") from None
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def _dashboard_command(args: argparse.Namespace) -> int:
+    try:
+        return _dashboard(args)
+    except CliError as error:
+        return fail(args, error)
+
+
+def _report_lines(report: ServerReport) -> list[str]:
+    def show(value: object) -> str:
+        return "unknown" if value is None else str(value)
+
+    cluster = show(report.cluster_enabled)
+    if report.cluster_enabled:
+        cluster += f" (cluster_state {show(report.cluster_state)})"
+    return [
+        f"  redis_version     {report.version or 'unknown'}",
+        f"  aof_enabled       {show(report.aof_enabled)}",
+        f"  appendfsync       {show(report.appendfsync)}",
+        f"  maxmemory-policy  {show(report.maxmemory_policy)}",
+        f"  cluster_enabled   {cluster}",
+        f"  a crash loses     {report.crash_loss}",
+    ]
+
+
+def _check(args: argparse.Namespace) -> int:
+    async def body() -> int:
+        try:
+            client = await connect_redis(args.redis_url)
+        except RedisUnavailable:
+            # A cluster that cannot serve (slots unassigned, too many masters down)
+            # refuses a cluster client; its node still answers a plain one, and the
+            # report then says what is wrong with the cluster.
+            client = client_from_url(args.redis_url)
+            if isinstance(client, RedisCluster):
+                await client.aclose()
+                raise
+        try:
+            with warnings.catch_warnings():  # reported below, not as warnings
+                warnings.simplefilter("ignore")
+                report = await check_server(client)
+            keys = Keys(args.namespace, args.shards, DEFAULT_BUCKETS)
+            try:
+                stored: Any = await client.get(keys.meta)
+            except redis.exceptions.ResponseError as exc:  # e.g. a cluster that is down
+                stored, unreadable = None, str(exc)
+            else:
+                unreadable = ""
+        finally:
+            await client.aclose()
+        layout = stored_layout(stored)
+        data: dict[str, Any] = {
+            "url": check_url(args.redis_url),
+            "version": report.version,
+            "aof_enabled": report.aof_enabled,
+            "appendfsync": report.appendfsync,
+            "crash_loss": report.crash_loss,
+            "maxmemory_policy": report.maxmemory_policy,
+            "cluster_enabled": report.cluster_enabled,
+            "cluster_state": report.cluster_state,
+            "problems": report.problems,
+            "unknown": report.unknown,
+            "namespace": args.namespace,
+            "namespace_shards": layout[0] if layout else None,
+            "ok": report.ok,
+        }
+        mismatch: CliError | None = None
+        if layout and layout != (keys.shards, keys.buckets):
+            mismatch = shard_mismatch(
+                args, ShardCountMismatch(args.namespace, layout, (keys.shards, keys.buckets))
+            )
+            data.update(error=str(mismatch), exit_code=mismatch.code)
+        lines = [f"Redis at {data['url']}", *_report_lines(report)]
+        if unreadable:
+            lines.append(f"  namespace {args.namespace!r}: not readable ({unreadable})")
+        elif layout:
+            lines.append(f"  namespace {args.namespace!r}: {data['namespace_shards']} shards")
+        else:
+            lines.append(f"  namespace {args.namespace!r}: not created yet")
+        lines += [f"  PROBLEM: {p}" for p in report.problems]
+        lines += [f"  not checked: {u}" for u in report.unknown]
+        lines.append("  ok" if report.ok else f"  {len(report.problems)} problem(s)")
+        emit(args, data, "\n".join(lines))
+        if mismatch is not None:
+            raise mismatch  # on stderr; with --json it is in the document above
+        return EXIT_OK if report.ok else EXIT_FAILED
+
+    return run(args, body)
+
+
+def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
+    """Add this group's commands (``add`` makes a subparser; ``common`` holds the
+    options every Redis command takes)."""
+    dash = add("dashboard", "serve a web UI and JSON API over a namespace (tickwheel[dashboard])")
+    dash.add_argument(
+        "--redis-url",
+        default=os.environ.get(URL_ENV) or None,
+        help=f"redis://host:port/db (default ${URL_ENV})",
+    )
+    dash.add_argument("--namespace", default="tickwheel", help="key namespace")
+    dash.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    dash.add_argument("--port", type=port, default=8765, help="port (0: a free one)")
+    dash.add_argument("--read-only", action="store_true", help="refuse every write")
+    dash.add_argument(
+        "--postgres-url",
+        default=os.environ.get(PG_URL_ENV) or None,
+        help=f"the Postgres mode's PostgreSQL (default ${PG_URL_ENV})",
+    )
+    dash.add_argument(
+        "-v", "--verbose", action="count", default=0, help="log to stderr (-vv: debug)"
+    )
+    dash.set_defaults(func=_dashboard_command)
+
+    chk = add("check", "is the server fit for durable jobs?", parents=[common])
+    chk.set_defaults(func=_check)

@@ -1,0 +1,182 @@
+"""``tickwheel worker``: run durable jobs with the tasks of a registry."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+from tickwheel.durable.runtime import (
+    DEFAULT_DRAIN_TIMEOUT,
+    DEFAULT_LIMIT,
+    DEFAULT_LOOKAHEAD,
+    DEFAULT_MAX_RUNNING,
+    DEFAULT_POLL_INTERVAL,
+    DEFAULT_REAP_INTERVAL,
+    DEFAULT_RECONCILE_INTERVAL,
+    TaskRegistry,
+    Worker,
+)
+from tickwheel.durable.scheduler import (
+    DEFAULT_LEASE,
+    DEFAULT_OWNER_TTL,
+    Scheduler,
+)
+
+from ._args import (
+    AddCommand,
+    common_options,
+    non_negative_float,
+    port,
+    positive_float,
+    positive_int,
+)
+from ._common import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    connect_redis,
+    fail,
+    run,
+)
+
+
+def _load_registry(path: str) -> TaskRegistry:
+    """Import ``module:attr`` (attr may be dotted) and return the registry it names.
+
+    Raises:
+        ValueError: if the path is malformed or does not name a TaskRegistry.
+        ImportError: if the module cannot be imported.
+    """
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"registry must be MODULE:ATTRIBUTE, got {path!r}")
+    if os.getcwd() not in sys.path:  # the console script, unlike `python -m`, omits it
+        sys.path.insert(0, os.getcwd())
+    obj: object = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not isinstance(obj, TaskRegistry):
+        raise ValueError(f"{path} is a {type(obj).__name__}, not a TaskRegistry")
+    return obj
+
+
+async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
+    client = await connect_redis(args.redis_url)
+    metrics = None
+    scheduler: Scheduler | None = None
+    try:
+        scheduler = Scheduler(
+            client,
+            args.namespace,
+            shards=args.shards,
+            owner_ttl=args.owner_ttl,
+            check=not args.no_check,
+            postgres_url=args.postgres_url,
+        )
+        worker = Worker(
+            scheduler,
+            registry,
+            lookahead=args.lookahead,
+            lease=args.lease,
+            limit=args.limit,
+            poll_interval=args.poll_interval,
+            max_running=args.max_running,
+            reap_interval=args.reap_interval,
+            drain_timeout=args.drain_timeout,
+            reconcile_interval=args.reconcile_interval,
+        )
+        await scheduler.open()  # fail early: unreachable, shard count mismatch
+        if args.metrics_port is not None:
+            from tickwheel.durable.ops.metrics import (  # noqa: PLC0415  (optional extra)
+                MetricsCollector,
+                start_metrics_server,
+            )
+
+            try:
+                metrics = start_metrics_server(
+                    MetricsCollector(scheduler, worker), args.metrics_port
+                )
+            except ImportError as exc:
+                raise CliError(EXIT_USAGE, f"--metrics-port: {exc}") from None
+            except OSError as exc:
+                raise CliError(
+                    EXIT_FAILED, f"--metrics-port {args.metrics_port}: cannot listen ({exc})"
+                ) from None
+        loop = asyncio.get_running_loop()
+        got: list[int] = []  # the signals that stopped it
+
+        def on_signal(sig: int) -> None:
+            got.append(sig)
+            worker.stop()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal, sig)
+        started: dict[str, Any] = {"event": "started", "pid": os.getpid()}
+        if metrics is not None:
+            started["metrics_port"] = metrics.port
+        print(json.dumps(started), flush=True)
+        stats = await worker.run()
+        stopped = {
+            "event": "stopped",
+            "stats": stats.as_dict(),
+            "scheduler": scheduler.stats().as_dict(),
+        }
+        print(json.dumps(stopped), flush=True)
+        if signal.SIGINT in got:  # Ctrl-C: the same graceful stop as SIGTERM, then 130
+            print(f"tickwheel {args.command}: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        return EXIT_OK
+    finally:
+        if metrics is not None:
+            metrics.stop()
+        if scheduler is not None and scheduler.pg is not None:
+            await scheduler.pg.store.aclose()
+        await client.aclose()
+
+
+def _worker(args: argparse.Namespace) -> int:
+    try:
+        registry = _load_registry(args.registry)
+    except (ValueError, ImportError, AttributeError) as exc:
+        return fail(args, CliError(EXIT_USAGE, f"registry: {exc}"))
+    return run(args, lambda: _work(args, registry))
+
+
+def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
+    """Add this group's commands (``add`` makes a subparser; ``common`` holds the
+    options every Redis command takes)."""
+    work = add(
+        "worker",
+        "run durable jobs with the tasks of a registry (prints JSON lines: started, stopped)",
+        parents=[common_options(with_json=False)],
+    )
+    work.add_argument("registry", help="MODULE:ATTRIBUTE naming a TaskRegistry")
+    work.add_argument("--owner-ttl", type=positive_float, default=DEFAULT_OWNER_TTL)
+    work.add_argument("--lookahead", type=non_negative_float, default=DEFAULT_LOOKAHEAD)
+    work.add_argument("--lease", type=positive_float, default=DEFAULT_LEASE)
+    work.add_argument("--limit", type=positive_int, default=DEFAULT_LIMIT)
+    work.add_argument("--max-running", type=positive_int, default=DEFAULT_MAX_RUNNING)
+    work.add_argument("--poll-interval", type=positive_float, default=DEFAULT_POLL_INTERVAL)
+    work.add_argument("--reap-interval", type=positive_float, default=DEFAULT_REAP_INTERVAL)
+    work.add_argument("--drain-timeout", type=non_negative_float, default=DEFAULT_DRAIN_TIMEOUT)
+    work.add_argument(
+        "--reconcile-interval",
+        type=positive_float,
+        default=DEFAULT_RECONCILE_INTERVAL,
+        help="Postgres mode: seconds between reconciles (one runs at start)",
+    )
+    work.add_argument("--no-check", action="store_true", help="skip the server config check")
+    work.add_argument(
+        "--metrics-port",
+        type=port,
+        help="serve Prometheus metrics on 127.0.0.1:PORT (needs tickwheel[prometheus])",
+    )
+    work.set_defaults(func=_worker)

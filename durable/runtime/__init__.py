@@ -1,0 +1,55 @@
+"""The loops that run jobs: loader, task runner, worker, reaper, spill and stream handoff.
+
+Owns: the claim loop that loads due jobs into a wheel (``_loader.py``), the task runner
+(slots, shedding, lease extension, ack batching), the :class:`Worker` that holds shards
+and runs the rest, the reaper round, :class:`Timers` (the spill), the task registry and
+the Redis Streams handoff.
+
+Invariants: a loop only sets the pace; every decision about time is taken by a script
+on Redis's clock; a round that fails is logged and retried after a pause, never fatal.
+
+May import: ``tickwheel.durable.scheduler``, ``.postgres``, ``.store``, ``.model`` and
+``tickwheel.wheel``.
+"""
+
+from __future__ import annotations
+
+from ._loader import (
+    DEFAULT_LIMIT,
+    DEFAULT_LOOKAHEAD,
+    DEFAULT_MAX_LOADED,
+    DEFAULT_MAX_RUNNING,
+    DEFAULT_POLL_INTERVAL,
+    Loader,
+    LoaderStats,
+)
+from ._reaper import DEFAULT_REAP_INTERVAL, DEFAULT_REAP_LIMIT, Reaper
+from ._spill import DEFAULT_THRESHOLD, Timers
+from ._stream import Publisher, StreamConsumer, StreamEntry, StreamPublisher
+from ._tasks import TaskContext, TaskRegistry
+from ._worker import DEFAULT_DRAIN_TIMEOUT, DEFAULT_RECONCILE_INTERVAL, STATS_COUNTERS, Worker
+
+__all__ = [
+    "DEFAULT_DRAIN_TIMEOUT",
+    "DEFAULT_LIMIT",
+    "DEFAULT_LOOKAHEAD",
+    "DEFAULT_MAX_LOADED",
+    "DEFAULT_MAX_RUNNING",
+    "DEFAULT_POLL_INTERVAL",
+    "DEFAULT_REAP_INTERVAL",
+    "DEFAULT_REAP_LIMIT",
+    "DEFAULT_RECONCILE_INTERVAL",
+    "DEFAULT_THRESHOLD",
+    "STATS_COUNTERS",
+    "Loader",
+    "LoaderStats",
+    "Publisher",
+    "Reaper",
+    "StreamConsumer",
+    "StreamEntry",
+    "StreamPublisher",
+    "TaskContext",
+    "TaskRegistry",
+    "Timers",
+    "Worker",
+]

@@ -1,0 +1,311 @@
+"""The publish handoff: due jobs go to a broker (a Redis Stream built in) instead of a task.
+
+Ground rules:
+
+- A :class:`~tickwheel.durable.Loader` given a ``publisher`` fires each job in the wheel
+  at its due time, publishes it, and acks (clears the lease) only after the publish
+  returned: a crash before that leaves the lease to the reaper, so no job is lost.
+- So a job may be published more than once (the broker accepted it but the ack never
+  happened): every entry carries the job id and nominal due, and consumers deduplicate
+  on that pair (:class:`StreamConsumer` does).
+- The consumer's dedup uses ``SET NX GET`` (Redis 7.0 or later).
+- Dedup records which *entry* owns an occurrence (``SET key entry_id NX``), not merely
+  that it was seen: a redelivery of the owning entry (a dead consumer's pending entry
+  taken over with XAUTOCLAIM) is processed again, any other entry of the same
+  occurrence is acked and dropped. Marking "seen" at read time instead would drop the
+  only copy when the first reader dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Protocol
+
+import redis.asyncio
+import redis.exceptions
+from redis.asyncio.cluster import RedisCluster
+
+from tickwheel.durable.model import (
+    Job,
+    RedisUnavailable,
+    decode_payload,
+    encode_payload,
+    finite_seconds_ms,
+)
+from tickwheel.durable.store import Client, register, translate
+from tickwheel.wheel import timeout
+
+__all__ = ["Publisher", "StreamConsumer", "StreamEntry", "StreamPublisher"]
+
+logger = logging.getLogger("tickwheel.durable")
+
+# Entries kept in the stream (approximate trim): enough for consumers that fall minutes
+# behind at the source document's peak of ~2,900 jobs/s; None keeps everything.
+DEFAULT_STREAM_MAXLEN = 1_000_000
+# How long (s) the owner of an occurrence is remembered: must outlast redeliveries of
+# the same occurrence (lease expiry + reap + backoff), like the scheduler's dedup window.
+DEFAULT_DEDUP_TTL = 3600.0
+# A pending entry idle this long (s) belongs to a dead consumer and is taken over.
+DEFAULT_CLAIM_IDLE = 30.0
+# A blocking read waits in slices of at most this many seconds: below the socket
+# timeout of the clients connect() makes (5 s), so a long block is not cut by it.
+BLOCK_SLICE = 1.0
+# Seconds a read may take beyond its block before RedisUnavailable (a black hole).
+READ_GRACE = 5.0
+# Payloads of published jobs were accepted by the scheduler already; no second limit.
+_NO_LIMIT = 2**31
+
+
+class Publisher(Protocol):
+    """Hands a due job to a broker; returns only once the broker confirmed it."""
+
+    async def publish(self, job: Job) -> None:
+        """Publish ``job``; raise if it cannot be confirmed (the job is retried)."""
+        ...
+
+
+class StreamPublisher:
+    """Publish jobs to a Redis Stream with XADD (confirmed by the reply).
+
+    Each entry has the fields ``id``, ``nominal`` (ms), ``task``, ``attempt``,
+    ``payload`` and ``flags`` (1: the payload is JSON text).
+
+    Args:
+        client: a ``Redis`` or ``RedisCluster`` (any database; it may be another server).
+        stream: the stream key.
+        maxlen: approximate cap on entries (``XADD MAXLEN ~``); None for none.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        stream: str,
+        *,
+        maxlen: int | None = DEFAULT_STREAM_MAXLEN,
+    ) -> None:
+        self.client = client  # where the stream lives
+        self.stream = stream  # the stream key
+        self.maxlen = maxlen  # approximate trim
+
+    async def publish(self, job: Job) -> None:
+        """XADD one entry for ``job``.
+
+        Raises:
+            RedisUnavailable: if Redis cannot be reached (the entry may or may not exist:
+                the job is retried and consumers drop a duplicate).
+        """
+        data, flags = encode_payload(job.payload, _NO_LIMIT)
+        fields: dict[Any, Any] = {
+            "id": job.id,
+            "nominal": job.nominal_ms,
+            "task": job.task,
+            "attempt": job.attempt,
+            "payload": data,
+            "flags": flags,
+        }
+        try:
+            await self.client.xadd(self.stream, fields, maxlen=self.maxlen, approximate=True)
+        except redis.exceptions.RedisError as exc:
+            raise translate(exc) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEntry:
+    """One published job, as a consumer reads it."""
+
+    entry_id: str  # the stream entry id (for XACK)
+    job_id: str  # the job id
+    nominal_ms: int  # nominal due: with job_id, the dedup key
+    task: str  # task name
+    attempt: int  # the scheduler's attempt that published it
+    payload: Any  # bytes, or the decoded JSON value
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """The idempotency key ``(job_id, nominal_ms)``."""
+        return (self.job_id, self.nominal_ms)
+
+
+class StreamConsumer:
+    """Read published jobs with a consumer group, dropping duplicate publishes.
+
+    Args:
+        client: the stream's Redis (``decode_responses=False``).
+        stream: the stream key.
+        group: the consumer group (created at the stream's start if missing).
+        consumer: this consumer's name within the group.
+        dedup_ttl: seconds an occurrence's owning entry is remembered.
+        claim_idle: seconds a pending entry may idle before another consumer takes it.
+        count: entries per read.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        stream: str,
+        group: str,
+        consumer: str,
+        *,
+        dedup_ttl: float | timedelta = DEFAULT_DEDUP_TTL,
+        claim_idle: float | timedelta = DEFAULT_CLAIM_IDLE,
+        count: int = 100,
+    ) -> None:
+        self.client = client  # the stream's Redis
+        self.stream = stream  # stream key
+        self.group = group  # consumer group
+        self.consumer = consumer  # this consumer
+        self.dedup_ttl_ms = finite_seconds_ms("dedup_ttl", dedup_ttl, minimum_ms=1)
+        self.claim_idle_ms = finite_seconds_ms("claim_idle", claim_idle)
+        self.count = count  # entries per read
+        self.dropped = 0  # duplicate entries acked without being returned
+        self._group_ready = False  # XGROUP CREATE done
+        self._claim_occurrence = register(client, "dedup")  # store/lua/dedup.lua
+
+    def _dedup_key(self, entry: StreamEntry) -> str:
+        return f"{self.stream}:owner:{self.group}:{entry.job_id}:{entry.nominal_ms}"
+
+    async def _ensure_group(self) -> None:
+        if self._group_ready:
+            return
+        try:
+            await self.client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except redis.exceptions.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._group_ready = True
+
+    async def read(self, block: float | None = None) -> list[StreamEntry]:
+        """Entries to process: a dead consumer's idle ones first (XAUTOCLAIM), then new
+        ones (XREADGROUP). Duplicate publishes of an occurrence are acked and dropped.
+
+        Args:
+            block: seconds to wait for new entries when there are none; None: no wait.
+                The wait is bounded by ``block`` plus ``READ_GRACE`` (5 s), whatever
+                the client's socket timeout.
+
+        Returns:
+            The entries; :meth:`ack` each once processed.
+
+        Raises:
+            RedisUnavailable: if Redis cannot be reached.
+        """
+        try:
+            await self._ensure_group()
+            raw: list[tuple[bytes, dict[bytes, bytes]]] = []
+            reply: Any = await self.client.xautoclaim(
+                self.stream, self.group, self.consumer, self.claim_idle_ms, count=self.count
+            )
+            raw += [e for e in reply[1] if e[1] is not None]
+            if not raw:
+                raw = await self._read_new(block)
+            return await self._dedup([self._entry(eid, fields) for eid, fields in raw])
+        except redis.exceptions.RedisError as exc:
+            raise translate(exc) from exc
+        except TimeoutError:
+            raise RedisUnavailable(
+                f"redis unavailable: no reply within {READ_GRACE:g} s beyond the block"
+            ) from None
+
+    async def _read_new(self, block: float | None) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        """XREADGROUP, blocking up to ``block`` s in slices of at most BLOCK_SLICE, each
+        bounded: a long block never outwaits the client's socket timeout, and a Redis
+        that stops answering is noticed within a slice plus READ_GRACE."""
+        loop = asyncio.get_running_loop()
+        end = None if block is None else loop.time() + block
+        while True:
+            ms = None if end is None else max(1, int(min(end - loop.time(), BLOCK_SLICE) * 1000))
+            async with timeout((ms or 0) / 1000 + READ_GRACE):
+                streams: Any = await self.client.xreadgroup(
+                    self.group, self.consumer, {self.stream: ">"}, count=self.count, block=ms
+                )
+            raw = [e for _, entries in streams or [] for e in entries]
+            if raw or end is None or loop.time() >= end:
+                return raw
+
+    @staticmethod
+    def _entry(entry_id: bytes | str, fields: dict[bytes, bytes]) -> StreamEntry:
+        return StreamEntry(
+            entry_id.decode() if isinstance(entry_id, bytes) else entry_id,
+            fields[b"id"].decode(),
+            int(fields[b"nominal"]),
+            fields[b"task"].decode(),
+            int(fields[b"attempt"]),
+            decode_payload(fields[b"payload"], int(fields[b"flags"])),
+        )
+
+    async def _dedup(self, entries: Sequence[StreamEntry]) -> list[StreamEntry]:
+        if not entries:
+            return []
+        ttl = self.dedup_ttl_ms
+        # One claim per occurrence, by its first entry in stream order: two entries of
+        # one occurrence in one batch must not race for it (concurrent calls on a
+        # cluster reach the server in any order, and the later publish could win).
+        first: dict[tuple[str, int], StreamEntry] = {}
+        for e in entries:
+            first.setdefault(e.key, e)
+        claims = list(first.values())
+        if isinstance(self.client, RedisCluster):
+            # The occurrences' keys span slots, and redis-py's cluster pipeline refuses
+            # EVALSHA: concurrent calls instead (each routed to its slot's master).
+            owners = await asyncio.gather(
+                *(
+                    self._claim_occurrence(keys=[self._dedup_key(e)], args=[e.entry_id, ttl])
+                    for e in claims
+                )
+            )
+        else:
+            async with self.client.pipeline(transaction=False) as pipe:
+                for e in claims:
+                    key = self._dedup_key(e)
+                    await self._claim_occurrence(keys=[key], args=[e.entry_id, ttl], client=pipe)
+                owners = await pipe.execute()
+        # None: the claiming entry now owns the occurrence; else the owner's entry id.
+        owner_of = {
+            e.key: e.entry_id if owner is None else owner.decode()
+            for e, owner in zip(claims, owners, strict=True)
+        }
+        fresh: list[StreamEntry] = []
+        dups: list[str] = []
+        for e in entries:
+            # The owner itself (or a redelivery of it) is processed; any other is a dup.
+            if owner_of[e.key] == e.entry_id:
+                fresh.append(e)
+            else:
+                dups.append(e.entry_id)
+        if dups:
+            await self.client.xack(self.stream, self.group, *dups)
+            self.dropped += len(dups)
+        return fresh
+
+    async def ack(self, entry: StreamEntry) -> None:
+        """Mark ``entry`` processed (XACK)."""
+        try:
+            await self.client.xack(self.stream, self.group, entry.entry_id)
+        except redis.exceptions.RedisError as exc:
+            raise translate(exc) from exc
+
+    async def process(
+        self, handler: Callable[[StreamEntry], Awaitable[object]], block: float | None = None
+    ) -> int:
+        """One round: read, run ``handler`` on each entry, ack those it finished.
+
+        An entry whose handler raised stays pending: after ``claim_idle`` it is read
+        again (by this or another consumer).
+
+        Returns:
+            How many entries were handled and acked.
+        """
+        done = 0
+        for entry in await self.read(block):
+            try:
+                await handler(entry)
+            except Exception:
+                logger.exception("tickwheel.durable: handler failed on entry %s", entry.entry_id)
+                continue
+            await self.ack(entry)
+            done += 1
+        return done

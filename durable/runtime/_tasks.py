@@ -1,0 +1,172 @@
+"""The task registry: names for the functions that timers and durable jobs run.
+
+Ground rules:
+
+- A durable job stores only a task *name* (and a payload): the function is looked up by
+  that name in the process that runs the job, so names are the contract between the
+  producer and the worker and must stay stable across deploys.
+- A name is registered once per registry; registering it again is an error, never a
+  silent replacement (two modules claiming one name is a bug to see at import time).
+- A task is called as ``fn(ctx)`` with a :class:`TaskContext`; it may be a coroutine
+  function or a plain function. A plain function runs on the event loop thread, so it
+  must be short.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, overload
+
+from tickwheel.durable.model import MAX_TASK_BYTES, Job
+
+__all__ = ["TaskContext", "TaskFunc", "TaskRegistry"]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskContext:
+    """What a task is told about the occurrence it runs.
+
+    ``(job_id, nominal_ms)`` is the idempotency key: delivery is at least once, so a task
+    with side effects records that key (e.g. ``SET key NX``) and skips a repeat.
+    """
+
+    job_id: str  # the job id (generated for an in-memory timer)
+    task: str  # the task name
+    payload: Any  # bytes, or the decoded JSON value
+    nominal_ms: int  # nominal due (epoch ms); Redis's clock for durable jobs
+    attempt: int  # attempt number, from 1 (always 1 in memory)
+    epoch: int  # the shard owner's fencing epoch of the lease; 0 in memory
+    durable: bool  # True when the job came from Redis
+    job: Job | None = None  # the claimed job (durable only)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """The idempotency key ``(job_id, nominal_ms)``."""
+        return (self.job_id, self.nominal_ms)
+
+
+# A task: ``fn(ctx)``, returning an awaitable (a coroutine function) or anything else.
+TaskFunc = Callable[[TaskContext], object]
+
+
+def check_task_name(name: object) -> str:
+    """Return ``name`` if it is a valid task name.
+
+    Raises:
+        TypeError: if it is not a str.
+        ValueError: if it is empty or longer than ``MAX_TASK_BYTES`` UTF-8 bytes.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    if not 0 < len(name.encode()) <= MAX_TASK_BYTES:
+        raise ValueError(f"name must be 1 to {MAX_TASK_BYTES} UTF-8 bytes, got {name!r}")
+    return name
+
+
+async def call_task(fn: TaskFunc, ctx: TaskContext) -> object:
+    """Run ``fn(ctx)``, awaiting the result when it is awaitable.
+
+    Raises:
+        Whatever the task raises.
+    """
+    result = fn(ctx)
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+class TaskRegistry:
+    """Task names mapped to functions.
+
+    Usage::
+
+        tasks = TaskRegistry()
+
+        @tasks.task
+        async def send_reminder(ctx: TaskContext) -> None: ...
+
+        @tasks.task(name="billing.charge")
+        def charge(ctx: TaskContext) -> None: ...
+    """
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, TaskFunc] = {}  # name -> function
+
+    @overload
+    def task(self, fn: TaskFunc, /) -> TaskFunc: ...
+
+    @overload
+    def task(self, *, name: str | None = None) -> Callable[[TaskFunc], TaskFunc]: ...
+
+    def task(
+        self, fn: TaskFunc | None = None, *, name: str | None = None
+    ) -> TaskFunc | Callable[[TaskFunc], TaskFunc]:
+        """Register a function as a task; usable bare or with ``name=``.
+
+        The default name is the function's ``__qualname__``.
+
+        Returns:
+            The function itself (unchanged), or a decorator when called with ``name=``.
+
+        Raises:
+            TypeError: if the decorated object is not callable, or ``name`` not a str.
+            ValueError: if the name is taken or malformed.
+        """
+        if fn is None:
+
+            def decorate(f: TaskFunc) -> TaskFunc:
+                return self.register(f, name=name)
+
+            return decorate
+        return self.register(fn, name=name)
+
+    def register(self, fn: TaskFunc, *, name: str | None = None) -> TaskFunc:
+        """Register ``fn`` under ``name`` (default: its ``__qualname__``). O(1).
+
+        Returns:
+            ``fn``.
+
+        Raises:
+            TypeError: if ``fn`` is not callable, or ``name`` is not a str.
+            ValueError: if the name is already registered or malformed.
+        """
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {fn!r}")
+        if name is None:
+            name = getattr(fn, "__qualname__", None)
+            if not isinstance(name, str):
+                raise TypeError(f"fn has no __qualname__; give name= for {fn!r}")
+        check_task_name(name)
+        if name in self._tasks:
+            raise ValueError(f"task name {name!r} is already registered to {self._tasks[name]!r}")
+        self._tasks[name] = fn
+        return fn
+
+    def get(self, name: str) -> TaskFunc | None:
+        """The function registered under ``name``, or None. O(1)."""
+        return self._tasks.get(name)
+
+    def __getitem__(self, name: str) -> TaskFunc:
+        """The function registered under ``name``.
+
+        Raises:
+            KeyError: naming the unknown task and the known ones.
+        """
+        try:
+            return self._tasks[name]
+        except KeyError:
+            raise KeyError(f"no task named {name!r}; known: {sorted(self._tasks)}") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tasks
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tasks)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __repr__(self) -> str:
+        return f"TaskRegistry({sorted(self._tasks)})"

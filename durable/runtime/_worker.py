@@ -1,0 +1,372 @@
+"""The worker: one process's loader, reaper and fair share of the shards.
+
+Ground rules:
+
+- Workers of a namespace heartbeat into one member set (``{ns}:workers``, scored by
+  Redis time, see ``store/lua/members.lua``); a member whose heartbeat is older than the
+  member TTL is gone. Each worker owns at most ``ceil(shards / live workers)`` shards:
+  it takes free ones up to that share and gives back extras, so the shards spread
+  again when a worker joins or dies.
+- A shard is given back only after its loaded, unfired jobs were released (under the
+  loader's lock, so no claim lands in between) and its running tasks finished (up to the
+  drain timeout). That drain runs beside the balancer, which goes on renewing the other
+  shards, and the leaving one, so a long drain costs no shard its owner. A fenced shard
+  is dropped with its loaded jobs, which its new owner gets back from the reaper.
+- The balancer and the reaper outlive any error: Redis unreachable or refusing for now
+  is a warning, anything else is logged with its traceback, and the next round runs.
+- Every balancing round also publishes the worker's counters (claims, acks, retries,
+  dead letters, reaps, the lateness histogram) as one small JSON string under
+  ``{ns}:wstats:<token>`` with the member TTL, for the dashboard: one SET every few
+  seconds, off the job path; a dead worker's stats expire with its membership.
+- Shutdown (:meth:`Worker.stop`, SIGTERM in the CLI): stop claiming, release what is
+  loaded but not fired at once, let running tasks finish (up to the drain timeout),
+  give every shard back, leave the member set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import socket
+import time
+import zlib
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+from tickwheel.durable.model import (
+    Fenced,
+    NotOwner,
+    PostgresUnavailable,
+    RedisUnavailable,
+    finite_seconds_ms,
+)
+from tickwheel.durable.scheduler import DEFAULT_LEASE, RENEW_FRACTION, Scheduler
+from tickwheel.wheel import TimingWheel
+
+from ._loader import (
+    DEFAULT_LIMIT,
+    DEFAULT_LOOKAHEAD,
+    DEFAULT_MAX_RUNNING,
+    DEFAULT_POLL_INTERVAL,
+    Loader,
+    LoaderStats,
+)
+from ._reaper import DEFAULT_REAP_INTERVAL, Reaper
+from ._stream import Publisher
+from ._tasks import TaskRegistry
+
+__all__ = ["DEFAULT_DRAIN_TIMEOUT", "STATS_COUNTERS", "STATS_VERSION", "Worker"]
+
+logger = logging.getLogger("tickwheel.durable")
+
+# How long (s) a stopping worker lets running tasks finish before cancelling them
+# (a cancelled task's lease expires and the job runs again elsewhere). Below the usual
+# 30 s SIGKILL grace of process supervisors (Kubernetes, systemd's default 90 s).
+DEFAULT_DRAIN_TIMEOUT = 20.0
+# Format version of the stats a worker publishes (Worker.stats_document).
+STATS_VERSION = 1
+# The order of the counters in a stats document's "c" list.
+STATS_COUNTERS = ("claimed", "acked", "retries", "dead_letters", "reaped")
+# Postgres mode: seconds between reconciles of the Redis index from PostgreSQL. Each reads
+# every pending row (docs/postgres.md has the cost per million), so not too often; the
+# relay and the claim's check against PostgreSQL cover the time between.
+DEFAULT_RECONCILE_INTERVAL = 300.0
+
+
+class Worker:
+    """Run durable jobs of a namespace in this process, sharing shards with others.
+
+    Args:
+        scheduler: the namespace; its ``ownership`` TTL is also the member TTL.
+        registry: the tasks, by name.
+        lookahead, lease, limit, poll_interval, max_running: as :class:`Loader`.
+        reap_interval: seconds between reaper rounds.
+        drain_timeout: seconds running tasks get at shutdown.
+        publisher: publish due jobs to this broker instead of running tasks.
+        reconcile_interval: Postgres mode: seconds between reconciles of the Redis
+            index from PostgreSQL (one also runs at start). The relay of the outbox
+            runs at every commit notification and every second.
+
+    Raises:
+        TypeError, ValueError: naming a bad parameter.
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        registry: TaskRegistry,
+        *,
+        lookahead: float | timedelta = DEFAULT_LOOKAHEAD,
+        lease: float | timedelta = DEFAULT_LEASE,
+        limit: int = DEFAULT_LIMIT,
+        poll_interval: float | timedelta = DEFAULT_POLL_INTERVAL,
+        max_running: int = DEFAULT_MAX_RUNNING,
+        reap_interval: float | timedelta = DEFAULT_REAP_INTERVAL,
+        drain_timeout: float | timedelta = DEFAULT_DRAIN_TIMEOUT,
+        publisher: Publisher | None = None,
+        reconcile_interval: float | timedelta = DEFAULT_RECONCILE_INTERVAL,
+    ) -> None:
+        if not isinstance(registry, TaskRegistry):
+            raise TypeError(f"registry must be a TaskRegistry, got {registry!r}")
+        self.scheduler = scheduler  # the namespace
+        self.registry = registry  # tasks by name
+        self.ownership = scheduler.ownership  # the shards this worker owns
+        self.token = self.ownership.token  # member id, also the owner token
+        self.members_key = scheduler.keys.workers  # ZSET token -> beat
+        self.stats_key = scheduler.keys.worker_stats(self.token)  # STRING, JSON with a TTL
+        self._loader_args: dict[str, Any] = {
+            "lookahead": lookahead,
+            "lease": lease,
+            "limit": limit,
+            "poll_interval": poll_interval,
+            "publisher": publisher,
+            "max_running": max_running,
+        }
+        self.reap_interval_ms = finite_seconds_ms("reap_interval", reap_interval, minimum_ms=1)
+        self.drain_timeout_ms = finite_seconds_ms("drain_timeout", drain_timeout)
+        self.reconcile_interval_ms = finite_seconds_ms(
+            "reconcile_interval", reconcile_interval, minimum_ms=1
+        )
+        self.loader: Loader | None = None  # set while running
+        self.live = 0  # live workers at the last heartbeat
+        self._stop = asyncio.Event()  # set by stop()
+        # Shards being given back (their tasks drain): shard -> (epoch, the give-back task)
+        self._leaving: dict[int, tuple[int, asyncio.Task[None]]] = {}
+        # Where to start looking for free shards: spread by token, so workers starting
+        # together do not all race for shard 0.
+        self._offset = zlib.crc32(self.token.encode()) % scheduler.keys.shards
+
+    @property
+    def shards_lost(self) -> int:
+        """Shards this worker lost to another owner (fenced, or its renewal refused)."""
+        return self.ownership.counters.shards_lost
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to shut down gracefully (safe from a signal handler)."""
+        self._stop.set()
+
+    async def heartbeat(self, join: bool = True) -> int:
+        """Beat (or leave with ``join=False``); return the live worker count.
+
+        Raises:
+            RedisUnavailable: if Redis cannot be reached.
+        """
+        self.live = await self.scheduler.store.heartbeat(self.token, self.ownership.ttl_ms, join)
+        return self.live
+
+    def share(self) -> int:
+        """This worker's fair share: ``ceil(shards / live workers)``."""
+        return math.ceil(self.scheduler.keys.shards / max(self.live, 1))
+
+    def stats_document(self) -> dict[str, Any]:
+        """What :meth:`publish_stats` writes: this worker's counters, compact.
+
+        ``t`` is this host's wall clock (ms) when it was made; ``c`` monotonic counters
+        since the worker started (claimed, acked, retries, dead letters, reaped); ``lat``
+        the firing-lateness histogram's bucket counts (bounds ``LATENESS_BOUNDS`` in
+        ``model/_stats.py``, the last one +Inf); ``v`` the format version.
+        """
+        stats = self.scheduler.stats()
+        loader = self.loader
+        doc: dict[str, Any] = {
+            "v": STATS_VERSION,
+            "t": int(time.time() * 1000),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "owned": len(self.ownership.owned),
+            "c": [stats.claimed, stats.acked, stats.retries, stats.dead_letters, stats.reaped],
+        }
+        if loader is not None:
+            doc["loaded"] = loader.loaded
+            doc["running"] = loader.running
+            doc["lat"] = list(loader.lateness.counts)
+        return doc
+
+    async def publish_stats(self) -> None:
+        """Write :meth:`stats_document` to ``{ns}:wstats:<token>`` with a TTL of the
+        member TTL (one SET; the dashboard reads it). Called by the balancer, off the
+        job path.
+
+        Raises:
+            RedisUnavailable: if Redis cannot be reached.
+        """
+        text = json.dumps(self.stats_document(), separators=(",", ":"))
+        await self.scheduler.store.put_worker_stats(self.token, text, self.ownership.ttl_ms)
+
+    async def balance_once(self) -> None:
+        """Heartbeat, renew owned shards, then take free shards or give back extras.
+
+        Raises:
+            RedisUnavailable: if Redis cannot be reached.
+        """
+        own = self.ownership
+        await self.heartbeat()
+        for shard in list(own.owned):
+            # A fenced renewal drops the shard; the ownership tells the loader.
+            with contextlib.suppress(NotOwner):  # dropped meanwhile (a fenced claim, ack)
+                await own.renew(shard)
+        for shard, (epoch, _) in list(self._leaving.items()):
+            # Still ours while its tasks drain: their acks need the epoch unchanged.
+            with contextlib.suppress(Fenced):
+                await own.store.renew(shard, own.token, epoch, own.ttl_ms)
+        share = self.share()
+        extras = sorted(own.owned)[share:]
+        for shard in extras:
+            self._start_give_back(shard)
+        shards = self.scheduler.keys.shards
+        for i in range(shards):
+            if len(own.owned) >= share or self._stop.is_set():
+                break
+            shard = (self._offset + i) % shards
+            if shard not in own.owned and shard not in self._leaving:
+                await own.take(shard)
+
+    def _start_give_back(self, shard: int) -> None:
+        epoch = self.ownership.owned.get(shard)
+        if epoch is None or shard in self._leaving:
+            return
+        task = asyncio.ensure_future(self._leave(shard))
+        self._leaving[shard] = (epoch, task)
+        task.add_done_callback(lambda _: self._leaving.pop(shard, None))
+
+    async def give_back(self, shard: int) -> None:
+        """Stop claiming ``shard``, release its loaded jobs, let its running tasks finish
+        (up to the drain timeout: giving back fences their acks), then give it back."""
+        own = self.ownership
+        if self.loader is None:
+            await own.give_back(shard)
+            return
+        async with self.loader.lock:  # no claim of it is in flight
+            epoch = own.owned.pop(shard, None)  # and none starts: the loader skips it
+            if epoch is None:
+                return
+            await self.loader.release_shard(shard)
+        await self.loader.drain(self.drain_timeout_ms / 1000, shard=shard)
+        own.counters.shards_given_back += 1
+        await own.store.give_back(shard, own.token, epoch)
+
+    async def _balance(self) -> None:
+        period = self.ownership.ttl_ms / 1000 / RENEW_FRACTION
+        while True:
+            try:
+                await self.balance_once()
+                await self.publish_stats()
+            except RedisUnavailable as exc:
+                logger.warning("tickwheel.durable: worker cannot reach Redis (%s)", exc)
+            except Exception:  # a bug or an unexpected reply: the next round may do better
+                logger.exception("tickwheel.durable: balancing round failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), period)
+            if self._stop.is_set():
+                return
+
+    async def _reap(self, reaper: Reaper) -> None:
+        # Reaper.run() stops by cancellation, which redis-py may swallow mid-command; this
+        # loop stops on the stop event instead.
+        while not self._stop.is_set():
+            try:
+                await reaper.reap_once()
+            except RedisUnavailable as exc:
+                logger.warning("tickwheel.durable: reaper cannot reach Redis (%s)", exc)
+            except Exception:  # as in _balance: a stopped reaper would strand leases
+                logger.exception("tickwheel.durable: reaper round failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.reap_interval_ms / 1000)
+
+    async def _reconcile(self) -> None:
+        """Postgres mode: reconcile at start, then every ``reconcile_interval``."""
+        while not self._stop.is_set():
+            try:
+                result = await self.scheduler.reconcile()
+                logger.info("tickwheel.durable: reconciled %s", result)
+            except (RedisUnavailable, PostgresUnavailable) as exc:
+                logger.warning("tickwheel.durable: reconcile failed (%s)", exc)
+            except Exception:  # the next round may do better
+                logger.exception("tickwheel.durable: reconcile failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.reconcile_interval_ms / 1000)
+
+    async def run(self) -> LoaderStats:
+        """Run until :meth:`stop`; then shut down gracefully.
+
+        Returns:
+            The loader's counters.
+
+        Raises:
+            ShardCountMismatch, RedisUnavailable: from :meth:`Scheduler.open`.
+        """
+        await self.scheduler.open()
+        wheel = TimingWheel()
+        loader = self.loader = Loader(self.scheduler, self.registry, wheel, **self._loader_args)
+        reaper = Reaper(self.ownership, interval=self.reap_interval_ms / 1000)
+        balance = asyncio.ensure_future(self._balance())
+        loading = asyncio.ensure_future(loader.run())
+        reaping = asyncio.ensure_future(self._reap(reaper))
+        pg = self.scheduler.pg
+        extra: list[asyncio.Future[None]] = []
+        if pg is not None:  # Postgres mode: the outbox relay, and reconcile
+            extra.append(asyncio.ensure_future(pg.run_relay(self.scheduler, self._stop)))
+            extra.append(asyncio.ensure_future(self._reconcile()))
+        try:
+            await self._stop.wait()
+        finally:
+            await self._shutdown(loader, balance, loading, reaping)
+            if extra:  # both end at the stop event; a reconcile part-way is cut short
+                _, late = await asyncio.wait(extra, timeout=self.drain_timeout_ms / 1000)
+                for task in late:
+                    task.cancel()
+                if late:
+                    await asyncio.wait(late)
+            for task in extra:
+                if not task.cancelled():
+                    await _logged(task, "postgres relay and reconcile")
+            wheel.close()
+        return loader.stats
+
+    async def _shutdown(
+        self,
+        loader: Loader,
+        balance: asyncio.Future[None],
+        loading: asyncio.Future[None],
+        reaping: asyncio.Future[None],
+    ) -> None:
+        self._stop.set()
+        loader.stop_claiming()
+        # Each step runs whatever the one before raised (see _logged).
+        steps: tuple[tuple[Callable[[], Awaitable[object]], str], ...] = (
+            (lambda: balance, "balancer"),
+            (lambda: loading, "loader"),
+            (lambda: reaping, "reaper"),
+            (loader.release_all, "releasing loaded jobs"),
+            (lambda: loader.drain(self.drain_timeout_ms / 1000), "draining tasks"),
+            (lambda: asyncio.gather(*(t for _, t in self._leaving.values())), "give-backs"),
+            (self.ownership.give_back_all, "giving shards back"),
+            (lambda: self.heartbeat(join=False), "leaving the member set"),
+            (self._unpublish, "removing its stats"),
+        )
+        for step, what in steps:
+            await _logged(step(), what)
+
+    async def _unpublish(self) -> None:
+        await self.scheduler.store.delete_worker_stats(self.token)
+
+    async def _leave(self, shard: int) -> None:
+        """:meth:`give_back` in a task of its own (a drain can take a while)."""
+        await _logged(self.give_back(shard), f"giving shard {shard} back")
+
+
+async def _logged(step: Awaitable[object], what: str) -> None:
+    """Await ``step``; log (not raise) what it raised: one failed step must not stop the
+    next (a shutdown that stopped at the first error would leave jobs leased and shards
+    owned until they expire)."""
+    try:
+        await step
+    except RedisUnavailable as exc:
+        logger.warning("tickwheel.durable: %s without Redis (%s)", what, exc)
+    except Exception:
+        logger.exception("tickwheel.durable: %s failed", what)

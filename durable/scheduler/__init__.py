@@ -1,0 +1,29 @@
+"""The facade: the job operations of :class:`Scheduler`, its owner-side calls, shard ownership.
+
+Owns: the public job operations (schedule, cancel, reschedule, get, dead letters), the
+calls an owner of a shard makes with its epoch (claim, ack, retry, extend, release,
+reap), and :class:`Ownership` (shard tokens and fencing epochs).
+
+Invariants: every state change is one store call; nothing is kept only in memory except
+the epochs of the shards this process owns; arguments are checked before anything is
+sent; a ``Fenced`` reply drops the shard in one place (``Ownership.fenced``).
+
+May import: ``tickwheel.durable.postgres``, ``.store``, ``.model``. It has no loops: the
+rounds that call it live in ``tickwheel.durable.runtime``.
+"""
+
+from __future__ import annotations
+
+from ._ownership import DEFAULT_OWNER_TTL, RENEW_FRACTION, Ownership
+from ._scheduler import DEFAULT_LEASE, DEFAULT_SHARDS, MAX_BATCH, MAX_ERROR_CHARS, Scheduler
+
+__all__ = [
+    "DEFAULT_LEASE",
+    "DEFAULT_OWNER_TTL",
+    "DEFAULT_SHARDS",
+    "MAX_BATCH",
+    "MAX_ERROR_CHARS",
+    "RENEW_FRACTION",
+    "Ownership",
+    "Scheduler",
+]

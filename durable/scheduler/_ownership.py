@@ -1,0 +1,202 @@
+"""Shard ownership: take, renew and give back shards, fenced by epochs.
+
+Ground rules:
+
+- An owner holds a shard while its token (``{ns:s}:owner``, with a TTL) is set and the
+  shard's epoch (``{ns:s}:epoch``) is the one it got when it took the shard. Every
+  take INCRs the epoch, so a stalled owner's writes carry a stale epoch and the scripts
+  refuse them (:class:`Fenced`).
+- An owner that sees :class:`Fenced` drops the shard at once: ``owned`` never holds an
+  epoch the owner knows to be stale.
+- Renewal runs every ``ttl / RENEW_FRACTION``, so a token survives two missed renewals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from datetime import timedelta
+
+from tickwheel.durable.model import (
+    Counters,
+    Fenced,
+    NotOwner,
+    ReapResult,
+    RedisUnavailable,
+    count_reap,
+    finite_seconds_ms,
+)
+from tickwheel.durable.store import Store
+
+__all__ = ["DEFAULT_OWNER_TTL", "RENEW_FRACTION", "Ownership"]
+
+logger = logging.getLogger("tickwheel.durable")
+
+# Long enough to ride out a GC pause or a slow renewal round trip; short enough that a
+# crashed owner's shards are taken over within seconds.
+DEFAULT_OWNER_TTL = 10.0
+# Renew three times per TTL: two renewals may fail (a blip) before the token expires.
+RENEW_FRACTION = 3
+
+
+class Ownership:
+    """The shards one process owns, with their epochs.
+
+    Args:
+        store: the store of the namespace.
+        token: this owner's token; a random one when None.
+        ttl: seconds the token lives without renewal.
+
+    Raises:
+        TypeError, ValueError: for a bad ``ttl`` or ``token``.
+    """
+
+    def __init__(
+        self, store: Store, *, token: str | None = None, ttl: float | timedelta = DEFAULT_OWNER_TTL
+    ) -> None:
+        if token is not None and (not isinstance(token, str) or not token):
+            raise ValueError(f"token must be a non-empty str, got {token!r}")
+        self.store = store  # the store of the namespace
+        self.token = token or uuid.uuid4().hex  # this owner's token
+        self.ttl_ms = finite_seconds_ms("ttl", ttl, minimum_ms=1)  # token TTL in ms
+        self.owned: dict[int, int] = {}  # shard -> epoch taken
+        self._stop = asyncio.Event()  # set by stop(): run() returns
+        # Counters of this owner's calls; the Scheduler and Reaper built on it count here.
+        self.counters = Counters()
+        # Told fn(shard, epoch) at every Fenced refusal of a call made under that epoch:
+        # the loader forgets the shard's loaded jobs, the scheduler its claim token.
+        self._on_fenced: list[Callable[[int, int], None]] = []
+
+    def on_fenced(self, fn: Callable[[int, int], None]) -> None:
+        """Call ``fn(shard, epoch)`` whenever a call made under ``epoch`` is refused as
+        :class:`Fenced` (after the shard is dropped). One event, one place: every layer
+        that holds state per shard subscribes here instead of catching it."""
+        self._on_fenced.append(fn)
+
+    @contextlib.contextmanager
+    def guard(self, shard: int, epoch: int) -> Iterator[None]:
+        """Around a call made under ``epoch``: a :class:`Fenced` reply drops the shard
+        (:meth:`drop`, which tells the subscribers) and is raised on."""
+        try:
+            yield
+        except Fenced:
+            self.drop(shard, epoch)
+            raise
+
+    def epoch(self, shard: int) -> int:
+        """The epoch this owner holds ``shard`` under.
+
+        Raises:
+            NotOwner: if it does not own ``shard``.
+        """
+        try:
+            return self.owned[shard]
+        except KeyError:
+            raise NotOwner(f"shard {shard} is not owned by {self.token}; take it first") from None
+
+    def drop(self, shard: int, epoch: int) -> None:
+        """Forget ``shard`` after a call made under ``epoch`` was refused as
+        :class:`Fenced`; no Redis call.
+
+        Only that epoch is forgotten: a late refusal of a call made before the shard was
+        taken again (under a newer epoch) leaves the newer ownership alone. Every refusal
+        is counted (``fenced``); losing an owned shard also counts as ``shards_lost``.
+        """
+        self.counters.fenced += 1
+        if self.owned.get(shard) == epoch:
+            del self.owned[shard]
+            self.counters.shards_lost += 1
+            logger.info("tickwheel.durable: dropped shard %d epoch %d (fenced)", shard, epoch)
+        for fn in self._on_fenced:
+            fn(shard, epoch)
+
+    async def take(self, shard: int) -> int | None:
+        """Take ``shard`` if it is free (or already ours); return the epoch, or None."""
+        epoch = await self.store.take(shard, self.token, self.ttl_ms)
+        if epoch:
+            if self.owned.get(shard) != epoch:
+                self.counters.shards_taken += 1
+            self.owned[shard] = epoch
+            return epoch
+        if self.owned.pop(shard, None) is not None:
+            self.counters.shards_lost += 1
+            logger.info("tickwheel.durable: lost shard %d to another owner", shard)
+        return None
+
+    async def renew(self, shard: int) -> bool:
+        """Renew ``shard``'s token; on :class:`Fenced` drop it and return False.
+
+        Raises:
+            NotOwner: if it does not own ``shard``.
+        """
+        epoch = self.epoch(shard)
+        try:
+            with self.guard(shard, epoch):
+                await self.store.renew(shard, self.token, epoch, self.ttl_ms)
+        except Fenced:
+            return False
+        return True
+
+    async def reap(self, shard: int, epoch: int, limit: int) -> ReapResult:
+        """Return ``shard``'s expired leases to due (attempt + 1) or dead, under ``epoch``;
+        counted. The one reap call of the scheduler and the reaper.
+
+        Raises:
+            Fenced: if ``epoch`` is stale (the shard is dropped first).
+        """
+        with self.guard(shard, epoch):
+            result = await self.store.reap(shard, epoch, limit)
+        count_reap(self.counters, result)
+        return result
+
+    async def give_back(self, shard: int) -> bool:
+        """Give ``shard`` back (its epoch is bumped, fencing late writes)."""
+        epoch = self.owned.pop(shard, None)
+        if epoch is None:
+            return False
+        self.counters.shards_given_back += 1
+        return await self.store.give_back(shard, self.token, epoch)
+
+    async def give_back_all(self) -> None:
+        """Give every owned shard back."""
+        for shard in list(self.owned):
+            await self.give_back(shard)
+
+    async def run(
+        self, shards: Iterable[int] | None = None, *, max_shards: int | None = None
+    ) -> None:
+        """Forever: renew owned shards and take free ones, every ``ttl / 3``.
+
+        Args:
+            shards: the shards to try to own; all of the namespace when None.
+            max_shards: own at most this many (share shards between processes).
+
+        A failed round (Redis unreachable, or anything else) is logged and the next one
+        runs. Stop it with :meth:`stop` (cancelling can be swallowed by redis-py 8
+        mid-command); the caller gives the shards back.
+        """
+        wanted = list(range(self.store.keys.shards) if shards is None else shards)
+        period = self.ttl_ms / 1000 / RENEW_FRACTION
+        self._stop.clear()
+        while not self._stop.is_set():
+            try:
+                for shard in list(self.owned):
+                    await self.renew(shard)
+                for shard in wanted:
+                    if max_shards is not None and len(self.owned) >= max_shards:
+                        break
+                    if shard not in self.owned:
+                        await self.take(shard)
+            except RedisUnavailable as exc:  # the next round renews what is still ours
+                logger.warning("tickwheel.durable: owner cannot reach Redis (%s)", exc)
+            except Exception:
+                logger.exception("tickwheel.durable: ownership round failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), period)
+
+    def stop(self) -> None:
+        """Make :meth:`run` return after the call in flight, if any."""
+        self._stop.set()

@@ -1,0 +1,62 @@
+"""The Redis store: one awaitable method per Lua script, and the client that carries them.
+
+Owns: ``lua/`` (one atomic transition per file), the key names (``_keys.py``), the
+record encoding (``_record.py``), script loading (``_scripts.py``), the transport over
+one Redis or a Redis Cluster (``_connect.py``), the translation of Redis errors
+(``_errors.py``) and the startup check of a server (``_check.py``).
+
+Invariants: a :class:`Store` method is one script call (or one pipeline of the same
+script over shards): no loops over time, no sleeping; every call is bounded by
+``call_timeout``; redis-py's untyped replies stop here.
+
+May import: ``tickwheel.durable.model``, ``tickwheel.wheel`` (for its timeout), redis-py.
+"""
+
+from __future__ import annotations
+
+from ._check import MIN_REDIS_VERSION, ServerConfigWarning, ServerReport, check_server, crash_loss
+from ._connect import (
+    URL_ENV,
+    Client,
+    client_from_url,
+    connect,
+    no_retry,
+    parse_nodes,
+    shown_url,
+    split_url,
+)
+from ._errors import REDIS_ERRORS, translate
+from ._keys import DEFAULT_BUCKETS, MAX_JOB_ID_BYTES, Keys, parse_layout
+from ._record import pack_array, pack_record
+from ._scripts import register
+from ._store import DEFAULT_CALL_TIMEOUT, ClaimedRef, EncodedJob, Store, encode_job
+
+__all__ = [
+    "DEFAULT_BUCKETS",
+    "DEFAULT_CALL_TIMEOUT",
+    "MAX_JOB_ID_BYTES",
+    "MIN_REDIS_VERSION",
+    "REDIS_ERRORS",
+    "URL_ENV",
+    "ClaimedRef",
+    "Client",
+    "EncodedJob",
+    "Keys",
+    "ServerConfigWarning",
+    "ServerReport",
+    "Store",
+    "check_server",
+    "client_from_url",
+    "connect",
+    "crash_loss",
+    "encode_job",
+    "no_retry",
+    "pack_array",
+    "pack_record",
+    "parse_layout",
+    "parse_nodes",
+    "register",
+    "shown_url",
+    "split_url",
+    "translate",
+]

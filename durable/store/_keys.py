@@ -1,0 +1,160 @@
+"""Redis key names of a namespace: every key is built here and nowhere else.
+
+Ground rules:
+
+- Every key of shard ``s`` carries the hash tag ``{ns:s}``, so each Lua script touches
+  one hash slot (no CROSSSLOT on Redis Cluster) while shards spread over the nodes.
+- A job id maps to its shard by CRC-32 of its UTF-8 bytes modulo the shard count: stable
+  across processes and Python versions (unlike ``hash()``), so every client agrees.
+- Within a shard, job records are spread over ``buckets`` small hashes
+  ``{ns:s}:jobs:<b>``, ``b`` = the first 32 bits of SHA-1(id) mod ``buckets`` (the
+  scripts compute the same with ``redis.sha1hex``). Redis stores a hash of at most 128
+  short entries as a listpack, at about half the memory of a hashtable entry.
+- The shard and bucket counts are part of the mapping. They are stored under
+  :attr:`Keys.meta` on first use and a mismatch is refused (see ``init.lua``), since
+  changing either strands jobs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from typing import NamedTuple
+
+from tickwheel.durable.model import MAX_JOB_ID_BYTES
+
+__all__ = [
+    "DEFAULT_BUCKETS",
+    "MAX_BUCKETS",
+    "MAX_JOB_ID_BYTES",
+    "MAX_NAMESPACE_BYTES",
+    "MAX_SHARDS",
+    "Keys",
+    "ShardKeys",
+    "parse_layout",
+]
+
+# Namespaces are repeated in every key name, so a short cap keeps key names small.
+MAX_NAMESPACE_BYTES = 64
+# More shards than Redis Cluster has slots cannot spread any further.
+MAX_SHARDS = 16384
+# Record hashes per shard. Redis keeps a hash listpack-encoded up to 128 entries
+# (hash-max-listpack-entries): 64 buckets keep a shard listpacked up to ~8k pending jobs
+# (10^5 jobs over 16 shards is ~100 per bucket), measured at 179 instead of 235 bytes per
+# pending job (bench: durable memory). Past that, buckets turn into hashtables one by one
+# and cost what one big hash would. Claims pass every bucket key, so keep it modest.
+DEFAULT_BUCKETS = 64
+MAX_BUCKETS = 1024
+
+
+class ShardKeys(NamedTuple):
+    """The keys of one shard, all tagged ``{ns:s}``."""
+
+    due: str  # ZSET job id -> due time (ms): the scheduled state
+    leased: str  # ZSET job id -> lease deadline (ms): the leased state
+    jobs: tuple[str, ...]  # HASHes job id -> packed job record (lua/_lib.lua), by bucket
+    done: str  # ZSET "nominal:id" -> completion time (ms): dedup of finished occurrences
+    dead: str  # ZSET job id -> time of death (ms): dead letters (record kept in jobs)
+    epoch: str  # STRING fencing epoch of the shard's owner, INCR'd on every takeover
+    owner: str  # STRING owner token, with a TTL
+    clock: str  # STRING high-water mark of the shard's clock (ms)
+
+
+class Keys:
+    """Key names of one namespace with a fixed shard count.
+
+    Args:
+        namespace: the namespace, 1 to ``MAX_NAMESPACE_BYTES`` UTF-8 bytes, without
+            ``{`` or ``}`` (they would break the hash tag).
+        shards: the number of shards, 1 to ``MAX_SHARDS``.
+        buckets: record hashes per shard, 1 to ``MAX_BUCKETS``.
+
+    Raises:
+        TypeError: if ``namespace`` is not a str, ``shards`` or ``buckets`` not an int.
+        ValueError: if one is out of range.
+    """
+
+    __slots__ = ("_shards", "buckets", "meta", "namespace", "shards", "workers")
+
+    def __init__(self, namespace: str, shards: int, buckets: int = DEFAULT_BUCKETS) -> None:
+        if not isinstance(namespace, str):
+            raise TypeError(f"namespace must be a str, got {type(namespace).__name__}")
+        size = len(namespace.encode())
+        if not 0 < size <= MAX_NAMESPACE_BYTES:
+            raise ValueError(
+                f"namespace must be 1 to {MAX_NAMESPACE_BYTES} UTF-8 bytes, got {size}"
+            )
+        if "{" in namespace or "}" in namespace:
+            raise ValueError(f"namespace must not contain '{{' or '}}', got {namespace!r}")
+        if not isinstance(shards, int) or isinstance(shards, bool):
+            raise TypeError(f"shards must be an int, got {type(shards).__name__}")
+        if not 0 < shards <= MAX_SHARDS:
+            raise ValueError(f"shards must be between 1 and {MAX_SHARDS}, got {shards}")
+        if not isinstance(buckets, int) or isinstance(buckets, bool):
+            raise TypeError(f"buckets must be an int, got {type(buckets).__name__}")
+        if not 0 < buckets <= MAX_BUCKETS:
+            raise ValueError(f"buckets must be between 1 and {MAX_BUCKETS}, got {buckets}")
+        self.namespace = namespace  # the namespace, as given
+        self.shards = shards  # shard count N
+        self.buckets = buckets  # record hashes per shard
+        self.meta = f"{{{namespace}}}:meta"  # STRING "shards:buckets", set on first use
+        self.workers = f"{{{namespace}}}:workers"  # ZSET worker token -> last heartbeat (ms)
+        self._shards = tuple(self._build(s) for s in range(shards))  # ShardKeys by shard
+
+    def _build(self, shard: int) -> ShardKeys:
+        tag = f"{{{self.namespace}:{shard}}}"
+        return ShardKeys(
+            due=f"{tag}:due",
+            leased=f"{tag}:leased",
+            jobs=tuple(f"{tag}:jobs:{b}" for b in range(self.buckets)),
+            done=f"{tag}:done",
+            dead=f"{tag}:dead",
+            epoch=f"{tag}:epoch",
+            owner=f"{tag}:owner",
+            clock=f"{tag}:clock",
+        )
+
+    def shard_of(self, job_id: str) -> int:
+        """Return the shard of a job id (CRC-32 of its UTF-8 bytes mod N). O(len(id))."""
+        return zlib.crc32(job_id.encode()) % self.shards
+
+    def bucket_of(self, job_id: str) -> int:
+        """Return the record bucket of a job id within its shard. O(len(id)).
+
+        The first 32 bits of SHA-1, as ``bucket_index`` in lua/_lib.lua computes them.
+        """
+        return int(hashlib.sha1(job_id.encode()).hexdigest()[:8], 16) % self.buckets
+
+    def jobs_key(self, shard: int, job_id: str) -> str:
+        """Return the record hash of ``job_id`` in ``shard``."""
+        return self.shard(shard).jobs[self.bucket_of(job_id)]
+
+    def worker_stats(self, token: str) -> str:
+        """Return the STRING where the worker ``token`` publishes its counters
+        (``{ns}:wstats:<token>``, JSON with a TTL; same slot as :attr:`workers`)."""
+        return f"{{{self.namespace}}}:wstats:{token}"
+
+    def claim_reply(self, shard: int, token: str) -> str:
+        """Return the STRING where claim.lua keeps the reply of the claim ``token``
+        (``{ns:s}:claim:<token>``, with a TTL), so a re-sent claim returns it again."""
+        return f"{self.shard(shard).due[:-4]}:claim:{token}"
+
+    def shard(self, shard: int) -> ShardKeys:
+        """Return the keys of shard ``shard``.
+
+        Raises:
+            ValueError: if ``shard`` is not in ``range(self.shards)``.
+        """
+        if not isinstance(shard, int) or not 0 <= shard < self.shards:
+            raise ValueError(f"shard must be in range({self.shards}), got {shard!r}")
+        return self._shards[shard]
+
+
+def parse_layout(stored: bytes) -> tuple[int, int]:
+    """The ``(shards, buckets)`` of a meta key's ``shards:buckets`` (buckets 0 if absent).
+
+    Raises:
+        ValueError: if the value is not two counts.
+    """
+    shards, _, buckets = stored.decode(errors="replace").partition(":")
+    return int(shards), int(buckets or 0)
