@@ -168,3 +168,20 @@ def test_lua_header_lists_keys_argv_returns_errors(name: str) -> None:
     documented = {int(n) for n in re.findall(r"KEYS\[(\d+)\]", head)}
     assert used <= documented
     assert source(name).endswith(text)
+
+
+def test_the_record_layout_is_the_same_on_both_sides() -> None:
+    """_record.py's FIELDS and DEFAULTS are _lib.lua's F_* constants and DEFAULTS."""
+    from tickwheel.durable.store._record import DEFAULTS, FIELDS
+
+    lib = resources.files("tickwheel.durable.store").joinpath("lua", "_lib.lua").read_text()
+    lua_fields: dict[int, str] = {}
+    for names, values in re.findall(r"^local (F_[A-Z_, ]+) = ([\d, ]+)$", lib, flags=re.M):
+        for name, value in zip(names.split(","), values.split(","), strict=True):
+            lua_fields[int(value)] = name.strip().removeprefix("F_").lower()
+    assert [lua_fields[i] for i in sorted(lua_fields)] == list(FIELDS)
+    assert sorted(lua_fields) == list(range(1, len(FIELDS) + 1))
+    assert re.search(rf"^local NFIELDS = {len(FIELDS)}$", lib, flags=re.M)
+    (table,) = re.findall(r"^local DEFAULTS = \{(.*)\}$", lib, flags=re.M)
+    lua_defaults = [b"" if v.strip() == "''" else int(v) for v in table.split(",")]
+    assert lua_defaults == list(DEFAULTS)

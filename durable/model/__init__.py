@@ -11,6 +11,7 @@ May import: the standard library and ``cronsim``; nothing else from tickwheel.
 
 from __future__ import annotations
 
+from ._checks import finite_seconds_ms, int_between
 from ._errors import (
     DurableError,
     Fenced,
@@ -38,9 +39,9 @@ from ._jobs import (
     ScheduleStatus,
     ShardInfo,
     check_job_id,
+    check_task_name,
     decode_payload,
     encode_payload,
-    finite_seconds_ms,
     when_args,
 )
 from ._recurrence import (
@@ -92,9 +93,11 @@ __all__ = [
     "ShardCountMismatch",
     "ShardInfo",
     "check_job_id",
+    "check_task_name",
     "count_reap",
     "decode_payload",
     "encode_payload",
     "finite_seconds_ms",
+    "int_between",
     "when_args",
 ]

@@ -17,7 +17,8 @@ from datetime import UTC, datetime, timedelta
 from enum import IntEnum
 from typing import Any
 
-from ._recurrence import Recurrence, _duration_ms
+from ._checks import finite_seconds_ms, int_between
+from ._recurrence import Recurrence
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
@@ -76,6 +77,21 @@ class ScheduleResult:
     when_ms: int  # due time (created/replaced/done), or the existing job's score
 
 
+def check_task_name(name: object, parameter: str = "name") -> str:
+    """Return ``name`` if it is a valid task name (the check of a job's ``task`` and of a
+    registry's names).
+
+    Raises:
+        TypeError: if it is not a str.
+        ValueError: if it is empty or longer than ``MAX_TASK_BYTES`` UTF-8 bytes.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"{parameter} must be a str, got {type(name).__name__}")
+    if not 0 < len(name.encode()) <= MAX_TASK_BYTES:
+        raise ValueError(f"{parameter} must be 1 to {MAX_TASK_BYTES} UTF-8 bytes, got {name!r}")
+    return name
+
+
 def check_job_id(job_id: object) -> str:
     """Return ``job_id`` if it is a valid job id.
 
@@ -102,7 +118,7 @@ def when_args(delay: float | timedelta | None, at: int | datetime | None) -> tup
     if delay is not None and at is not None:
         raise ValueError("give delay or at, not both")
     if at is None:
-        return 1, _duration_ms("delay", 0 if delay is None else delay)
+        return 1, finite_seconds_ms("delay", 0 if delay is None else delay)
     if isinstance(at, datetime):
         if at.tzinfo is None:
             raise ValueError(f"at must be timezone-aware, got naive {at!r}")
@@ -171,15 +187,8 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         check_job_id(self.id)
-        if not isinstance(self.task, str):
-            raise TypeError(f"task must be a str, got {type(self.task).__name__}")
-        if not 0 < len(self.task.encode()) <= MAX_TASK_BYTES:
-            raise ValueError(f"task must be 1 to {MAX_TASK_BYTES} UTF-8 bytes, got {self.task!r}")
-        ma = self.max_attempts
-        if not isinstance(ma, int) or isinstance(ma, bool):
-            raise TypeError(f"max_attempts must be an int, got {type(ma).__name__}")
-        if not 1 <= ma <= MAX_ATTEMPTS_LIMIT:
-            raise ValueError(f"max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}, got {ma}")
+        check_task_name(self.task, "task")
+        int_between("max_attempts", self.max_attempts, 1, MAX_ATTEMPTS_LIMIT)
         if self.recurrence is not None and not isinstance(self.recurrence, Recurrence):
             raise TypeError(f"recurrence must be a Recurrence, got {self.recurrence!r}")
         mode, time_ms = when_args(self.delay, self.at)
@@ -283,15 +292,3 @@ class ShardInfo:
     def as_dict(self) -> dict[str, Any]:
         """The fields by name, with ``lag_ms``."""
         return {**asdict(self), "lag_ms": self.lag_ms}
-
-
-def finite_seconds_ms(name: str, value: float | timedelta, minimum_ms: int = 0) -> int:
-    """``value`` seconds as ms, checked finite and >= ``minimum_ms``.
-
-    Raises:
-        TypeError, ValueError: naming ``name``.
-    """
-    ms = _duration_ms(name, value)
-    if ms < minimum_ms:
-        raise ValueError(f"{name} must be at least {minimum_ms} ms, got {value!r}")
-    return ms

@@ -15,12 +15,13 @@ Ground rules:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 from cronsim import CronSim, CronSimError
+
+from ._checks import finite_seconds_ms, int_between
 
 __all__ = [
     "DEFAULT_MAX_CATCH_UP",
@@ -101,7 +102,7 @@ class Recurrence:
         Raises:
             TypeError, ValueError: naming the bad parameter.
         """
-        every_ms = _duration_ms("every", every)
+        every_ms = finite_seconds_ms("every", every)
         if every_ms < 1:
             raise ValueError(f"every must be at least 1 ms, got {every!r}")
         return cls(every_ms, "", *_policy(missed, max_catch_up, misfire_grace))
@@ -220,26 +221,5 @@ def _policy(
     except ValueError:
         choices = ", ".join(repr(m.value) for m in MissedRun)
         raise ValueError(f"missed must be one of {choices}, got {missed!r}") from None
-    if not isinstance(max_catch_up, int) or isinstance(max_catch_up, bool):
-        raise TypeError(f"max_catch_up must be an int, got {type(max_catch_up).__name__}")
-    if max_catch_up < 1:
-        raise ValueError(f"max_catch_up must be >= 1, got {max_catch_up}")
-    return policy, max_catch_up, _duration_ms("misfire_grace", misfire_grace)
-
-
-def _duration_ms(name: str, value: float | timedelta) -> int:
-    """A non-negative finite duration in seconds (or a timedelta), as whole ms (rounded up).
-
-    Raises:
-        TypeError: if ``value`` is not a number or timedelta.
-        ValueError: if it is negative, NaN or infinite.
-    """
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        raise TypeError(f"{name} must be a number of seconds or a timedelta, got {value!r}")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return math.ceil(seconds * 1000)
+    max_catch_up = int_between("max_catch_up", max_catch_up, 1)
+    return policy, max_catch_up, finite_seconds_ms("misfire_grace", misfire_grace)

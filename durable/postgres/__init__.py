@@ -2,6 +2,16 @@
 
 ``Scheduler(client, namespace, postgres_url=...)`` turns it on; see docs/postgres.md.
 The driver (asyncpg, the ``postgres`` extra) is imported only when a store connects.
+
+Owns: the schema and its migrations (``migrations/``, ``_migrate.py``), the PostgreSQL
+store (``_store.py``, every driver error translated once), and the mode that joins the
+two stores (``_mode.py``: transactional enqueue, outbox relay, reconcile).
+
+Invariants: PostgreSQL is written first; Redis is an index rebuilt from it, so a Redis
+failure after a commit is repaired by the relay or by reconcile, never lost.
+
+May import: ``tickwheel.durable.store`` and ``.model``. It names what it needs of the
+scheduler above it (``RedisSide``) instead of importing it.
 """
 
 from __future__ import annotations

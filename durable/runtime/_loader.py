@@ -43,6 +43,7 @@ from tickwheel.durable.model import (
     PostgresUnavailable,
     RedisUnavailable,
     finite_seconds_ms,
+    int_between,
 )
 from tickwheel.durable.scheduler import DEFAULT_LEASE, MAX_BATCH, Scheduler
 from tickwheel.wheel import Timer, TimingWheel
@@ -157,10 +158,7 @@ class Loader:
             ("max_loaded", max_loaded, None),
             ("max_running", max_running, None),
         ):
-            if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"{name} must be an int, got {value!r}")
-            if value < 1 or (top is not None and value > top):
-                raise ValueError(f"{name} must be between 1 and {top or 'inf'}, got {value}")
+            int_between(name, value, 1, top)
         self.scheduler = scheduler  # claims, acks, owned shards
         self._acks = _AckBatcher(scheduler)  # acks that arrive together share a call
         self.registry = registry  # task name -> function

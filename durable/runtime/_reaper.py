@@ -19,6 +19,7 @@ from tickwheel.durable.model import (
     ReapResult,
     RedisUnavailable,
     finite_seconds_ms,
+    int_between,
 )
 from tickwheel.durable.scheduler import Ownership
 
@@ -49,8 +50,7 @@ class Reaper:
         interval: float | timedelta = DEFAULT_REAP_INTERVAL,
         limit: int = DEFAULT_REAP_LIMIT,
     ) -> None:
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+        int_between("limit", limit, 1)
         self.ownership = ownership  # whose shards to reap
         self.interval_ms = finite_seconds_ms("interval", interval, minimum_ms=1)  # pace
         self.limit = limit  # leases per shard per call

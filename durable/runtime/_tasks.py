@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, overload
 
-from tickwheel.durable.model import MAX_TASK_BYTES, Job
+from tickwheel.durable.model import Job, check_task_name
 
 __all__ = ["TaskContext", "TaskFunc", "TaskRegistry"]
 
@@ -49,20 +49,6 @@ class TaskContext:
 
 # A task: ``fn(ctx)``, returning an awaitable (a coroutine function) or anything else.
 TaskFunc = Callable[[TaskContext], object]
-
-
-def check_task_name(name: object) -> str:
-    """Return ``name`` if it is a valid task name.
-
-    Raises:
-        TypeError: if it is not a str.
-        ValueError: if it is empty or longer than ``MAX_TASK_BYTES`` UTF-8 bytes.
-    """
-    if not isinstance(name, str):
-        raise TypeError(f"name must be a str, got {type(name).__name__}")
-    if not 0 < len(name.encode()) <= MAX_TASK_BYTES:
-        raise ValueError(f"name must be 1 to {MAX_TASK_BYTES} UTF-8 bytes, got {name!r}")
-    return name
 
 
 async def call_task(fn: TaskFunc, ctx: TaskContext) -> object:

@@ -17,8 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
-import secrets
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -26,16 +25,10 @@ from tickwheel.durable.model import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_CATCH_UP,
     DEFAULT_MISFIRE_GRACE_MS,
-    ClaimBatch,
     DeadPage,
-    Fenced,
-    Job,
     JobInfo,
     JobSpec,
-    JobState,
-    LeaseLost,
     MissedRun,
-    ReapResult,
     Recurrence,
     RedisUnavailable,
     ScheduleResult,
@@ -44,12 +37,12 @@ from tickwheel.durable.model import (
     ShardInfo,
     check_job_id,
     finite_seconds_ms,
+    int_between,
     when_args,
 )
 from tickwheel.durable.store import (
     DEFAULT_BUCKETS,
     DEFAULT_CALL_TIMEOUT,
-    ClaimedRef,
     Client,
     EncodedJob,
     Keys,
@@ -59,12 +52,13 @@ from tickwheel.durable.store import (
     encode_job,
 )
 
+from ._owner import DEFAULT_LEASE, MAX_BATCH, MAX_ERROR_CHARS, OwnerSide
 from ._ownership import DEFAULT_OWNER_TTL, Ownership
 
 if TYPE_CHECKING:
     from tickwheel.durable.postgres import PostgresMode, ReconcileResult
 
-__all__ = ["DEFAULT_SHARDS", "Scheduler"]
+__all__ = ["DEFAULT_LEASE", "DEFAULT_SHARDS", "MAX_BATCH", "MAX_ERROR_CHARS", "Scheduler"]
 
 # The source document's sizing: 16 shards keep each sorted set near 2 GB at 350 M jobs.
 DEFAULT_SHARDS = 16
@@ -75,11 +69,6 @@ DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 # retries of a schedule and redeliveries after a lease expiry; each entry costs ~100 bytes
 # of Redis memory, so at 600 jobs/s a day's window would hold 5 GB.
 DEFAULT_DEDUP_WINDOW = 3600.0
-# Lease (s): long enough for a typical handler; a longer one calls extend().
-DEFAULT_LEASE = 30.0
-# A script blocks Redis while it runs: ~1000 jobs per call keep each call near 2 ms, and
-# bound the Lua stack of the bulk commands.
-MAX_BATCH = 1000
 # Retry backoff: base * 2 ** (attempt - 1), capped, with equal jitter (half fixed, half
 # random) so a burst of failures does not retry in lockstep.
 DEFAULT_RETRY_BASE = 1.0
@@ -87,24 +76,12 @@ DEFAULT_RETRY_MAX = 600.0
 # How long a producer write waits for its replicas (with replicas > 0): a healthy
 # replica on a LAN confirms in about a millisecond; a second means it is far behind.
 DEFAULT_REPLICA_TIMEOUT = 1.0
-# Error text kept with a job: enough for a message and a short traceback line, without
-# letting a huge repr() bloat every dead letter.
-MAX_ERROR_CHARS = 1024
 
 
 _DEFAULT_GRACE_S = DEFAULT_MISFIRE_GRACE_MS / 1000
 
 
-def _positive_int(name: str, value: object, maximum: int | None = None) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1 or (maximum is not None and value > maximum):
-        bound = f" and <= {maximum}" if maximum is not None else ""
-        raise ValueError(f"{name} must be >= 1{bound}, got {value}")
-    return value
-
-
-class Scheduler:
+class Scheduler(OwnerSide):
     """Durable delayed jobs in Redis: schedule, claim, ack, retry, reap.
 
     Args:
@@ -164,10 +141,7 @@ class Scheduler:
         postgres_url: str | None = None,
     ) -> None:
         self.keys = Keys(namespace, shards, buckets)  # key names
-        if not isinstance(replicas, int) or isinstance(replicas, bool):
-            raise TypeError(f"replicas must be an int, got {type(replicas).__name__}")
-        if replicas < 0:
-            raise ValueError(f"replicas must be >= 0, got {replicas}")
+        int_between("replicas", replicas, 0)
         self.store = Store(
             client,
             self.keys,
@@ -176,7 +150,7 @@ class Scheduler:
             call_timeout=finite_seconds_ms("call_timeout", call_timeout, minimum_ms=1) / 1000,
         )  # one method per script
         self.ownership = Ownership(self.store, ttl=owner_ttl)  # shards owned here
-        self.max_payload_bytes = _positive_int("max_payload_bytes", max_payload_bytes)
+        self.max_payload_bytes = int_between("max_payload_bytes", max_payload_bytes, 1)
         self.dedup_window_ms = finite_seconds_ms("dedup_window", dedup_window, minimum_ms=1)
         self.retry_base_ms = finite_seconds_ms("retry_base", retry_base)
         self.retry_max_ms = finite_seconds_ms("retry_max", retry_max)
@@ -185,10 +159,7 @@ class Scheduler:
         self.server_report: ServerReport | None = None  # set by open() when checked
         self._rng = rng or random.Random()  # jitter
         self._opened = False  # shard count verified
-        # shard -> (epoch, token, received) of the latest claim: a claim that failed is
-        # sent again with its token (its reply may be lost, its leases held), one that
-        # was received is forgotten by the next claim (claim.lua keeps replies).
-        self._claims: dict[int, tuple[int, str, bool]] = {}
+        self._claims = {}  # the latest claim per shard (OwnerSide)
         self.ownership.on_fenced(self._forget_claim)
         # The Postgres mode (None: Redis only): PostgreSQL is the source of truth.
         self.pg: PostgresMode | None = None
@@ -454,302 +425,6 @@ class Scheduler:
         await self.open()
         return await self.store.get(self.keys.shard_of(job_id), job_id)
 
-    # -- owners --------------------------------------------------------------------
-
-    async def take(self, shard: int) -> int | None:
-        """Take a shard if free; return its new epoch, or None if another owner holds it."""
-        self.keys.shard(shard)
-        await self.open()
-        return await self.ownership.take(shard)
-
-    async def claim(
-        self,
-        shard: int,
-        *,
-        limit: int = 100,
-        lookahead: float | timedelta = 0.0,
-        lease: float | timedelta = DEFAULT_LEASE,
-    ) -> ClaimBatch:
-        """Lease the owned shard's jobs due by now + lookahead (at most ``limit``).
-
-        Recurring jobs get their missed-run policy applied here, with the claim's Redis
-        time: a job the policy does not run now is moved (unrun) to its next occurrence.
-
-        Raises:
-            NotOwner: if this scheduler does not own ``shard``.
-            Fenced: if another owner took it (it is dropped).
-
-        Runtime complexity: O(limit log N).
-        """
-        _positive_int("limit", limit, MAX_BATCH)
-        lookahead_ms = finite_seconds_ms("lookahead", lookahead)
-        lease_ms = finite_seconds_ms("lease", lease, minimum_ms=1)
-        epoch = self.ownership.epoch(shard)
-        counters = self.ownership.counters
-        token, forget = self._claim_token(shard, epoch)
-        with self.ownership.guard(shard, epoch):
-            batch = await self.store.claim(
-                shard, epoch, lookahead_ms, limit, lease_ms, token=token, forget=forget
-            )
-            counters.claim_calls += 1
-            planned = await self._plan(batch, epoch)
-            if self.pg is not None:
-                checked = await self.pg.after_claim(self, planned, epoch)
-                counters.dedup_dropped += checked.dropped - planned.dropped  # done in PostgreSQL
-                planned = checked
-        self._claims[shard] = (epoch, token, True)
-        counters.claimed += len(planned.jobs)
-        # Dropped in the script (one-shot) or acked unrun in _plan (recurring).
-        counters.dedup_dropped += batch.dropped + sum(j.duplicate for j in batch.jobs)
-        return planned
-
-    def _forget_claim(self, shard: int, epoch: int) -> None:
-        """A call under ``epoch`` was fenced: a claim made under it is not sent again."""
-        last = self._claims.get(shard)
-        if last is not None and last[0] <= epoch:
-            del self._claims[shard]
-
-    def _claim_token(self, shard: int, epoch: int) -> tuple[str, str | None]:
-        """(token, forget) for the next claim of ``shard``: the last claim's token
-        again if it failed under this epoch (a lost reply is recovered whole: same jobs,
-        same attempt), else a new one, forgetting the last received claim's reply."""
-        last = self._claims.get(shard)
-        if last is not None and last[0] == epoch and not last[2]:
-            return last[1], None
-        token = secrets.token_hex(8)
-        self._claims[shard] = (epoch, token, False)
-        return token, None if last is None else last[1]
-
-    async def _plan(self, batch: ClaimBatch, epoch: int) -> ClaimBatch:
-        jobs: list[Job] = []
-        moves: list[ClaimedRef] = []
-        dups: list[ClaimedRef] = []
-        for job in batch.jobs:
-            rec = job.recurrence
-            if rec is None:
-                if not job.duplicate:
-                    jobs.append(job)
-                continue
-            if job.duplicate:
-                dups.append(
-                    ClaimedRef(
-                        job.id,
-                        job.attempt,
-                        job.nominal_ms,
-                        rec.next_after(job.nominal_ms, job.nominal_ms),
-                    )
-                )
-                continue
-            if job.attempt > 1:  # a retry of this occurrence, not a missed run
-                jobs.append(
-                    dataclasses.replace(
-                        job, next_due_ms=rec.next_after(job.nominal_ms, job.nominal_ms)
-                    )
-                )
-                continue
-            plan = rec.plan(job.nominal_ms, batch.now_ms)
-            if plan.deliver:
-                jobs.append(dataclasses.replace(job, next_due_ms=plan.next_due_ms))
-            else:
-                moves.append(
-                    ClaimedRef(
-                        job.id, job.attempt, job.nominal_ms, plan.advance_to_ms, renominate=True
-                    )
-                )
-        if moves:
-            await self.store.release(batch.shard, epoch, moves)
-        if dups:
-            await self.store.ack(batch.shard, epoch, dups, self.dedup_window_ms)
-        if len(jobs) == len(batch.jobs) and all(j.recurrence is None for j in jobs):
-            return batch  # the common case: one-shot jobs only, nothing to rebuild
-        return dataclasses.replace(batch, jobs=jobs, moved=len(moves))
-
-    async def ack(self, job: Job) -> None:
-        """Complete a claimed job: clear its lease, record the occurrence as done,
-        re-insert a recurring job at its next occurrence. O(log N).
-
-        The occurrence is recorded as done even when the lease was lost (the handler did
-        run), so a copy of it that the reaper put back is dropped at its claim rather
-        than run again.
-
-        Raises:
-            LeaseLost: if the lease expired and was reaped, or the job was cancelled.
-            Fenced: if this owner's epoch is stale (the shard is dropped).
-        """
-        (ok,) = await self.ack_many([job])
-        if not ok:
-            raise LeaseLost(f"lease of job {job.id!r} attempt {job.attempt} is lost")
-
-    async def ack_many(self, jobs: Sequence[Job]) -> list[bool]:
-        """Ack claimed jobs of one shard in one script call; per job, False if its lease
-        was lost.
-
-        Raises:
-            ValueError: if the jobs are of several shards or epochs.
-            Fenced: if this owner's epoch is stale (the shard is dropped).
-        """
-        if not jobs:
-            return []
-        shard, epoch = jobs[0].shard, jobs[0].epoch
-        if any(j.shard != shard or j.epoch != epoch for j in jobs):
-            raise ValueError("jobs must all come from one claim (one shard and epoch)")
-        refs = [ClaimedRef(j.id, j.attempt, j.nominal_ms, j.next_due_ms) for j in jobs]
-        out: list[bool] = []
-        with self.ownership.guard(shard, epoch):
-            if self.pg is not None:  # the source of truth first, under the same epoch
-                for i in range(0, len(refs), MAX_BATCH):
-                    await self.pg.ack(shard, epoch, refs[i : i + MAX_BATCH])
-            for i in range(0, len(refs), MAX_BATCH):
-                out += await self.store.ack(
-                    shard, epoch, refs[i : i + MAX_BATCH], self.dedup_window_ms
-                )
-        acked = sum(out)
-        self.ownership.counters.acked += acked
-        self.ownership.counters.ack_lost += len(out) - acked
-        return out
-
-    def backoff_ms(self, attempt: int) -> int:
-        """The retry delay after failed attempt ``attempt``: exponential, equal jitter."""
-        full: int = min(self.retry_max_ms, self.retry_base_ms << min(max(attempt - 1, 0), 62))
-        return full // 2 + int(self._rng.random() * (full - full // 2))
-
-    async def retry(
-        self,
-        job: Job,
-        error: str = "",
-        *,
-        delay: float | timedelta | None = None,
-        final: bool = False,
-    ) -> JobState:
-        """Give a failed job back for another attempt after a backoff, or kill it after
-        its last attempt. The delay is added to Redis's now.
-
-        Args:
-            job: the claimed job.
-            error: text kept with the job (shown in dead letters).
-            delay: seconds to wait instead of the exponential backoff.
-            final: dead-letter it now, whatever attempts remain (a failure no retry can
-                mend, such as a task name no worker knows).
-
-        Returns:
-            ``JobState.DUE`` (retried) or ``JobState.DEAD``.
-
-        Raises:
-            LeaseLost: if the lease is gone.
-            Fenced: if this owner's epoch is stale (the shard is dropped).
-        """
-        delay_ms = (
-            self.backoff_ms(job.attempt) if delay is None else finite_seconds_ms("delay", delay)
-        )
-        with self.ownership.guard(job.shard, job.epoch):
-            if self.pg is not None and (final or job.attempt >= job.max_attempts):
-                # The end state goes to the source of truth first, under the epoch.
-                await self.pg.store.dead(job.shard, job.epoch, job.id, job.attempt)
-            status, _ = await self.store.retry(
-                job.shard,
-                job.epoch,
-                job_id=job.id,
-                attempt=job.attempt,
-                nominal_ms=job.nominal_ms,
-                delay_ms=delay_ms,
-                error=error[:MAX_ERROR_CHARS],
-                final=final,
-            )
-        if status == 0:
-            raise LeaseLost(f"lease of job {job.id!r} attempt {job.attempt} is lost")
-        if status == 1:
-            self.ownership.counters.retries += 1
-            return JobState.DUE
-        self.ownership.counters.dead_letters += 1
-        return JobState.DEAD
-
-    async def extend(self, job: Job, lease: float | timedelta = DEFAULT_LEASE) -> int:
-        """Extend a lease to Redis's now + ``lease`` for a long handler.
-
-        Returns:
-            The new lease deadline (ms).
-
-        Raises:
-            LeaseLost: if the lease is gone.
-            Fenced: if this owner's epoch is stale (the shard is dropped).
-        """
-        lease_ms = finite_seconds_ms("lease", lease, minimum_ms=1)
-        with self.ownership.guard(job.shard, job.epoch):
-            deadline = await self.store.extend(
-                job.shard,
-                job.epoch,
-                job_id=job.id,
-                attempt=job.attempt,
-                nominal_ms=job.nominal_ms,
-                lease_ms=lease_ms,
-            )
-        if not deadline:
-            raise LeaseLost(f"lease of job {job.id!r} attempt {job.attempt} is lost")
-        return deadline
-
-    async def release(self, jobs: Sequence[Job]) -> list[bool]:
-        """Hand claimed jobs of one shard back to due, unrun (a graceful shutdown).
-
-        Raises:
-            ValueError: if the jobs are of several shards or epochs.
-            Fenced: if this owner's epoch is stale.
-        """
-        if not jobs:
-            return []
-        shard, epoch = jobs[0].shard, jobs[0].epoch
-        if any(j.shard != shard or j.epoch != epoch for j in jobs):
-            raise ValueError("jobs must all come from one claim (one shard and epoch)")
-        refs = [ClaimedRef(j.id, j.attempt, j.nominal_ms, j.due_ms) for j in jobs]
-        with self.ownership.guard(shard, epoch):
-            return await self.store.release(shard, epoch, refs)
-
-    async def reap(self, shard: int, *, limit: int = 1000) -> ReapResult:
-        """Return the owned shard's expired leases to due (attempt + 1) or dead.
-
-        Raises:
-            NotOwner, Fenced: as :meth:`claim`.
-        """
-        _positive_int("limit", limit, MAX_BATCH)
-        return await self.ownership.reap(shard, self.ownership.epoch(shard), limit)
-
-    async def process(
-        self,
-        handler: Callable[[Job], Awaitable[object]],
-        *,
-        limit: int = 100,
-        lease: float | timedelta = DEFAULT_LEASE,
-    ) -> int:
-        """Claim due jobs of every owned shard, run ``handler`` on each, ack or retry.
-
-        A handler that raises gets the job retried with backoff (dead after max
-        attempts). A fenced shard is dropped and skipped.
-
-        Returns:
-            How many jobs were handled.
-        """
-        handled = 0
-        for shard in list(self.ownership.owned):
-            try:
-                batch = await self.claim(shard, limit=limit, lease=lease)
-            except Fenced:
-                continue
-            ok: list[Job] = []
-            for job in batch.jobs:
-                try:
-                    await handler(job)
-                except Exception as exc:
-                    with contextlib.suppress(LeaseLost, Fenced):
-                        await self.retry(job, error=repr(exc))
-                else:
-                    ok.append(job)
-                handled += 1
-            if ok:
-                try:
-                    await self.ack_many(ok)
-                except Fenced:
-                    continue
-        return handled
-
     # -- Postgres mode -------------------------------------------------------------
 
     async def relay(self) -> int:
@@ -774,7 +449,7 @@ class Scheduler:
         self.keys.shard(shard)
         if not isinstance(offset, int) or offset < 0:
             raise ValueError(f"offset must be an int >= 0, got {offset!r}")
-        _positive_int("count", count, MAX_BATCH)
+        int_between("count", count, 1, MAX_BATCH)
         await self.open()
         return await self.store.dead_list(shard, offset, count)
 
@@ -803,7 +478,7 @@ class Scheduler:
     async def purge_all_dead(self, shard: int, *, limit: int = MAX_BATCH) -> list[str]:
         """Delete the oldest ``limit`` dead letters of ``shard``."""
         self.keys.shard(shard)
-        _positive_int("limit", limit, MAX_BATCH)
+        int_between("limit", limit, 1, MAX_BATCH)
         await self.open()
         out = await self.store.dead_purge(shard, [], limit)
         if self.pg is not None:
@@ -848,7 +523,7 @@ class Scheduler:
             ValueError: for a shard out of range or a bad ``limit``.
         """
         self.keys.shard(shard)
-        _positive_int("limit", limit, MAX_BATCH)
+        int_between("limit", limit, 1, MAX_BATCH)
         await self.open()
         out = await self.store.dead_requeue(shard, [], limit)
         if self.pg is not None:

@@ -3,7 +3,8 @@
 Owns: ``lua/`` (one atomic transition per file), the key names (``_keys.py``), the
 record encoding (``_record.py``), script loading (``_scripts.py``), the transport over
 one Redis or a Redis Cluster (``_connect.py``), the translation of Redis errors
-(``_errors.py``) and the startup check of a server (``_check.py``).
+(``_errors.py``), the bounded transport of script calls (``_transport.py``) and the
+startup check of a server (``_check.py``).
 
 Invariants: a :class:`Store` method is one script call (or one pipeline of the same
 script over shards): no loops over time, no sleeping; every call is bounded by
@@ -29,7 +30,8 @@ from ._errors import REDIS_ERRORS, translate
 from ._keys import DEFAULT_BUCKETS, MAX_JOB_ID_BYTES, Keys, parse_layout
 from ._record import pack_array, pack_record
 from ._scripts import register
-from ._store import DEFAULT_CALL_TIMEOUT, ClaimedRef, EncodedJob, Store, encode_job
+from ._store import ClaimedRef, EncodedJob, Store, encode_job
+from ._transport import DEFAULT_CALL_TIMEOUT, Transport
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -45,6 +47,7 @@ __all__ = [
     "ServerConfigWarning",
     "ServerReport",
     "Store",
+    "Transport",
     "check_server",
     "client_from_url",
     "connect",

@@ -21,7 +21,7 @@ import hashlib
 import zlib
 from typing import NamedTuple
 
-from tickwheel.durable.model import MAX_JOB_ID_BYTES
+from tickwheel.durable.model import MAX_JOB_ID_BYTES, int_between
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -86,14 +86,8 @@ class Keys:
             )
         if "{" in namespace or "}" in namespace:
             raise ValueError(f"namespace must not contain '{{' or '}}', got {namespace!r}")
-        if not isinstance(shards, int) or isinstance(shards, bool):
-            raise TypeError(f"shards must be an int, got {type(shards).__name__}")
-        if not 0 < shards <= MAX_SHARDS:
-            raise ValueError(f"shards must be between 1 and {MAX_SHARDS}, got {shards}")
-        if not isinstance(buckets, int) or isinstance(buckets, bool):
-            raise TypeError(f"buckets must be an int, got {type(buckets).__name__}")
-        if not 0 < buckets <= MAX_BUCKETS:
-            raise ValueError(f"buckets must be between 1 and {MAX_BUCKETS}, got {buckets}")
+        int_between("shards", shards, 1, MAX_SHARDS)
+        int_between("buckets", buckets, 1, MAX_BUCKETS)
         self.namespace = namespace  # the namespace, as given
         self.shards = shards  # shard count N
         self.buckets = buckets  # record hashes per shard

@@ -18,9 +18,26 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
-__all__ = ["DEFAULTS", "pack_array", "pack_record", "pack_value"]
+__all__ = ["DEFAULTS", "FIELDS", "pack_array", "pack_record", "pack_value"]
 
-# Record field defaults, in record order (see lua/_lib.lua: DEFAULTS).
+# The job record's fields, in record order: lua/_lib.lua's F_* constants, lowercased
+# (F_TASK = 1, ...). tests/test_durable_store.py holds the two sides equal.
+FIELDS = (
+    "task",
+    "payload",
+    "max",
+    "flags",
+    "nominal",
+    "attempt",
+    "epoch",
+    "rkind",
+    "rspec",
+    "policy",
+    "cap",
+    "grace",
+    "error",
+)
+# Their defaults, in the same order (lua/_lib.lua: DEFAULTS); trailing ones are dropped.
 DEFAULTS: tuple[int | bytes, ...] = (b"", b"", 5, 0, 0, 1, 0, 0, b"", 0, 0, 0, b"")
 
 _U8 = struct.Struct(">B")

@@ -6,8 +6,8 @@ Ground rules:
   loops over time, no sleeping, no retries. The loops live in ``runtime/``;
   the owner-side calls that make them, in ``scheduler/``.
 - redis-py's untyped replies stop here: every method returns typed values.
-- Every Redis error goes through :func:`._errors.translate`, so callers see
-  :class:`RedisUnavailable`, :class:`Fenced`, or redis-py's own error.
+- Every call goes through the transport (``_transport.py``): bounded, its errors
+  translated, so callers see :class:`RedisUnavailable`, :class:`Fenced`, or redis-py's own.
 - The client must not decode responses: payloads are bytes.
 - The client is one Redis or a Redis Cluster (``_connect.py``). Each script touches
   one shard's slot; nothing spans slots, so nothing needs a cross-slot transaction.
@@ -31,15 +31,10 @@ Ground rules:
 
 from __future__ import annotations
 
-import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import redis.asyncio
-import redis.exceptions
-from redis.asyncio.cluster import RedisCluster
 
 from tickwheel.durable.model import (
     KIND_CRON,
@@ -54,8 +49,6 @@ from tickwheel.durable.model import (
     JobState,
     ReapResult,
     Recurrence,
-    RedisUnavailable,
-    ReplicationTimeout,
     ScheduleResult,
     ScheduleStatus,
     ShardInfo,
@@ -64,47 +57,22 @@ from tickwheel.durable.model import (
 )
 from tickwheel.wheel import timeout
 
-from ._connect import Client, no_retry
+from ._connect import Client
 from ._errors import REDIS_ERRORS, translate
 from ._keys import Keys, parse_layout
-from ._record import pack_array, pack_record
+from ._record import FIELDS, pack_array, pack_record
 from ._scripts import Scripts
+from ._transport import DEFAULT_CALL_TIMEOUT, Transport, _Call
 
 __all__ = ["ClaimedRef", "EncodedJob", "Store", "encode_job"]
 
 # Status codes of schedule.lua by value: indexing beats the enum's call in a hot loop.
 _STATUSES: tuple[ScheduleStatus, ...] = (ScheduleStatus.CREATED, *ScheduleStatus)  # [0] unused
 
-# Values per job in the replies of claim.lua (id, due, deadline, dup + 13 record fields)
-# and of get.lua / dead_list.lua (2 + 13).
-_CLAIM_STRIDE = 17
-_ROW_STRIDE = 15
-# Rounds of a pipelined write whose calls came back NOSCRIPT (a fresh master after a
-# failover) or MOVED/ASK (a stale slot map): each round loads or refreshes, then resends
-# only those calls, which did not run.
-_MAX_ROUNDS = 4
-# Replies after which a call is resent: it did not run on the node that answered.
-_RESEND = (
-    redis.exceptions.NoScriptError,
-    redis.exceptions.AskError,  # MovedError too
-    redis.exceptions.TryAgainError,
-)
-
-
-# Seconds one call may take before it gives RedisUnavailable. Above the default socket
-# timeout of the clients connect() makes (5 s), so those fail first with redis-py's own
-# error; this bound is for a client made without one.
-DEFAULT_CALL_TIMEOUT = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class _Call:
-    """One script call of a pipelined write."""
-
-    script: Any  # the AsyncScript
-    keys: Sequence[str]  # KEYS (all in one slot)
-    args: Sequence[Any]  # ARGV
-    shard: int  # for error translation
+# Values per job in the replies of claim.lua (id, due, deadline, dup, then the record's
+# fields in FIELDS order) and of get.lua / dead_list.lua (id, when, then the fields).
+_CLAIM_STRIDE = 4 + len(FIELDS)
+_ROW_STRIDE = 2 + len(FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,24 +127,25 @@ def _recurrence(kind: int, spec: bytes, policy: int, cap: int, grace: int) -> Re
 
 
 def _info(job_id: str, shard: int, state: JobState, when: int, f: Sequence[Any]) -> JobInfo:
-    """A JobInfo from the 13 record fields of a reply row."""
+    """A JobInfo from the record fields of a reply row (in FIELDS order)."""
+    task, payload, max_attempts, flags, nominal, attempt, epoch, *rec, error = f
     return JobInfo(
         id=job_id,
         shard=shard,
         state=state,
         when_ms=when,
-        task=f[0].decode(),
-        payload=decode_payload(f[1], f[3]),
-        nominal_ms=f[4],
-        attempt=f[5],
-        max_attempts=f[2],
-        epoch=f[6],
-        recurrence=_recurrence(f[7], f[8], f[9], f[10], f[11]),
-        last_error=f[12].decode(errors="replace"),
+        task=task.decode(),
+        payload=decode_payload(payload, flags),
+        nominal_ms=nominal,
+        attempt=attempt,
+        max_attempts=max_attempts,
+        epoch=epoch,
+        recurrence=_recurrence(*rec),
+        last_error=error.decode(errors="replace"),
     )
 
 
-class Store:
+class Store(Transport):
     """One awaitable method per script, over one namespace.
 
     Args:
@@ -194,17 +163,7 @@ class Store:
             ``call_timeout`` is not positive.
     """
 
-    __slots__ = (
-        "_client",
-        "_cluster",
-        "_nodes",
-        "_scripts",
-        "_wait_timeout",
-        "call_timeout",
-        "keys",
-        "replica_timeout_ms",
-        "replicas",
-    )
+    __slots__ = ("_scripts", "keys")
 
     def __init__(
         self,
@@ -215,179 +174,14 @@ class Store:
         replica_timeout_ms: int = 1000,
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
     ) -> None:
-        if client.get_encoder().decode_responses:
-            raise ValueError("client must be created with decode_responses=False")
-        if replicas < 0 or replica_timeout_ms < 0:
-            raise ValueError(
-                f"replicas and replica_timeout must be >= 0, got {replicas}, {replica_timeout_ms}"
-            )
-        if not call_timeout > 0:  # also refuses NaN
-            raise ValueError(f"call_timeout must be > 0 seconds, got {call_timeout!r}")
-        self._client = client  # the redis-py client (one Redis or a cluster)
-        self.call_timeout = float(call_timeout)  # bound of one call (s)
-        self._wait_timeout = self.call_timeout + replica_timeout_ms / 1000  # with WAIT
-        self._cluster = isinstance(client, RedisCluster)  # scripts routed by slot
+        super().__init__(
+            client,
+            replicas=replicas,
+            replica_timeout_ms=replica_timeout_ms,
+            call_timeout=call_timeout,
+        )
         self._scripts = Scripts(client)  # the registered scripts
         self.keys = keys  # key names of the namespace
-        self.replicas = replicas  # WAIT for this many replicas after producer writes
-        self.replica_timeout_ms = replica_timeout_ms  # WAIT's timeout
-        self._nodes: dict[str, redis.asyncio.Redis] = {}  # cluster node name -> plain client
-
-    async def aclose(self) -> None:
-        """Close the per-node clients this store made (never the caller's client)."""
-        nodes, self._nodes = list(self._nodes.values()), {}
-        for node in nodes:
-            await node.aclose()
-
-    def _node_client(self, node: Any) -> redis.asyncio.Redis:
-        """A plain client of one cluster node, with the cluster client's settings."""
-        client = self._nodes.get(node.name)
-        if client is None:
-            # Never re-send: a lost reply is the caller's to recover (see claim.lua).
-            options = {**node.connection_kwargs, "retry": no_retry()}
-            pool = redis.asyncio.ConnectionPool(connection_class=node.connection_class, **options)
-            client = self._nodes[node.name] = redis.asyncio.Redis(connection_pool=pool)
-        return client
-
-    @property
-    def client(self) -> Client:
-        """The redis-py client (a ``Redis`` or a ``RedisCluster``)."""
-        return self._client
-
-    async def _run(self, script: Any, keys: Sequence[str], args: Sequence[Any], shard: int) -> Any:
-        try:
-            async with timeout(self.call_timeout):
-                return await script(keys, args)
-        except REDIS_ERRORS as exc:
-            raise translate(exc, shard) from exc
-        except TimeoutError:
-            raise self._no_reply(self.call_timeout) from None
-
-    @staticmethod
-    def _no_reply(seconds: float) -> RedisUnavailable:
-        return RedisUnavailable(
-            f"redis unavailable: no reply within {seconds:g} s (the call may have run)"
-        )
-
-    async def _write(
-        self, script: Any, keys: Sequence[str], args: Sequence[Any], shard: int
-    ) -> Any:
-        """A producer write: one script call, then WAIT when replicas are asked for."""
-        if not self.replicas:
-            return await self._run(script, keys, args, shard)
-        (reply,) = await self._pipelined([_Call(script, keys, args, shard)], wait=True)
-        return reply
-
-    async def _pipelined(self, calls: Sequence[_Call], *, wait: bool) -> list[Any]:
-        """Script calls in one pipeline (one round trip per node, no MULTI); with
-        ``wait``, then ``WAIT`` on each node's connection. Replies in call order.
-
-        Raises:
-            ReplicationTimeout: if a node's WAIT saw fewer than ``replicas``.
-            RedisUnavailable, Fenced, ...: the first failed call's error, translated.
-        """
-        replies: list[Any] = [None] * len(calls)
-        todo = list(range(len(calls)))
-        bound = self._wait_timeout if wait else self.call_timeout
-        for _ in range(_MAX_ROUNDS):
-            try:
-                async with timeout(bound):
-                    got = await self._send(calls, todo, wait)
-            except REDIS_ERRORS as exc:
-                raise translate(exc) from exc
-            except TimeoutError:
-                raise self._no_reply(bound) from None
-            resend: list[int] = []
-            for i, reply in zip(todo, got, strict=False):
-                if isinstance(reply, _RESEND):
-                    resend.append(i)
-                elif isinstance(reply, REDIS_ERRORS):
-                    raise translate(reply, calls[i].shard) from reply
-                else:
-                    replies[i] = reply
-            for acked in got[len(todo) :]:
-                if acked is None:
-                    continue
-                if isinstance(acked, REDIS_ERRORS):
-                    raise translate(acked) from acked
-                if int(acked) < self.replicas:
-                    raise ReplicationTimeout(
-                        f"{acked} of {self.replicas} replicas confirmed the write within "
-                        f"{self.replica_timeout_ms} ms",
-                        int(acked),
-                        self.replicas,
-                    )
-            if not resend:
-                return replies
-            try:
-                async with timeout(self.call_timeout):
-                    await self._recover(
-                        [calls[i] for i in resend], [got[todo.index(i)] for i in resend]
-                    )
-            except TimeoutError:
-                raise self._no_reply(self.call_timeout) from None
-            todo = resend
-        raise translate(redis.exceptions.TryAgainError("slot map kept moving; try again"))
-
-    async def _send(self, calls: Sequence[_Call], todo: Sequence[int], wait: bool) -> list[Any]:
-        """Replies of ``calls[i]`` for i in ``todo``, then one WAIT reply per node."""
-        if not self._cluster:
-            return await self._send_node(self._client, calls, todo, wait)
-        cluster: Any = self._client
-        await cluster.initialize()  # routing needs the slot map (no-op once loaded)
-        by_node: dict[str, tuple[Any, list[int]]] = {}
-        for i in todo:
-            node = cluster.get_node_from_key(calls[i].keys[0])
-            by_node.setdefault(node.name, (node, []))[1].append(i)
-        parts = await asyncio.gather(
-            *(
-                self._send_node(self._node_client(node), calls, ids, wait)
-                for node, ids in by_node.values()
-            ),
-            return_exceptions=True,
-        )
-        replies: dict[int, Any] = {}
-        waits: list[Any] = []
-        for (_, ids), part in zip(by_node.values(), parts, strict=True):
-            if isinstance(part, BaseException):
-                if not isinstance(part, Exception):
-                    raise part
-                got = [part] * (len(ids) + wait)  # the node failed: every call with it
-            else:
-                got = part
-            replies.update(zip(ids, got, strict=False))
-            waits += got[len(ids) :]
-        return [replies[i] for i in todo] + waits
-
-    async def _send_node(
-        self, client: Any, calls: Sequence[_Call], todo: Sequence[int], wait: bool
-    ) -> list[Any]:
-        pipe = client.pipeline(transaction=False)
-        for i in todo:
-            call = calls[i]
-            pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
-        if wait:
-            pipe.execute_command("WAIT", self.replicas, self.replica_timeout_ms)
-        got = list(await pipe.execute(raise_on_error=False))
-        if wait and all(isinstance(r, _RESEND) for r in got[:-1]):
-            got[-1] = None  # nothing ran on this connection: nothing for WAIT to confirm
-        return got
-
-    async def _recover(self, calls: Sequence[_Call], errors: Sequence[Any]) -> None:
-        """Load missing scripts and refresh the slot map before a resend."""
-        loaded: set[str] = set()
-        for call, error in zip(calls, errors, strict=True):
-            try:
-                if isinstance(error, redis.exceptions.NoScriptError):
-                    if call.script.sha not in loaded:
-                        await self._client.script_load(call.script.script)
-                        loaded.add(call.script.sha)
-                else:
-                    # A keyed read through the cluster client follows MOVED/ASK and
-                    # updates its slot map.
-                    await self._client.exists(call.keys[0])
-            except REDIS_ERRORS as exc:
-                raise translate(exc, call.shard) from exc
 
     # -- namespace -----------------------------------------------------------------
 
@@ -783,17 +577,6 @@ class Store:
         """Remove a worker's stats document (it is leaving)."""
         key = self.keys.worker_stats(token)
         await self.bounded(lambda: self._client.delete(key))
-
-    async def bounded(self, call: Callable[[], Awaitable[Any]], shard: int = -1) -> Any:
-        """Await ``call()`` (one plain command, or a script the caller holds) within
-        ``call_timeout``, its errors translated to the library's."""
-        try:
-            async with timeout(self.call_timeout):
-                return await call()
-        except REDIS_ERRORS as exc:
-            raise translate(exc, shard) from exc
-        except TimeoutError:
-            raise self._no_reply(self.call_timeout) from None
 
     def _inspect_keys(self, shard: int) -> list[str]:
         k = self.keys.shard(shard)

@@ -1,0 +1,48 @@
+"""The argument checks every layer uses, in one place: each names the parameter it refuses.
+
+A bad argument raises the built-in ``TypeError`` (wrong type) or ``ValueError`` (out of
+range), with the parameter's name and the value, before anything is sent or written.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+__all__ = ["finite_seconds_ms", "int_between"]
+
+
+def int_between(name: str, value: object, low: int, high: int | None = None) -> int:
+    """``value`` as an int in ``[low, high]`` (no upper bound when ``high`` is None).
+
+    Raises:
+        TypeError: if ``value`` is not an int (a bool is not one here).
+        ValueError: if it is out of range.
+    """
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"between {low} and {high}"
+        raise ValueError(f"{name} must be {bounds}, got {value}")
+    return value
+
+
+def finite_seconds_ms(name: str, value: float | timedelta, minimum_ms: int = 0) -> int:
+    """A finite duration in seconds (or a timedelta) as whole ms, rounded up, >= ``minimum_ms``.
+
+    Raises:
+        TypeError: if ``value`` is not a number or a timedelta.
+        ValueError: if it is negative, NaN, infinite or below ``minimum_ms``.
+    """
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise TypeError(f"{name} must be a number of seconds or a timedelta, got {value!r}")
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    ms = math.ceil(seconds * 1000)
+    if ms < minimum_ms:
+        raise ValueError(f"{name} must be at least {minimum_ms} ms, got {value!r}")
+    return ms
