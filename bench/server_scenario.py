@@ -36,6 +36,10 @@ from collections.abc import Callable
 from typing import Any
 
 MODES = ["protocol/wheel", "protocol/call_later", "stream/wheel.timeout", "stream/asyncio.timeout"]
+# The same servers with no per-connection timer at all, for profiling only (the floor a
+# timer's cost sits on; bench/callgrind_server.py): one sweep every ``idle`` seconds
+# closes the connections that saw no request since the sweep before.
+FLOOR_MODES = ["protocol/none", "stream/none"]
 REQUEST = b"ping\n"
 RESPONSE = b"pong\n"
 # Listen backlog (the kernel caps it at net.core.somaxconn). asyncio's default of 100
@@ -70,6 +74,9 @@ def _protocol_factory(mode: str, idle: float) -> Callable[[], asyncio.Protocol]:
     loop = asyncio.get_running_loop()
     wheel = TimingWheel()
 
+    if mode == "protocol/none":
+        return _floor_protocol(idle)
+
     class Conn(asyncio.Protocol):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             self.transport: Any = transport
@@ -88,6 +95,38 @@ def _protocol_factory(mode: str, idle: float) -> Callable[[], asyncio.Protocol]:
 
         def connection_lost(self, exc: BaseException | None) -> None:
             self.timer.cancel()
+
+    return Conn
+
+
+def _sweep_every(idle: float, seen: dict[Any, bool]) -> None:
+    """Close, every ``idle`` s, what saw no request since the last sweep (floor modes)."""
+    loop = asyncio.get_running_loop()
+
+    def sweep() -> None:
+        for transport, active in list(seen.items()):
+            if active:
+                seen[transport] = False
+            else:
+                del seen[transport]
+                transport.close()
+        loop.call_later(idle, sweep)
+
+    loop.call_later(idle, sweep)
+
+
+def _floor_protocol(idle: float) -> Callable[[], asyncio.Protocol]:
+    seen: dict[Any, bool] = {}
+    _sweep_every(idle, seen)
+
+    class Conn(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport: Any = transport
+            seen[transport] = True
+
+        def data_received(self, data: bytes) -> None:
+            seen[self.transport] = True
+            self.transport.write(RESPONSE * data.count(b"\n"))
 
     return Conn
 
@@ -120,7 +159,26 @@ async def _serve(mode: str, port: int, idle: float, conns: int) -> None:
             finally:
                 writer.close()
 
-        server = await asyncio.start_server(handle, "127.0.0.1", port, limit=1024, backlog=BACKLOG)
+        seen: dict[Any, bool] = {}
+
+        async def handle_floor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            seen[writer] = True
+            try:
+                while line := await reader.readline():
+                    seen[writer] = True
+                    writer.write(RESPONSE * line.count(b"\n"))
+            finally:
+                writer.close()
+
+        if mode == "stream/none":
+            _sweep_every(idle, seen)
+        server = await asyncio.start_server(
+            handle_floor if mode == "stream/none" else handle,
+            "127.0.0.1",
+            port,
+            limit=1024,
+            backlog=BACKLOG,
+        )
     print("ready", flush=True)
     async with server:
         await stop
@@ -201,7 +259,12 @@ async def _drive(
 
 
 def run_mode(
-    mode: str, conns: int, rounds: int, idle: float, uvloop: bool = False
+    mode: str,
+    conns: int,
+    rounds: int,
+    idle: float,
+    uvloop: bool = False,
+    wrapper: list[str] | None = None,
 ) -> dict[str, Any]:
     """One server process in ``mode``, driven from this process.
 
@@ -209,12 +272,24 @@ def run_mode(
         ``open_s`` (seconds to open every connection), ``requests``, ``wall`` (s of the
         timed rounds), ``cpu`` (the server's CPU s over them) and ``idle_late`` (sorted
         close lateness per connection, s; negative means closed early).
+
+    ``wrapper`` prefixes the server's command (e.g. valgrind's, to profile it).
     """
     from tickwheel.durable._server import free_port
 
     raise_fd_limit(conns + 100)
     port = free_port()
-    cmd = [sys.executable, __file__, "--serve", mode, "--port", str(port), "--idle", str(idle)]
+    cmd = [
+        *(wrapper or []),
+        sys.executable,
+        __file__,
+        "--serve",
+        mode,
+        "--port",
+        str(port),
+        "--idle",
+        str(idle),
+    ]
     cmd += ["--conns", str(conns)]
     if uvloop:
         cmd.append("--uvloop")
@@ -230,7 +305,7 @@ def run_mode(
             loop.close()
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(10)
+        proc.wait(10 if wrapper is None else 300)
     result["idle_late"] = [t - idle for t in result["idle_late"]]
     return result
 
@@ -251,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
         "--idle", type=float, default=5.0, help="idle timeout (s); must outlast opening all"
     )
     parser.add_argument("--uvloop", action="store_true", help="run both sides on uvloop")
-    parser.add_argument("--serve", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=MODES + FLOOR_MODES, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
