@@ -263,6 +263,7 @@ def run_mode(
     conns: int,
     rounds: int,
     idle: float,
+    *,
     uvloop: bool = False,
     wrapper: list[str] | None = None,
 ) -> dict[str, Any]:
@@ -344,7 +345,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{'close late p50':>15} {'p99':>8} {'max':>8} {'early':>6}"
     )
     for mode in MODES:
-        r = run_mode(mode, args.conns, args.rounds, args.idle, args.uvloop)
+        r = run_mode(mode, args.conns, args.rounds, args.idle, uvloop=args.uvloop)
         late = r["idle_late"]
         p99 = late[min(len(late) - 1, int(len(late) * 0.99))]
         print(
