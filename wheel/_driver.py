@@ -77,7 +77,7 @@ class _WheelAPI:
     _closed: bool
     #: What ``timeout()`` makes: ``_timeout.Timeout`` (the reference), or its compiled
     #: twin on the compiled wheel (``_cdriver.TimingWheel`` sets it).
-    _timeout_type: ClassVar[Callable[[Any, float | None], Timeout]] = Timeout
+    _timeout_type: ClassVar[type[Timeout]] = Timeout
 
     if TYPE_CHECKING:
 
@@ -162,11 +162,12 @@ class _WheelAPI:
         never expires; a negative delay expires at the next tick.
         """
         when = None if delay is None else self._loop.time() + _real(delay)
-        return self._timeout_type(self, when)
+        return self._timeout_type(cast("TimingWheel", self), when)
 
     def timeout_at(self, when: float | None) -> Timeout:
         """Like :meth:`timeout`, with an absolute loop time; :func:`asyncio.timeout_at`."""
-        return self._timeout_type(self, None if when is None else _real(when, "when"))
+        when_ = None if when is None else _real(when, "when")
+        return self._timeout_type(cast("TimingWheel", self), when_)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"pending={len(self)}"
