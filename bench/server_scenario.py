@@ -135,7 +135,8 @@ async def _serve(mode: str, port: int, idle: float, conns: int) -> None:
     raise_fd_limit(conns + 100)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(
-        signal.SIGUSR1, lambda: print(f"cpu {time.process_time():.6f}", flush=True)
+        signal.SIGUSR1,
+        lambda: print(f"cpu {time.process_time():.6f} user {os.times().user:.6f}", flush=True),
     )
     stop = loop.create_future()
     loop.add_signal_handler(signal.SIGTERM, stop.set_result, None)
@@ -218,11 +219,12 @@ class _Client(asyncio.Protocol):
         await self.waiter
 
 
-def _server_cpu(proc: subprocess.Popen[str]) -> float:
+def _server_cpu(proc: subprocess.Popen[str]) -> tuple[float, float]:
+    """The server's CPU seconds so far: (user + system, user)."""
     assert proc.stdout is not None
     proc.send_signal(signal.SIGUSR1)
-    line = proc.stdout.readline()
-    return float(line.split()[1])
+    fields = proc.stdout.readline().split()
+    return float(fields[1]), float(fields[3])
 
 
 async def _drive(
@@ -241,12 +243,13 @@ async def _drive(
         clients += [c for _, c in made]
     open_s = time.monotonic() - t_open
     await asyncio.gather(*(c.request() for c in clients))  # warm up
-    cpu0 = _server_cpu(proc)
+    cpu0, user0 = _server_cpu(proc)
     t0 = time.monotonic()
     for _ in range(rounds):
         await asyncio.gather(*(c.request() for c in clients))
     wall = time.monotonic() - t0
-    cpu = _server_cpu(proc) - cpu0
+    cpu, user = _server_cpu(proc)
+    cpu, user = cpu - cpu0, user - user0
     async with asyncio.timeout(idle + CLOSE_GRACE):
         closed = await asyncio.gather(*(c.closed_at for c in clients))
     return {
@@ -254,6 +257,7 @@ async def _drive(
         "requests": conns * rounds,
         "wall": wall,
         "cpu": cpu,
+        "cpu_user": user,
         "idle_late": sorted(t - c.last_sent for t, c in zip(closed, clients, strict=True)),
     }
 
@@ -271,7 +275,8 @@ def run_mode(
 
     Returns:
         ``open_s`` (seconds to open every connection), ``requests``, ``wall`` (s of the
-        timed rounds), ``cpu`` (the server's CPU s over them) and ``idle_late`` (sorted
+        timed rounds), ``cpu`` (the server's CPU s over them; ``cpu_user``: the user-space
+        share, without the kernel's socket work) and ``idle_late`` (sorted
         close lateness per connection, s; negative means closed early).
 
     ``wrapper`` prefixes the server's command (e.g. valgrind's, to profile it).
@@ -341,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
         f"(client {os.getpid()})"
     )
     print(
-        f"{'server':24} {'CPU us/req':>10} {'req/s':>9} "
+        f"{'server':24} {'CPU us/req':>10} {'user us':>8} {'req/s':>9} "
         f"{'close late p50':>15} {'p99':>8} {'max':>8} {'early':>6}"
     )
     for mode in MODES:
@@ -350,6 +355,7 @@ def main(argv: list[str] | None = None) -> None:
         p99 = late[min(len(late) - 1, int(len(late) * 0.99))]
         print(
             f"{mode:24} {r['cpu'] / r['requests'] * 1e6:>10.2f} "
+            f"{r['cpu_user'] / r['requests'] * 1e6:>8.2f} "
             f"{r['requests'] / r['wall']:>9,.0f} {statistics.median(late) * 1e3:>13.1f}ms "
             f"{p99 * 1e3:>6.1f}ms {late[-1] * 1e3:>6.1f}ms {sum(x < 0 for x in late):>6}",
             flush=True,

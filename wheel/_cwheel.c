@@ -1390,7 +1390,7 @@ static PyObject *Timeout_repr(TimeoutObject *self) {
     if (self->state == TO_ENTERED && self->when != Py_None) {
         PyObject *r = PyObject_CallMethod(self->when, "__round__", "i", 3);
         if (r == NULL) return NULL;
-        PyObject *s = PyUnicode_FromFormat("<Timeout [%s] when=%R>", state, r);
+        PyObject *s = PyUnicode_FromFormat("<Timeout [%s] when=%S>", state, r);
         Py_DECREF(r);
         return s;
     }
