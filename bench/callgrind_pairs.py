@@ -16,6 +16,8 @@ Operations:
   ``wheel.Timeout.reschedule`` (``wheel-timeout``), ``asyncio.Timeout.reschedule``.
 * ``fire``: scheduling a timer that is due and running the loop until it has fired,
   per timer (``schedule_at``/``call_at`` plus the firing; the due timers fire together).
+* ``block``: entering and leaving ``async with timeout(30)`` (``wheel.timeout`` on the
+  wheels, ``asyncio.timeout`` on the loops), in one task.
 * ``bare-call``: a call of an empty Python function, for scale.
 
 The compiled wheel is ``wheel-c``, the pure-Python one ``wheel-py`` (both in the same
@@ -34,7 +36,7 @@ import sys
 SMALL = 2_000
 LARGE = 22_000
 IMPLS = ("wheel-c", "wheel-py", "uvloop", "asyncio")
-OPS = ("pair", "reschedule", "fire", "bare-call")
+OPS = ("pair", "reschedule", "fire", "block", "bare-call")
 
 _CHILD = """
 import asyncio, sys
@@ -78,6 +80,13 @@ elif op == "reschedule":
                 for d in ladder:
                     move_to(base + d)
         loop.run_until_complete(main())
+elif op == "block":
+    async def main():
+        make = wheel.timeout if wheel is not None else asyncio.timeout
+        for _ in range(count):
+            async with make(30.0):
+                pass
+    loop.run_until_complete(main())
 elif op == "fire":
     left = [count]
     done = loop.create_future()

@@ -36,6 +36,10 @@ from collections.abc import Callable
 from typing import Any
 
 MODES = ["protocol/wheel", "protocol/call_later", "stream/wheel.timeout", "stream/asyncio.timeout"]
+# The same servers with no per-connection timer at all, for profiling only (the floor a
+# timer's cost sits on; bench/callgrind_server.py): one sweep every ``idle`` seconds
+# closes the connections that saw no request since the sweep before.
+FLOOR_MODES = ["protocol/none", "stream/none"]
 REQUEST = b"ping\n"
 RESPONSE = b"pong\n"
 # Listen backlog (the kernel caps it at net.core.somaxconn). asyncio's default of 100
@@ -70,6 +74,9 @@ def _protocol_factory(mode: str, idle: float) -> Callable[[], asyncio.Protocol]:
     loop = asyncio.get_running_loop()
     wheel = TimingWheel()
 
+    if mode == "protocol/none":
+        return _floor_protocol(idle)
+
     class Conn(asyncio.Protocol):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             self.transport: Any = transport
@@ -92,11 +99,44 @@ def _protocol_factory(mode: str, idle: float) -> Callable[[], asyncio.Protocol]:
     return Conn
 
 
+def _sweep_every(idle: float, seen: dict[Any, bool]) -> None:
+    """Close, every ``idle`` s, what saw no request since the last sweep (floor modes)."""
+    loop = asyncio.get_running_loop()
+
+    def sweep() -> None:
+        for transport, active in list(seen.items()):
+            if active:
+                seen[transport] = False
+            else:
+                del seen[transport]
+                transport.close()
+        loop.call_later(idle, sweep)
+
+    loop.call_later(idle, sweep)
+
+
+def _floor_protocol(idle: float) -> Callable[[], asyncio.Protocol]:
+    seen: dict[Any, bool] = {}
+    _sweep_every(idle, seen)
+
+    class Conn(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport: Any = transport
+            seen[transport] = True
+
+        def data_received(self, data: bytes) -> None:
+            seen[self.transport] = True
+            self.transport.write(RESPONSE * data.count(b"\n"))
+
+    return Conn
+
+
 async def _serve(mode: str, port: int, idle: float, conns: int) -> None:
     raise_fd_limit(conns + 100)
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(
-        signal.SIGUSR1, lambda: print(f"cpu {time.process_time():.6f}", flush=True)
+        signal.SIGUSR1,
+        lambda: print(f"cpu {time.process_time():.6f} user {os.times().user:.6f}", flush=True),
     )
     stop = loop.create_future()
     loop.add_signal_handler(signal.SIGTERM, stop.set_result, None)
@@ -120,7 +160,26 @@ async def _serve(mode: str, port: int, idle: float, conns: int) -> None:
             finally:
                 writer.close()
 
-        server = await asyncio.start_server(handle, "127.0.0.1", port, limit=1024, backlog=BACKLOG)
+        seen: dict[Any, bool] = {}
+
+        async def handle_floor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            seen[writer] = True
+            try:
+                while line := await reader.readline():
+                    seen[writer] = True
+                    writer.write(RESPONSE * line.count(b"\n"))
+            finally:
+                writer.close()
+
+        if mode == "stream/none":
+            _sweep_every(idle, seen)
+        server = await asyncio.start_server(
+            handle_floor if mode == "stream/none" else handle,
+            "127.0.0.1",
+            port,
+            limit=1024,
+            backlog=BACKLOG,
+        )
     print("ready", flush=True)
     async with server:
         await stop
@@ -160,11 +219,12 @@ class _Client(asyncio.Protocol):
         await self.waiter
 
 
-def _server_cpu(proc: subprocess.Popen[str]) -> float:
+def _server_cpu(proc: subprocess.Popen[str]) -> tuple[float, float]:
+    """The server's CPU seconds so far: (user + system, user)."""
     assert proc.stdout is not None
     proc.send_signal(signal.SIGUSR1)
-    line = proc.stdout.readline()
-    return float(line.split()[1])
+    fields = proc.stdout.readline().split()
+    return float(fields[1]), float(fields[3])
 
 
 async def _drive(
@@ -183,12 +243,13 @@ async def _drive(
         clients += [c for _, c in made]
     open_s = time.monotonic() - t_open
     await asyncio.gather(*(c.request() for c in clients))  # warm up
-    cpu0 = _server_cpu(proc)
+    cpu0, user0 = _server_cpu(proc)
     t0 = time.monotonic()
     for _ in range(rounds):
         await asyncio.gather(*(c.request() for c in clients))
     wall = time.monotonic() - t0
-    cpu = _server_cpu(proc) - cpu0
+    cpu, user = _server_cpu(proc)
+    cpu, user = cpu - cpu0, user - user0
     async with asyncio.timeout(idle + CLOSE_GRACE):
         closed = await asyncio.gather(*(c.closed_at for c in clients))
     return {
@@ -196,25 +257,45 @@ async def _drive(
         "requests": conns * rounds,
         "wall": wall,
         "cpu": cpu,
+        "cpu_user": user,
         "idle_late": sorted(t - c.last_sent for t, c in zip(closed, clients, strict=True)),
     }
 
 
 def run_mode(
-    mode: str, conns: int, rounds: int, idle: float, uvloop: bool = False
+    mode: str,
+    conns: int,
+    rounds: int,
+    idle: float,
+    *,
+    uvloop: bool = False,
+    wrapper: list[str] | None = None,
 ) -> dict[str, Any]:
     """One server process in ``mode``, driven from this process.
 
     Returns:
         ``open_s`` (seconds to open every connection), ``requests``, ``wall`` (s of the
-        timed rounds), ``cpu`` (the server's CPU s over them) and ``idle_late`` (sorted
+        timed rounds), ``cpu`` (the server's CPU s over them; ``cpu_user``: the user-space
+        share, without the kernel's socket work) and ``idle_late`` (sorted
         close lateness per connection, s; negative means closed early).
+
+    ``wrapper`` prefixes the server's command (e.g. valgrind's, to profile it).
     """
     from tickwheel.durable.servers._redis import free_port
 
     raise_fd_limit(conns + 100)
     port = free_port()
-    cmd = [sys.executable, __file__, "--serve", mode, "--port", str(port), "--idle", str(idle)]
+    cmd = [
+        *(wrapper or []),
+        sys.executable,
+        __file__,
+        "--serve",
+        mode,
+        "--port",
+        str(port),
+        "--idle",
+        str(idle),
+    ]
     cmd += ["--conns", str(conns)]
     if uvloop:
         cmd.append("--uvloop")
@@ -230,7 +311,7 @@ def run_mode(
             loop.close()
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(10)
+        proc.wait(10 if wrapper is None else 300)
     result["idle_late"] = [t - idle for t in result["idle_late"]]
     return result
 
@@ -251,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
         "--idle", type=float, default=5.0, help="idle timeout (s); must outlast opening all"
     )
     parser.add_argument("--uvloop", action="store_true", help="run both sides on uvloop")
-    parser.add_argument("--serve", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=MODES + FLOOR_MODES, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
@@ -265,15 +346,16 @@ def main(argv: list[str] | None = None) -> None:
         f"(client {os.getpid()})"
     )
     print(
-        f"{'server':24} {'CPU us/req':>10} {'req/s':>9} "
+        f"{'server':24} {'CPU us/req':>10} {'user us':>8} {'req/s':>9} "
         f"{'close late p50':>15} {'p99':>8} {'max':>8} {'early':>6}"
     )
     for mode in MODES:
-        r = run_mode(mode, args.conns, args.rounds, args.idle, args.uvloop)
+        r = run_mode(mode, args.conns, args.rounds, args.idle, uvloop=args.uvloop)
         late = r["idle_late"]
         p99 = late[min(len(late) - 1, int(len(late) * 0.99))]
         print(
             f"{mode:24} {r['cpu'] / r['requests'] * 1e6:>10.2f} "
+            f"{r['cpu_user'] / r['requests'] * 1e6:>8.2f} "
             f"{r['requests'] / r['wall']:>9,.0f} {statistics.median(late) * 1e3:>13.1f}ms "
             f"{p99 * 1e3:>6.1f}ms {late[-1] * 1e3:>6.1f}ms {sum(x < 0 for x in late):>6}",
             flush=True,

@@ -41,11 +41,11 @@ def wheel_impl(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> types.SimpleNamespace:
     """Run the test once per implementation of the wheel (``"python"``, and ``"c"`` when
-    built): the module's ``TimingWheel`` and ``Timer``, tickwheel.wheel's, and the type
+    built): the module's ``TimingWheel``, ``Timer`` and ``Timeout``, tickwheel.wheel's, and the type
     the default wheel (``timeout``, ``sleep``, ``get_wheel``) is made of are rebound to
     it for the test. Wheel test modules use it with ``pytestmark``."""
     impl = IMPLS[request.param]
-    for name in ("TimingWheel", "Timer"):
+    for name in ("TimingWheel", "Timer", "Timeout"):
         monkeypatch.setattr(tickwheel.wheel, name, getattr(impl, name))
         if hasattr(request.module, name):
             monkeypatch.setattr(request.module, name, getattr(impl, name))

@@ -379,3 +379,22 @@ def test_outside_cancel_of_past_timeout_like_asyncio(loop: asyncio.AbstractEvent
         return [outer, await _outcome(nested())]
 
     _both(loop, body)
+
+
+def test_timeout_is_the_implementations_own(vloop: VirtualLoop, wheel_impl: Any) -> None:
+    """timeout(), timeout_at() and wheel.timeout() make the Timeout of the wheel in use
+    (the compiled one is C, wheel/_cwheel.c), and it refuses a second await."""
+
+    async def main() -> None:
+        wheel = get_wheel()
+        made = [timeout(1), timeout_at(None), wheel.timeout(1), wheel.timeout_at(None)]
+        assert {type(cm) for cm in made} == {wheel_impl.Timeout}
+        cm = made[0]
+        step = cm.__aenter__()
+        assert await step is cm
+        with pytest.raises(RuntimeError):
+            await step  # an awaited __aenter__ cannot run again
+        await cm.__aexit__(None, None, None)
+        assert "finished" in repr(cm)
+
+    run(vloop, main)

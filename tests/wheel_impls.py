@@ -12,20 +12,23 @@ import types
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from tickwheel.wheel import _driver, _handle
+from tickwheel.wheel import _driver, _handle, _timeout
 from tickwheel.wheel._core import Core, Entry
 from tickwheel.wheel._impl import compiled_available
 
 IMPLS: dict[str, types.SimpleNamespace] = {
     "python": types.SimpleNamespace(
-        name="python", TimingWheel=_driver.TimingWheel, Timer=_handle.Timer
+        name="python",
+        TimingWheel=_driver.TimingWheel,
+        Timer=_handle.Timer,
+        Timeout=_timeout.Timeout,
     ),
 }
 if compiled_available():
     from tickwheel.wheel import _cdriver
 
     IMPLS["c"] = types.SimpleNamespace(
-        name="c", TimingWheel=_cdriver.TimingWheel, Timer=_cdriver.Timer
+        name="c", TimingWheel=_cdriver.TimingWheel, Timer=_cdriver.Timer, Timeout=_cdriver.Timeout
     )
 
 

@@ -14,7 +14,6 @@ from ._default import get_wheel, sleep, timeout, timeout_at
 from ._driver import DEFAULT_TICK, WheelStats
 from ._errors import WheelClosed, WheelError, WheelFull
 from ._impl import IMPLEMENTATION
-from ._timeout import Timeout
 
 # The public names bind to the implementation in use (``IMPLEMENTATION``): the compiled
 # core, or the pure-Python reference. Type checkers see the pure-Python classes; the
@@ -22,8 +21,9 @@ from ._timeout import Timeout
 if TYPE_CHECKING or IMPLEMENTATION == "python":
     from ._driver import TimingWheel
     from ._handle import Timer
+    from ._timeout import Timeout
 else:
-    from ._cdriver import Timer, TimingWheel
+    from ._cdriver import Timeout, Timer, TimingWheel
 
 __all__ = [
     "DEFAULT_TICK",

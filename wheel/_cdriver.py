@@ -12,6 +12,7 @@ Importing this module raises ImportError when the C core was not built.
 from __future__ import annotations
 
 import asyncio
+import asyncio.exceptions
 import contextvars
 import math
 from typing import Any
@@ -21,7 +22,7 @@ from ._driver import DEFAULT_TICK, WheelStats, _clock_of, _validated, _WheelAPI
 from ._errors import WheelClosed, WheelFull
 from ._handle import Timer as _PyTimer
 
-__all__ = ["Timer", "TimingWheel"]
+__all__ = ["Timeout", "Timer", "TimingWheel"]
 
 _INF = math.inf
 # The compiled core's clock is an int64 of ticks; deadlines from 2**62 ticks on are kept
@@ -32,6 +33,10 @@ _TICK_LIMIT = 2**61
 #: ``_handle.Timer`` (96 bytes with its GC header, list links included).
 Timer = _cwheel.Timer
 
+#: ``Timeout`` on the compiled core: wheel/_timeout.py's, in C (the same states, errors
+#: and order of effects); what ``timeout()`` returns on a compiled wheel.
+Timeout = _cwheel.Timeout
+
 
 class TimingWheel(_WheelAPI, _cwheel.Wheel):
     """A hierarchical hashed timing wheel driven by an asyncio event loop (C core).
@@ -41,6 +46,8 @@ class TimingWheel(_WheelAPI, _cwheel.Wheel):
     """
 
     __slots__ = ("__weakref__",)
+
+    _timeout_type = _cwheel.Timeout  # type: ignore[assignment]  # the same API
 
     def __init__(
         self,
@@ -146,4 +153,12 @@ def _timer_repr(timer: _cwheel.Timer) -> str:
     return f"<Timer {state} {name}>"
 
 
-_cwheel._setup(WheelClosed, WheelFull, _slow_when_after, _slow_check_when, _timer_repr)
+_cwheel._setup(
+    WheelClosed,
+    WheelFull,
+    _slow_when_after,
+    _slow_check_when,
+    _timer_repr,
+    asyncio.current_task,
+    asyncio.exceptions.CancelledError,
+)

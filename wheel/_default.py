@@ -56,7 +56,7 @@ def timeout(delay: float | None) -> Timeout:
         ValueError: ``delay`` is NaN.
     """
     wheel = get_wheel()
-    return Timeout(wheel, None if delay is None else wheel.time() + _real(delay))
+    return wheel._timeout_type(wheel, None if delay is None else wheel.time() + _real(delay))
 
 
 def timeout_at(when: float | None) -> Timeout:
@@ -65,7 +65,8 @@ def timeout_at(when: float | None) -> Timeout:
     Args:
         when: loop time (``loop.time()``) of expiry; None never expires.
     """
-    return Timeout(get_wheel(), None if when is None else _real(when, "when"))
+    wheel = get_wheel()
+    return wheel._timeout_type(wheel, None if when is None else _real(when, "when"))
 
 
 async def sleep(delay: float, result: T = None) -> T:  # type: ignore[assignment]

@@ -23,7 +23,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 from ._core import Core
 from ._errors import WheelClosed, WheelFull
@@ -75,6 +75,9 @@ class _WheelAPI:
     _loop: asyncio.AbstractEventLoop
     _time: Callable[[], float]
     _closed: bool
+    #: What ``timeout()`` makes: ``_timeout.Timeout`` (the reference), or its compiled
+    #: twin on the compiled wheel (``_cdriver.TimingWheel`` sets it).
+    _timeout_type: ClassVar[type[Timeout]] = Timeout
 
     if TYPE_CHECKING:
 
@@ -159,11 +162,12 @@ class _WheelAPI:
         never expires; a negative delay expires at the next tick.
         """
         when = None if delay is None else self._loop.time() + _real(delay)
-        return Timeout(cast("TimingWheel", self), when)
+        return self._timeout_type(cast("TimingWheel", self), when)
 
     def timeout_at(self, when: float | None) -> Timeout:
         """Like :meth:`timeout`, with an absolute loop time; :func:`asyncio.timeout_at`."""
-        return Timeout(cast("TimingWheel", self), None if when is None else _real(when, "when"))
+        when_ = None if when is None else _real(when, "when")
+        return self._timeout_type(cast("TimingWheel", self), when_)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"pending={len(self)}"
