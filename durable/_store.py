@@ -60,7 +60,7 @@ from ._model import (
     decode_payload,
     encode_payload,
 )
-from ._record import pack_array, pack_record
+from ._record import pack_ack_batch, pack_oneshot, pack_record, pack_schedule_batch
 from ._recurrence import (
     KIND_CRON,
     KIND_INTERVAL,
@@ -133,19 +133,16 @@ def encode_job(spec: JobSpec, payload_limit: int) -> EncodedJob:
         TypeError, ValueError: if the payload is not encodable or over ``payload_limit``.
     """
     data, flags = encode_payload(spec.payload, payload_limit)
-    fields: list[int | bytes] = [spec.task.encode(), data, spec.max_attempts, flags, 0, 1, 0]
     rec = spec.recurrence
-    if rec is not None:
-        kind, spec_text = (
-            (KIND_INTERVAL, str(rec.every_ms)) if rec.every_ms else (KIND_CRON, rec.cron)
-        )
-        fields += [
-            kind,
-            spec_text.encode(),
-            POLICY_CODES[rec.missed],
-            rec.max_catch_up,
-            rec.misfire_grace_ms,
-        ]
+    if rec is None:  # the common case, without building the field list
+        record = pack_oneshot(spec.task.encode(), data, spec.max_attempts, flags)
+        return EncodedJob(spec.id, (spec.id.encode(), spec.mode, spec.time_ms, record))
+    kind, spec_text = (KIND_INTERVAL, str(rec.every_ms)) if rec.every_ms else (KIND_CRON, rec.cron)
+    fields: list[int | bytes] = [
+        *(spec.task.encode(), data, spec.max_attempts, flags, 0, 1, 0),
+        *(kind, spec_text.encode(), POLICY_CODES[rec.missed], rec.max_catch_up),
+        rec.misfire_grace_ms,
+    ]
     return EncodedJob(spec.id, (spec.id.encode(), spec.mode, spec.time_ms, pack_record(fields)))
 
 
@@ -408,10 +405,7 @@ class Store:
         self, shard: int, jobs: Sequence[EncodedJob], replace: bool
     ) -> tuple[list[str], list[Any]]:
         k = self.keys.shard(shard)
-        values: list[int | bytes] = []
-        for job in jobs:
-            values.extend(job.values)
-        args = [1 if replace else 0, pack_array(values)]
+        args = [1 if replace else 0, pack_schedule_batch([job.values for job in jobs])]
         # One job needs its own bucket only (the script then skips hashing the id).
         buckets = [self.keys.jobs_key(shard, jobs[0].id)] if len(jobs) == 1 else k.jobs
         return [k.due, k.leased, k.done, k.dead, k.clock, *buckets], args
@@ -595,10 +589,8 @@ class Store:
             Fenced: if ``epoch`` is stale (nothing written).
         """
         k = self.keys.shard(shard)
-        values: list[int | bytes] = []
-        for ref in refs:
-            values += (ref.id.encode(), ref.attempt, ref.nominal_ms, ref.time_ms)
-        args = [epoch, keep_done_ms, pack_array(values)]
+        batch = pack_ack_batch([(r.id.encode(), r.attempt, r.nominal_ms, r.time_ms) for r in refs])
+        args = [epoch, keep_done_ms, batch]
         buckets = [self.keys.jobs_key(shard, refs[0].id)] if len(refs) == 1 else k.jobs
         reply = await self._write(
             self._scripts.ack, [k.leased, k.due, k.done, k.epoch, k.clock, *buckets], args, shard
