@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 __all__ = [
     "DEFAULTS",
-    "pack_array",
     "pack_ack_batch",
+    "pack_array",
     "pack_oneshot",
     "pack_record",
     "pack_schedule_batch",
