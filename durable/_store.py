@@ -44,6 +44,7 @@ from redis.asyncio.cluster import RedisCluster
 from tickwheel.wheel import timeout
 
 from ._connect import Client, no_retry
+from ._direct import Direct
 from ._errors import REDIS_ERRORS, RedisUnavailable, ReplicationTimeout, translate
 from ._keys import Keys, parse_layout
 from ._model import (
@@ -194,6 +195,7 @@ class Store:
     __slots__ = (
         "_client",
         "_cluster",
+        "_direct",
         "_nodes",
         "_scripts",
         "_wait_timeout",
@@ -229,12 +231,17 @@ class Store:
         self.replicas = replicas  # WAIT for this many replicas after producer writes
         self.replica_timeout_ms = replica_timeout_ms  # WAIT's timeout
         self._nodes: dict[str, redis.asyncio.Redis] = {}  # cluster node name -> plain client
+        # One Redis: single script calls skip redis-py's command machinery (_direct.py).
+        self._direct = Direct(client) if Direct.usable(client) else None  # type: ignore[arg-type]
 
     async def aclose(self) -> None:
-        """Close the per-node clients this store made (never the caller's client)."""
+        """Close the per-node clients and the held connections this store made (never
+        the caller's client)."""
         nodes, self._nodes = list(self._nodes.values()), {}
         for node in nodes:
             await node.aclose()
+        if self._direct is not None:
+            await self._direct.aclose()
 
     def _node_client(self, node: Any) -> redis.asyncio.Redis:
         """A plain client of one cluster node, with the cluster client's settings."""
@@ -254,6 +261,8 @@ class Store:
     async def _run(self, script: Any, keys: Sequence[str], args: Sequence[Any], shard: int) -> Any:
         try:
             async with timeout(self.call_timeout):
+                if self._direct is not None:
+                    return await self._direct.evalsha(script, keys, args)
                 return await script(keys, args)
         except REDIS_ERRORS as exc:
             raise translate(exc, shard) from exc

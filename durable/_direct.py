@@ -1,0 +1,130 @@
+"""EVALSHA packed here and sent on connections of the store's own, for one Redis.
+
+Why: a script call through redis-py's asyncio client (``AsyncScript`` ->
+``execute_command``: the pool's lock and observability hooks, the retry wrapper, the
+generic packer) cost ~383,000 client instructions per round trip under callgrind, the
+same call packed here and written on a held connection ~144,000
+(``bench/profile_durable.py``; redis-py 8.1). A single awaited schedule is one such call.
+
+Ground rules:
+
+- One Redis only (a ``redis.asyncio.Redis`` with a plain ``ConnectionPool``); the
+  cluster and the pipelined writes keep going through redis-py.
+- The connections are made by the client's pool (``make_connection``: its address,
+  credentials, database, TLS, socket timeouts) but held here, in a free list: one per
+  call in flight, reused after. :meth:`Direct.aclose` closes them (``Store.aclose``).
+- A connection is reused only after a whole reply was read (an error reply included).
+  Anything else (a timeout, a cancellation, a reset) disconnects it: a reply may still
+  be on its way, and must never be read as the next call's.
+- Nothing is re-sent after a lost reply (as the clients ``_connect`` makes). The one
+  resend is after NOSCRIPT, which says the script did not run: it is loaded, then sent
+  once more.
+- An idle connection the server closed meanwhile (a restart) is reconnected before it
+  is used, as redis-py's pool does: that call was never sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio
+import redis.exceptions
+
+__all__ = ["Direct", "pack_evalsha"]
+
+_HEAD = b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n"
+_ARG = b"$%d\r\n%s\r\n"
+
+
+def _encoded(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, int) and not isinstance(value, bool):
+        return b"%d" % value
+    raise TypeError(f"script arguments must be bytes, str or int, got {type(value).__name__}")
+
+
+def pack_evalsha(sha: bytes, keys: Sequence[str], args: Sequence[Any]) -> bytes:
+    """The RESP request ``EVALSHA sha numkeys keys... args...``.
+
+    Raises:
+        TypeError: for an argument that is not bytes, str or int.
+    """
+    numkeys = b"%d" % len(keys)
+    parts = [_HEAD % (3 + len(keys) + len(args), sha), _ARG % (len(numkeys), numkeys)]
+    append = parts.append
+    for key in keys:
+        data = key.encode()
+        append(_ARG % (len(data), data))
+    for value in args:
+        data = _encoded(value)
+        append(_ARG % (len(data), data))
+    return b"".join(parts)
+
+
+class Direct:
+    """Script calls on held connections of one plain client (see the module's rules)."""
+
+    __slots__ = ("_client", "_free", "_pool")
+
+    def __init__(self, client: redis.asyncio.Redis) -> None:
+        self._client = client
+        self._pool: Any = client.connection_pool
+        self._free: list[Any] = []  # connected, idle, nothing left to read
+
+    @staticmethod
+    def usable(client: Any) -> bool:
+        """True for a client this path serves: a plain ``Redis`` on its own pool."""
+        pool = getattr(client, "connection_pool", None)
+        return (
+            isinstance(client, redis.asyncio.Redis)
+            and type(pool) is redis.asyncio.ConnectionPool
+            and not client.single_connection_client
+            and issubclass(pool.connection_class, redis.asyncio.connection.AbstractConnection)
+        )
+
+    async def evalsha(self, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """The reply of ``script`` (a redis-py ``AsyncScript``) called with ``keys`` and
+        ``args``; loads it once if the server answers NOSCRIPT.
+
+        Raises:
+            redis.exceptions.ResponseError: the script's error reply.
+            redis.exceptions.ConnectionError, TimeoutError: the connection failed.
+        """
+        request = pack_evalsha(script.sha.encode(), keys, args)
+        try:
+            return await self._call(request)
+        except redis.exceptions.NoScriptError:
+            await self._client.script_load(script.script)
+            return await self._call(request)
+
+    async def _call(self, request: bytes) -> Any:
+        conn = self._free.pop() if self._free else self._pool.make_connection()
+        reusable = False
+        try:
+            reader = conn._reader
+            if reader is None or reader.at_eof():  # never connected, or closed by the server
+                await conn.disconnect()
+                await conn.connect()
+            conn._writer.write(request)
+            try:
+                reply = await conn.read_response(disable_decoding=True)
+            except redis.exceptions.ResponseError:
+                reusable = True  # a whole error reply was read
+                raise
+            reusable = True
+            return reply
+        finally:
+            if reusable:
+                self._free.append(conn)
+            else:
+                await conn.disconnect(nowait=True)
+
+    async def aclose(self) -> None:
+        """Close the held connections."""
+        free, self._free = self._free, []
+        for conn in free:
+            await conn.disconnect()
