@@ -565,23 +565,28 @@ class Store:
         )
         jobs: list[Job] = []
         append = jobs.append
+        # Positional Job(...) and no slice per row: this loop runs once per claimed job.
         for i in range(2, len(reply), _CLAIM_STRIDE):
-            f = reply[i + 4 : i + _CLAIM_STRIDE]
+            (ident, due, deadline, dup, task, data, mx, flags, nominal, attempt, ep, kind) = reply[
+                i : i + 12
+            ]
+            error = reply[i + 16]
             append(
                 Job(
-                    id=reply[i].decode(),
-                    shard=shard,
-                    task=f[0].decode(),
-                    payload=decode_payload(f[1], f[3]),
-                    nominal_ms=f[4],
-                    due_ms=reply[i + 1],
-                    deadline_ms=reply[i + 2],
-                    attempt=f[5],
-                    max_attempts=f[2],
-                    epoch=f[6],
-                    recurrence=_recurrence(f[7], f[8], f[9], f[10], f[11]) if f[7] else None,
-                    duplicate=bool(reply[i + 3]),
-                    last_error=f[12].decode(errors="replace") if f[12] else "",
+                    ident.decode(),
+                    shard,
+                    task.decode(),
+                    data if flags == 0 else decode_payload(data, flags),
+                    nominal,
+                    due,
+                    deadline,
+                    attempt,
+                    mx,
+                    ep,
+                    _recurrence(kind, *reply[i + 12 : i + 16]) if kind else None,
+                    0,
+                    bool(dup),
+                    error.decode(errors="replace") if error else "",
                 )
             )
         return ClaimBatch(shard, int(reply[0]), jobs, int(reply[1]))
@@ -597,10 +602,21 @@ class Store:
         Raises:
             Fenced: if ``epoch`` is stale (nothing written).
         """
+        items = [(r.id.encode(), r.attempt, r.nominal_ms, r.time_ms) for r in refs]
+        return await self.ack_items(shard, epoch, items, keep_done_ms)
+
+    async def ack_items(
+        self,
+        shard: int,
+        epoch: int,
+        items: Sequence[tuple[bytes, int, int, int]],
+        keep_done_ms: int,
+    ) -> list[bool]:
+        """:meth:`ack` of ``(id as UTF-8, attempt, nominal_ms, next_ms)`` per job."""
         k = self.keys.shard(shard)
-        batch = pack_ack_batch([(r.id.encode(), r.attempt, r.nominal_ms, r.time_ms) for r in refs])
-        args = [epoch, keep_done_ms, batch]
-        buckets = [self.keys.jobs_key(shard, refs[0].id)] if len(refs) == 1 else k.jobs
+        args = [epoch, keep_done_ms, pack_ack_batch(items)]
+        one = items[0][0].decode() if len(items) == 1 else ""
+        buckets = [self.keys.jobs_key(shard, one)] if one else k.jobs
         reply = await self._write(
             self._scripts.ack, [k.leased, k.due, k.done, k.epoch, k.clock, *buckets], args, shard
         )
