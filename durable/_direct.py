@@ -16,9 +16,11 @@ Ground rules:
 - A connection is reused only after a whole reply was read (an error reply included).
   Anything else (a timeout, a cancellation, a reset) disconnects it: a reply may still
   be on its way, and must never be read as the next call's.
-- Nothing is re-sent after a lost reply (as the clients ``_connect`` makes). The one
-  resend is after NOSCRIPT, which says the script did not run: it is loaded, then sent
-  once more.
+- The client's retry policy is the one followed: the clients ``_connect`` makes never
+  re-send after a lost reply, and then neither does this; a client made with redis-py's
+  retrying default re-sends here as it would through redis-py (the claim's token makes
+  that safe, tests/test_faults.py). Besides, NOSCRIPT says the script did not run: it is
+  loaded, then sent once more.
 - An idle connection the server closed meanwhile (a restart) is reconnected before it
   is used, as redis-py's pool does: that call was never sent.
 """
@@ -65,15 +67,21 @@ def pack_evalsha(sha: bytes, keys: Sequence[str], args: Sequence[Any]) -> bytes:
     return b"".join(parts)
 
 
+async def _failed(error: Exception) -> None:
+    """Nothing to undo before a retry: the failed call dropped its connection."""
+
+
 class Direct:
     """Script calls on held connections of one plain client (see the module's rules)."""
 
-    __slots__ = ("_client", "_free", "_pool")
+    __slots__ = ("_client", "_free", "_pool", "_retry")
 
     def __init__(self, client: redis.asyncio.Redis) -> None:
         self._client = client
         self._pool: Any = client.connection_pool
         self._free: list[Any] = []  # connected, idle, nothing left to read
+        retry: Any = client.get_retry()
+        self._retry = retry if retry is not None and retry.get_retries() != 0 else None
 
     @staticmethod
     def usable(client: Any) -> bool:
@@ -95,6 +103,11 @@ class Direct:
             redis.exceptions.ConnectionError, TimeoutError: the connection failed.
         """
         request = pack_evalsha(script.sha.encode(), keys, args)
+        if self._retry is None:
+            return await self._once(script, request)
+        return await self._retry.call_with_retry(lambda: self._once(script, request), _failed)
+
+    async def _once(self, script: Any, request: bytes) -> Any:
         try:
             return await self._call(request)
         except redis.exceptions.NoScriptError:
