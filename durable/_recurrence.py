@@ -234,9 +234,12 @@ def _duration_ms(name: str, value: float | timedelta) -> int:
         TypeError: if ``value`` is not a number or timedelta.
         ValueError: if it is negative, NaN or infinite.
     """
+    # Whole seconds first; then a tuple, not `int | float`, which builds a union per call.
+    if type(value) is int and 0 <= value < 1 << 40:
+        return value * 1000
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)
     else:
         raise TypeError(f"{name} must be a number of seconds or a timedelta, got {value!r}")
