@@ -37,6 +37,8 @@ __all__ = ["Direct", "pack_evalsha"]
 
 _HEAD = b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n"
 _ARG = b"$%d\r\n%s\r\n"
+_MULTI = b"*1\r\n$5\r\nMULTI\r\n"
+_EXEC = b"*1\r\n$4\r\nEXEC\r\n"
 
 
 def _encoded(value: Any) -> bytes:
@@ -114,7 +116,40 @@ class Direct:
             await self._client.script_load(script.script)
             return await self._call(request)
 
-    async def _call(self, request: bytes) -> Any:
+    async def transaction(
+        self, script: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """``script`` once per ``(keys, args)`` in one MULTI/EXEC, sent in one write;
+        the replies in call order.
+
+        Every call is the same script, so a NOSCRIPT in EXEC's reply is every call's:
+        none ran, and the whole transaction is sent again once the script is loaded.
+
+        Raises:
+            redis.exceptions.ResponseError: the first error reply (at queueing, which
+                aborts the transaction, or of a call that ran).
+        """
+        sha = script.sha.encode()
+        request = b"".join([_MULTI, *[pack_evalsha(sha, k, a) for k, a in calls], _EXEC])
+        if self._retry is None:
+            replies = await self._transaction_once(script, request, len(calls))
+        else:
+            replies = await self._retry.call_with_retry(
+                lambda: self._transaction_once(script, request, len(calls)), _failed
+            )
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    async def _transaction_once(self, script: Any, request: bytes, n: int) -> list[Any]:
+        replies: list[Any] = await self._call(request, n + 1)
+        if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
+            await self._client.script_load(script.script)
+            replies = await self._call(request, n + 1)
+        return replies
+
+    async def _call(self, request: bytes, queued: int = 0) -> Any:
         conn = self._free.pop() if self._free else self._pool.make_connection()
         reusable = False
         try:
@@ -123,11 +158,17 @@ class Direct:
                 await conn.disconnect()
                 await conn.connect()
             conn._writer.write(request)
+            first: redis.exceptions.ResponseError | None = None
+            for _ in range(queued):  # MULTI's OK, then QUEUED (or an error) per call
+                try:
+                    await conn.read_response(disable_decoding=True)
+                except redis.exceptions.ResponseError as exc:
+                    first = first or exc  # EXEC will abort; read on to its reply
             try:
                 reply = await conn.read_response(disable_decoding=True)
-            except redis.exceptions.ResponseError:
+            except redis.exceptions.ResponseError as exc:
                 reusable = True  # a whole error reply was read
-                raise
+                raise (first or exc) from None
             reusable = True
             return reply
         finally:

@@ -466,6 +466,24 @@ class Store:
     ) -> list[ScheduleResult]:
         done: list[Sequence[EncodedJob]] = []
         client: Any = self._client  # one Redis (the cluster takes the other path)
+        if self._direct is not None:
+            calls = []
+            for shard, chunks in groups.items():
+                for chunk in chunks:
+                    calls.append(self._schedule_call(shard, chunk, replace))
+                    done.append(chunk)
+            try:
+                async with timeout(self.call_timeout):
+                    replies = await self._direct.transaction(self._scripts.schedule, calls)
+            except REDIS_ERRORS as exc:
+                raise translate(exc) from exc
+            except TimeoutError:
+                raise self._no_reply(self.call_timeout) from None
+            return [
+                result
+                for chunk, reply in zip(done, replies, strict=True)
+                for result in self._schedule_results(chunk, reply)
+            ]
         try:
             async with timeout(self.call_timeout), client.pipeline(transaction=True) as pipe:
                 for shard, chunks in groups.items():

@@ -78,3 +78,30 @@ def test_a_cancelled_call_never_leaves_its_reply_to_the_next(redis_server: Redis
         await client.aclose()
 
     run(main())
+
+
+def test_a_transaction_runs_whole_after_noscript_and_raises_a_calls_error(
+    redis_server: RedisServer,
+) -> None:
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(redis_server.url)
+        direct = Direct(client)
+        add = client.register_script(
+            "if ARGV[1] == 'bad' then return redis.error_reply('TW_TEST bad') end "
+            "return redis.call('INCRBY', KEYS[1], ARGV[1])"
+        )
+        await client.delete("{t}:n")
+        await client.script_flush()
+        # NOSCRIPT for every call (none ran): loaded, and the whole of it sent again.
+        got = await direct.transaction(add, [(["{t}:n"], [1]), (["{t}:n"], [10])])
+        assert got == [1, 11]
+        assert await client.get("{t}:n") == b"11"
+        with pytest.raises(redis.exceptions.ResponseError, match="TW_TEST bad"):
+            await direct.transaction(add, [(["{t}:n"], [5]), (["{t}:n"], [b"bad"])])
+        assert await client.get("{t}:n") == b"16"  # EXEC ran the good call (no rollback)
+        assert len(direct._free) == 1  # the connection read everything: reused
+        assert await direct.transaction(add, [(["{t}:n"], [4])]) == [20]
+        await direct.aclose()
+        await client.aclose()
+
+    run(main())
