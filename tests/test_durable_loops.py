@@ -13,7 +13,15 @@ from tests.durable_support import client_of, open_scheduler, push_clock, run
 from tickwheel.durable import JobState, Ownership, Reaper
 from tickwheel.durable.scheduler._scheduler import DEFAULT_MAX_ATTEMPTS
 from tickwheel.durable.servers._redis import RedisServer
-from tickwheel.durable.store._record import DEFAULTS, pack_array, pack_record, pack_value
+from tickwheel.durable.store._record import (
+    DEFAULTS,
+    pack_ack_batch,
+    pack_array,
+    pack_oneshot,
+    pack_record,
+    pack_schedule_batch,
+    pack_value,
+)
 
 pytestmark = pytest.mark.redis
 
@@ -103,4 +111,26 @@ def test_python_record_matches_cmsgpack(
     assert pack_record([task, payload, DEFAULTS[2], 0, 0, 1, 0]) == pack_record([task, payload])
     # A batch array unpacks to the same values.
     assert client.eval("return cmsgpack.unpack(ARGV[1])", 0, pack_array(fields)) == fields
+    # A new one-shot record is the generic record of the same fields, for every max and
+    # flags (defaults dropped or not), and it decodes in Lua to them.
+    for max_attempts, flags in ((DEFAULTS[2], 0), (1, 0), (200, 0), (DEFAULTS[2], 1), (7, 1)):
+        generic = pack_record([task, payload, max_attempts, flags, 0, 1, 0])
+        assert pack_oneshot(task, payload, max_attempts, flags) == generic
+    # The fixed-width batches unpack in Lua to their values (the ints as numbers).
+    times = [min(i, 2**53) for i in ints]
+    ack = [(task, times[0], times[1], times[2]), (payload, 1, 0, 0)]
+    got = client.eval("return cmsgpack.unpack(ARGV[1])", 0, pack_ack_batch(ack))
+    assert got == [v for item in ack for v in item]
+    sched = [(task, 1, times[0], payload), (payload, 0, times[1], task)]
+    got = client.eval("return cmsgpack.unpack(ARGV[1])", 0, pack_schedule_batch(sched))
+    assert got == [v for item in sched for v in item]
     client.close()
+
+
+def test_batches_refuse_values_out_of_range() -> None:
+    with pytest.raises(ValueError, match="ack values"):
+        pack_ack_batch([(b"a", -1, 0, 0)])
+    with pytest.raises(ValueError, match="schedule times"):
+        pack_schedule_batch([(b"a", 0, 2**64, b"")])
+    with pytest.raises(ValueError, match="mode"):
+        pack_schedule_batch([(b"a", 2, 0, b"")])

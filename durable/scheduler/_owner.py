@@ -210,15 +210,16 @@ class OwnerSide:
         shard, epoch = jobs[0].shard, jobs[0].epoch
         if any(j.shard != shard or j.epoch != epoch for j in jobs):
             raise ValueError("jobs must all come from one claim (one shard and epoch)")
-        refs = [ClaimedRef(j.id, j.attempt, j.nominal_ms, j.next_due_ms) for j in jobs]
+        items = [(j.id.encode(), j.attempt, j.nominal_ms, j.next_due_ms) for j in jobs]
         out: list[bool] = []
         with self.ownership.guard(shard, epoch):
             if self.pg is not None:  # the source of truth first, under the same epoch
+                refs = [ClaimedRef(j.id, j.attempt, j.nominal_ms, j.next_due_ms) for j in jobs]
                 for i in range(0, len(refs), MAX_BATCH):
                     await self.pg.ack(shard, epoch, refs[i : i + MAX_BATCH])
-            for i in range(0, len(refs), MAX_BATCH):
-                out += await self.store.ack(
-                    shard, epoch, refs[i : i + MAX_BATCH], self.dedup_window_ms
+            for i in range(0, len(items), MAX_BATCH):
+                out += await self.store.ack_items(
+                    shard, epoch, items[i : i + MAX_BATCH], self.dedup_window_ms
                 )
         acked = sum(out)
         self.ownership.counters.acked += acked

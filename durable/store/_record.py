@@ -18,10 +18,20 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
-__all__ = ["DEFAULTS", "FIELDS", "pack_array", "pack_record", "pack_value"]
+__all__ = [
+    "DEFAULTS",
+    "FIELDS",
+    "pack_ack_batch",
+    "pack_array",
+    "pack_oneshot",
+    "pack_record",
+    "pack_schedule_batch",
+    "pack_str",
+    "pack_value",
+]
 
 # The job record's fields, in record order: lua/_lib.lua's F_* constants, lowercased
-# (F_TASK = 1, ...). tests/test_durable_store.py holds the two sides equal.
+# (F_TASK = 1, ...). tests/test_durable_keys.py holds the two sides equal.
 FIELDS = (
     "task",
     "payload",
@@ -44,6 +54,16 @@ _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
+# Smallest headers by value, looked up instead of computed: ints 0..127 (positive
+# fixint) and the fixstr headers of 0..31 bytes.
+_FIXINT = tuple(bytes((i,)) for i in range(0x80))
+_FIXSTR = tuple(bytes((0xA0 | n,)) for n in range(32))
+_STR8 = struct.Struct(">BB")
+_STR16 = struct.Struct(">BH")
+# Batch items (never compared with what a script packs, only unpacked by cmsgpack):
+# fixed-width uint64 times, so one struct call packs three of them.
+_ACK_TAIL = struct.Struct(">BQBQBQ")  # 0xcf attempt, 0xcf nominal, 0xcf next
+_SCHED_TIME = struct.Struct(">BBQ")  # mode (fixint 0/1), 0xcf time
 
 
 def pack_value(value: int | bytes) -> bytes:
@@ -53,18 +73,11 @@ def pack_value(value: int | bytes) -> bytes:
         ValueError: for a negative int or one of 2**64 or more.
     """
     if isinstance(value, bytes):
-        n = len(value)
-        if n < 32:
-            return bytes((0xA0 | n,)) + value
-        if n < 0x100:
-            return b"\xd9" + _U8.pack(n) + value
-        if n < 0x10000:
-            return b"\xda" + _U16.pack(n) + value
-        return b"\xdb" + _U32.pack(n) + value
+        return pack_str(value)
     if value < 0:
         raise ValueError(f"value must be >= 0, got {value}")
     if value < 0x80:
-        return bytes((value,))
+        return _FIXINT[value]
     if value < 0x100:
         return b"\xcc" + _U8.pack(value)
     if value < 0x10000:
@@ -72,6 +85,80 @@ def pack_value(value: int | bytes) -> bytes:
     if value < 0x100000000:
         return b"\xce" + _U32.pack(value)
     return b"\xcf" + _U64.pack(value)
+
+
+def pack_str(data: bytes) -> bytes:
+    """``data`` as msgpack str, smallest header (what cmsgpack packs)."""
+    n = len(data)
+    if n < 32:
+        return _FIXSTR[n] + data
+    if n < 0x100:
+        return _STR8.pack(0xD9, n) + data
+    if n < 0x10000:
+        return _STR16.pack(0xDA, n) + data
+    return b"\xdb" + _U32.pack(n) + data
+
+
+def pack_oneshot(task: bytes, payload: bytes, max_attempts: int, flags: int) -> bytes:
+    """The record of a new one-shot job (nominal 0, attempt 1, epoch 0): what
+    :func:`pack_record` gives for those fields, without building them."""
+    if flags:
+        return pack_str(task) + pack_str(payload) + pack_value(max_attempts) + _FIXINT[flags]
+    if max_attempts != DEFAULTS[2]:
+        return pack_str(task) + pack_str(payload) + pack_value(max_attempts)
+    if payload:
+        return pack_str(task) + pack_str(payload)
+    return pack_str(task) if task else b""  # trailing defaults dropped
+
+
+def _array_head(n: int) -> bytes:
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 0x10000:
+        return b"\xdc" + _U16.pack(n)
+    return b"\xdd" + _U32.pack(n)
+
+
+def pack_ack_batch(items: Sequence[tuple[bytes, int, int, int]]) -> bytes:
+    """ack.lua's batch: a msgpack array of id, attempt, nominal, next per job. The ints
+    are uint64 of fixed width (cmsgpack reads any width; this batch is never compared
+    with bytes a script packs), so one struct call packs the three.
+
+    Raises:
+        ValueError: for an int outside 0 .. 2**64 - 1.
+    """
+    parts = [_array_head(4 * len(items))]
+    append = parts.append
+    tail = _ACK_TAIL.pack
+    try:
+        for ident, attempt, nominal, nxt in items:
+            append(pack_str(ident))
+            append(tail(0xCF, attempt, 0xCF, nominal, 0xCF, nxt))
+    except struct.error as exc:
+        raise ValueError(f"ack values must be in 0 .. 2**64 - 1: {exc}") from None
+    return b"".join(parts)
+
+
+def pack_schedule_batch(items: Sequence[tuple[bytes, int, int, bytes]]) -> bytes:
+    """schedule.lua's batch: a msgpack array of id, mode (0 or 1), time, record per
+    job; the time is a uint64 of fixed width.
+
+    Raises:
+        ValueError: for a mode other than 0 and 1, or a time outside 0 .. 2**64 - 1.
+    """
+    parts = [_array_head(4 * len(items))]
+    append = parts.append
+    head = _SCHED_TIME.pack
+    try:
+        for ident, mode, time, record in items:
+            if mode not in (0, 1):
+                raise ValueError(f"mode must be 0 or 1, got {mode}")
+            append(pack_str(ident))
+            append(head(mode, 0xCF, time))
+            append(pack_str(record))
+    except struct.error as exc:
+        raise ValueError(f"schedule times must be in 0 .. 2**64 - 1: {exc}") from None
+    return b"".join(parts)
 
 
 def pack_record(fields: Sequence[int | bytes]) -> bytes:

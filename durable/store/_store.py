@@ -60,7 +60,7 @@ from tickwheel.wheel import timeout
 from ._connect import Client
 from ._errors import REDIS_ERRORS, translate
 from ._keys import Keys, parse_layout
-from ._record import FIELDS, pack_array, pack_record
+from ._record import FIELDS, pack_ack_batch, pack_oneshot, pack_record, pack_schedule_batch
 from ._scripts import Scripts
 from ._transport import DEFAULT_CALL_TIMEOUT, Transport, _Call
 
@@ -101,19 +101,16 @@ def encode_job(spec: JobSpec, payload_limit: int) -> EncodedJob:
         TypeError, ValueError: if the payload is not encodable or over ``payload_limit``.
     """
     data, flags = encode_payload(spec.payload, payload_limit)
-    fields: list[int | bytes] = [spec.task.encode(), data, spec.max_attempts, flags, 0, 1, 0]
     rec = spec.recurrence
-    if rec is not None:
-        kind, spec_text = (
-            (KIND_INTERVAL, str(rec.every_ms)) if rec.every_ms else (KIND_CRON, rec.cron)
-        )
-        fields += [
-            kind,
-            spec_text.encode(),
-            POLICY_CODES[rec.missed],
-            rec.max_catch_up,
-            rec.misfire_grace_ms,
-        ]
+    if rec is None:  # the common case, without building the field list
+        record = pack_oneshot(spec.task.encode(), data, spec.max_attempts, flags)
+        return EncodedJob(spec.id, (spec.id.encode(), spec.mode, spec.time_ms, record))
+    kind, spec_text = (KIND_INTERVAL, str(rec.every_ms)) if rec.every_ms else (KIND_CRON, rec.cron)
+    fields: list[int | bytes] = [
+        *(spec.task.encode(), data, spec.max_attempts, flags, 0, 1, 0),
+        *(kind, spec_text.encode(), POLICY_CODES[rec.missed], rec.max_catch_up),
+        rec.misfire_grace_ms,
+    ]
     return EncodedJob(spec.id, (spec.id.encode(), spec.mode, spec.time_ms, pack_record(fields)))
 
 
@@ -202,10 +199,7 @@ class Store(Transport):
         self, shard: int, jobs: Sequence[EncodedJob], replace: bool
     ) -> tuple[list[str], list[Any]]:
         k = self.keys.shard(shard)
-        values: list[int | bytes] = []
-        for job in jobs:
-            values.extend(job.values)
-        args = [1 if replace else 0, pack_array(values)]
+        args = [1 if replace else 0, pack_schedule_batch([job.values for job in jobs])]
         # One job needs its own bucket only (the script then skips hashing the id).
         buckets = [self.keys.jobs_key(shard, jobs[0].id)] if len(jobs) == 1 else k.jobs
         return [k.due, k.leased, k.done, k.dead, k.clock, *buckets], args
@@ -257,6 +251,24 @@ class Store(Transport):
     ) -> list[ScheduleResult]:
         done: list[Sequence[EncodedJob]] = []
         client: Any = self._client  # one Redis (the cluster takes the other path)
+        if self._direct is not None:
+            calls = []
+            for shard, chunks in groups.items():
+                for chunk in chunks:
+                    calls.append(self._schedule_call(shard, chunk, replace))
+                    done.append(chunk)
+            try:
+                async with timeout(self.call_timeout):
+                    replies = await self._direct.transaction(self._scripts.schedule, calls)
+            except REDIS_ERRORS as exc:
+                raise translate(exc) from exc
+            except TimeoutError:
+                raise self._no_reply(self.call_timeout) from None
+            return [
+                result
+                for chunk, reply in zip(done, replies, strict=True)
+                for result in self._schedule_results(chunk, reply)
+            ]
         try:
             async with timeout(self.call_timeout), client.pipeline(transaction=True) as pipe:
                 for shard, chunks in groups.items():
@@ -356,23 +368,28 @@ class Store(Transport):
         )
         jobs: list[Job] = []
         append = jobs.append
+        # Positional Job(...) and no slice per row: this loop runs once per claimed job.
         for i in range(2, len(reply), _CLAIM_STRIDE):
-            f = reply[i + 4 : i + _CLAIM_STRIDE]
+            (ident, due, deadline, dup, task, data, mx, flags, nominal, attempt, ep, kind) = reply[
+                i : i + 12
+            ]
+            error = reply[i + 16]
             append(
                 Job(
-                    id=reply[i].decode(),
-                    shard=shard,
-                    task=f[0].decode(),
-                    payload=decode_payload(f[1], f[3]),
-                    nominal_ms=f[4],
-                    due_ms=reply[i + 1],
-                    deadline_ms=reply[i + 2],
-                    attempt=f[5],
-                    max_attempts=f[2],
-                    epoch=f[6],
-                    recurrence=_recurrence(f[7], f[8], f[9], f[10], f[11]) if f[7] else None,
-                    duplicate=bool(reply[i + 3]),
-                    last_error=f[12].decode(errors="replace") if f[12] else "",
+                    ident.decode(),
+                    shard,
+                    task.decode(),
+                    data if flags == 0 else decode_payload(data, flags),
+                    nominal,
+                    due,
+                    deadline,
+                    attempt,
+                    mx,
+                    ep,
+                    _recurrence(kind, *reply[i + 12 : i + 16]) if kind else None,
+                    0,
+                    bool(dup),
+                    error.decode(errors="replace") if error else "",
                 )
             )
         return ClaimBatch(shard, int(reply[0]), jobs, int(reply[1]))
@@ -388,12 +405,21 @@ class Store(Transport):
         Raises:
             Fenced: if ``epoch`` is stale (nothing written).
         """
+        items = [(r.id.encode(), r.attempt, r.nominal_ms, r.time_ms) for r in refs]
+        return await self.ack_items(shard, epoch, items, keep_done_ms)
+
+    async def ack_items(
+        self,
+        shard: int,
+        epoch: int,
+        items: Sequence[tuple[bytes, int, int, int]],
+        keep_done_ms: int,
+    ) -> list[bool]:
+        """:meth:`ack` of ``(id as UTF-8, attempt, nominal_ms, next_ms)`` per job."""
         k = self.keys.shard(shard)
-        values: list[int | bytes] = []
-        for ref in refs:
-            values += (ref.id.encode(), ref.attempt, ref.nominal_ms, ref.time_ms)
-        args = [epoch, keep_done_ms, pack_array(values)]
-        buckets = [self.keys.jobs_key(shard, refs[0].id)] if len(refs) == 1 else k.jobs
+        args = [epoch, keep_done_ms, pack_ack_batch(items)]
+        one = items[0][0].decode() if len(items) == 1 else ""
+        buckets = [self.keys.jobs_key(shard, one)] if one else k.jobs
         reply = await self._write(
             self._scripts.ack, [k.leased, k.due, k.done, k.epoch, k.clock, *buckets], args, shard
         )

@@ -27,6 +27,7 @@ from tickwheel.durable.model import RedisUnavailable, ReplicationTimeout
 from tickwheel.wheel import timeout
 
 from ._connect import Client, no_retry
+from ._direct import Direct
 from ._errors import REDIS_ERRORS, translate
 
 __all__ = ["DEFAULT_CALL_TIMEOUT", "Transport"]
@@ -79,6 +80,7 @@ class Transport:
     __slots__ = (
         "_client",
         "_cluster",
+        "_direct",
         "_nodes",
         "_wait_timeout",
         "call_timeout",
@@ -109,12 +111,17 @@ class Transport:
         self.replicas = replicas  # WAIT for this many replicas after producer writes
         self.replica_timeout_ms = replica_timeout_ms  # WAIT's timeout
         self._nodes: dict[str, redis.asyncio.Redis] = {}  # cluster node name -> plain client
+        # One Redis: single script calls skip redis-py's command machinery (_direct.py).
+        self._direct = Direct(client) if Direct.usable(client) else None  # type: ignore[arg-type]
 
     async def aclose(self) -> None:
-        """Close the per-node clients this store made (never the caller's client)."""
+        """Close the per-node clients and the held connections this store made (never
+        the caller's client)."""
         nodes, self._nodes = list(self._nodes.values()), {}
         for node in nodes:
             await node.aclose()
+        if self._direct is not None:
+            await self._direct.aclose()
 
     def _node_client(self, node: Any) -> redis.asyncio.Redis:
         """A plain client of one cluster node, with the cluster client's settings."""
@@ -134,6 +141,8 @@ class Transport:
     async def _run(self, script: Any, keys: Sequence[str], args: Sequence[Any], shard: int) -> Any:
         try:
             async with timeout(self.call_timeout):
+                if self._direct is not None:
+                    return await self._direct.evalsha(script, keys, args)
                 return await script(keys, args)
         except REDIS_ERRORS as exc:
             raise translate(exc, shard) from exc

@@ -1,0 +1,134 @@
+"""tickwheel's durable hot paths beside arq and BullMQ's Python port, in one run.
+
+    python -m bench.durable_compare [--rounds 5] [--durable-dir DIR]
+
+On one private redis-server, rounds interleave every row (so a load spike of the shared
+machine hits them all alike); each row's figure is its median over the rounds, and the
+ratios are of medians measured in this run. ``--durable-dir`` loads ``tickwheel.durable``
+from another checkout's ``durable/`` (e.g. main's, extracted with ``git archive``), to
+compare before and after with the same peers.
+
+Rows: single awaited schedule (tickwheel ``schedule(delay=60)``, arq ``enqueue_job``,
+BullMQ ``Queue.add`` with a delay), 1000 per round; batch schedule of 10,000 (tickwheel
+``schedule_many`` over 16 shards, BullMQ ``addBulk``); claim + ack of 10,000 due jobs on
+one shard (tickwheel, claims of 1000 then ``ack_many``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import statistics
+import sys
+import time
+from pathlib import Path
+
+SINGLES = 1000
+BATCH = 10_000
+PAYLOAD = b"x" * 32
+
+
+def _load_durable(folder: str) -> None:
+    import tickwheel.wheel  # noqa: F401  (the durable layer imports it)
+
+    init = Path(folder) / "__init__.py"
+    spec = importlib.util.spec_from_file_location(
+        "tickwheel.durable", init, submodule_search_locations=[folder]
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["tickwheel.durable"] = module
+    spec.loader.exec_module(module)
+
+
+async def _rows(url: str, rounds: int) -> dict[str, list[float]]:
+    import redis.asyncio
+
+    from bench import peers
+    from tickwheel.durable import JobSpec, Scheduler
+
+    client = redis.asyncio.Redis.from_url(url)
+    arq, bull = peers.ArqPeer(url), peers.BullMQPeer(url)
+    await arq.open()
+    await bull.open()
+    out: dict[str, list[float]] = {}
+    seq = iter(range(10**9))
+
+    def rec(name: str, n: int, t: float) -> None:
+        out.setdefault(name, []).append(n / (time.perf_counter() - t))
+
+    for _ in range(rounds):
+        await client.flushall()
+        s = Scheduler(client, f"c{next(seq)}", shards=16, check=False)
+        await s.open()
+        t = time.perf_counter()
+        for i in range(SINGLES):
+            await s.schedule(f"one:{i}", "send_email", PAYLOAD, delay=60)
+        rec("single: tickwheel", SINGLES, t)
+        far = peers.now_ms() + 3_600_000
+        r = next(seq)
+        t = time.perf_counter()
+        for i in range(SINGLES):
+            await arq.schedule_one(f"a{r}:{i}", far)
+        rec("single: arq", SINGLES, t)
+        t = time.perf_counter()
+        for i in range(SINGLES):
+            await bull.schedule_one(f"b{r}:{i}", far)
+        rec("single: bullmq", SINGLES, t)
+
+        specs = [JobSpec(f"m{r}:{i}", "send_email", PAYLOAD, delay=3600) for i in range(BATCH)]
+        t = time.perf_counter()
+        await s.schedule_many(specs)
+        rec("batch: tickwheel", BATCH, t)
+        t = time.perf_counter()
+        await bull.schedule_many([(f"bm{r}:{i}", far) for i in range(BATCH)])
+        rec("batch: bullmq", BATCH, t)
+
+        c = Scheduler(client, f"d{next(seq)}", shards=1, check=False)
+        await c.take(0)
+        await c.schedule_many(JobSpec(f"job:{i}", "send_email", PAYLOAD) for i in range(BATCH))
+        t = time.perf_counter()
+        n = 0
+        while True:
+            batch = await c.claim(0, limit=1000)
+            if not batch.jobs:
+                break
+            await c.ack_many(batch.jobs)
+            n += len(batch.jobs)
+        assert n == BATCH
+        rec("claim+ack: tickwheel", BATCH, t)
+        await c.close()
+        await s.close()
+    await arq.close()
+    await bull.close()
+    await client.aclose()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--durable-dir", default="")
+    args = ap.parse_args()
+    if args.durable_dir:
+        _load_durable(args.durable_dir)
+    from bench import peers
+    from tickwheel.durable.servers import RedisServer
+
+    peers.quiet()
+    server = RedisServer().start()
+    try:
+        rows = asyncio.run(_rows(server.url, args.rounds))
+    finally:
+        server.stop()
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    for name, rate in med.items():
+        print(f"{name:<22} {rate:>10,.0f} jobs/s (median of {len(rows[name])})")
+    tw, arq, bull = med["single: tickwheel"], med["single: arq"], med["single: bullmq"]
+    print(f"single: tickwheel / arq {tw / arq:.2f}x, tickwheel / bullmq {tw / bull:.2f}x")
+    print(f"batch: tickwheel / bullmq {med['batch: tickwheel'] / med['batch: bullmq']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

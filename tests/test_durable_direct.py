@@ -1,0 +1,107 @@
+"""The store's own EVALSHA path on one Redis (_direct.py), against a real server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio
+import redis.exceptions
+
+from tests.durable_support import run
+from tickwheel.durable.servers import RedisServer
+from tickwheel.durable.store._direct import Direct, pack_evalsha
+
+
+def test_packed_request_is_what_redis_py_packs(redis_server: RedisServer) -> None:
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    conn = client.connection_pool.make_connection()
+    sha = "a" * 40
+    keys, args = ["{n:0}:due", "k\u00e9y"], [0, 12345678901234, b"\x00\xff", "t\u00e9xt"]
+    assert pack_evalsha(sha.encode(), keys, args) == b"".join(
+        conn.pack_command("EVALSHA", sha, len(keys), *keys, *args)
+    )
+    with pytest.raises(TypeError, match="bytes, str or int"):
+        pack_evalsha(sha.encode(), [], [1.5])
+    run(client.aclose())
+
+
+def test_replies_errors_noscript_and_a_killed_connection(redis_server: RedisServer) -> None:
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(redis_server.url)
+        direct = Direct(client)
+        assert Direct.usable(client)
+        echo = client.register_script("return {KEYS[1], ARGV[1], tonumber(ARGV[2]) + 1}")
+        fail = client.register_script("return redis.error_reply('TW_TEST no')")
+        await client.script_flush()
+        # Not loaded: NOSCRIPT, loaded, sent again.
+        assert await direct.evalsha(echo, ["{x}:a"], [b"v", 41]) == [b"{x}:a", b"v", 42]
+        # An error reply leaves the connection usable (it is reused, and answers).
+        with pytest.raises(redis.exceptions.ResponseError, match="TW_TEST"):
+            await direct.evalsha(fail, ["{x}:a"], [])
+        assert len(direct._free) == 1
+        assert await direct.evalsha(echo, ["{x}:b"], [b"w", 1]) == [b"{x}:b", b"w", 2]
+        # The server closes the idle connection: the next call reconnects first.
+        await client.client_kill_filter(_type="normal", skipme=True)
+        await asyncio.sleep(0.05)
+        assert await direct.evalsha(echo, ["{x}:c"], [b"u", 2]) == [b"{x}:c", b"u", 3]
+        # Calls in flight together each take a connection; all are kept for reuse.
+        got = await asyncio.gather(*(direct.evalsha(echo, ["k"], [b"", i]) for i in range(5)))
+        assert [g[2] for g in got] == [1, 2, 3, 4, 5]
+        assert len(direct._free) == 5
+        await direct.aclose()
+        assert direct._free == []
+        await client.aclose()
+
+    run(main())
+
+
+def test_a_cancelled_call_never_leaves_its_reply_to_the_next(redis_server: RedisServer) -> None:
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(redis_server.url)
+        direct = Direct(client)
+        slow = client.register_script(
+            "local t = redis.call('TIME') local e = tonumber(t[1]) * 1e6 + tonumber(t[2]) + 200000"
+            " repeat t = redis.call('TIME') until tonumber(t[1]) * 1e6 + tonumber(t[2]) >= e"
+            " return 'slow'"
+        )
+        echo = client.register_script("return ARGV[1]")
+        await client.script_load(slow.script)
+        task = asyncio.ensure_future(direct.evalsha(slow, [], []))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert direct._free == []  # disconnected, not kept
+        assert await direct.evalsha(echo, [], [b"mine"]) == b"mine"
+        await direct.aclose()
+        await client.aclose()
+
+    run(main())
+
+
+def test_a_transaction_runs_whole_after_noscript_and_raises_a_calls_error(
+    redis_server: RedisServer,
+) -> None:
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(redis_server.url)
+        direct = Direct(client)
+        add = client.register_script(
+            "if ARGV[1] == 'bad' then return redis.error_reply('TW_TEST bad') end "
+            "return redis.call('INCRBY', KEYS[1], ARGV[1])"
+        )
+        await client.delete("{t}:n")
+        await client.script_flush()
+        # NOSCRIPT for every call (none ran): loaded, and the whole of it sent again.
+        got = await direct.transaction(add, [(["{t}:n"], [1]), (["{t}:n"], [10])])
+        assert got == [1, 11]
+        assert await client.get("{t}:n") == b"11"
+        with pytest.raises(redis.exceptions.ResponseError, match="TW_TEST bad"):
+            await direct.transaction(add, [(["{t}:n"], [5]), (["{t}:n"], [b"bad"])])
+        assert await client.get("{t}:n") == b"16"  # EXEC ran the good call (no rollback)
+        assert len(direct._free) == 1  # the connection read everything: reused
+        assert await direct.transaction(add, [(["{t}:n"], [4])]) == [20]
+        await direct.aclose()
+        await client.aclose()
+
+    run(main())
