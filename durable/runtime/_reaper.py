@@ -17,11 +17,12 @@ from datetime import timedelta
 from tickwheel.durable.model import (
     Fenced,
     ReapResult,
-    RedisUnavailable,
     finite_seconds_ms,
     int_between,
 )
 from tickwheel.durable.scheduler import Ownership
+
+from ._rounds import run_rounds
 
 __all__ = ["DEFAULT_REAP_INTERVAL", "DEFAULT_REAP_LIMIT", "Reaper"]
 
@@ -77,18 +78,12 @@ class Reaper:
         would go on.
         """
         self._stop.clear()
-        while not self._stop.is_set():
-            try:
-                results = await self.reap_once()
-            except RedisUnavailable as exc:  # waited out: a stopped reaper strands leases
-                logger.warning("tickwheel.durable: reaper cannot reach Redis (%s)", exc)
-                results = []
-            except Exception:
-                logger.exception("tickwheel.durable: reaper round failed")
-                results = []
-            if not any(len(r.requeued) + len(r.dead) == self.limit for r in results):
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), self.interval_ms / 1000)
+
+        async def round_() -> bool:  # again at once while a shard had a full batch
+            results = await self.reap_once()
+            return any(len(r.requeued) + len(r.dead) == self.limit for r in results)
+
+        await run_rounds(round_, stop=self._stop, interval=self.interval_ms / 1000, what="reaper")
 
     def stop(self) -> None:
         """Make :meth:`run` return after the call in flight, if any."""

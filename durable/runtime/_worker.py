@@ -57,6 +57,7 @@ from ._loader import (
     LoaderStats,
 )
 from ._reaper import DEFAULT_REAP_INTERVAL, Reaper
+from ._rounds import run_rounds
 from ._stream import Publisher
 from ._tasks import TaskRegistry
 
@@ -251,32 +252,19 @@ class Worker:
         await own.store.give_back(shard, own.token, epoch)
 
     async def _balance(self) -> None:
+        async def round_() -> None:
+            await self.balance_once()
+            await self.publish_stats()
+
         period = self.ownership.ttl_ms / 1000 / RENEW_FRACTION
-        while True:
-            try:
-                await self.balance_once()
-                await self.publish_stats()
-            except RedisUnavailable as exc:
-                logger.warning("tickwheel.durable: worker cannot reach Redis (%s)", exc)
-            except Exception:  # a bug or an unexpected reply: the next round may do better
-                logger.exception("tickwheel.durable: balancing round failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), period)
-            if self._stop.is_set():
-                return
+        await run_rounds(round_, stop=self._stop, interval=period, what="balancing")
 
     async def _reap(self, reaper: Reaper) -> None:
-        # Reaper.run() stops by cancellation, which redis-py may swallow mid-command; this
-        # loop stops on the stop event instead.
-        while not self._stop.is_set():
-            try:
-                await reaper.reap_once()
-            except RedisUnavailable as exc:
-                logger.warning("tickwheel.durable: reaper cannot reach Redis (%s)", exc)
-            except Exception:  # as in _balance: a stopped reaper would strand leases
-                logger.exception("tickwheel.durable: reaper round failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), self.reap_interval_ms / 1000)
+        async def round_() -> None:
+            await reaper.reap_once()
+
+        interval = self.reap_interval_ms / 1000
+        await run_rounds(round_, stop=self._stop, interval=interval, what="reaper")
 
     async def _reconcile(self) -> None:
         """Postgres mode: reconcile at start, then every ``reconcile_interval``."""

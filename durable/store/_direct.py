@@ -33,7 +33,7 @@ from typing import Any
 import redis.asyncio
 import redis.exceptions
 
-__all__ = ["Direct", "pack_evalsha"]
+__all__ = ["Direct", "pack_evalsha", "pack_script_load"]
 
 _HEAD = b"*%d\r\n$7\r\nEVALSHA\r\n$40\r\n%s\r\n"
 _ARG = b"$%d\r\n%s\r\n"
@@ -67,6 +67,12 @@ def pack_evalsha(sha: bytes, keys: Sequence[str], args: Sequence[Any]) -> bytes:
         data = _encoded(value)
         append(_ARG % (len(data), data))
     return b"".join(parts)
+
+
+def pack_script_load(source: str) -> bytes:
+    """The RESP request ``SCRIPT LOAD source``."""
+    data = source.encode()
+    return b"*3\r\n$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n" + _ARG % (len(data), data)
 
 
 async def _failed(error: Exception) -> None:
@@ -113,8 +119,13 @@ class Direct:
         try:
             return await self._call(request)
         except redis.exceptions.NoScriptError:
-            await self._client.script_load(script.script)
+            await self._load(script)
             return await self._call(request)
+
+    async def _load(self, script: Any) -> None:
+        # On a held connection too, not the client's pool: after a restart (which is when
+        # a script goes missing) the pool's idle connections are the stale ones.
+        await self._call(pack_script_load(script.script))
 
     async def transaction(
         self, script: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
@@ -145,7 +156,7 @@ class Direct:
     async def _transaction_once(self, script: Any, request: bytes, n: int) -> list[Any]:
         replies: list[Any] = await self._call(request, n + 1)
         if any(isinstance(r, redis.exceptions.NoScriptError) for r in replies):
-            await self._client.script_load(script.script)
+            await self._load(script)
             replies = await self._call(request, n + 1)
         return replies
 

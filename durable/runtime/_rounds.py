@@ -1,0 +1,52 @@
+"""The round loop of the runtime: run a round, log what failed, wait, until stopped.
+
+Ground rules:
+
+- A round that fails is never fatal: an unreachable store (Redis or PostgreSQL) is a
+  warning, anything else is logged with its traceback, and the next round runs after
+  the usual pause. A stopped reaper or balancer would strand leases and shards.
+- A loop stops on its stop event, not by cancellation: redis-py can swallow a
+  cancellation that lands while a command is in flight, and the loop would go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from tickwheel.durable.model import PostgresUnavailable, RedisUnavailable
+
+__all__ = ["run_rounds"]
+
+logger = logging.getLogger("tickwheel.durable")
+
+
+async def run_rounds(
+    body: Callable[[], Awaitable[bool | None]],
+    *,
+    stop: asyncio.Event,
+    interval: float,
+    what: str,
+) -> None:
+    """Until ``stop`` is set: await ``body()``, then wait ``interval`` seconds (or until
+    ``stop``), or go again at once when the round returned True (more is waiting).
+
+    Args:
+        body: one round.
+        stop: ends the loop after the round in flight (and cuts its pause short).
+        interval: seconds between rounds.
+        what: the loop's name in the log.
+    """
+    while not stop.is_set():
+        again = False
+        try:
+            again = bool(await body())
+        except (RedisUnavailable, PostgresUnavailable) as exc:
+            logger.warning("tickwheel.durable: %s cannot reach its store (%s)", what, exc)
+        except Exception:  # a bug or an unexpected reply: the next round may do better
+            logger.exception("tickwheel.durable: %s round failed", what)
+        if not again:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
