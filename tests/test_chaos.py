@@ -33,6 +33,8 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import shutil
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -145,7 +147,10 @@ def test_chaos(tmp_path: Path, mode: str) -> None:
         pg = None
     else:  # --save '' and --appendonly no: a restart comes back empty
         server = RedisServer(appendonly=False, data_dir=tmp_path / "data")
-        pg = PostgresServer(data_dir=tmp_path / "pg")
+        # Not under tmp_path: its parents are private to this user, and the server may
+        # run as another (PostgresServer runs it unprivileged when this is root).
+        pg_dir = Path(tempfile.mkdtemp(prefix="tickwheel-chaos-pg-"))
+        pg = PostgresServer(data_dir=pg_dir)
     with RedisServer() as sink_server:
         server.start()
         try:
@@ -157,6 +162,7 @@ def test_chaos(tmp_path: Path, mode: str) -> None:
             server.stop()
             if pg is not None:
                 pg.stop()
+                shutil.rmtree(pg.base_dir, ignore_errors=True)
 
 
 async def _migrate(url: str) -> None:
