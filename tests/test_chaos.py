@@ -24,8 +24,17 @@ Then the faults stop, everything settles, and the checks run:
   started just after a restart on a worker that was then fenced. Their number is
   bounded by the faults times the task slots they could have caught.
 
+The Postgres form (``test_chaos[postgres]``) runs the same with PostgreSQL as the source
+of truth: Redis runs with no persistence at all (``--save ''``, ``--appendonly no``), so
+its kill restarts it empty; the workers run ``tickwheel worker --postgres-url`` and
+reconcile every 2 s (nothing else rebuilds the index); a further fault is ``kill -9`` of
+PostgreSQL, restarted on the same data directory. It checks the same, and also that
+PostgreSQL ends with nothing pending, dead or in the outbox, has a done row for every
+one-shot effect, and no done row without an effect.
+
 The seed is printed (and in every failure message); ``TICKWHEEL_CHAOS_SEED`` replays one.
-The CI form runs ~40 s of faults (about 55 s in all); ``TICKWHEEL_SOAK=1`` runs 12 min.
+The CI form runs ~40 s of faults (about 55 s in all, 60 s for the Postgres form);
+``TICKWHEEL_SOAK=1`` runs 12 min of faults each (about 13 min per form).
 """
 
 from __future__ import annotations
@@ -33,6 +42,8 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import shutil
+import tempfile
 import time
 import uuid
 from collections import Counter
@@ -44,7 +55,8 @@ import pytest
 import redis.asyncio
 
 from tests.chaos_support import ChaosWorker, occurrence, sink_state
-from tickwheel.durable import RedisUnavailable, Scheduler
+from tickwheel.durable import PostgresUnavailable, RedisUnavailable, Scheduler
+from tickwheel.durable.servers._postgres import PostgresServer
 from tickwheel.durable.servers._redis import RedisServer
 from tickwheel.durable.store._connect import client_from_url
 
@@ -77,6 +89,14 @@ REDIS_KILL_REACH_MS = 5_000
 # with their absolute expiry), so another worker may take the shard (a new epoch) before
 # its owner renews it, and the owner's acks of what it claimed meanwhile are refused.
 REDIS_RESTART_REACH_MS = int(OWNER_TTL * 1000) + 2_000
+# Postgres form: a call cut short by a PostgreSQL kill started this long before it, or
+# while it was down, or this soon after (a pooled connection broken by the restart fails
+# its first use; the ack retries only while the lease lasts).
+PG_KILL_REACH_MS = 5_000
+PG_RESTART_REACH_MS = int(LEASE * 1000) + 2_000
+# Postgres form: the workers reconcile this often (s); nobody else does, so a Redis
+# restarted empty is rebuilt by the workers' own periodic reconcile.
+RECONCILE_INTERVAL = 2.0
 
 
 @dataclass
@@ -86,6 +106,7 @@ class Faults:
     killed: set[int] = field(default_factory=set)  # worker pids killed -9
     stopped: set[int] = field(default_factory=set)  # worker pids SIGSTOP'd then resumed
     redis_down: list[tuple[int, int]] = field(default_factory=list)  # (kill ms, up ms)
+    pg_down: list[tuple[int, int]] = field(default_factory=list)  # (kill ms, up ms)
     log: list[str] = field(default_factory=list)
 
     def counts(self) -> Counter[str]:
@@ -115,41 +136,91 @@ async def persist(call: Any, within: float = 60.0) -> Any:
     while True:
         try:
             return await call()
-        except RedisUnavailable:
+        except (RedisUnavailable, PostgresUnavailable):
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.1)
 
 
-def test_chaos(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["redis", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_chaos(tmp_path: Path, mode: str) -> None:
+    """``redis``: Redis with AOF (fsync always) holds the jobs. ``postgres``: PostgreSQL
+    holds them and Redis runs with no persistence at all (a kill restarts it empty);
+    PostgreSQL is killed -9 too, and restarted on its data directory."""
     seed = int(os.environ.get("TICKWHEEL_CHAOS_SEED", random.randrange(2**32)))
-    print(f"chaos seed {seed} ({CHAOS_SECONDS:.0f} s of faults)")
+    print(f"chaos seed {seed} ({CHAOS_SECONDS:.0f} s of faults, {mode})")
     logdir = tmp_path / "logs"
     logdir.mkdir()
-    server = RedisServer(appendonly=True, appendfsync="always", data_dir=tmp_path / "data")
+    if mode == "redis":
+        server = RedisServer(appendonly=True, appendfsync="always", data_dir=tmp_path / "data")
+        pg = None
+    else:  # --save '' and --appendonly no: a restart comes back empty
+        server = RedisServer(appendonly=False, data_dir=tmp_path / "data")
+        # Not under tmp_path: its parents are private to this user, and the server may
+        # run as another (PostgresServer runs it unprivileged when this is root).
+        pg_dir = Path(tempfile.mkdtemp(prefix="tickwheel-chaos-pg-"))
+        pg = PostgresServer(data_dir=pg_dir)
     with RedisServer() as sink_server:
         server.start()
         try:
-            asyncio.run(_chaos(random.Random(seed), seed, server, sink_server, logdir))
+            if pg is not None:
+                pg.start()
+                asyncio.run(_migrate(pg.url))
+            asyncio.run(_chaos(random.Random(seed), seed, server, sink_server, logdir, pg=pg))
         finally:
             server.stop()
+            if pg is not None:
+                pg.stop()
+                shutil.rmtree(pg.base_dir, ignore_errors=True)
+
+
+async def _migrate(url: str) -> None:
+    import asyncpg
+
+    from tickwheel.durable.postgres import migrate
+
+    conn = await asyncpg.connect(url)
+    try:
+        await migrate(conn)
+    finally:
+        await conn.close()
+
+
+async def _pg_rows(url: str, sql: str, *args: Any) -> list[Any]:
+    import asyncpg
+
+    conn = await asyncpg.connect(url, timeout=10)
+    try:
+        return list(await conn.fetch(sql, *args))
+    finally:
+        await conn.close()
 
 
 async def _chaos(
-    rng: random.Random, seed: int, server: RedisServer, sink_server: RedisServer, logdir: Path
+    rng: random.Random,
+    seed: int,
+    server: RedisServer,
+    sink_server: RedisServer,
+    logdir: Path,
+    *,
+    pg: PostgresServer | None,
 ) -> None:
     ns = f"chaos{uuid.uuid4().hex[:8]}"
     prefix = f"sink:{ns}"
     sink: redis.asyncio.Redis = client_from_url(sink_server.url)  # type: ignore[assignment]
     client = client_from_url(server.url)
-    sched = Scheduler(client, ns, shards=SHARDS, check=False)
+    pg_url = pg.url if pg is not None else None
+    sched = Scheduler(client, ns, shards=SHARDS, check=False, postgres_url=pg_url)
+    opts = WORKER_OPTS
+    if pg_url is not None:
+        opts += ("--postgres-url", pg_url, "--reconcile-interval", str(RECONCILE_INTERVAL))
     workers: list[ChaosWorker] = []
     faults = Faults()
     one_shots: dict[str, int] = {}  # id -> scheduled at (sink ms, before the call)
     tag = f"(seed {seed})"
 
     def spawn() -> ChaosWorker:
-        w = ChaosWorker(server.url, sink_server.url, ns, logdir, *WORKER_OPTS)
+        w = ChaosWorker(server.url, sink_server.url, ns, logdir, *opts)
         workers.append(w)
         return w
 
@@ -185,10 +256,18 @@ async def _chaos(
         elif kind == "redis-kill":
             server.kill()
             await asyncio.sleep(rng.uniform(0.1, 1.5))
-            server.start()  # same port, same data dir
+            server.start()  # same port, same data dir (Postgres form: no data, empty)
             up = await sink_ms(sink)
             faults.redis_down.append((now, up))
             faults.log.append(f"{now} redis-kill down {up - now} ms")
+        elif kind == "pg-kill":
+            assert pg is not None
+            pg.kill()
+            await asyncio.sleep(rng.uniform(0.1, 1.5))
+            await asyncio.to_thread(pg.start)  # same port, same data dir: WAL recovery
+            up = await sink_ms(sink)
+            faults.pg_down.append((now, up))
+            faults.log.append(f"{now} pg-kill down {up - now} ms")
         else:  # worker-stop
             victim = rng.choice([w for w in await live() if not w.stopped])
             victim.pause()
@@ -217,14 +296,17 @@ async def _chaos(
         producer = asyncio.ensure_future(produce(stop))
         # Each kind at least once, then at random; a pause of 2-5 s between faults.
         kinds = ["worker-kill", "redis-kill", "worker-stop"]
+        if pg is not None:
+            kinds.append("pg-kill")
         rng.shuffle(kinds)
+        kinds_after = [k for k in sorted(kinds) if k != "worker-kill"]
         end = time.monotonic() + CHAOS_SECONDS
         while time.monotonic() < end:
             await asyncio.sleep(rng.uniform(2, 5))
             if producer.done():
                 producer.result()  # raise what stopped it
             if not kinds:  # then kills of workers 3 times as often as the others
-                kinds = [rng.choice(["worker-kill"] * 3 + ["redis-kill", "worker-stop"])]
+                kinds = [rng.choice(["worker-kill"] * 3 + kinds_after)]
             kind = kinds.pop()
             await fault(kind)
         stop.set()
@@ -259,7 +341,9 @@ async def _chaos(
             if not await one_shots_done():
                 return False
             shards = await persist(sched.inspect)
-            return all(s.due == s.leased == s.dead == 0 for s in shards)
+            if not all(s.due == s.leased == s.dead == 0 for s in shards):
+                return False
+            return pg_url is None or not await _pg_left(pg_url, ns)
 
         await until(f"every one-shot to run and nothing to be due or leased {tag}", quiet, 90)
         alive = [w for w in workers if w.pid not in faults.killed]
@@ -278,6 +362,21 @@ async def _chaos(
         shards = await persist(sched.inspect)
         assert [(s.due, s.leased, s.expired, s.dead) for s in shards] == [(0, 0, 0, 0)] * SHARDS
         state = await sink_state(sink, prefix)
+        if pg_url is not None:
+            assert not await _pg_left(pg_url, ns), tag
+            # PostgreSQL recorded done exactly the one-shot occurrences that had their
+            # effect (and recurring ones that had theirs: none without).
+            done = {
+                f"{r[0]}|{r[1]}"
+                for r in await _pg_rows(
+                    pg_url, "SELECT id, nominal_ms FROM tickwheel_done WHERE ns = $1", ns
+                )
+            }
+            phantom = done - set(state["effect"])
+            assert not phantom, f"done in PostgreSQL with no effect {tag}: {sorted(phantom)[:10]}"
+            one_shot_effects = {o for o in state["effect"] if occurrence(o)[0] in one_shots}
+            unrecorded = one_shot_effects - done
+            assert not unrecorded, f"effects PostgreSQL never recorded {tag}: {unrecorded}"
         _check(
             state,
             one_shots=one_shots,
@@ -296,6 +395,18 @@ async def _chaos(
                 w.kill()
         await client.aclose()
         await sink.aclose()
+
+
+async def _pg_left(pg_url: str, ns: str) -> list[str]:
+    """What PostgreSQL still holds for ``ns`` that is not an end state: pending or dead
+    job rows, outbox rows."""
+    left = await _pg_rows(
+        pg_url,
+        "SELECT id || ':' || state FROM tickwheel_jobs WHERE ns = $1 AND state <> 1"
+        " UNION ALL SELECT 'outbox:' || id FROM tickwheel_outbox WHERE ns = $1",
+        ns,
+    )
+    return [r[0] for r in left]
 
 
 def _check(
@@ -362,6 +473,10 @@ def _check(
             up < ms <= up + REDIS_RESTART_REACH_MS for _, up in faults.redis_down
         ):
             return "Redis was killed, its worker fenced after"
+        if any(
+            down - PG_KILL_REACH_MS <= ms <= up + PG_RESTART_REACH_MS for down, up in faults.pg_down
+        ):
+            return "PostgreSQL was killed"
         return None
 
     # Of an occurrence's n calls, n - 1 must each have a fault that cut it short; the
@@ -398,6 +513,8 @@ def _check(
     # A killed or stopped worker had at most MAX_RUNNING tasks running; a Redis kill
     # could cut every worker's running tasks short.
     bound = MAX_RUNNING * (
-        len(faults.killed) + len(faults.stopped) + WORKERS * len(faults.redis_down)
+        len(faults.killed)
+        + len(faults.stopped)
+        + WORKERS * (len(faults.redis_down) + len(faults.pg_down))
     )
     assert duplicates <= bound, (duplicates, bound, tag)

@@ -336,6 +336,19 @@ def test_conn_without_postgres_mode_is_refused(redis_server: RedisServer) -> Non
     run(main())
 
 
+def test_a_connection_broken_mid_operation_is_transient() -> None:
+    """asyncpg's InternalClientError ("cannot switch to state ...; another operation is in
+    progress") is what a pooled connection raises on its reset when its server died
+    mid-call: the chaos test (seed 2308646441) saw it escape ``schedule()`` after the
+    commit. It is PostgresUnavailable, as any other lost connection."""
+    from tickwheel.durable.postgres import translate
+
+    exc = asyncpg.InternalClientError(
+        "cannot switch to state 15; another operation (2) is in progress"
+    )
+    assert isinstance(translate(exc), PostgresUnavailable)
+
+
 def test_postgres_down_is_transient_and_writes_nothing(redis_server: RedisServer) -> None:
     from tickwheel.durable.servers._postgres import PostgresServer
 

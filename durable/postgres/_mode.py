@@ -158,6 +158,10 @@ class PostgresMode:
             logger.warning(
                 "tickwheel.durable: %d committed job(s) left to the relay (%s)", len(created), exc
             )
+        except Exception:  # the jobs are committed: whatever failed, the relay repairs it
+            logger.exception(
+                "tickwheel.durable: %d committed job(s) left to the relay", len(created)
+            )
 
     # -- workers -------------------------------------------------------------------
 

@@ -67,7 +67,11 @@ def translate(exc: BaseException, shard: int | None = None) -> BaseException:
         if state[:2] in _TRANSIENT_CLASSES:
             return PostgresUnavailable(f"postgres unavailable: {exc}")
         return exc
-    if isinstance(exc, OSError | TimeoutError | asyncpg.InterfaceError):
+    # InternalClientError: a pooled connection left mid-operation when its server died
+    # (seen in the chaos test: the pool's reset on release, "cannot switch to state").
+    if isinstance(
+        exc, OSError | TimeoutError | asyncpg.InterfaceError | asyncpg.InternalClientError
+    ):
         return PostgresUnavailable(f"postgres unavailable: {exc!r}")
     return exc
 
