@@ -105,3 +105,29 @@ def test_a_transaction_runs_whole_after_noscript_and_raises_a_calls_error(
         await client.aclose()
 
     run(main())
+
+
+def test_after_a_restart_a_missing_script_loads_on_a_held_connection() -> None:
+    """A restart empties the script cache and leaves the client's pooled connections
+    stale: the NOSCRIPT recovery must not go through them (it did, and raised
+    "Connection closed by server" instead of running the call)."""
+    server = RedisServer()
+    server.start()
+    try:
+
+        async def main() -> None:
+            client = redis.asyncio.Redis.from_url(server.url, retry=None)
+            direct = Direct(client)
+            echo = client.register_script("return ARGV[1]")
+            await client.ping()  # the pool now holds an idle connection
+            assert await direct.evalsha(echo, [], [b"before"]) == b"before"
+            server.kill()
+            server.start()  # same port, empty script cache
+            await asyncio.sleep(0.05)
+            assert await direct.evalsha(echo, [], [b"after"]) == b"after"
+            await direct.aclose()
+            await client.aclose()
+
+        run(main())
+    finally:
+        server.stop()
