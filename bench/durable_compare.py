@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 SINGLES = 1000
 BATCH = 10_000
@@ -40,6 +41,17 @@ def _load_durable(folder: str) -> None:
     module = importlib.util.module_from_spec(spec)
     sys.modules["tickwheel.durable"] = module
     spec.loader.exec_module(module)
+
+
+def _redis_server_type() -> Any:
+    """This checkout's RedisServer, loaded from its file (it imports nothing of the
+    library), so that a --durable-dir from before the layer packages works too."""
+    path = Path(__file__).resolve().parents[1] / "durable" / "servers" / "_redis.py"
+    spec = importlib.util.spec_from_file_location("_bench_redis_server", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.RedisServer
 
 
 async def _rows(url: str, rounds: int) -> dict[str, list[float]]:
@@ -114,10 +126,9 @@ def main() -> None:
     if args.durable_dir:
         _load_durable(args.durable_dir)
     from bench import peers
-    from tickwheel.durable.servers import RedisServer
 
     peers.quiet()
-    server = RedisServer().start()
+    server = _redis_server_type()().start()
     try:
         rows = asyncio.run(_rows(server.url, args.rounds))
     finally:
