@@ -82,10 +82,9 @@ async def _failed(error: Exception) -> None:
 class Direct:
     """Script calls on held connections of one plain client (see the module's rules)."""
 
-    __slots__ = ("_client", "_free", "_pool", "_retry")
+    __slots__ = ("_free", "_pool", "_retry")
 
     def __init__(self, client: redis.asyncio.Redis) -> None:
-        self._client = client
         self._pool: Any = client.connection_pool
         self._free: list[Any] = []  # connected, idle, nothing left to read
         retry: Any = client.get_retry()
