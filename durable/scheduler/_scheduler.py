@@ -455,24 +455,21 @@ class Scheduler(OwnerSide):
 
     async def requeue_dead(self, job_ids: Sequence[str]) -> list[str]:
         """Put dead letters back to due now, attempt 1; return the ids requeued."""
-        groups = self._by_shard(job_ids)
-        await self.open()  # the shard count is checked before anything is written
-        out: list[str] = []
-        for shard, ids in groups.items():
-            out += await self.store.dead_requeue(shard, ids, len(ids))
-        if self.pg is not None:
-            await self.pg.store.undead(out, purge=False)
-        return out
+        return await self._undead(job_ids, purge=False)
 
     async def purge_dead(self, job_ids: Sequence[str]) -> list[str]:
         """Delete dead letters for good; return the ids purged."""
+        return await self._undead(job_ids, purge=True)
+
+    async def _undead(self, job_ids: Sequence[str], *, purge: bool) -> list[str]:
         groups = self._by_shard(job_ids)
         await self.open()  # the shard count is checked before anything is written
+        act = self.store.dead_purge if purge else self.store.dead_requeue
         out: list[str] = []
         for shard, ids in groups.items():
-            out += await self.store.dead_purge(shard, ids, len(ids))
+            out += await act(shard, ids, len(ids))
         if self.pg is not None:
-            await self.pg.store.undead(out, purge=True)
+            await self.pg.store.undead(out, purge=purge)
         return out
 
     async def purge_all_dead(self, shard: int, *, limit: int = MAX_BATCH) -> list[str]:
