@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 import redis
@@ -10,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.durable_support import client_of, open_scheduler, push_clock, run
-from tickwheel.durable import JobState, Ownership, Reaper
+from tests.spill_support import until
+from tickwheel.durable import JobState, Loader, Ownership, Reaper, TaskRegistry
 from tickwheel.durable.scheduler._scheduler import DEFAULT_MAX_ATTEMPTS
 from tickwheel.durable.servers._redis import RedisServer
 from tickwheel.durable.store._record import (
@@ -22,6 +24,7 @@ from tickwheel.durable.store._record import (
     pack_schedule_batch,
     pack_value,
 )
+from tickwheel.wheel import TimingWheel
 
 pytestmark = pytest.mark.redis
 
@@ -32,20 +35,21 @@ def test_ownership_loop_takes_renews_and_shares(redis_url: str) -> None:
             open_scheduler(redis_url, shards=4) as a,
             open_scheduler(redis_url, a.keys.namespace, shards=4) as b,
         ):
-            # TTL 0.6 s, renewed every 0.2 s: a loaded CI machine may stall the loop for
-            # a while without losing a's shards.
-            oa = Ownership(a.store, ttl=0.6)
-            ob = Ownership(b.store, ttl=0.6)
+            # TTL 2 s, renewed every 0.67 s: a loaded CI machine may stall the loop for
+            # a second without losing a's shards. The waits poll with generous bounds.
+            oa = Ownership(a.store, ttl=2.0)
+            ob = Ownership(b.store, ttl=2.0)
             ta = asyncio.create_task(oa.run(max_shards=2))
-            await asyncio.sleep(0.05)
+            assert await until(lambda: sorted(oa.owned) == [0, 1], 10)
             tb = asyncio.create_task(ob.run())
-            await asyncio.sleep(0.8)  # more than a TTL: renewals kept a's shards
+            assert await until(lambda: sorted(ob.owned) == [2, 3], 10)
+            await asyncio.sleep(2.5)  # more than a TTL: renewals kept a's shards
             assert sorted(oa.owned) == [0, 1]
             assert sorted(ob.owned) == [2, 3]
             oa.stop()
             await asyncio.wait_for(ta, 5)
-            await asyncio.sleep(1.0)  # a stopped renewing: b takes over with new epochs
-            assert sorted(ob.owned) == [0, 1, 2, 3]
+            # a stopped renewing: once its tokens expire b takes over with new epochs
+            assert await until(lambda: sorted(ob.owned) == [0, 1, 2, 3], 15)
             assert ob.owned[0] == oa.owned[0] + 1
             ob.stop()
             await asyncio.wait_for(tb, 5)
@@ -53,6 +57,34 @@ def test_ownership_loop_takes_renews_and_shares(redis_url: str) -> None:
             assert ob.owned == {}
             owner = client_of(a)
             assert await owner.exists(*[a.keys.shard(s).owner for s in range(4)]) == 0
+
+    run(main())
+
+
+def test_a_dropped_loader_stops_hearing_of_fenced_shards(redis_url: str) -> None:
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=2) as sched:
+            own = sched.ownership
+            base = own.fenced_subscribers  # the scheduler's own (its claim tokens)
+            wheel = TimingWheel()
+            first = Loader(sched, TaskRegistry(), wheel)
+            second = Loader(sched, TaskRegistry(), wheel)
+            assert own.fenced_subscribers == base + 2
+            del first  # a worker run that ended: nothing may keep its loader alive
+            gc.collect()
+            assert own.fenced_subscribers == base + 1
+            heard: list[tuple[int, int]] = []
+            unsubscribe = own.on_fenced(lambda shard, epoch: heard.append((shard, epoch)))
+            own.drop(1, 7)
+            assert heard == [(1, 7)]
+            assert second.stats.fenced == 1
+            unsubscribe()
+            unsubscribe()  # twice is harmless
+            own.drop(1, 8)
+            assert heard == [(1, 7)]
+            assert second.stats.fenced == 2
+            assert own.fenced_subscribers == base + 1
+            wheel.close()
 
     run(main())
 

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 
@@ -68,13 +69,35 @@ class Ownership:
         self.counters = Counters()
         # Told fn(shard, epoch) at every Fenced refusal of a call made under that epoch:
         # the loader forgets the shard's loaded jobs, the scheduler its claim token.
-        self._on_fenced: list[Callable[[int, int], None]] = []
+        # Bound methods are held weakly: a loader that is dropped stops being told.
+        self._on_fenced: list[Callable[[], Callable[[int, int], None] | None]] = []
 
-    def on_fenced(self, fn: Callable[[int, int], None]) -> None:
+    def on_fenced(self, fn: Callable[[int, int], None]) -> Callable[[], None]:
         """Call ``fn(shard, epoch)`` whenever a call made under ``epoch`` is refused as
         :class:`Fenced` (after the shard is dropped). One event, one place: every layer
-        that holds state per shard subscribes here instead of catching it."""
-        self._on_fenced.append(fn)
+        that holds state per shard subscribes here instead of catching it.
+
+        A bound method is held by a weak reference, so subscribing does not keep its
+        object alive (a scheduler outlives the loaders built on it); any other callable
+        is held as it is. Returns a function that unsubscribes ``fn``.
+        """
+        ref: Callable[[], Callable[[int, int], None] | None]
+        if hasattr(fn, "__self__") and hasattr(fn, "__func__"):
+            ref = weakref.WeakMethod(fn)
+        else:
+            ref = lambda: fn  # noqa: E731  (a strong reference, called like a weak one)
+        self._on_fenced.append(ref)
+
+        def unsubscribe() -> None:
+            with contextlib.suppress(ValueError):
+                self._on_fenced.remove(ref)
+
+        return unsubscribe
+
+    @property
+    def fenced_subscribers(self) -> int:
+        """How many subscribers :meth:`drop` tells (those still alive)."""
+        return sum(ref() is not None for ref in self._on_fenced)
 
     @contextlib.contextmanager
     def guard(self, shard: int, epoch: int) -> Iterator[None]:
@@ -110,8 +133,11 @@ class Ownership:
             del self.owned[shard]
             self.counters.shards_lost += 1
             logger.info("tickwheel.durable: dropped shard %d epoch %d (fenced)", shard, epoch)
-        for fn in self._on_fenced:
-            fn(shard, epoch)
+        for ref in list(self._on_fenced):  # a subscriber may (un)subscribe meanwhile
+            fn = ref()
+            if fn is not None:
+                fn(shard, epoch)
+        self._on_fenced[:] = [ref for ref in self._on_fenced if ref() is not None]
 
     async def take(self, shard: int) -> int | None:
         """Take ``shard`` if it is free (or already ours); return the epoch, or None."""
