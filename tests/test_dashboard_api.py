@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
 import pytest
 from dashboard_support import BASE, TOKEN, WorkerThread, api_client, bearer, login, wait_for
+from dashboard_support import config as dashboard_config
 from durable_support import open_scheduler, run, unique_ns
+from starlette.testclient import TestClient
 
 from tickwheel.durable import JobSpec, JobState, TaskRegistry
+from tickwheel.durable.ops.dashboard import DashboardConfig, create_app
 from tickwheel.durable.ops.dashboard._charts import Charts
 from tickwheel.durable.ops.dashboard._data import DeadFilter, lateness_quantile
 from tickwheel.durable.servers._redis import RedisServer, free_port
@@ -189,6 +193,40 @@ def test_writes_need_the_token_and_a_csrf_check(redis_url: str) -> None:
         assert r.status_code == 401
         # A foreign Host (DNS rebinding) is not served.
         assert client.get("/", headers={"Host": "evil.example"}).status_code == 400
+
+
+def test_a_session_expires_and_its_cookie_is_secure_over_https(redis_url: str) -> None:
+    ns = unique_ns()
+    run(_schedule(redis_url, ns, [JobSpec("e1", "t", delay=60)]))
+    with api_client(redis_url, ns, session_ttl=1.5) as client:
+        r = client.post("/login", data={"token": TOKEN}, headers={"Origin": BASE})
+        cookie = r.history[0].headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=strict" in cookie and "max-age=2" in cookie
+        assert "secure" not in cookie.replace("samesite", "")  # plain http: never sent back
+        page = client.get("/job").text
+        marker = 'name="csrf" value="'
+        start = page.index(marker) + len(marker)
+        csrf = page[start : page.index('"', start)]
+        # The server refuses an expired session even if the browser still sends it.
+        time.sleep(1.6)
+        r = client.post("/job/cancel", data={"id": "e1", "csrf": csrf}, headers={"Origin": BASE})
+        assert r.status_code == 401
+        assert client.get("/api/job", params={"id": "e1"}).status_code == 200
+        # A new login works again.
+        csrf = login(client)
+        r = client.post("/job/cancel", data={"id": "e1", "csrf": csrf}, headers={"Origin": BASE})
+        assert r.status_code == 200 and "cancelled job" in r.text
+    https = "https://127.0.0.1"
+    app = create_app(dashboard_config(redis_url, ns))
+    with TestClient(app, base_url=https) as client:
+        r = client.post(
+            "/login", data={"token": TOKEN}, headers={"Origin": https}, follow_redirects=False
+        )
+        assert r.status_code == 303
+        assert "; secure" in r.headers["set-cookie"].lower()
+    for bad in (0, -1, float("inf"), float("nan"), True, "60"):
+        with pytest.raises(ValueError, match="session_ttl"):
+            DashboardConfig(redis_url, session_ttl=bad)  # type: ignore[arg-type]
 
 
 def test_read_only_refuses_every_write(redis_url: str) -> None:

@@ -74,6 +74,10 @@ def test_a_short_token_and_a_bad_url_are_refused() -> None:
     proc = _dashboard("--redis-url", "redis://:hunter2hunter2@127.0.0.1:6379/0?socket_timeout=x")
     _, err = _finish(proc)
     assert proc.returncode == 2 and "--redis-url" in err and "hunter2" not in err
+    for bad in ("0", "-5", "inf", "soon"):
+        proc = _dashboard("--redis-url", "redis://127.0.0.1:1/0", "--session-ttl", bad)
+        _, err = _finish(proc)
+        assert proc.returncode == 2 and "--session-ttl" in err, bad
 
 
 def test_it_prints_where_and_a_generated_token_never_the_password() -> None:

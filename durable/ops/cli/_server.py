@@ -28,6 +28,7 @@ from tickwheel.durable.store import (
 from ._args import (
     AddCommand,
     port,
+    positive_float,
 )
 from ._common import (
     EXIT_FAILED,
@@ -80,6 +81,7 @@ def _dashboard(args: argparse.Namespace) -> int:
             if dash.is_loopback(args.host)
             else ["*"],
             postgres_url=args.postgres_url,
+            session_ttl=args.session_ttl,
         )
         from tickwheel.durable.ops.dashboard._data import Namespace  # noqa: PLC0415
 
@@ -197,6 +199,13 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
     dash.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     dash.add_argument("--port", type=port, default=8765, help="port (0: a free one)")
     dash.add_argument("--read-only", action="store_true", help="refuse every write")
+    dash.add_argument(
+        "--session-ttl",
+        type=positive_float,
+        default=12 * 3600.0,
+        metavar="SECONDS",
+        help="how long a login session lasts (default 43200: 12 h)",
+    )
     dash.add_argument(
         "--postgres-url",
         default=os.environ.get(PG_URL_ENV) or None,

@@ -10,7 +10,9 @@ Ground rules:
   sends that header on its own) or through a session cookie made by logging in with
   it; and for a session, a CSRF check: the request's Origin (or Referer) is this
   dashboard's own, and it carries the session's CSRF token (form field ``csrf`` or
-  header ``X-CSRF-Token``). The session cookie is HttpOnly and SameSite=Strict.
+  header ``X-CSRF-Token``). The session cookie is HttpOnly and SameSite=Strict,
+  Secure when the dashboard is served over https, and the session expires
+  ``session_ttl`` after its login (12 h by default).
 - When the dashboard is bound beyond loopback, reads need the token too.
 - A bad id, filter or form value is a 400, a missing job a 404, an action on a job that
   moved on a 409, Redis unreachable a 503 with a page that retries by itself: never a
@@ -26,6 +28,7 @@ import logging
 import math
 import re
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,8 +58,12 @@ logger = logging.getLogger("tickwheel.dashboard")
 SESSION_COOKIE = "tw_session"
 # Sessions kept at once (the oldest is dropped past it): an operator's browsers, not users.
 MAX_SESSIONS = 256
+# Seconds a session lives after its login (an operator's working day); then log in again.
+DEFAULT_SESSION_TTL = 12 * 3600.0
 # Rows per page of the lists.
 PAGE_ROWS = 50
+# Seconds a shutdown waits for the sampler to stop, then for the client to close.
+SHUTDOWN_BOUND_S = 5.0
 # Seconds between the overview's refreshes (its inline script).
 REFRESH_S = 2.0
 _REDIS_DOWN = (
@@ -81,6 +88,7 @@ class DashboardConfig:
         sample_interval: seconds between chart samples.
         postgres_url: the namespace's PostgreSQL in the Postgres mode (docs/postgres.md):
             actions then change the source of truth too; None for Redis only.
+        session_ttl: seconds a login session lives; an expired one is refused (401).
     """
 
     redis_url: str
@@ -91,12 +99,16 @@ class DashboardConfig:
     allowed_hosts: list[str] = field(default_factory=lambda: ["127.0.0.1", "localhost", "[::1]"])
     sample_interval: float = 5.0
     postgres_url: str | None = None
+    session_ttl: float = DEFAULT_SESSION_TTL
 
     def __post_init__(self) -> None:
         if not isinstance(self.token, str) or len(self.token) < 16:
             raise ValueError("token must be a str of at least 16 characters")
         if not (isinstance(self.sample_interval, int | float) and self.sample_interval > 0):
             raise ValueError(f"sample_interval must be > 0 s, got {self.sample_interval!r}")
+        ttl = self.session_ttl
+        if isinstance(ttl, bool) or not (isinstance(ttl, int | float) and 0 < ttl < math.inf):
+            raise ValueError(f"session_ttl must be a finite number of seconds > 0, got {ttl!r}")
 
 
 class _Refused(ActionError):
@@ -109,7 +121,8 @@ class _State:
     def __init__(self, config: DashboardConfig) -> None:
         self.config = config
         self.ns = Namespace(config.redis_url, config.namespace, config.postgres_url)
-        self.sessions: dict[str, str] = {}  # session id -> its CSRF token
+        # session id -> (its CSRF token, time.monotonic() it expires at), oldest first
+        self.sessions: dict[str, tuple[str, float]] = {}
         self.charts = Charts(config.sample_interval)
         self.redis_error = ""  # the last sampler error, shown until a sample works
         self.env = jinja2.Environment(
@@ -122,15 +135,28 @@ class _State:
         self.env.filters["q"] = lambda v: quote(str(v), safe="")
 
     def new_session(self) -> tuple[str, str]:
+        now = time.monotonic()
+        for old in [k for k, (_, expires) in self.sessions.items() if expires <= now]:
+            del self.sessions[old]
         if len(self.sessions) >= MAX_SESSIONS:
             self.sessions.pop(next(iter(self.sessions)))
         sid, csrf = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
-        self.sessions[sid] = csrf
+        self.sessions[sid] = (csrf, now + self.config.session_ttl)
         return sid, csrf
 
     def csrf_of(self, request: Request) -> str | None:
-        sid = request.cookies.get(SESSION_COOKIE, "")
-        return self.sessions.get(sid) if sid else None
+        """The CSRF token of the request's session; None if it has none, or it expired."""
+        return self.session_csrf(request.cookies.get(SESSION_COOKIE, ""))
+
+    def session_csrf(self, sid: str) -> str | None:
+        got = self.sessions.get(sid) if sid else None
+        if got is None:
+            return None
+        csrf, expires = got
+        if expires <= time.monotonic():
+            del self.sessions[sid]
+            return None
+        return csrf
 
     def bearer_ok(self, request: Request) -> bool:
         auth = request.headers.get("authorization", "")
@@ -179,9 +205,18 @@ def create_app(config: DashboardConfig) -> Starlette:
             yield
         finally:
             sampler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sampler
-            await state.ns.aclose()
+            # Bounded: a shutdown must end even if a Redis call ignores its cancel.
+            await asyncio.wait({sampler}, timeout=SHUTDOWN_BOUND_S)
+            if not sampler.done():
+                logger.warning(
+                    "tickwheel dashboard: the chart sampler did not stop within %.0f s: %r",
+                    SHUTDOWN_BOUND_S,
+                    sampler.get_stack(),
+                )
+            try:
+                await asyncio.wait_for(state.ns.aclose(), SHUTDOWN_BOUND_S)
+            except TimeoutError:
+                logger.warning("tickwheel dashboard: closing the Redis client timed out")
 
     def render(request: Request, name: str, status: int = 200, **ctx: Any) -> HTMLResponse:
         nonce = secrets.token_urlsafe(16)
@@ -445,14 +480,24 @@ def create_app(config: DashboardConfig) -> Starlette:
             return render(request, "login.html", 401, title="Log in", next=nxt, error="wrong token")
         sid, _ = state.new_session()
         response = RedirectResponse(nxt, 303)
+        # Secure when served over TLS (the browser then never sends it in the clear);
+        # on plain http (loopback) a Secure cookie would never come back.
+        secure = request.url.scheme == "https"
+        max_age = math.ceil(config.session_ttl)
         response.set_cookie(
-            SESSION_COOKIE, sid, httponly=True, samesite="strict", path="/", secure=False
+            SESSION_COOKIE,
+            sid,
+            max_age=max_age,
+            httponly=True,
+            samesite="strict",
+            path="/",
+            secure=secure,
         )
         return response
 
     async def logout(request: Request) -> Response:
         sid = request.cookies.get(SESSION_COOKIE, "")
-        csrf = state.sessions.get(sid)
+        csrf = state.session_csrf(sid)
         form = await _form(request)
         if csrf is not None and _origin_ok(request) and _same(str(form.get("csrf", "")), csrf):
             state.sessions.pop(sid, None)
