@@ -9,6 +9,7 @@ over the peer's).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import platform
 import re
@@ -18,6 +19,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from tickwheel.durable import TaskContext, TaskRegistry
 
 
 @dataclass
@@ -240,3 +243,27 @@ def machine() -> dict[str, str]:
         "tickwheel": _version("tickwheel"),
         "load average": " ".join(f"{x:.2f}" for x in os.getloadavg()),
     }
+
+
+def lateness_probe(
+    registry: TaskRegistry, name: str, n: int
+) -> tuple[list[float], set[str], asyncio.Event]:
+    """Register task ``name``: it records how late it runs (ms, ``time.time()`` minus the
+    job's due time) and its job id.
+
+    Returns:
+        The lateness list, the set of job ids run, and an event set once ``n`` ran.
+    """
+    late: list[float] = []
+    seen: set[str] = set()
+    done = asyncio.Event()
+
+    @registry.task(name=name)
+    def probe(ctx: TaskContext) -> None:
+        assert ctx.job is not None
+        late.append(time.time() * 1000 - ctx.job.due_ms)
+        seen.add(ctx.job_id)
+        if len(seen) == n:
+            done.set()
+
+    return late, seen, done

@@ -23,8 +23,7 @@ from typing import Any
 
 import redis.asyncio
 
-from bench._harness import Checks, Figure, Plan, Progress, percentiles
-from bench.spill_vs_arq import lateness_probe
+from bench._harness import Checks, Figure, Plan, Progress, lateness_probe, percentiles
 from tickwheel.durable import JobSpec, Scheduler, TaskRegistry, Worker
 from tickwheel.durable.servers._redis import RedisServer
 

@@ -28,7 +28,8 @@ import redis.asyncio
 from arq.connections import RedisSettings, create_pool
 from arq.worker import Worker, func
 
-from tickwheel.durable import JobSpec, Loader, Scheduler, TaskContext, TaskRegistry
+from bench._harness import lateness_probe
+from tickwheel.durable import JobSpec, Loader, Scheduler, TaskRegistry
 from tickwheel.durable.servers._redis import RedisServer
 from tickwheel.wheel import TimingWheel
 
@@ -45,30 +46,6 @@ def _pcts(late: list[float]) -> str:
         f"p50 {p[0.5]:7.1f} ms  p99 {p[0.99]:7.1f} ms  max {late[-1]:7.1f} ms  "
         f"min {late[0]:6.1f} ms"
     )
-
-
-def lateness_probe(
-    registry: TaskRegistry, name: str, n: int
-) -> tuple[list[float], set[str], asyncio.Event]:
-    """Register task ``name``: it records how late it runs (ms, ``time.time()`` minus the
-    job's due time) and its job id.
-
-    Returns:
-        The lateness list, the set of job ids run, and an event set once ``n`` ran.
-    """
-    late: list[float] = []
-    seen: set[str] = set()
-    done = asyncio.Event()
-
-    @registry.task(name=name)
-    def probe(ctx: TaskContext) -> None:
-        assert ctx.job is not None
-        late.append(time.time() * 1000 - ctx.job.due_ms)
-        seen.add(ctx.job_id)
-        if len(seen) == n:
-            done.set()
-
-    return late, seen, done
 
 
 async def _tickwheel(
