@@ -690,3 +690,38 @@ def test_dashboard_cancel_reaches_postgres(redis_server: RedisServer, pg_url: st
             assert await s.get("gone") is None and await s.get("keep") is not None
 
     run(check())
+
+
+def test_workers_reconcile_one_at_a_time(private_redis: RedisServer, pg_url: str) -> None:
+    """``reconcile(if_free=True)`` (what workers run) skips while another reconcile of
+    the namespace holds its advisory lock, and does the work once it is free; a
+    plain reconcile (the command's) runs regardless, and another namespace's lock is
+    not this one's."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with (
+            pg_scheduler(private_redis.url, pg_url, shards=2) as s,
+            pg_scheduler(private_redis.url, pg_url, shards=2) as other,
+        ):
+            await s.schedule_many([JobSpec(f"r{i}", "t", delay=60) for i in range(10)])
+            await client_of(s).flushall()
+            assert s.pg is not None and other.pg is not None
+            async with s.pg.store.exclusive("reconcile") as got:
+                assert got
+                async with s.pg.store.exclusive("reconcile") as again:
+                    assert not again  # one holder: even the same store's second ask fails
+                skipped = await s.reconcile(if_free=True)
+                assert skipped.skipped and skipped.pending == 0 and skipped.restored == 0
+                assert await client_of(s).dbsize() == 0  # it wrote nothing
+                free = await other.reconcile(if_free=True)  # its own namespace's lock
+                assert not free.skipped
+            result = await s.reconcile(if_free=True)
+            assert not result.skipped and result.pending == 10 and result.restored == 10
+            async with s.pg.store.exclusive("reconcile"):
+                forced = await s.reconcile()
+            assert not forced.skipped and forced.pending == 10 and forced.restored == 0
+            info = await s.get("r3")
+            assert info is not None and info.state is JobState.DUE
+
+    run(main())

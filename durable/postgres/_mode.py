@@ -65,6 +65,7 @@ class ReconcileResult:
     epochs_raised: int  # shards whose Redis epoch was below PostgreSQL's (Redis lost it)
     relayed: int  # outbox rows handled
     seconds: float  # how long it took
+    skipped: bool = False  # if_free and another reconcile held the lock: nothing done
 
 
 class RedisSide(Protocol):
@@ -237,7 +238,7 @@ class PostgresMode:
         return total
 
     async def reconcile(
-        self, sched: RedisSide, *, page: int = DEFAULT_RECONCILE_PAGE
+        self, sched: RedisSide, *, page: int = DEFAULT_RECONCILE_PAGE, if_free: bool = False
     ) -> ReconcileResult:
         """Rebuild the Redis index from PostgreSQL after a Redis loss (or to check).
 
@@ -249,8 +250,19 @@ class PostgresMode:
           occurrence PostgreSQL has done.
         - The outbox is relayed.
 
-        Idempotent, and safe beside running workers.
+        Idempotent, and safe beside running workers. With ``if_free``, it runs only if
+        no other reconcile of this namespace holds its advisory lock, and else returns
+        at once with ``skipped`` set: workers reconcile that way, so N workers do not
+        each read every pending row every interval.
         """
+        if not if_free:
+            return await self._reconcile(sched, page)
+        async with self.store.exclusive("reconcile") as got:
+            if not got:
+                return ReconcileResult(0, 0, 0, 0, 0.0, skipped=True)
+            return await self._reconcile(sched, page)
+
+    async def _reconcile(self, sched: RedisSide, page: int) -> ReconcileResult:
         start = time.monotonic()
         await sched.open()
         await sched.store.init()  # the namespace's layout, if Redis lost it (SET NX)

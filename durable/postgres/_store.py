@@ -54,6 +54,9 @@ DEFAULT_POOL_SIZE = 10
 # (serialization failure, deadlock).
 _TRANSIENT_CLASSES = ("08", "53", "57", "40")
 _FENCED = "TWFEN"
+# A session-level advisory lock per (namespace, purpose), keyed by a 64-bit hash.
+_TRY_LOCK = "SELECT pg_try_advisory_lock(hashtextextended($1, 0))"
+_UNLOCK = "SELECT pg_advisory_unlock(hashtextextended($1, 0))"
 
 
 def translate(exc: BaseException, shard: int | None = None) -> BaseException:
@@ -288,6 +291,36 @@ class PgStore:
                 return
             async with own.transaction():
                 yield own
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, what: str) -> AsyncIterator[bool]:
+        """Hold this namespace's advisory lock ``what`` for the body if no other session
+        holds it; yields whether it was taken (False: another holder is at it, skip).
+
+        The lock lives on one pooled connection for the body's length: a session lock,
+        so no transaction stays open to hold back vacuum. It is unlocked after the body,
+        and dies with the session if the connection breaks (the pool's reset also
+        releases every advisory lock before the connection is reused).
+
+        Raises:
+            PostgresUnavailable: if the lock cannot be asked for.
+        """
+        await self.open()
+        key = f"tickwheel:{self.namespace}:{what}"
+        with _translated(None):
+            conn = await self._pool.acquire(timeout=self.call_timeout)
+        try:
+            with _translated(None):
+                got = bool(await conn.fetchval(_TRY_LOCK, key))
+            try:
+                yield got
+            finally:
+                if got:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(conn.fetchval(_UNLOCK, key), self.call_timeout)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._pool.release(conn), self.call_timeout)
 
     # -- producers -----------------------------------------------------------------
 

@@ -90,8 +90,10 @@ class Worker:
         drain_timeout: seconds running tasks get at shutdown.
         publisher: publish due jobs to this broker instead of running tasks.
         reconcile_interval: Postgres mode: seconds between reconciles of the Redis
-            index from PostgreSQL (one also runs at start). The relay of the outbox
-            runs at every commit notification and every second.
+            index from PostgreSQL (one also runs at start). Only one worker of the
+            namespace reconciles at a time (an advisory lock); the others skip that
+            round. The relay of the outbox runs at every commit notification and every
+            second.
 
     Raises:
         TypeError, ValueError: naming a bad parameter.
@@ -270,8 +272,12 @@ class Worker:
         """Postgres mode: reconcile at start, then every ``reconcile_interval``."""
         while not self._stop.is_set():
             try:
-                result = await self.scheduler.reconcile()
-                logger.info("tickwheel.durable: reconciled %s", result)
+                # One worker at a time: the others skip this round (an advisory lock).
+                result = await self.scheduler.reconcile(if_free=True)
+                if result.skipped:
+                    logger.debug("tickwheel.durable: reconcile skipped (another one runs)")
+                else:
+                    logger.info("tickwheel.durable: reconciled %s", result)
             except (RedisUnavailable, PostgresUnavailable) as exc:
                 logger.warning("tickwheel.durable: reconcile failed (%s)", exc)
             except Exception:  # the next round may do better

@@ -435,12 +435,14 @@ class Scheduler(OwnerSide):
             raise ValueError("relay needs the Postgres mode (Scheduler(..., postgres_url=...))")
         return await self.pg.relay_all(self)
 
-    async def reconcile(self) -> ReconcileResult:
+    async def reconcile(self, *, if_free: bool = False) -> ReconcileResult:
         """Postgres mode: rebuild the Redis index from PostgreSQL (see
-        :meth:`PostgresMode.reconcile`). Idempotent; safe beside running workers."""
+        :meth:`PostgresMode.reconcile`). Idempotent; safe beside running workers.
+        ``if_free``: skip (``skipped`` set) while another reconcile of the namespace
+        runs, as workers do."""
         if self.pg is None:
             raise ValueError("reconcile needs the Postgres mode (Scheduler(..., postgres_url=...))")
-        return await self.pg.reconcile(self)
+        return await self.pg.reconcile(self, if_free=if_free)
 
     # -- dead letters --------------------------------------------------------------
 
