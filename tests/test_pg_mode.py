@@ -15,6 +15,7 @@ from tickwheel.durable import (
     Fenced,
     JobSpec,
     JobState,
+    LeaseLost,
     PostgresUnavailable,
     RedisUnavailable,
     ScheduleStatus,
@@ -307,8 +308,12 @@ def test_bad_input_writes_nothing_in_either_store(redis_server: RedisServer, pg_
                 await s.schedule("a", 5)  # type: ignore[arg-type]
             with pytest.raises(ValueError, match="payload"):
                 await s.schedule("a", "t", b"x" * (s.max_payload_bytes + 1))
-            with pytest.raises(ValueError, match="replace"):
-                await s.schedule("a", "t", replace=True)
+            conn = await asyncpg.connect(pg_url)
+            try:
+                with pytest.raises(ValueError, match="replace"):  # not in the caller's tx
+                    await s.schedule("a", "t", replace=True, conn=conn)
+            finally:
+                await conn.close()
             with pytest.raises(ValueError, match="delay"):
                 await s.schedule("a", "t", delay=-1)
             with pytest.raises(TypeError, match="specs"):
@@ -723,5 +728,120 @@ def test_workers_reconcile_one_at_a_time(private_redis: RedisServer, pg_url: str
             assert not forced.skipped and forced.pending == 10 and forced.restored == 0
             info = await s.get("r3")
             assert info is not None and info.state is JobState.DUE
+
+    run(main())
+
+
+# -- replace and reschedule ---------------------------------------------------------
+
+
+async def _row(pg_url: str, ns: str, job_id: str) -> tuple[int, int, bytes] | None:
+    """A job row's (state, due_ms, payload), or None."""
+    found = await rows(
+        pg_url,
+        "SELECT state, due_ms, payload FROM tickwheel_jobs WHERE ns = $1 AND id = $2",
+        ns,
+        job_id,
+    )
+    return (int(found[0][0]), int(found[0][1]), bytes(found[0][2])) if found else None
+
+
+def test_replace_follows_redis_into_postgres(pg_url: str) -> None:
+    """``replace=True`` in the Postgres mode: Redis decides (it alone knows a lease) and
+    the row follows in the same PostgreSQL transaction. A due job is overwritten in both,
+    a leased one in neither (BUSY), a new id is created in both, an occurrence done in
+    PostgreSQL is refused (DONE) even when Redis forgot it, and a reconcile after a Redis
+    loss brings back the replaced job, not the old one. Redis down: a typed error and
+    the row untouched."""
+
+    async def main(server: RedisServer) -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(server.url, pg_url, shards=1) as s:
+            ns = s.keys.namespace
+            now = await s.store.now(0)
+            await s.schedule("a", "t", b"old", at=now + 60_000)
+            got = await s.schedule("a", "t", b"new", at=now + 90_000, replace=True)
+            assert got.status is ScheduleStatus.REPLACED and got.when_ms == now + 90_000
+            assert await _row(pg_url, ns, "a") == (0, now + 90_000, b"new")
+
+            await s.schedule("b", "t", b"run", delay=0)
+            batch = await _claim_all(s)
+            assert [j.id for j in batch.jobs] == ["b"]
+            busy = await s.schedule("b", "t", b"other", at=now + 5_000, replace=True)
+            assert busy.status is ScheduleStatus.BUSY
+            b_row = await _row(pg_url, ns, "b")
+            assert b_row is not None and b_row[2] == b"run"  # untouched
+            await s.ack(batch.jobs[0])
+            b_due = b_row[1]
+
+            many = await s.schedule_many(
+                [JobSpec("c", "t", b"c1", delay=30), JobSpec("a", "t", b"newer", delay=30)],
+                replace=True,
+            )
+            assert [r.status for r in many] == [ScheduleStatus.CREATED, ScheduleStatus.REPLACED]
+            c_row, a_row = await _row(pg_url, ns, "c"), await _row(pg_url, ns, "a")
+            assert c_row is not None and a_row is not None
+            assert c_row[2] == b"c1" and a_row[2] == b"newer"
+            info = await s.get("a")
+            assert info is not None and info.when_ms == a_row[1]  # one due, both stores
+
+            await client_of(s).flushall()  # Redis forgets b's done marker too
+            done = await s.schedule("b", "t", b"again", at=b_due, replace=True)
+            assert done.status is ScheduleStatus.DONE
+            assert await _row(pg_url, ns, "b") == (1, b_due, b"run")
+            assert await s.get("b") is None  # nothing written to Redis either
+            result = await s.reconcile()
+            assert result.pending == 2 and result.restored == 2
+            back = await s.get("a")
+            assert back is not None and back.payload == b"newer" and back.when_ms == a_row[1]
+
+            server.kill()
+            with pytest.raises(RedisUnavailable):
+                await s.schedule("a", "t", b"lost", delay=5, replace=True)
+            assert await _row(pg_url, ns, "a") == a_row
+
+    with RedisServer() as server:
+        run(main(server))
+
+
+def test_reschedule_moves_the_row_with_redis(private_redis: RedisServer, pg_url: str) -> None:
+    """``reschedule`` in the Postgres mode moves the job in Redis and its row in the same
+    PostgreSQL transaction; a leased or unknown job moves in neither. A worker whose
+    expired lease was on the old occurrence and acks late records that occurrence done
+    but does not complete the moved job (migration 0002), so a Redis loss after it
+    still brings the moved job back."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            ns = s.keys.namespace
+            now = await s.store.now(0)
+            await s.schedule("a", "t", b"x", at=now + 60_000)
+            assert await s.reschedule("a", at=now + 120_000)
+            assert await _row(pg_url, ns, "a") == (0, now + 120_000, b"x")
+            info = await s.get("a")
+            assert info is not None and info.when_ms == now + 120_000
+            assert not await s.reschedule("nobody", delay=1)
+
+            await s.schedule("b", "t", b"y", delay=0)
+            await s.take(0)
+            (job,) = (await s.claim(0, lease=0.05)).jobs
+            assert not await s.reschedule("b", delay=30)  # leased: Redis refuses
+            b_row = await _row(pg_url, ns, "b")
+            assert b_row is not None and b_row[1] == job.nominal_ms  # unmoved
+
+            await push_clock(s, 0, 1_000)  # the lease expires; the reaper makes b due
+            await s.reap(0)
+            assert await s.reschedule("b", delay=300)
+            moved = await _row(pg_url, ns, "b")
+            assert moved is not None and moved[0] == 0 and moved[1] > job.nominal_ms
+            with pytest.raises(LeaseLost):
+                await s.ack(job)  # the stale holder, late: Redis refuses after PostgreSQL
+            assert await _row(pg_url, ns, "b") == moved  # still pending at its new due
+            await client_of(s).flushall()
+            result = await s.reconcile()
+            assert result.pending == 2 and result.restored == 2
+            back = await s.get("b")
+            assert back is not None and back.when_ms == moved[1]
 
     run(main())

@@ -54,6 +54,8 @@ _CHANNEL = "tickwheel_outbox"
 # Jobs per schedule.lua call (MAX_BATCH of the scheduler: a script blocks Redis).
 _REDIS_BATCH = 1000
 _STATUS = {1: ScheduleStatus.CREATED, 2: ScheduleStatus.KEPT, 5: ScheduleStatus.DONE}
+# What a replace writes to PostgreSQL after Redis: the outcomes that wrote the job.
+_WRITTEN = (ScheduleStatus.CREATED, ScheduleStatus.REPLACED)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -133,6 +135,85 @@ class PostgresMode:
             if created:
                 await self._index(sched, created)
         return out
+
+    async def replace(self, sched: RedisSide, specs: Sequence[JobSpec]) -> list[ScheduleResult]:
+        """``schedule(..., replace=True)``: overwrite jobs that are due or dead, never
+        a leased one. Only Redis knows a lease, so Redis decides, inside a PostgreSQL
+        transaction that holds the ids (:meth:`PgStore.locked`): an occurrence
+        PostgreSQL has done is refused first (DONE), then schedule.lua runs with
+        ``replace`` on, and what it created or replaced is written to the rows before
+        the commit. BUSY and DONE leave the row as it was.
+
+        If Redis fails part way, what it accepted is still committed and the error
+        raised after. A commit that fails after Redis accepted leaves Redis ahead of
+        PostgreSQL until the same replace is repeated (it is idempotent).
+
+        Raises:
+            RedisUnavailable, PostgresUnavailable: on a failure of either.
+        """
+        limit = sched.max_payload_bytes
+        await sched.open()
+        results: list[ScheduleResult | None] = [None] * len(specs)
+        failure: RedisUnavailable | None = None
+        async with self.store.locked([spec.id for spec in specs]) as (conn, _):
+            now = await self.store.now(conn)
+            firsts = [self._first_run(spec, now) for spec in specs]
+            jobs = [encode_pg_job(s, sched.keys.shard_of(s.id), limit) for s in firsts]
+            dues = [now + s.time_ms if s.mode == 1 else s.time_ms for s in firsts]
+            done = await self.store.done_of(
+                conn, [(job.id, due) for job, due in zip(jobs, dues, strict=True)]
+            )
+            groups: dict[int, list[int]] = {}
+            for k, (job, due) in enumerate(zip(jobs, dues, strict=True)):
+                if job.id in done:
+                    results[k] = ScheduleResult(job.id, ScheduleStatus.DONE, due)
+                else:
+                    groups.setdefault(job.shard, []).append(k)
+            try:
+                for shard, ks in groups.items():
+                    for i in range(0, len(ks), _REDIS_BATCH):
+                        chunk = ks[i : i + _REDIS_BATCH]
+                        encoded = [redis_job(jobs[k].id, dues[k], jobs[k].record) for k in chunk]
+                        replies = await sched.store.schedule(shard, encoded, True)
+                        for k, reply in zip(chunk, replies, strict=True):
+                            results[k] = reply
+            except RedisUnavailable as exc:
+                failure = exc  # commit what Redis accepted, then raise
+            accepted: dict[str, tuple[PgJob, int]] = {}  # an id given twice: the last wins
+            for k, result in enumerate(results):
+                if result is not None and result.status in _WRITTEN:
+                    accepted[jobs[k].id] = (jobs[k], dues[k])
+            await self.store.overwrite(conn, list(accepted.values()))
+        if failure is not None:
+            raise failure
+        return [r for r in results if r is not None]
+
+    async def reschedule(self, sched: RedisSide, job_id: str, mode: int, time_ms: int) -> bool:
+        """Move a due job to a new occurrence: Redis moves it (only it knows whether
+        the job is leased), inside a PostgreSQL transaction holding the job's row, and
+        the row follows before the commit. False, with nothing changed, if PostgreSQL
+        has no pending row for it or Redis refused (leased, dead, gone, or the new
+        occurrence done already).
+
+        A commit that fails after Redis moved the job leaves Redis ahead of PostgreSQL
+        (a reconcile after a Redis loss would bring back the old due) until the same
+        reschedule with ``at=`` is repeated.
+
+        Raises:
+            RedisUnavailable, PostgresUnavailable: on a failure of either.
+        """
+        await sched.open()
+        shard = sched.keys.shard_of(job_id)
+        async with self.store.locked([job_id]) as (conn, pending):
+            if job_id not in pending:
+                return False
+            if mode == 0 and await self.store.done_of(conn, [(job_id, time_ms)]):
+                return False
+            status, when = await sched.store.reschedule(shard, job_id, mode, time_ms)
+            if status != 1:
+                return False
+            await self.store.moved(conn, job_id, when)
+        return True
 
     @staticmethod
     def _first_run(spec: JobSpec, now: int) -> JobSpec:

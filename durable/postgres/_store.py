@@ -185,6 +185,28 @@ CROSS JOIN LATERAL tickwheel_schedule($1, u.id, u.shard, u.task, u.payload, u.js
 ORDER BY u.k
 """
 _NOW = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+# locked(): the ids' advisory locks (transaction-level), then their pending rows' locks.
+_LOCK_IDS = (
+    "SELECT count(pg_advisory_xact_lock(hashtextextended($1 || ':' || i, 0)))"
+    " FROM unnest($2::text[]) WITH ORDINALITY AS u(i, k)"
+)
+_LOCKED_ROWS = (
+    "SELECT id, due_ms FROM tickwheel_jobs WHERE ns = $1 AND id = ANY($2::text[])"
+    " AND state = 0 ORDER BY id FOR UPDATE"
+)
+_OVERWRITE = """
+INSERT INTO tickwheel_jobs AS j (ns, id, shard, task, payload, json_payload, max_attempts,
+    due_ms, rkind, rspec, policy, max_catch_up, grace_ms, record)
+SELECT $1, u.* FROM unnest($2::text[], $3::integer[], $4::text[], $5::bytea[],
+    $6::boolean[], $7::integer[], $8::bigint[], $9::smallint[], $10::text[],
+    $11::smallint[], $12::integer[], $13::bigint[], $14::bytea[]) AS u
+ON CONFLICT (ns, id) DO UPDATE SET shard = excluded.shard, task = excluded.task,
+    payload = excluded.payload, json_payload = excluded.json_payload,
+    max_attempts = excluded.max_attempts, due_ms = excluded.due_ms, rkind = excluded.rkind,
+    rspec = excluded.rspec, policy = excluded.policy, max_catch_up = excluded.max_catch_up,
+    grace_ms = excluded.grace_ms, record = excluded.record, state = 0, attempt = 1,
+    epoch = 0, updated_at = now()
+"""
 
 
 class PgStore:
@@ -354,6 +376,67 @@ class PgStore:
                 )
         return [(int(r[0]), int(r[1]), int(r[2] or 0)) for r in rows]
 
+    @contextlib.asynccontextmanager
+    async def locked(self, ids: Sequence[str]) -> AsyncIterator[tuple[Any, dict[str, int]]]:
+        """A transaction of its own holding the jobs ``ids`` for the body: a
+        transaction-level advisory lock per id (so an id with no row yet is held too)
+        and the row locks of the rows there are, both taken in id order (two callers
+        never deadlock). Yields the connection and the pending rows' due times by id.
+        Committed when the body returns, rolled back if it raises.
+
+        Raises:
+            PostgresUnavailable: if PostgreSQL fails.
+        """
+        ns = self.namespace
+        order = sorted(set(ids))
+        await self.open()
+        async with self._conn() as c, c.transaction():
+            await c.execute(_LOCK_IDS, ns, order)
+            rows = await c.fetch(_LOCKED_ROWS, ns, order)
+            yield c, {r[0]: int(r[1]) for r in rows}
+
+    async def done_of(self, conn: Any, occurrences: Sequence[tuple[str, int]]) -> set[str]:
+        """The ids among ``(id, nominal)`` pairs whose occurrence is done."""
+        if not occurrences:
+            return set()
+        rows = await conn.fetch(
+            "SELECT d.id FROM unnest($2::text[], $3::bigint[]) AS o(id, nominal)"
+            " JOIN tickwheel_done d ON d.ns = $1 AND d.id = o.id AND d.nominal_ms = o.nominal",
+            self.namespace,
+            [i for i, _ in occurrences],
+            [n for _, n in occurrences],
+        )
+        return {r[0] for r in rows}
+
+    async def overwrite(self, conn: Any, jobs: Sequence[tuple[PgJob, int]]) -> None:
+        """Write ``(job, due)`` rows as pending at attempt 1, creating or overwriting
+        (whatever state the rows had): what a replace that Redis accepted leaves."""
+        if not jobs:
+            return
+        columns = list(zip(*(job.args for job, _ in jobs), strict=True))
+        await conn.execute(
+            _OVERWRITE,
+            self.namespace,
+            [job.id for job, _ in jobs],
+            [job.shard for job, _ in jobs],
+            list(columns[0]),  # task
+            list(columns[1]),  # payload
+            list(columns[2]),  # json
+            list(columns[3]),  # max attempts
+            [due for _, due in jobs],
+            *(list(col) for col in columns[6:]),  # rkind .. record
+        )
+
+    async def moved(self, conn: Any, job_id: str, due_ms: int) -> None:
+        """A pending job's current occurrence is now at ``due_ms`` (attempt 1)."""
+        await conn.execute(
+            "UPDATE tickwheel_jobs SET due_ms = $3, attempt = 1, updated_at = now()"
+            " WHERE ns = $1 AND id = $2 AND state = 0",
+            self.namespace,
+            job_id,
+            due_ms,
+        )
+
     async def relayed(self, seqs: Sequence[int]) -> None:
         """Delete outbox rows whose jobs the producer wrote to Redis itself."""
         await self.open()
@@ -420,8 +503,11 @@ class PgStore:
             )
         return [int(v) for v in reply]
 
-    async def dead(self, shard: int, epoch: int, job_id: str, attempt: int) -> None:
-        """Record a job dead (its last attempt failed) under ``epoch``.
+    async def dead(
+        self, shard: int, epoch: int, job_id: str, attempt: int, nominal_ms: int
+    ) -> None:
+        """Record a job dead (the last attempt of its occurrence ``nominal_ms`` failed)
+        under ``epoch``; a job moved on to another occurrence since is left alone.
 
         Raises:
             Fenced: if ``epoch`` is not the shard's stored epoch (nothing written).
@@ -429,12 +515,13 @@ class PgStore:
         await self.open()
         async with self._conn(shard=shard) as c:
             await c.execute(
-                "SELECT tickwheel_dead($1, $2, $3, $4, $5)",
+                "SELECT tickwheel_dead($1, $2, $3, $4, $5, $6)",
                 self.namespace,
                 shard,
                 epoch,
                 job_id,
                 attempt,
+                nominal_ms,
             )
 
     async def undead(self, ids: Sequence[str], *, purge: bool) -> None:

@@ -262,7 +262,7 @@ class OwnerSide:
         with self.ownership.guard(job.shard, job.epoch):
             if self.pg is not None and (final or job.attempt >= job.max_attempts):
                 # The end state goes to the source of truth first, under the epoch.
-                await self.pg.store.dead(job.shard, job.epoch, job.id, job.attempt)
+                await self.pg.store.dead(job.shard, job.epoch, job.id, job.attempt, job.nominal_ms)
             status, _ = await self.store.retry(
                 job.shard,
                 job.epoch,

@@ -246,7 +246,9 @@ class Scheduler(OwnerSide):
             delay: seconds from Redis's now (added on the server); default now.
             at: absolute due: epoch ms or an aware datetime.
             replace: overwrite an existing job that is due or dead (never a leased one);
-                by default an existing job is kept untouched.
+                by default an existing job is kept untouched. In the Postgres mode it
+                needs both servers up (Redis decides, inside a PostgreSQL transaction
+                holding the id) and cannot take ``conn``.
             max_attempts: attempts before the job goes dead.
             every: make it recurring every ``every`` seconds.
             cron: make it recurring on a cron expression (UTC).
@@ -290,7 +292,13 @@ class Scheduler(OwnerSide):
         if self.pg is None:
             raise ValueError("conn needs the Postgres mode (Scheduler(..., postgres_url=...))")
         if replace:
-            raise ValueError("replace=True is not supported in the Postgres mode yet")
+            if conn is not None:
+                raise ValueError(
+                    "replace=True cannot join the caller's transaction (conn=): whether"
+                    " the job is leased is known only to Redis, at the moment of the"
+                    " replace; schedule without conn, or without replace"
+                )
+            return await self.pg.replace(self, specs)
         if not self._opened:
             # The namespace's shard count is checked before anything is written (a
             # mismatch raises); a Redis that is down does not stop the enqueue.
@@ -413,8 +421,8 @@ class Scheduler(OwnerSide):
         """
         check_job_id(job_id)
         mode, time_ms = when_args(delay, at)
-        if self.pg is not None:
-            raise ValueError("reschedule is not supported in the Postgres mode yet")
+        if self.pg is not None:  # Redis moves it inside PostgreSQL's lock on the row
+            return await self.pg.reschedule(self, job_id, mode, time_ms)
         await self.open()
         status, _ = await self.store.reschedule(self.keys.shard_of(job_id), job_id, mode, time_ms)
         return status == 1
