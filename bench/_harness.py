@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tickwheel.durable import TaskContext, TaskRegistry
+from tickwheel.durable import Scheduler, TaskContext, TaskRegistry
 
 
 @dataclass
@@ -267,3 +267,18 @@ def lateness_probe(
             done.set()
 
     return late, seen, done
+
+
+async def drain(sched: Scheduler, shard: int, limit: int, *, ack: bool = True) -> tuple[int, float]:
+    """Claim ``shard`` (owned already) ``limit`` at a time until nothing is due, acking
+    each batch unless ``ack`` is off; return the jobs claimed and the seconds it took."""
+    claimed = 0
+    t = time.perf_counter()
+    while True:
+        batch = await sched.claim(shard, limit=limit)
+        if not batch.jobs:
+            break
+        claimed += len(batch.jobs)
+        if ack:
+            await sched.ack_many(batch.jobs)
+    return claimed, time.perf_counter() - t

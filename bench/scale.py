@@ -33,7 +33,7 @@ from typing import Any
 
 import redis.asyncio
 
-from bench._harness import lateness_probe, percentiles
+from bench._harness import drain, lateness_probe, percentiles
 from tickwheel.durable import JobSpec, Scheduler, TaskRegistry, Worker
 from tickwheel.durable.servers._redis import RedisServer
 
@@ -95,15 +95,7 @@ async def _claim_cost(client: Any, sched: Scheduler, level: int, due: int) -> di
     await sched.schedule_many(JobSpec(i, "remind", PAYLOAD) for i in ids)
     await client.config_resetstat()
     cpu0, _ = await _redis_cpu(client)
-    claimed = 0
-    t = time.perf_counter()
-    while True:
-        batch = await sched.claim(0, limit=LIMIT)
-        if not batch.jobs:
-            break
-        claimed += len(batch.jobs)
-        await sched.ack_many(batch.jobs)
-    elapsed = time.perf_counter() - t
+    claimed, elapsed = await drain(sched, 0, LIMIT)
     cpu1, scripts = await _redis_cpu(client)
     if claimed != due:
         raise RuntimeError(f"claim cost: claimed {claimed} of {due} due jobs")

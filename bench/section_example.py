@@ -23,7 +23,7 @@ from typing import Any
 
 import redis.asyncio
 
-from bench._harness import Checks, Figure, Plan, Progress, lateness_probe, percentiles
+from bench._harness import Checks, Figure, Plan, Progress, drain, lateness_probe, percentiles
 from tickwheel.durable import JobSpec, Scheduler, TaskRegistry, Worker
 from tickwheel.durable.servers._redis import RedisServer
 
@@ -108,16 +108,7 @@ async def _capacity(url: str, jobs: int, ack: bool) -> float:
         await s.schedule_many(
             JobSpec(f"j{i}", "remind") for i in range(start, min(jobs, start + CHUNK))
         )
-    claimed = 0
-    t = time.perf_counter()
-    while True:
-        batch = await s.claim(0, limit=LIMIT)
-        if not batch.jobs:
-            break
-        claimed += len(batch.jobs)
-        if ack:
-            await s.ack_many(batch.jobs)
-    elapsed = time.perf_counter() - t
+    claimed, elapsed = await drain(s, 0, LIMIT, ack=ack)
     await client.aclose()
     if claimed != jobs:
         raise RuntimeError(f"capacity: claimed {claimed} of {jobs} due jobs")

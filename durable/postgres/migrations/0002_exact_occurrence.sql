@@ -11,15 +11,12 @@
 -- Workers of the previous release keep working against this schema: tickwheel_ack keeps
 -- its signature, and the 5-argument tickwheel_dead stays beside the new 6-argument one.
 
-CREATE OR REPLACE FUNCTION tickwheel_ack(
-    p_ns text, p_shard integer, p_epoch bigint, p_ids text[], p_attempts integer[],
-    p_nominals bigint[], p_nexts bigint[])
-RETURNS integer[]
+-- Refuse (TWFEN, DETAIL the stored epoch) unless p_epoch is the shard's stored epoch,
+-- whose row stays share-locked to the caller's commit (an epoch raise waits for it).
+CREATE FUNCTION tickwheel_fence(p_ns text, p_shard integer, p_epoch bigint) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_cur bigint;
-    v_out integer[] := '{}';
-    v_n   integer;
 BEGIN
     SELECT e.epoch INTO v_cur FROM tickwheel_shard_epochs e
         WHERE e.ns = p_ns AND e.shard = p_shard FOR SHARE;
@@ -28,6 +25,19 @@ BEGIN
             MESSAGE = format('shard %s epoch is %s, caller has %s', p_shard,
                              coalesce(v_cur, 0), p_epoch);
     END IF;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION tickwheel_ack(
+    p_ns text, p_shard integer, p_epoch bigint, p_ids text[], p_attempts integer[],
+    p_nominals bigint[], p_nexts bigint[])
+RETURNS integer[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_out integer[] := '{}';
+    v_n   integer;
+BEGIN
+    PERFORM tickwheel_fence(p_ns, p_shard, p_epoch);
     FOR k IN 1 .. coalesce(array_length(p_ids, 1), 0) LOOP
         INSERT INTO tickwheel_done (ns, id, nominal_ms, epoch, attempt)
         VALUES (p_ns, p_ids[k], p_nominals[k], p_epoch, p_attempts[k])
@@ -59,16 +69,8 @@ CREATE FUNCTION tickwheel_dead(
     p_nominal bigint)
 RETURNS void
 LANGUAGE plpgsql AS $$
-DECLARE
-    v_cur bigint;
 BEGIN
-    SELECT e.epoch INTO v_cur FROM tickwheel_shard_epochs e
-        WHERE e.ns = p_ns AND e.shard = p_shard FOR SHARE;
-    IF v_cur IS NULL OR v_cur <> p_epoch THEN
-        RAISE EXCEPTION USING ERRCODE = 'TWFEN', DETAIL = coalesce(v_cur, 0)::text,
-            MESSAGE = format('shard %s epoch is %s, caller has %s', p_shard,
-                             coalesce(v_cur, 0), p_epoch);
-    END IF;
+    PERFORM tickwheel_fence(p_ns, p_shard, p_epoch);
     UPDATE tickwheel_jobs j SET state = 2, attempt = p_attempt, epoch = p_epoch,
         updated_at = now()
     WHERE j.ns = p_ns AND j.id = p_id AND j.state = 0 AND j.due_ms = p_nominal;
