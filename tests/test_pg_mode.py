@@ -845,3 +845,45 @@ def test_reschedule_moves_the_row_with_redis(private_redis: RedisServer, pg_url:
             assert back is not None and back.when_ms == moved[1]
 
     run(main())
+
+
+def test_a_retry_survives_a_redis_loss(private_redis: RedisServer, pg_url: str) -> None:
+    """A retry is recorded in PostgreSQL (migration 0002): after Redis loses everything,
+    reconcile brings the occurrence back at its retry time and attempt, with its own
+    nominal due, so the job keeps its backoff and does not get its attempts back; its
+    ack then completes the row."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            ns = s.keys.namespace
+            await s.schedule("f", "t", b"x", delay=0, max_attempts=4)
+            (job,) = (await _claim_all(s)).jobs
+            assert await s.retry(job, "boom", delay=60) is JobState.DUE
+            info = await s.get("f")
+            assert info is not None and info.attempt == 2
+            (row,) = await rows(
+                pg_url,
+                "SELECT attempt, run_ms, due_ms FROM tickwheel_jobs WHERE ns = $1 AND id = 'f'",
+                ns,
+            )
+            assert tuple(row) == (2, info.when_ms, job.nominal_ms)
+
+            await client_of(s).flushall()
+            result = await s.reconcile()
+            assert result.pending == 1 and result.restored == 1
+            back = await s.get("f")
+            assert back is not None and back.state is JobState.DUE
+            assert back.when_ms == info.when_ms  # the backoff is kept: not due at once
+            assert back.attempt == 2 and back.nominal_ms == job.nominal_ms
+            assert not (await _claim_all(s)).jobs  # not due before its retry time
+
+            await push_clock(s, 0, 61_000)
+            (again,) = (await s.claim(0)).jobs
+            assert again.attempt == 2 and again.nominal_ms == job.nominal_ms
+            await s.ack(again)
+            assert await _row(pg_url, ns, "f") == (1, job.nominal_ms, b"x")
+            await client_of(s).flushall()
+            assert (await s.reconcile()).pending == 0  # done: nothing comes back
+
+    run(main())

@@ -168,6 +168,31 @@ def redis_job(job_id: str, due_ms: int, record: bytes) -> EncodedJob:
     return EncodedJob(job_id, (job_id.encode(), 0, due_ms, record))
 
 
+def _retried_job(row: Any) -> EncodedJob:
+    """The schedule.lua form of a retried occurrence, from the columns of
+    :meth:`PgStore.pending`: due at its next run, its record carrying the occurrence's
+    nominal due and the attempt it runs as (the nominal is the occurrence's identity:
+    an ack of it completes the row, a done row of it drops it at its claim)."""
+    fields: list[int | bytes] = [
+        row["task"].encode(),
+        bytes(row["payload"]),
+        int(row["max_attempts"]),
+        1 if row["json_payload"] else 0,
+        int(row["due_ms"]),
+        int(row["attempt"]),
+        0,
+    ]
+    if row["rkind"]:
+        fields += [
+            int(row["rkind"]),
+            row["rspec"].encode(),
+            int(row["policy"]),
+            int(row["max_catch_up"]),
+            int(row["grace_ms"]),
+        ]
+    return EncodedJob(row["id"], (row["id"].encode(), 0, int(row["run_ms"]), pack_record(fields)))
+
+
 _SCHEDULE = (
     "SELECT status, when_ms, seq FROM tickwheel_schedule"
     "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
@@ -205,7 +230,7 @@ ON CONFLICT (ns, id) DO UPDATE SET shard = excluded.shard, task = excluded.task,
     max_attempts = excluded.max_attempts, due_ms = excluded.due_ms, rkind = excluded.rkind,
     rspec = excluded.rspec, policy = excluded.policy, max_catch_up = excluded.max_catch_up,
     grace_ms = excluded.grace_ms, record = excluded.record, state = 0, attempt = 1,
-    epoch = 0, updated_at = now()
+    run_ms = 0, epoch = 0, updated_at = now()
 """
 
 
@@ -430,7 +455,7 @@ class PgStore:
     async def moved(self, conn: Any, job_id: str, due_ms: int) -> None:
         """A pending job's current occurrence is now at ``due_ms`` (attempt 1)."""
         await conn.execute(
-            "UPDATE tickwheel_jobs SET due_ms = $3, attempt = 1, updated_at = now()"
+            "UPDATE tickwheel_jobs SET due_ms = $3, attempt = 1, run_ms = 0, updated_at = now()"
             " WHERE ns = $1 AND id = $2 AND state = 0",
             self.namespace,
             job_id,
@@ -524,6 +549,29 @@ class PgStore:
                 nominal_ms,
             )
 
+    async def retried(
+        self, shard: int, epoch: int, job_id: str, nominal_ms: int, *, attempt: int, run_ms: int
+    ) -> None:
+        """Record that occurrence ``nominal_ms`` of a job runs next at ``run_ms`` as
+        ``attempt`` (a retry Redis took), so reconcile restores the attempt and the
+        backoff after a Redis loss.
+
+        Raises:
+            Fenced: if ``epoch`` is not the shard's stored epoch (nothing written).
+        """
+        await self.open()
+        async with self._conn(shard=shard) as c:
+            await c.execute(
+                "SELECT tickwheel_retried($1, $2, $3, $4, $5, $6, $7)",
+                self.namespace,
+                shard,
+                epoch,
+                job_id,
+                nominal_ms,
+                attempt,
+                run_ms,
+            )
+
     async def undead(self, ids: Sequence[str], *, purge: bool) -> None:
         """Dead letters that Redis requeued (pending again) or purged (deleted)."""
         if not ids:
@@ -532,8 +580,8 @@ class PgStore:
         sql = (
             "DELETE FROM tickwheel_jobs WHERE ns = $1 AND state = 2 AND id = ANY($2::text[])"
             if purge
-            else "UPDATE tickwheel_jobs SET state = 0, attempt = 1, epoch = 0, updated_at = now()"
-            " WHERE ns = $1 AND state = 2 AND id = ANY($2::text[])"
+            else "UPDATE tickwheel_jobs SET state = 0, attempt = 1, run_ms = 0, epoch = 0,"
+            " updated_at = now() WHERE ns = $1 AND state = 2 AND id = ANY($2::text[])"
         )
         async with self._conn() as c:
             await c.execute(sql, self.namespace, list(ids))
@@ -592,7 +640,10 @@ class PgStore:
         async with self._conn() as c:
             rows = await c.fetch(
                 """
-                SELECT id, shard, due_ms, record FROM tickwheel_jobs
+                SELECT id, shard, due_ms, record, run_ms, attempt, task, payload,
+                       json_payload, max_attempts, rkind, rspec, policy, max_catch_up,
+                       grace_ms
+                FROM tickwheel_jobs
                 WHERE ns = $1 AND state = 0 AND (due_ms, id) > ($2, $3)
                 ORDER BY due_ms, id LIMIT $4
                 """,
@@ -602,7 +653,12 @@ class PgStore:
                 limit,
             )
         return [
-            PendingRow(int(r[1]), int(r[2]), redis_job(r[0], int(r[2]), bytes(r[3]))) for r in rows
+            PendingRow(
+                int(r[1]),
+                int(r[2]),
+                redis_job(r[0], int(r[2]), bytes(r[3])) if not r[4] else _retried_job(r),
+            )
+            for r in rows
         ]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import random
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
@@ -22,6 +23,7 @@ from tickwheel.durable.model import (
     Job,
     JobState,
     LeaseLost,
+    PostgresUnavailable,
     ReapResult,
     finite_seconds_ms,
     int_between,
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
     from tickwheel.durable.postgres import PostgresMode
 
 __all__ = ["DEFAULT_LEASE", "MAX_BATCH", "MAX_ERROR_CHARS", "OwnerSide"]
+
+logger = logging.getLogger("tickwheel.durable")
 
 # Lease (s): long enough for a typical handler; a longer one calls extend().
 DEFAULT_LEASE = 30.0
@@ -263,7 +267,7 @@ class OwnerSide:
             if self.pg is not None and (final or job.attempt >= job.max_attempts):
                 # The end state goes to the source of truth first, under the epoch.
                 await self.pg.store.dead(job.shard, job.epoch, job.id, job.attempt, job.nominal_ms)
-            status, _ = await self.store.retry(
+            status, when = await self.store.retry(
                 job.shard,
                 job.epoch,
                 job_id=job.id,
@@ -273,6 +277,8 @@ class OwnerSide:
                 error=error[:MAX_ERROR_CHARS],
                 final=final,
             )
+            if self.pg is not None and status == 1:
+                await self._pg_retried(self.pg, job, when)
         if status == 0:
             raise LeaseLost(f"lease of job {job.id!r} attempt {job.attempt} is lost")
         if status == 1:
@@ -280,6 +286,21 @@ class OwnerSide:
             return JobState.DUE
         self.ownership.counters.dead_letters += 1
         return JobState.DEAD
+
+    @staticmethod
+    async def _pg_retried(pg: PostgresMode, job: Job, when: int) -> None:
+        """Postgres mode: record the retry Redis took (attempt + 1 at ``when``), for
+        reconcile. Best effort: the retry stands in Redis either way; if PostgreSQL
+        cannot take it, a Redis loss before the next write of the row brings the
+        occurrence back at its nominal due and attempt as PostgreSQL last had them."""
+        try:
+            await pg.store.retried(
+                job.shard, job.epoch, job.id, job.nominal_ms, attempt=job.attempt + 1, run_ms=when
+            )
+        except (PostgresUnavailable, Fenced) as exc:
+            logger.warning(
+                "tickwheel.durable: retry of %r not recorded in PostgreSQL (%s)", job.id, exc
+            )
 
     async def extend(self, job: Job, lease: float | timedelta = DEFAULT_LEASE) -> int:
         """Extend a lease to Redis's now + ``lease`` for a long handler.

@@ -1,4 +1,5 @@
--- 0002: an ack or an end state completes the job row only for the occurrence it names.
+-- 0002: an ack or an end state completes the job row only for the occurrence it names;
+-- a retry's attempt and its next run time are recorded, for reconcile to restore.
 --
 -- A job row's due_ms is its current occurrence (the nominal due Redis claims it at).
 -- Until now tickwheel_ack and tickwheel_dead changed the row whatever occurrence the
@@ -10,6 +11,12 @@
 --
 -- Workers of the previous release keep working against this schema: tickwheel_ack keeps
 -- its signature, and the 5-argument tickwheel_dead stays beside the new 6-argument one.
+
+-- A pending occurrence that was retried runs next at run_ms as attempt `attempt`
+-- (run_ms 0: it was not retried, and runs at due_ms as attempt 1). Redis holds the same; reconcile
+-- writes it back from here after a Redis loss, so a failing job neither gets its
+-- attempts back nor loses its backoff.
+ALTER TABLE tickwheel_jobs ADD COLUMN run_ms bigint NOT NULL DEFAULT 0;
 
 -- Refuse (TWFEN, DETAIL the stored epoch) unless p_epoch is the shard's stored epoch,
 -- whose row stays share-locked to the caller's commit (an epoch raise waits for it).
@@ -46,14 +53,14 @@ BEGIN
         IF v_n = 0 THEN
             v_out := v_out || 3;
         ELSIF p_nexts[k] > 0 THEN
-            UPDATE tickwheel_jobs j SET due_ms = p_nexts[k], attempt = 1, epoch = p_epoch,
-                updated_at = now()
+            UPDATE tickwheel_jobs j SET due_ms = p_nexts[k], attempt = 1, run_ms = 0,
+                epoch = p_epoch, updated_at = now()
             WHERE j.ns = p_ns AND j.id = p_ids[k] AND j.state = 0
               AND j.due_ms = p_nominals[k];
             v_out := v_out || 2;
         ELSE
-            UPDATE tickwheel_jobs j SET state = 1, attempt = p_attempts[k], epoch = p_epoch,
-                updated_at = now()
+            UPDATE tickwheel_jobs j SET state = 1, attempt = p_attempts[k], run_ms = 0,
+                epoch = p_epoch, updated_at = now()
             WHERE j.ns = p_ns AND j.id = p_ids[k] AND j.state = 0
               AND j.due_ms = p_nominals[k];
             v_out := v_out || 1;
@@ -74,5 +81,22 @@ BEGIN
     UPDATE tickwheel_jobs j SET state = 2, attempt = p_attempt, epoch = p_epoch,
         updated_at = now()
     WHERE j.ns = p_ns AND j.id = p_id AND j.state = 0 AND j.due_ms = p_nominal;
+END
+$$;
+
+-- A retry (retry.lua said "due again"): occurrence p_nominal of the job runs next at
+-- p_run as attempt p_attempt. Under the epoch, like an ack; a row that moved on to
+-- another occurrence is left alone, and an attempt never goes down.
+CREATE FUNCTION tickwheel_retried(
+    p_ns text, p_shard integer, p_epoch bigint, p_id text, p_nominal bigint,
+    p_attempt integer, p_run bigint)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM tickwheel_fence(p_ns, p_shard, p_epoch);
+    UPDATE tickwheel_jobs j SET attempt = p_attempt, run_ms = p_run, epoch = p_epoch,
+        updated_at = now()
+    WHERE j.ns = p_ns AND j.id = p_id AND j.state = 0 AND j.due_ms = p_nominal
+      AND j.attempt <= p_attempt;
 END
 $$;
