@@ -30,7 +30,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench import section_durable, section_example, section_server, section_wheel
+from bench import (
+    section_durable,
+    section_example,
+    section_postgres,
+    section_server,
+    section_wheel,
+)
 from bench._harness import Checks, Plan, Progress, machine
 from bench._report import write
 
@@ -39,6 +45,7 @@ SECTIONS = {
     "server": section_server,
     "durable": section_durable,
     "example": section_example,
+    "postgres": section_postgres,
 }
 # Seconds before a hung run is ended (faulthandler dumps every thread, exit status 1).
 WATCHDOG = {True: 300, False: 3600}

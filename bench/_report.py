@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,10 @@ SUMMARY_ROWS = (
         )
     ),
     ("example", "claim capacity per shard (claim only)", "the document's 5,000/s"),
+    *(
+        ("postgres", f"Postgres mode {name}", "procrastinate")
+        for name in ("schedule", "schedule_many", "claim+ack")
+    ),
 )
 
 
@@ -123,6 +128,7 @@ def write(out: Path, results: dict[str, Any]) -> list[Path]:
         "server": "2. The network-server scenario",
         "durable": "3. Durable jobs against arq, BullMQ, saq and streaq",
         "example": "4. The worked example (16 shards, peak 2,900 jobs/s)",
+        "postgres": "5. The Postgres mode against procrastinate",
     }
     for section, title in titles.items():
         sec = [d for d in figs if d["section"] == section]
@@ -259,7 +265,36 @@ def _section_notes(section: str, results: dict[str, Any]) -> list[str]:
             "capacity 5,000/s per shard (LIMIT 500 every 100 ms)",
             "",
         ]
+    if section == "postgres":
+        return _postgres_notes(raw)
     return []
+
+
+def _postgres_notes(raw: dict[str, Any]) -> list[str]:
+    """The Postgres section's lateness run and its cost against the Redis-only mode."""
+    late, rounds = raw.get("lateness"), raw.get("rounds")
+    if not late or not rounds:
+        return []
+    lat = late["lateness_ms"]
+    notes = [
+        f"Firing lateness of the Postgres mode, {late['jobs']:,} jobs due at "
+        f"{late['rate']:,}/s in 4 shards, one Worker (lookahead 0.5 s, poll 50 ms):",
+        "",
+        f"- lateness (ms): p50 {lat.get('p50', 0):.1f}, p99 {lat.get('p99', 0):.1f}, "
+        f"max {lat.get('max', 0):.1f}; ran {late['ran']:,}, duplicates "
+        f"{late['duplicates']}, early {late['early']}",
+        "",
+        "The cost of the source of truth: the Postgres mode over the Redis-only mode, "
+        f"same servers, {raw.get('jobs', 0):,} jobs per figure (medians, us/job):",
+        "",
+        "| figure | Redis only | Postgres mode | cost |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, values in rounds["redis"].items():
+        a = statistics.median(values)
+        b = statistics.median(rounds["postgres"][name])
+        notes.append(f"| {name} | {a:.1f} | {b:.1f} | {b / a:.2f}x |")
+    return [*notes, ""]
 
 
 def plots(out: Path, results: dict[str, Any]) -> list[Path]:
@@ -270,7 +305,7 @@ def plots(out: Path, results: dict[str, Any]) -> list[Path]:
 
     written = []
     figs = results["figures"]
-    for section in ("wheel", "server", "durable", "example"):
+    for section in ("wheel", "server", "durable", "example", "postgres"):
         sec = [d for d in figs if d["section"] == section]
         if sec:
             path = out / f"{section}.png"

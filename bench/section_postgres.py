@@ -1,0 +1,142 @@
+"""Section 5 of ``python -m bench``: the Postgres mode beside a Postgres job queue, and
+its firing lateness.
+
+One private redis-server and one PostgreSQL (fsync and ``synchronous_commit`` on: a
+commit waits for its WAL flush) for the section. Each repeat runs bench/pg_mode.py's
+round in the Postgres mode, in the Redis-only mode (not a figure: the cost of the source
+of truth, kept in the raw results) and, on the same PostgreSQL, procrastinate's
+counterparts (pgqueuer's too, when it is installed by hand: see the bench extra):
+
+- schedule: one awaited call per job, each its own commit;
+- schedule_many: one call of ``pg_jobs`` jobs;
+- claim + ack: claims of 100 due jobs and one ack per claim (procrastinate has no batch
+  claim: one job each).
+
+Then the firing lateness of the Postgres mode: ``rate * durable_seconds`` jobs due at
+a steady 1,000 jobs/s (the issue's rate) in 4 shards, scheduled ahead with
+``schedule_many``, run by one :class:`Worker` (lookahead 0.5 s, poll 50 ms) whose task
+records ``time.time()`` minus the due time. Checked: every job runs once and none early.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+import asyncpg
+
+from bench import pg_mode
+from bench._harness import Checks, Figure, Plan, Progress, lateness_probe, percentiles
+from tickwheel.durable import JobSpec, Scheduler, TaskRegistry, Worker
+from tickwheel.durable.postgres import migrate
+from tickwheel.durable.servers._postgres import PostgresServer
+from tickwheel.durable.servers._redis import RedisServer
+from tickwheel.durable.store._connect import client_from_url
+
+SECTION = "postgres"
+SHARDS = 4
+RATE = 1_000  # jobs/s of the lateness run (issue 13's figure)
+LEAD = 2.0  # s between the scheduling and the first due time
+FINISH_TIMEOUT = 30.0
+FIGURES = ("schedule (us/job)", "schedule_many (us/job)", "claim+ack (us/job)")
+
+
+def steps(plan: Plan) -> int:
+    return plan.repeats + 1
+
+
+def _jobs(plan: Plan) -> int:
+    return 200 if plan.quick else 1_000
+
+
+async def _lateness(redis_url: str, pg_url: str, seconds: float) -> dict[str, Any]:
+    client = client_from_url(redis_url)
+    sched = Scheduler(client, "blate", shards=SHARDS, check=False, postgres_url=pg_url)
+    n = max(1, int(RATE * seconds))
+    try:
+        await sched.open()
+        assert sched.pg is not None
+        start_ms = await sched.pg.store.now() + int(LEAD * 1000)
+        specs = [JobSpec(f"l{k}", "probe", at=start_ms + k * 1000 // RATE) for k in range(n)]
+        for i in range(0, n, 1000):
+            await sched.schedule_many(specs[i : i + 1000])
+        reg = TaskRegistry()
+        late, seen, all_ran = lateness_probe(reg, "probe", n)
+        worker = Worker(sched, reg, lookahead=0.5, poll_interval=0.05)
+        running = asyncio.ensure_future(worker.run())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(all_ran.wait(), LEAD + seconds + FINISH_TIMEOUT)
+        await asyncio.sleep(0.5)  # a late duplicate, if any, shows up
+        worker.stop()
+        await running
+    finally:
+        await sched.close()
+        await client.aclose()
+    return {
+        "rate": RATE,
+        "jobs": n,
+        "ran": len(seen),
+        "duplicates": len(late) - len(seen),
+        "early": sum(1 for x in late if x < 0),
+        "lateness_ms": percentiles(late) if late else {},
+    }
+
+
+async def _section(plan: Plan, progress: Progress, checks: Checks) -> dict[str, Any]:
+    jobs = _jobs(plan)
+    rounds: dict[str, dict[str, list[float]]] = {"redis": {}, "postgres": {}}
+    peers: dict[str, Any] = {}
+    for name, fn in (
+        ("procrastinate", pg_mode._procrastinate_round),
+        ("pgqueuer", pg_mode._pgqueuer_round),
+    ):
+        try:
+            __import__(name)
+        except ImportError:
+            continue
+        peers[name] = fn
+        rounds[name] = {}
+    with (
+        RedisServer() as redis_server,
+        PostgresServer(extra_conf={"synchronous_commit": "on"}) as pg,
+    ):
+        conn: Any = await asyncpg.connect(pg.url)
+        try:
+            await migrate(conn)
+        finally:
+            await conn.close()
+        for r in range(plan.repeats):
+            progress.step(f"postgres: repeat {r + 1}/{plan.repeats}, {jobs} jobs per figure")
+            for mode, url in (("postgres", pg.url), ("redis", None)):
+                got = await pg_mode._round(redis_server.url, url, f"{mode}{r}", jobs)
+                for name, value in got.items():
+                    rounds[mode].setdefault(name, []).append(value)
+            for peer, fn in peers.items():
+                for name, value in (await fn(pg.url, jobs)).items():
+                    rounds[peer].setdefault(name, []).append(value)
+        progress.step(f"postgres: lateness at {RATE:,} jobs/s")
+        late = await _lateness(redis_server.url, pg.url, max(plan.durable_seconds, 1.0))
+    checks.expect(late["ran"] == late["jobs"], f"postgres: ran {late['ran']} of {late['jobs']}")
+    checks.expect(late["duplicates"] == 0, f"postgres: {late['duplicates']} duplicate runs")
+    checks.expect(late["early"] == 0, f"postgres: {late['early']} jobs ran early")
+    figures = []
+    for peer in peers:
+        for name in FIGURES:
+            fig = Figure(SECTION, f"Postgres mode {name.split(' (')[0]}", peer, "us/job", "lower")
+            for ours, theirs in zip(rounds["postgres"][name], rounds[peer][name], strict=True):
+                fig.add(ours, theirs)
+            figures.append(fig)
+    return {"figures": figures, "raw": {"rounds": rounds, "lateness": late, "jobs": jobs}}
+
+
+def run(plan: Plan, progress: Progress, checks: Checks) -> dict[str, Any]:
+    loop = asyncio.new_event_loop()
+    try:
+        t = time.perf_counter()
+        out = loop.run_until_complete(_section(plan, progress, checks))
+        out["raw"]["seconds"] = time.perf_counter() - t
+        return out
+    finally:
+        loop.close()
