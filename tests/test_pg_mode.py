@@ -22,6 +22,7 @@ from tickwheel.durable import (
     SchemaNotReady,
 )
 from tickwheel.durable.postgres import SCHEMA_VERSION, migrate, schema_version
+from tickwheel.durable.postgres._store import MAX_LOCKED, PgStore
 from tickwheel.durable.servers._redis import RedisServer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -885,5 +886,128 @@ def test_a_retry_survives_a_redis_loss(private_redis: RedisServer, pg_url: str) 
             assert await _row(pg_url, ns, "f") == (1, job.nominal_ms, b"x")
             await client_of(s).flushall()
             assert (await s.reconcile()).pending == 0  # done: nothing comes back
+
+    run(main())
+
+
+# -- the row's current occurrence (migration 0003) -----------------------------------
+
+
+def test_a_recurring_row_follows_a_missed_run_skip(private_redis: RedisServer, pg_url: str) -> None:
+    """A recurring job that missed runs is moved on by Redis alone (policy ``skip``), so
+    the occurrence a worker then runs is later than its row's due time. Its ack still
+    moves the row to the next occurrence, so a Redis loss after it brings back that one,
+    not the long-past occurrence the row had."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            ns = s.keys.namespace
+            await s.schedule("r", "t", b"", every=1, missed="skip")
+            first = await _row(pg_url, ns, "r")
+            assert first is not None
+            await s.take(0)
+            await push_clock(s, 0, 10_500)  # ten runs missed
+            skipped = await s.claim(0)
+            assert skipped.jobs == [] and skipped.moved == 1  # moved on, unrun
+            (job,) = (await s.claim(0)).jobs  # the latest occurrence, on time
+            assert job.nominal_ms >= first[1] + 9_000  # Redis's occurrence, ahead of the row
+            await s.ack(job)
+            row = await _row(pg_url, ns, "r")
+            assert row is not None and row[0] == 0
+            assert row[1] == job.next_due_ms and row[1] > job.nominal_ms
+            await client_of(s).flushall()
+            assert (await s.reconcile()).restored == 1
+            back = await s.get("r")
+            assert back is not None and back.when_ms == row[1]
+
+    run(main())
+
+
+def test_an_ack_waits_for_a_replace_still_committing(
+    private_redis: RedisServer, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``replace`` moves a job in Redis before its PostgreSQL transaction commits the
+    row. A worker that claims and acks the new occurrence in between waits for that
+    commit (the id's advisory lock) and then completes the row: the row does not stay
+    pending at an occurrence already done."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            ns = s.keys.namespace
+            now = await s.store.now(0)
+            await s.schedule("a", "t", b"old", at=now + 60_000)
+            in_redis, go_on = asyncio.Event(), asyncio.Event()
+            overwrite = PgStore.overwrite
+
+            async def paused(self, conn, jobs):  # type: ignore[no-untyped-def]
+                in_redis.set()  # Redis has the new occurrence; the row is not written
+                await go_on.wait()
+                await overwrite(self, conn, jobs)
+
+            monkeypatch.setattr(PgStore, "overwrite", paused)
+            replace = asyncio.create_task(
+                s.schedule("a", "t", b"new", at=now - 1_000, replace=True)
+            )
+            await asyncio.wait_for(in_redis.wait(), 10)
+            (job,) = (await _claim_all(s)).jobs
+            assert job.payload == b"new"
+            ack = asyncio.create_task(s.ack(job))
+            await asyncio.sleep(0.3)
+            assert not ack.done()  # waiting for the replace's commit
+            go_on.set()
+            got = await asyncio.wait_for(replace, 10)
+            assert got.status is ScheduleStatus.REPLACED
+            await asyncio.wait_for(ack, 10)
+            assert await _row(pg_url, ns, "a") == (1, now - 1_000, b"new")
+            await client_of(s).flushall()
+            assert (await s.reconcile()).pending == 0  # done: nothing comes back
+
+    run(main())
+
+
+def test_replace_checks_done_per_occurrence_and_batches_its_locks(
+    private_redis: RedisServer, pg_url: str
+) -> None:
+    """A replace batch that names an id twice is refused only for the occurrence
+    PostgreSQL has done (the last spec of the id wins), and a batch larger than one
+    locked transaction (``MAX_LOCKED``) is written whole, in order."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            ns = s.keys.namespace
+            now = await s.store.now(0)
+            await s.schedule("d", "t", b"1", at=now - 10)
+            (job,) = (await _claim_all(s)).jobs
+            await s.ack(job)
+            done, again = await s.schedule_many(
+                [
+                    JobSpec("d", "t", b"2", at=job.nominal_ms),
+                    JobSpec("d", "t", b"3", at=now + 50_000),
+                ],
+                replace=True,
+            )
+            assert done.status is ScheduleStatus.DONE
+            assert again.status is ScheduleStatus.CREATED
+            assert await _row(pg_url, ns, "d") == (0, now + 50_000, b"3")
+
+            n = MAX_LOCKED + 20
+            specs = [JobSpec(f"m{k}", "t", b"a", at=now + 60_000) for k in range(n)]
+            specs.append(JobSpec("m0", "t", b"last", at=now + 70_000))  # in a later batch
+            results = await s.schedule_many(specs, replace=True)
+            assert [r.status for r in results] == [ScheduleStatus.CREATED] * n + [
+                ScheduleStatus.REPLACED
+            ]
+            (count,) = await rows(
+                pg_url,
+                "SELECT count(*) FROM tickwheel_jobs WHERE ns = $1 AND id LIKE 'm%'",
+                ns,
+            )
+            assert count[0] == n
+            assert await _row(pg_url, ns, "m0") == (0, now + 70_000, b"last")
+            info = await s.get("m0")
+            assert info is not None and info.when_ms == now + 70_000
 
     run(main())

@@ -38,7 +38,7 @@ from tickwheel.durable.model import (
 )
 from tickwheel.durable.store import ClaimedRef, EncodedJob, Keys, Store
 
-from ._store import PgJob, PgStore, encode_pg_job, redis_job, stored_epoch
+from ._store import MAX_LOCKED, PgJob, PgStore, encode_pg_job, redis_job, stored_epoch
 
 __all__ = ["DEFAULT_RECONCILE_PAGE", "DEFAULT_RELAY_INTERVAL", "PostgresMode", "ReconcileResult"]
 
@@ -142,17 +142,25 @@ class PostgresMode:
         transaction that holds the ids (:meth:`PgStore.locked`): an occurrence
         PostgreSQL has done is refused first (DONE), then schedule.lua runs with
         ``replace`` on, and what it created or replaced is written to the rows before
-        the commit. BUSY and DONE leave the row as it was.
+        the commit. BUSY and DONE leave the row as it was. A batch of more than
+        ``MAX_LOCKED`` jobs is done in transactions of that many, in order.
 
         If Redis fails part way, what it accepted is still committed and the error
-        raised after. A commit that fails after Redis accepted leaves Redis ahead of
-        PostgreSQL until the same replace is repeated (it is idempotent).
+        raised after (later transactions of the batch are not started). A commit that
+        fails after Redis accepted leaves Redis ahead of PostgreSQL until the same
+        replace is repeated (it is idempotent).
 
         Raises:
             RedisUnavailable, PostgresUnavailable: on a failure of either.
         """
-        limit = sched.max_payload_bytes
         await sched.open()
+        out: list[ScheduleResult] = []
+        for i in range(0, len(specs), MAX_LOCKED):  # in order: an id given twice, the last wins
+            out += await self._replace(sched, specs[i : i + MAX_LOCKED])
+        return out
+
+    async def _replace(self, sched: RedisSide, specs: Sequence[JobSpec]) -> list[ScheduleResult]:
+        limit = sched.max_payload_bytes
         results: list[ScheduleResult | None] = [None] * len(specs)
         failure: RedisUnavailable | None = None
         async with self.store.locked([spec.id for spec in specs]) as (conn, _):
@@ -165,7 +173,7 @@ class PostgresMode:
             )
             groups: dict[int, list[int]] = {}
             for k, (job, due) in enumerate(zip(jobs, dues, strict=True)):
-                if job.id in done:
+                if (job.id, due) in done:
                     results[k] = ScheduleResult(job.id, ScheduleStatus.DONE, due)
                 else:
                     groups.setdefault(job.shard, []).append(k)

@@ -210,14 +210,17 @@ CROSS JOIN LATERAL tickwheel_schedule($1, u.id, u.shard, u.task, u.payload, u.js
 ORDER BY u.k
 """
 _NOW = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-# locked(): the ids' advisory locks (transaction-level), then their pending rows' locks.
+# locked(): the ids' advisory locks (transaction-level), then their rows' locks, in id
+# order (migration 0003 says why that order). Ids per locked() transaction: a replace
+# batch is split into these, since advisory locks live in PostgreSQL's shared lock table.
+MAX_LOCKED = 500
 _LOCK_IDS = (
     "SELECT count(pg_advisory_xact_lock(hashtextextended($1 || ':' || i, 0)))"
     " FROM unnest($2::text[]) WITH ORDINALITY AS u(i, k)"
 )
 _LOCKED_ROWS = (
-    "SELECT id, due_ms FROM tickwheel_jobs WHERE ns = $1 AND id = ANY($2::text[])"
-    " AND state = 0 ORDER BY id FOR UPDATE"
+    "SELECT id, due_ms, state FROM tickwheel_jobs WHERE ns = $1 AND id = ANY($2::text[])"
+    " ORDER BY id FOR UPDATE"
 )
 _OVERWRITE = """
 INSERT INTO tickwheel_jobs AS j (ns, id, shard, task, payload, json_payload, max_attempts,
@@ -405,8 +408,10 @@ class PgStore:
     async def locked(self, ids: Sequence[str]) -> AsyncIterator[tuple[Any, dict[str, int]]]:
         """A transaction of its own holding the jobs ``ids`` for the body: a
         transaction-level advisory lock per id (so an id with no row yet is held too)
-        and the row locks of the rows there are, both taken in id order (two callers
-        never deadlock). Yields the connection and the pending rows' due times by id.
+        and the row locks of the rows there are, whatever their state, both taken in id
+        order (two callers never deadlock). Yields the connection and the pending rows'
+        due times by id. Keep ``ids`` to a batch (``MAX_LOCKED``): advisory locks live
+        in PostgreSQL's shared lock table.
         Committed when the body returns, rolled back if it raises.
 
         Raises:
@@ -418,26 +423,29 @@ class PgStore:
         async with self._conn() as c, c.transaction():
             await c.execute(_LOCK_IDS, ns, order)
             rows = await c.fetch(_LOCKED_ROWS, ns, order)
-            yield c, {r[0]: int(r[1]) for r in rows}
+            yield c, {r[0]: int(r[1]) for r in rows if r[2] == 0}
 
-    async def done_of(self, conn: Any, occurrences: Sequence[tuple[str, int]]) -> set[str]:
-        """The ids among ``(id, nominal)`` pairs whose occurrence is done."""
+    async def done_of(
+        self, conn: Any, occurrences: Sequence[tuple[str, int]]
+    ) -> set[tuple[str, int]]:
+        """The ``(id, nominal)`` pairs whose occurrence is done."""
         if not occurrences:
             return set()
         rows = await conn.fetch(
-            "SELECT d.id FROM unnest($2::text[], $3::bigint[]) AS o(id, nominal)"
+            "SELECT d.id, d.nominal_ms FROM unnest($2::text[], $3::bigint[]) AS o(id, nominal)"
             " JOIN tickwheel_done d ON d.ns = $1 AND d.id = o.id AND d.nominal_ms = o.nominal",
             self.namespace,
             [i for i, _ in occurrences],
             [n for _, n in occurrences],
         )
-        return {r[0] for r in rows}
+        return {(r[0], int(r[1])) for r in rows}
 
     async def overwrite(self, conn: Any, jobs: Sequence[tuple[PgJob, int]]) -> None:
         """Write ``(job, due)`` rows as pending at attempt 1, creating or overwriting
         (whatever state the rows had): what a replace that Redis accepted leaves."""
         if not jobs:
             return
+        jobs = sorted(jobs, key=lambda item: item[0].id)  # rows locked in id order
         columns = list(zip(*(job.args for job, _ in jobs), strict=True))
         await conn.execute(
             _OVERWRITE,
@@ -509,24 +517,31 @@ class PgStore:
         """Record occurrences done (and move recurring jobs on) in one transaction.
 
         Returns:
-            Per ref: 1 acked, 2 acked and moved to its next occurrence, 3 done already.
+            Per ref: 1 acked, 2 acked and moved to its next occurrence, 3 done already,
+            4 acked but the job had moved on to another occurrence (its row untouched).
 
         Raises:
             Fenced: if ``epoch`` is not the shard's stored epoch (nothing written).
         """
         await self.open()
+        # In id order: the function locks each id as PgStore.locked does (see 0003).
+        order = sorted(range(len(refs)), key=lambda k: (refs[k].id, refs[k].nominal_ms))
+        ordered = [refs[k] for k in order]
         async with self._conn(shard=shard) as c:
             reply = await c.fetchval(
                 "SELECT tickwheel_ack($1, $2, $3, $4, $5, $6, $7)",
                 self.namespace,
                 shard,
                 epoch,
-                [r.id for r in refs],
-                [r.attempt for r in refs],
-                [r.nominal_ms for r in refs],
-                [r.time_ms for r in refs],
+                [r.id for r in ordered],
+                [r.attempt for r in ordered],
+                [r.nominal_ms for r in ordered],
+                [r.time_ms for r in ordered],
             )
-        return [int(v) for v in reply]
+        out = [0] * len(refs)
+        for k, v in zip(order, reply, strict=True):
+            out[k] = int(v)
+        return out
 
     async def dead(
         self, shard: int, epoch: int, job_id: str, attempt: int, nominal_ms: int
