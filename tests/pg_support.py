@@ -56,3 +56,16 @@ async def table_counts(pg_url: str) -> dict[str, int]:
         (row,) = await rows(pg_url, f"SELECT count(*) FROM {table}")
         out[table] = int(row[0])
     return out
+
+
+@contextlib.asynccontextmanager
+async def table_locked(pg_url: str, table: str) -> AsyncIterator[None]:
+    """Hold ``table`` in ACCESS EXCLUSIVE mode for the body: every statement of the
+    library that reads or writes it waits (a slow PostgreSQL, made real)."""
+    conn = await asyncpg.connect(pg_url)
+    try:
+        async with conn.transaction():
+            await conn.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+            yield
+    finally:
+        await conn.close()

@@ -9,7 +9,8 @@ import asyncio
 import asyncpg
 import pytest
 from durable_support import client_of, push_clock, run, snapshot, unique_ns
-from pg_support import migrated, pg_scheduler, rows, table_counts
+from pg_support import migrated, pg_scheduler, rows, table_counts, table_locked
+from spill_support import running_worker, until
 
 from tickwheel.durable import (
     Fenced,
@@ -20,6 +21,8 @@ from tickwheel.durable import (
     RedisUnavailable,
     ScheduleStatus,
     SchemaNotReady,
+    TaskContext,
+    TaskRegistry,
 )
 from tickwheel.durable.postgres import SCHEMA_VERSION, migrate, schema_version
 from tickwheel.durable.postgres._store import MAX_LOCKED, PgStore
@@ -423,7 +426,7 @@ def test_workers_ride_out_a_redis_loss(pg_url: str, loss: str) -> None:
     has one effect, and nothing acked before the loss runs again."""
     from spill_support import running_worker, until
 
-    from tickwheel.durable import TaskContext, TaskRegistry
+    from tickwheel.durable import TaskRegistry
 
     n = 200
     calls: dict[tuple[str, int], int] = {}
@@ -491,7 +494,7 @@ def test_workers_ride_out_postgres_killed_and_restarted(redis_server: RedisServe
     (no attempt spent), and every job runs and is recorded done once PostgreSQL is back."""
     from spill_support import running_worker, until
 
-    from tickwheel.durable import TaskContext, TaskRegistry
+    from tickwheel.durable import TaskRegistry
     from tickwheel.durable.servers._postgres import PostgresServer
 
     n = 120
@@ -565,7 +568,7 @@ def test_worker_reconciles_at_start(private_redis: RedisServer, pg_url: str) -> 
     back in Redis once a worker starts, without any reconcile command."""
     from spill_support import running_worker, until
 
-    from tickwheel.durable import TaskContext, TaskRegistry
+    from tickwheel.durable import TaskRegistry
 
     ran: list[str] = []
     reg = TaskRegistry()
@@ -1009,5 +1012,72 @@ def test_replace_checks_done_per_occurrence_and_batches_its_locks(
             assert await _row(pg_url, ns, "m0") == (0, now + 70_000, b"last")
             info = await s.get("m0")
             assert info is not None and info.when_ms == now + 70_000
+
+    run(main())
+
+
+# -- the worker's timing when PostgreSQL is slow -------------------------------------
+
+
+def test_a_claims_now_covers_its_postgres_round_trip(
+    private_redis: RedisServer, pg_url: str
+) -> None:
+    """A claim's ``now_ms`` includes the time the Postgres check took after Redis's
+    reply (here held for a second), so the loader, which converts due times from the
+    moment claim() returned, does not fire every job that much late; and it is never
+    ahead of Redis's clock, so nothing fires early."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            await s.schedule("a", "t", b"", delay=0)
+            await s.take(0)
+            async with table_locked(pg_url, "tickwheel_done"):
+                before = await s.store.now(0)
+                claim = asyncio.create_task(s.claim(0))
+                await asyncio.sleep(1.0)
+                assert not claim.done()  # Redis answered; the Postgres check waits
+            batch = await asyncio.wait_for(claim, 10)
+            after = await s.store.now(0)
+            assert [j.id for j in batch.jobs] == ["a"]
+            assert before + 900 <= batch.now_ms <= after
+
+    run(main())
+
+
+def test_a_job_waiting_for_its_ack_leaves_its_slot(private_redis: RedisServer, pg_url: str) -> None:
+    """``max_running`` bounds handlers, not acks: with one slot, while the first job's
+    ack waits for PostgreSQL (its table held), the second job still runs on time; both
+    are acked once PostgreSQL answers. Before, the slot was held through the ack, which
+    capped a worker at ``max_running`` commits' worth of jobs per second."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        started: list[str] = []
+        reg = TaskRegistry()
+
+        @reg.task(name="t")
+        def record(ctx: TaskContext) -> None:
+            started.append(ctx.job_id)
+
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            await s.schedule("a", "t", b"", delay=1.0)
+            await s.schedule("b", "t", b"", delay=1.02)
+            fast = {"lookahead": 0.8, "poll_interval": 0.02, "reap_interval": 0.05}
+            async with running_worker(s, reg, max_running=1, **fast) as w:
+                assert await until(lambda: w.loader is not None and w.loader.loaded == 2, 10)
+                assert w.loader is not None
+                async with table_locked(pg_url, "tickwheel_done"):
+                    assert await until(lambda: started == ["a", "b"], 10)
+                    assert w.loader.stats.succeeded == 0  # both acks wait
+                assert await until(
+                    lambda: w.loader is not None and w.loader.stats.succeeded == 2, 10
+                )
+            (count,) = await rows(
+                pg_url,
+                "SELECT count(*) FROM tickwheel_jobs WHERE ns = $1 AND state = 1",
+                s.keys.namespace,
+            )
+            assert count[0] == 2
 
     run(main())

@@ -243,7 +243,10 @@ class ClaimBatch:
     """What one claim returned."""
 
     shard: int  # the shard claimed from
-    now_ms: int  # Redis's now at the claim (to convert due times to a loop clock)
+    # Redis's now at the claim, plus the whole ms the client spent after the script's
+    # reply (a Postgres check, a missed-run move): convert due times to a local clock
+    # from the moment the claim returned
+    now_ms: int
     jobs: list[Job]  # leased jobs, in due order
     dropped: int  # one-shot jobs dropped because their occurrence was done
     moved: int = 0  # recurring jobs moved unrun by their missed-run policy

@@ -6,9 +6,10 @@ Ground rules:
   ack, retry or extend drops the shard and every job of it that is loaded but not fired
   (their leases belong to a stale epoch: the new owner gets them back from the reaper).
 - Never early: a job is placed at ``t_reply + (due_ms - now_ms) / 1000`` in loop time,
-  where ``now_ms`` is Redis's now inside the claim script and ``t_reply`` is
-  ``loop.time()`` once the reply arrived. The reply comes after the script ran, so the
-  placement can only be late (by the round trip), never early.
+  where ``now_ms`` is Redis's now inside the claim script (plus the whole ms the claim
+  spent after its reply, in the Postgres mode) and ``t_reply`` is ``loop.time()`` once
+  the claim returned. The reply comes after the script ran, so the placement can only
+  be late (by the round trip), never early.
 - A loaded job holds a lease of ``lookahead + lease``: it covers the wait in the wheel
   and one lease of run time; a running task's lease is extended every ``lease / 2``.
 - A job whose lease has run out by the local clock when it fires (the loop or the
@@ -178,6 +179,11 @@ class Loader:
         # time it is due: Redis's due converted with the claim's offset)
         self._loaded: dict[tuple[int, str], tuple[Job, Timer, float, float]] = {}
         self._running: dict[asyncio.Task[None], Job] = {}  # tasks of fired jobs
+        # Of those, the ones whose handler has not returned: the slots max_running counts.
+        # A task that only waits for its ack (or retry) left its slot: in the Postgres
+        # mode that wait is a commit, and holding the slot through it capped a worker at
+        # max_running commits' worth of jobs per second.
+        self._busy = 0
         # (shard, job id) -> (job, lease end, its shed timer): fired while max_running
         # tasks ran; FIFO
         self._ready: dict[tuple[int, str], tuple[Job, float, Timer]] = {}
@@ -200,7 +206,7 @@ class Loader:
 
     @property
     def running(self) -> int:
-        """Jobs whose task is running."""
+        """Jobs whose task is running (their handler, or their ack or retry after it)."""
         return len(self._running)
 
     # -- claiming ------------------------------------------------------------------
@@ -294,7 +300,7 @@ class Loader:
             return
         job, _, lease_end, when = entry
         self.lateness.observe(self.wheel.time() - when)
-        if len(self._running) >= self.max_running:
+        if self._busy >= self.max_running:
             # Waits for a free slot, in due order, until half a lease is left.
             shed = self.wheel.schedule_at(
                 max(self.wheel.time(), lease_end - self.lease_ms / 2000), self._shed, key
@@ -330,14 +336,19 @@ class Loader:
             self.stats.expired += 1
             return
         self.stats.fired += 1
+        self._busy += 1
         task = asyncio.ensure_future(self._execute(job, lease_end))
         self._running[task] = job
         task.add_done_callback(self._forget)
 
     def _forget(self, task: asyncio.Task[None]) -> None:
         self._running.pop(task, None)
+
+    def _free_slot(self) -> None:
+        """A handler returned (or never ran): start the jobs waiting for its slot."""
+        self._busy -= 1
         ready = self._ready
-        while ready and len(self._running) < self.max_running:
+        while ready and self._busy < self.max_running:
             key = next(iter(ready))
             job, lease_end, shed = ready.pop(key)
             shed.cancel()
@@ -347,6 +358,7 @@ class Loader:
 
     async def _execute(self, job: Job, lease_end: float) -> None:
         sched = self.scheduler
+        busy = True  # holds a slot until its handler returns (then the ack waits freely)
         try:
             if job.duplicate:
                 self.stats.duplicates += 1
@@ -387,6 +399,8 @@ class Loader:
                 # lands inside a command, which would leave the extender running on.
                 finished.set()
                 halfway.cancel()
+                busy = False
+                self._free_slot()
             await self._ack(job, lease_end)
             self.stats.succeeded += 1
         except LeaseLost:
@@ -399,6 +413,9 @@ class Loader:
         except Exception:
             self.stats.errors += 1
             logger.exception("tickwheel.durable: job %r left to the reaper", job.id)
+        finally:
+            if busy:  # no handler ran (a duplicate, an unknown task, the publisher)
+                self._free_slot()
 
     async def _publish(self, job: Job, lease_end: float) -> None:
         """Publish, then ack: the lease is cleared only after the broker confirmed."""
@@ -566,22 +583,25 @@ class Loader:
 
 
 class _AckBatcher:
-    """Acks of one shard and epoch that arrive together go out in one script call.
+    """Acks of one shard and epoch go out together: at most one ``ack_many`` per shard
+    and epoch is in flight, and the acks that arrive meanwhile wait for it and go out
+    together in the next one (group commit).
 
     Each task still awaits its own outcome (``LeaseLost`` or ``Fenced`` reach only the
-    jobs they concern), but a burst of due jobs costs one ``ack_many`` per shard and
-    event-loop turn instead of one round trip each: that round trip, not the wheel, is
-    what bounds a loader's jobs/s (bench/spill_vs_arq.py).
+    jobs they concern). A steady stream of due jobs then costs one round trip per shard
+    per round-trip time, whatever the rate, instead of one per job: that round trip,
+    not the wheel, is what bounds a loader's jobs/s (bench/spill_vs_arq.py), and in the
+    Postgres mode each ack is a commit that waits for its WAL flush.
     """
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
         # (shard, epoch) -> jobs waiting to be acked, with the futures of their tasks
         self._pending: dict[tuple[int, int], list[tuple[Job, asyncio.Future[bool]]]] = {}
-        self._flushes: set[asyncio.Task[None]] = set()  # running flushes (kept referenced)
+        self._flushes: dict[tuple[int, int], asyncio.Task[None]] = {}  # one per key at most
 
     async def ack(self, job: Job) -> None:
-        """Ack ``job`` with whatever else is acked in this loop turn.
+        """Ack ``job`` with whatever else is acked before its batch goes out.
 
         Raises:
             LeaseLost: its lease was lost.
@@ -589,19 +609,27 @@ class _AckBatcher:
         """
         key = (job.shard, job.epoch)
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        waiting = self._pending.get(key)
-        if waiting is None:
-            waiting = self._pending[key] = []
-            flush = asyncio.ensure_future(self._flush(key))
-            self._flushes.add(flush)
-            flush.add_done_callback(self._flushes.discard)
-        waiting.append((job, future))
+        self._pending.setdefault(key, []).append((job, future))
+        if key not in self._flushes:
+            self._flushes[key] = asyncio.ensure_future(self._flush(key))
         if not await future:
             raise LeaseLost(f"lease of job {job.id!r} attempt {job.attempt} is lost")
 
     async def _flush(self, key: tuple[int, int]) -> None:
-        await asyncio.sleep(0)  # one loop turn: let the other tasks of this tick join
-        batch = self._pending.pop(key)
+        try:
+            await asyncio.sleep(0)  # one loop turn: let the other tasks of this tick join
+            # Until no ack of this key waits: the ones that came during a call go next.
+            while batch := self._pending.pop(key, None):
+                await self._send(batch)
+        except BaseException:  # cancelled: so are the acks still waiting
+            for _, future in self._pending.pop(key, []):
+                future.cancel()
+            raise
+        finally:
+            # In the same step as the last look at _pending: a later ack starts a flush.
+            del self._flushes[key]
+
+    async def _send(self, batch: list[tuple[Job, asyncio.Future[bool]]]) -> None:
         try:
             results = await self.scheduler.ack_many([job for job, _ in batch])
         except Exception as exc:

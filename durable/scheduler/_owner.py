@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import random
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -112,12 +113,20 @@ class OwnerSide:
             batch = await self.store.claim(
                 shard, epoch, lookahead_ms, limit, lease_ms, token=token, forget=forget
             )
+            received = time.monotonic()
             counters.claim_calls += 1
             planned = await self._plan(batch, epoch)
             if self.pg is not None:
                 checked = await self.pg.after_claim(self, planned, epoch)
                 counters.dedup_dropped += checked.dropped - planned.dropped  # done in PostgreSQL
                 planned = checked
+            # now_ms as of our return, not of the script: a caller converts due times
+            # with the moment claim() returned (the loader does), and the round trips
+            # after the script (PostgreSQL's, a missed-run move) would otherwise make
+            # every job that late. Whole ms, rounded down: later, never earlier.
+            spent_ms = int((time.monotonic() - received) * 1000)
+            if spent_ms > 0:
+                planned = dataclasses.replace(planned, now_ms=planned.now_ms + spent_ms)
         self._claims[shard] = (epoch, token, True)
         counters.claimed += len(planned.jobs)
         # Dropped in the script (one-shot) or acked unrun in _plan (recurring).
