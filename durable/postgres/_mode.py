@@ -243,7 +243,7 @@ class PostgresMode:
             for shard, encoded in groups.items():
                 for i in range(0, len(encoded), _REDIS_BATCH):
                     await sched.store.schedule(shard, encoded[i : i + _REDIS_BATCH], False)
-            await self.store.relayed([seq for _, _, seq in created])
+            self.store.relayed_later([seq for _, _, seq in created])
         except (RedisUnavailable, PostgresUnavailable) as exc:
             logger.warning(
                 "tickwheel.durable: %d committed job(s) left to the relay (%s)", len(created), exc

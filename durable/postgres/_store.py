@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,8 @@ __all__ = [
     "prune",
     "translate",
 ]
+
+logger = logging.getLogger("tickwheel.durable")
 
 # Connections per store: a worker's loader, relay and acks, and a producer's bursts.
 DEFAULT_POOL_SIZE = 10
@@ -270,6 +273,8 @@ class PgStore:
         self.call_timeout = call_timeout
         self._pool: Any = None
         self._lock = asyncio.Lock()
+        self._to_forget: list[int] = []  # outbox rows to delete (relayed_later)
+        self._forgetting: asyncio.Task[None] | None = None  # the task deleting them
 
     async def open(self) -> PgStore:
         """Connect the pool and check the schema version.
@@ -311,7 +316,11 @@ class PgStore:
             self._pool = pool
 
     async def aclose(self) -> None:
-        """Close the pool."""
+        """Delete the outbox rows :meth:`relayed_later` holds (bounded), close the pool."""
+        forgetting = self._forgetting
+        if forgetting is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(forgetting), self.call_timeout)
         pool, self._pool = self._pool, None
         if pool is not None:
             with contextlib.suppress(Exception):
@@ -469,6 +478,29 @@ class PgStore:
             job_id,
             due_ms,
         )
+
+    def relayed_later(self, seqs: Sequence[int]) -> None:
+        """Delete outbox rows whose jobs the producer wrote to Redis itself, from a task
+        of this loop, together with the others that come meanwhile (one delete in
+        flight): the producer does not wait for it. A delete that is lost (a crash,
+        PostgreSQL down) is harmless: the relay writes the job to Redis again, which
+        keeps it as it is, and deletes the row."""
+        self._to_forget.extend(seqs)
+        if self._forgetting is None:
+            self._forgetting = asyncio.ensure_future(self._forget())
+
+    async def _forget(self) -> None:
+        try:
+            while self._to_forget:
+                seqs, self._to_forget = self._to_forget, []
+                try:
+                    await self.relayed(seqs)
+                except Exception as exc:  # the relay deletes them instead
+                    logger.warning(
+                        "tickwheel.durable: %d outbox row(s) left to the relay (%r)", len(seqs), exc
+                    )
+        finally:
+            self._forgetting = None  # in the step that found the list empty
 
     async def relayed(self, seqs: Sequence[int]) -> None:
         """Delete outbox rows whose jobs the producer wrote to Redis itself."""
