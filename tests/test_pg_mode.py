@@ -1107,3 +1107,106 @@ def test_a_job_waiting_for_its_ack_leaves_its_slot(private_redis: RedisServer, p
             assert count[0] == 2
 
     run(main())
+
+
+# -- schedule_many as one statement (migration 0004) ---------------------------------
+
+
+def test_a_batch_is_decided_per_job_like_one_by_one(
+    private_redis: RedisServer, pg_url: str
+) -> None:
+    """A batch of distinct ids (one set-based statement) gives each job what a
+    schedule() of its own would: a pending id is kept at its due, a completed one-shot
+    row is overwritten by the new job, an occurrence done already is refused and
+    nothing is written for it, a new id is created; in the batch's order, with one
+    outbox row per job written. A batch that names an id twice sees its first copy."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            ns = s.keys.namespace
+            now = await s.store.now(0)
+            await s.schedule("kept", "t", b"k", at=now + 40_000)
+            await s.schedule("ran", "t", b"r", at=now - 10)
+            (job,) = (await _claim_all(s)).jobs
+            await s.ack(job)
+            results = await s.schedule_many(
+                [
+                    JobSpec("new", "t", b"n", at=now + 10_000),
+                    JobSpec("kept", "t", b"k2", at=now + 20_000),
+                    JobSpec("done", "t", b"d", at=job.nominal_ms),  # a fresh id: created
+                    JobSpec("ran", "t", b"r2", at=job.nominal_ms),  # that occurrence ran
+                    JobSpec("again", "t", b"a", at=now + 30_000),
+                ]
+            )
+            assert [(r.id, r.status, r.when_ms) for r in results] == [
+                ("new", ScheduleStatus.CREATED, now + 10_000),
+                ("kept", ScheduleStatus.KEPT, now + 40_000),
+                ("done", ScheduleStatus.CREATED, job.nominal_ms),
+                ("ran", ScheduleStatus.DONE, job.nominal_ms),
+                ("again", ScheduleStatus.CREATED, now + 30_000),
+            ]
+            assert await _row(pg_url, ns, "kept") == (0, now + 40_000, b"k")
+            assert await _row(pg_url, ns, "ran") == (1, job.nominal_ms, b"r")
+            rerun = await s.schedule_many(
+                [JobSpec("ran", "t", b"r3", at=now + 50_000), JobSpec("more", "t", b"m")]
+            )
+            assert rerun[0].status is ScheduleStatus.CREATED  # a new occurrence: overwrites
+            assert await _row(pg_url, ns, "ran") == (0, now + 50_000, b"r3")
+            for job_id in ("new", "done", "again", "ran"):
+                info = await s.get(job_id)
+                assert info is not None and info.state is JobState.DUE
+            assert await _outbox_empties(pg_url, within=10.0)
+
+            twice = await s.schedule_many(
+                [
+                    JobSpec("dup", "t", b"1", at=now + 1_000),
+                    JobSpec("dup", "t", b"2", at=now + 2_000),
+                ]
+            )
+            assert [(r.status, r.when_ms) for r in twice] == [
+                (ScheduleStatus.CREATED, now + 1_000),
+                (ScheduleStatus.KEPT, now + 1_000),
+            ]
+
+    run(main())
+
+
+def test_a_batch_keeps_a_job_a_concurrent_producer_created_first(
+    private_redis: RedisServer, pg_url: str
+) -> None:
+    """An application transaction has created job "x" and not committed; a batch
+    naming "x" waits for it, then keeps that job (with its due, read after the
+    statement) and creates the others. After a rollback instead, the batch creates it."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            now = await s.store.now(0)
+            for outcome in ("commit", "rollback"):
+                app = await asyncpg.connect(pg_url)
+                try:
+                    tx = app.transaction()
+                    await tx.start()
+                    await s.schedule(f"x-{outcome}", "t", b"app", at=now + 5_000, conn=app)
+                    batch = asyncio.create_task(
+                        s.schedule_many(
+                            [
+                                JobSpec(f"x-{outcome}", "t", b"batch", at=now + 9_000),
+                                JobSpec(f"y-{outcome}", "t", b"batch", at=now + 9_000),
+                            ]
+                        )
+                    )
+                    await asyncio.sleep(0.3)
+                    assert not batch.done()  # waits for the application's transaction
+                    await (tx.commit() if outcome == "commit" else tx.rollback())
+                    x, y = await asyncio.wait_for(batch, 10)
+                finally:
+                    await app.close()
+                assert y.status is ScheduleStatus.CREATED
+                if outcome == "commit":
+                    assert (x.status, x.when_ms) == (ScheduleStatus.KEPT, now + 5_000)
+                else:
+                    assert (x.status, x.when_ms) == (ScheduleStatus.CREATED, now + 9_000)
+
+    run(main())

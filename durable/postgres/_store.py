@@ -212,6 +212,11 @@ CROSS JOIN LATERAL tickwheel_schedule($1, u.id, u.shard, u.task, u.payload, u.js
     u.mode, u.t, u.rkind, u.rspec, u.policy, u.cap, u.grace, u.record) AS s
 ORDER BY u.k
 """
+# A batch of distinct ids: one set-based statement (migration 0004).
+_SCHEDULE_DISTINCT = (
+    "SELECT status, when_ms, seq FROM tickwheel_schedule_many"
+    "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+)
 _NOW = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 # locked(): the ids' advisory locks (transaction-level), then their rows' locks, in id
 # order (migration 0003 says why that order). Ids per locked() transaction: a replace
@@ -396,22 +401,42 @@ class PgStore:
         Returns:
             Per job, (status, when_ms, outbox seq) with schedule.lua's status codes:
             1 created (seq set), 2 kept, 5 done.
+
+        Pass a batch sorted by id (rows are locked in that order): a batch of distinct
+        ids is one set-based statement, one that names an id twice runs the job-by-job
+        function (each copy sees the ones before it).
         """
         ns = self.namespace
         async with self._on(conn, own_transaction=False) as c:
             if len(jobs) == 1:
                 job = jobs[0]
                 rows = [await c.fetchrow(_SCHEDULE, ns, job.id, job.shard, *job.args)]
-            else:
-                columns = list(zip(*(job.args for job in jobs), strict=True))
-                rows = await c.fetch(
-                    _SCHEDULE_MANY,
-                    ns,
-                    [job.id for job in jobs],
-                    [job.shard for job in jobs],
-                    *(list(col) for col in columns),
+                return [(int(r[0]), int(r[1]), int(r[2] or 0)) for r in rows]
+            ids = [job.id for job in jobs]
+            distinct = len(set(ids)) == len(ids)
+            columns = list(zip(*(job.args for job in jobs), strict=True))
+            rows = await c.fetch(
+                _SCHEDULE_DISTINCT if distinct else _SCHEDULE_MANY,
+                ns,
+                ids,
+                [job.shard for job in jobs],
+                *(list(col) for col in columns),
+            )
+            out = [(int(r[0]), r[1], int(r[2] or 0)) for r in rows]
+            raced = [ids[k] for k, (_, when, _) in enumerate(out) if when is None]
+            if raced:  # kept: a concurrent producer created them after the statement began
+                found = dict(
+                    await c.fetch(
+                        "SELECT id, due_ms FROM tickwheel_jobs WHERE ns = $1 AND id = ANY($2)",
+                        ns,
+                        raced,
+                    )
                 )
-        return [(int(r[0]), int(r[1]), int(r[2] or 0)) for r in rows]
+                out = [
+                    (status, int(found.get(ids[k], 0) if when is None else when), seq)
+                    for k, (status, when, seq) in enumerate(out)
+                ]
+        return [(status, int(when), seq) for status, when, seq in out]
 
     @contextlib.asynccontextmanager
     async def locked(self, ids: Sequence[str]) -> AsyncIterator[tuple[Any, dict[str, int]]]:
