@@ -25,7 +25,7 @@ from tickwheel.durable import (
     TaskRegistry,
 )
 from tickwheel.durable.postgres import SCHEMA_VERSION, migrate, schema_version
-from tickwheel.durable.postgres._store import MAX_LOCKED, PgStore
+from tickwheel.durable.postgres._store import MAX_LOCKED, PgStore, encode_pg_job
 from tickwheel.durable.servers._redis import RedisServer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -175,15 +175,39 @@ async def _outbox_empties(pg_url: str, within: float) -> bool:
 def test_close_deletes_the_outbox_rows_it_still_holds(
     redis_server: RedisServer, pg_url: str
 ) -> None:
-    """A producer deletes its outbox rows after the call returns (not waiting for it);
-    closing the scheduler finishes those deletes, so none is left to the relay."""
+    """A producer deletes its outbox rows after the call returns (not waiting for it),
+    one delete in flight and the rest queued behind it; closing the store finishes
+    them all before it returns, so none is left to the relay."""
 
     async def main() -> None:
         await migrated(pg_url)
-        async with pg_scheduler(redis_server.url, pg_url, shards=2) as s:
-            for i in range(20):
-                await s.schedule(f"c{i}", "t", b"x", delay=60)
-        assert (await table_counts(pg_url))["tickwheel_outbox"] == 0
+        async with pg_scheduler(redis_server.url, pg_url, shards=1) as s:
+            assert s.pg is not None
+            store = s.pg.store
+            seqs = [
+                seq
+                for k in range(3)
+                for _, _, seq in await store.schedule(
+                    [encode_pg_job(JobSpec(f"c{k}", "t", b"x", delay=60), 0, 1 << 16)]
+                )
+            ]
+            blocker = await asyncpg.connect(pg_url)
+            try:
+                async with blocker.transaction():
+                    await blocker.execute("SELECT 1 FROM tickwheel_outbox FOR UPDATE")
+                    store.relayed_later(seqs[:1])
+                    await asyncio.sleep(0.2)  # that delete is in flight, waiting on the rows
+                    store.relayed_later(seqs[1:2])  # these two queue up behind it
+                    store.relayed_later(seqs[2:])
+                    closing = asyncio.create_task(store.aclose())
+                    await asyncio.sleep(0.3)
+                    assert not closing.done()  # close waits for the deletes
+            finally:
+                await blocker.close()
+            await asyncio.wait_for(closing, 20)
+            # Nothing runs on after close: no delete left, no pool opened again for one.
+            assert store._forgetting is None and store._pool is None
+            assert (await table_counts(pg_url))["tickwheel_outbox"] == 0
 
     run(main())
 
@@ -923,10 +947,10 @@ def test_a_retry_survives_a_redis_loss(private_redis: RedisServer, pg_url: str) 
 
 
 def test_a_recurring_row_follows_a_missed_run_skip(private_redis: RedisServer, pg_url: str) -> None:
-    """A recurring job that missed runs is moved on by Redis alone (policy ``skip``), so
-    the occurrence a worker then runs is later than its row's due time. Its ack still
-    moves the row to the next occurrence, so a Redis loss after it brings back that one,
-    not the long-past occurrence the row had."""
+    """A recurring job that missed runs is moved on unrun by a claim (policy ``skip``);
+    the claim records the move in PostgreSQL (migration 0003), so the ack of the
+    occurrence that then runs moves the row on, and a Redis loss after it brings back
+    the next occurrence, not the long-past one the row had."""
 
     async def main() -> None:
         await migrated(pg_url)
@@ -939,6 +963,8 @@ def test_a_recurring_row_follows_a_missed_run_skip(private_redis: RedisServer, p
             await push_clock(s, 0, 10_500)  # ten runs missed
             skipped = await s.claim(0)
             assert skipped.jobs == [] and skipped.moved == 1  # moved on, unrun
+            moved = await _row(pg_url, ns, "r")
+            assert moved is not None and moved[1] >= first[1] + 9_000  # followed Redis
             (job,) = (await s.claim(0)).jobs  # the latest occurrence, on time
             assert job.nominal_ms >= first[1] + 9_000  # Redis's occurrence, ahead of the row
             await s.ack(job)
@@ -1087,9 +1113,10 @@ def test_a_job_waiting_for_its_ack_leaves_its_slot(private_redis: RedisServer, p
             started.append(ctx.job_id)
 
         async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
-            await s.schedule("a", "t", b"", delay=1.0)
-            await s.schedule("b", "t", b"", delay=1.02)
-            fast = {"lookahead": 0.8, "poll_interval": 0.02, "reap_interval": 0.05}
+            # Due in 3 s, claimed within 0.5 s: seconds to take the lock in between.
+            await s.schedule("a", "t", b"", delay=3.0)
+            await s.schedule("b", "t", b"", delay=3.02)
+            fast = {"lookahead": 2.5, "poll_interval": 0.02, "reap_interval": 0.05}
             async with running_worker(s, reg, max_running=1, **fast) as w:
                 assert await until(lambda: w.loader is not None and w.loader.loaded == 2, 10)
                 assert w.loader is not None

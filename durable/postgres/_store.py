@@ -228,7 +228,7 @@ _LOCK_IDS = (
 )
 _LOCKED_ROWS = (
     "SELECT id, due_ms, state FROM tickwheel_jobs WHERE ns = $1 AND id = ANY($2::text[])"
-    " ORDER BY id FOR UPDATE"
+    ' ORDER BY id COLLATE "C" FOR UPDATE'
 )
 _OVERWRITE = """
 INSERT INTO tickwheel_jobs AS j (ns, id, shard, task, payload, json_payload, max_attempts,
@@ -599,6 +599,27 @@ class PgStore:
         for k, v in zip(order, reply, strict=True):
             out[k] = int(v)
         return out
+
+    async def skipped(self, shard: int, epoch: int, moves: Sequence[tuple[str, int, int]]) -> None:
+        """Record recurring jobs a claim moved on unrun: ``(id, from, to)`` occurrences
+        (a row moves only from its current one). Part of a claim under ``epoch``: a
+        higher epoch is recorded, as :meth:`claimed` does.
+
+        Raises:
+            Fenced: if PostgreSQL holds a higher epoch for the shard (nothing written).
+        """
+        ordered = sorted(moves)  # in id order: locked as PgStore.locked locks
+        await self.open()
+        async with self._conn(shard=shard) as c:
+            await c.execute(
+                "SELECT tickwheel_moved($1, $2, $3, $4, $5, $6)",
+                self.namespace,
+                shard,
+                epoch,
+                [m[0] for m in ordered],
+                [m[1] for m in ordered],
+                [m[2] for m in ordered],
+            )
 
     async def dead(
         self, shard: int, epoch: int, job_id: str, attempt: int, nominal_ms: int

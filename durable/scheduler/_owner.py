@@ -187,7 +187,11 @@ class OwnerSide:
                     )
                 )
         if moves:
-            await self.store.release(batch.shard, epoch, moves)
+            released = await self.store.release(batch.shard, epoch, moves)
+            if self.pg is not None:
+                done = [m for m, ok in zip(moves, released, strict=True) if ok]
+                if done:
+                    await self._pg_skipped(self.pg, batch.shard, epoch, done)
         if dups:
             await self.store.ack(batch.shard, epoch, dups, self.dedup_window_ms)
         if len(jobs) == len(batch.jobs) and all(j.recurrence is None for j in jobs):
@@ -295,6 +299,23 @@ class OwnerSide:
             return JobState.DUE
         self.ownership.counters.dead_letters += 1
         return JobState.DEAD
+
+    @staticmethod
+    async def _pg_skipped(
+        pg: PostgresMode, shard: int, epoch: int, moves: Sequence[ClaimedRef]
+    ) -> None:
+        """Postgres mode: record the recurring jobs a claim moved on unrun (their
+        missed-run policy), so that their rows follow Redis. Best effort, after Redis:
+        if PostgreSQL cannot take it, the row stays at the occurrence it had, and a
+        Redis loss brings that one back, to be moved on again by the next claim."""
+        try:
+            await pg.store.skipped(shard, epoch, [(m.id, m.nominal_ms, m.time_ms) for m in moves])
+        except (PostgresUnavailable, Fenced) as exc:
+            logger.warning(
+                "tickwheel.durable: %d missed-run move(s) not recorded in PostgreSQL (%s)",
+                len(moves),
+                exc,
+            )
 
     @staticmethod
     async def _pg_retried(pg: PostgresMode, job: Job, when: int) -> None:

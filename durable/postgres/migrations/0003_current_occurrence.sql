@@ -1,41 +1,41 @@
--- 0003: an ack, a retry or an end state changes the job row only when the occurrence it
--- names is the row's current one, and waits for a replace or reschedule of the same id
--- that is still committing.
+-- 0003: an ack, a retry or an end state waits for a replace or reschedule of the same
+-- id that is still committing; a recurring job moved on unrun by its missed-run policy
+-- is moved in PostgreSQL too.
 --
--- Two gaps of 0002, where the row needed due_ms = the acked occurrence:
+-- Two gaps of 0002, where the row changes only when its due_ms is the named occurrence:
 --
--- 1. A recurring job is moved forward by Redis alone, by its missed-run policy (once or
---    skip): the occurrence a worker claims can be later than the row's due_ms. 0002 then
---    left the row behind for good, and after a Redis loss reconcile brought back an
---    occurrence long past. Now a recurring row at or before the acked occurrence is its
---    current one and catches up to it.
--- 2. replace and reschedule change Redis inside a PostgreSQL transaction that holds the
+-- 1. replace and reschedule change Redis inside a PostgreSQL transaction that holds the
 --    id's advisory lock (PgStore.locked), and write the row just before their commit. A
 --    worker could claim the new occurrence and ack it in between: its ack found the old
 --    due_ms, wrote the done row and left the row pending at an occurrence already done.
 --    Now every ack, retry and end state takes the id's advisory lock, shared, before it
 --    looks at the row: it waits for such a transaction and sees what it wrote.
+-- 2. A claim moves a recurring job that missed runs (policy once-skipped or skip, or
+--    past max_catch_up under all) to a later occurrence in Redis alone; the row stayed
+--    at the old one, no later ack matched it, and after a Redis loss reconcile brought
+--    back an occurrence long past. The claim now records the move (tickwheel_moved).
+--    The row must match exactly: a looser rule (any later occurrence of a recurring row)
+--    would let a stalled worker's late ack move a row that was rescheduled meanwhile.
 --
 -- Lock order. PgStore.locked takes its advisory locks (exclusive), then its row locks,
--- each in id order. tickwheel_current takes the advisory lock (shared) before the row
--- lock of each id, and PgStore.ack sends its ids in id order. A transaction holding an
--- id's row lock therefore holds its advisory lock too, so no cycle can form between the
--- two.
+-- each in id order. These functions take the advisory locks (shared) of all their ids
+-- first, in the order given, then row locks in that order, and their callers send ids
+-- sorted. Id order is code-point order everywhere (Python's sort, COLLATE "C" in SQL):
+-- a database collation such as en_US orders "B" before "a" where Python does not.
 --
 -- Workers of the previous release keep working against this schema: the functions keep
 -- their signatures, and tickwheel_ack still returns 1, 2 or 3 per job (and 4, below).
 
 -- Hold job p_id for the caller's transaction (its advisory lock shared, then its row)
 -- and return true if occurrence p_nominal is the row's current one: the row is pending
--- and its due_ms is p_nominal or, for a recurring job, before it.
+-- at due_ms p_nominal. (The CASE leaves the planner only the primary key: see the ack.)
 CREATE FUNCTION tickwheel_current(p_ns text, p_id text, p_nominal bigint) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(hashtextextended(p_ns || ':' || p_id, 0));
     PERFORM 1 FROM tickwheel_jobs j
         WHERE j.ns = p_ns AND j.id = p_id
-          AND CASE WHEN j.state <> 0 THEN false WHEN j.rkind = 0
-                   THEN j.due_ms = p_nominal ELSE j.due_ms <= p_nominal END
+          AND CASE WHEN j.state <> 0 THEN false ELSE j.due_ms = p_nominal END
         FOR UPDATE;
     RETURN FOUND;
 END
@@ -77,14 +77,12 @@ BEGIN
             UPDATE tickwheel_jobs j SET due_ms = p_nexts[k], attempt = 1, run_ms = 0,
                 epoch = p_epoch, updated_at = now()
             WHERE j.ns = p_ns AND j.id = p_ids[k]
-              AND CASE WHEN j.state <> 0 THEN false WHEN j.rkind = 0
-                       THEN j.due_ms = p_nominals[k] ELSE j.due_ms <= p_nominals[k] END;
+              AND CASE WHEN j.state <> 0 THEN false ELSE j.due_ms = p_nominals[k] END;
         ELSE
-            UPDATE tickwheel_jobs j SET state = 1, due_ms = p_nominals[k],
-                attempt = p_attempts[k], run_ms = 0, epoch = p_epoch, updated_at = now()
+            UPDATE tickwheel_jobs j SET state = 1, attempt = p_attempts[k], run_ms = 0,
+                epoch = p_epoch, updated_at = now()
             WHERE j.ns = p_ns AND j.id = p_ids[k]
-              AND CASE WHEN j.state <> 0 THEN false WHEN j.rkind = 0
-                       THEN j.due_ms = p_nominals[k] ELSE j.due_ms <= p_nominals[k] END;
+              AND CASE WHEN j.state <> 0 THEN false ELSE j.due_ms = p_nominals[k] END;
         END IF;
         GET DIAGNOSTICS v_n = ROW_COUNT;
         v_out := v_out || CASE WHEN v_n = 0 THEN 4 WHEN p_nexts[k] > 0 THEN 2 ELSE 1 END;
@@ -102,16 +100,15 @@ LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM tickwheel_fence(p_ns, p_shard, p_epoch);
     IF tickwheel_current(p_ns, p_id, p_nominal) THEN
-        UPDATE tickwheel_jobs j SET state = 2, due_ms = p_nominal, attempt = p_attempt,
-            epoch = p_epoch, updated_at = now()
+        UPDATE tickwheel_jobs j SET state = 2, attempt = p_attempt, epoch = p_epoch,
+            updated_at = now()
         WHERE j.ns = p_ns AND j.id = p_id;
     END IF;
 END
 $$;
 
 -- A retry of the row's current occurrence p_nominal: it runs next at p_run as attempt
--- p_attempt (a recurring row behind p_nominal catches up to it); an attempt never goes
--- down.
+-- p_attempt; an attempt never goes down.
 CREATE OR REPLACE FUNCTION tickwheel_retried(
     p_ns text, p_shard integer, p_epoch bigint, p_id text, p_nominal bigint,
     p_attempt integer, p_run bigint)
@@ -120,9 +117,31 @@ LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM tickwheel_fence(p_ns, p_shard, p_epoch);
     IF tickwheel_current(p_ns, p_id, p_nominal) THEN
-        UPDATE tickwheel_jobs j SET due_ms = p_nominal, attempt = p_attempt, run_ms = p_run,
-            epoch = p_epoch, updated_at = now()
+        UPDATE tickwheel_jobs j SET attempt = p_attempt, run_ms = p_run, epoch = p_epoch,
+            updated_at = now()
         WHERE j.ns = p_ns AND j.id = p_id AND j.attempt <= p_attempt;
     END IF;
+END
+$$;
+
+-- A claim moved recurring jobs on unrun (their missed-run policy): job p_ids[k] goes
+-- from occurrence p_froms[k] to p_tos[k], at attempt 1, if p_froms[k] is its current
+-- one. Part of a claim, so the epoch is checked as tickwheel_claimed checks it (it
+-- records a higher one: a claim that moved every job it took recorded none yet).
+-- Ids in the caller's (sorted) order.
+CREATE FUNCTION tickwheel_moved(
+    p_ns text, p_shard integer, p_epoch bigint, p_ids text[], p_froms bigint[],
+    p_tos bigint[])
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM * FROM tickwheel_claimed(p_ns, p_shard, p_epoch, '{}', '{}');
+    FOR k IN 1 .. coalesce(array_length(p_ids, 1), 0) LOOP
+        IF tickwheel_current(p_ns, p_ids[k], p_froms[k]) THEN
+            UPDATE tickwheel_jobs j SET due_ms = p_tos[k], attempt = 1, run_ms = 0,
+                epoch = p_epoch, updated_at = now()
+            WHERE j.ns = p_ns AND j.id = p_ids[k];
+        END IF;
+    END LOOP;
 END
 $$;

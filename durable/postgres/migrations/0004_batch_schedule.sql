@@ -36,7 +36,7 @@ WITH b AS (
 ),
 cur AS MATERIALIZED (
     SELECT j.id, j.state, j.due_ms FROM tickwheel_jobs j
-    WHERE j.ns = p_ns AND j.id = ANY (p_ids) ORDER BY j.id FOR UPDATE
+    WHERE j.ns = p_ns AND j.id = ANY (p_ids) ORDER BY j.id COLLATE "C" FOR UPDATE
 ),
 plan AS MATERIALIZED (
     SELECT b.*, c.state AS cur_state, c.due_ms AS cur_due,
@@ -62,7 +62,7 @@ inserted AS (
         max_attempts, due_ms, rkind, rspec, policy, max_catch_up, grace_ms, record)
     SELECT p_ns, p.id, p.shard, p.task, p.payload, p.json, p.max, p.due, p.rkind, p.rspec,
            p.policy, p.cap, p.grace, p.record
-    FROM plan p WHERE p.status = 1 AND p.cur_state IS NULL ORDER BY p.id
+    FROM plan p WHERE p.status = 1 AND p.cur_state IS NULL ORDER BY p.id COLLATE "C"
     ON CONFLICT (ns, id) DO NOTHING
     RETURNING j.id
 ),
