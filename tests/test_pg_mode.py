@@ -1237,3 +1237,51 @@ def test_a_batch_keeps_a_job_a_concurrent_producer_created_first(
                     assert (x.status, x.when_ms) == (ScheduleStatus.CREATED, now + 9_000)
 
     run(main())
+
+
+def test_a_batch_waiting_on_a_committing_ack_sees_the_occurrence_done(
+    private_redis: RedisServer, pg_url: str
+) -> None:
+    """A batch naming an occurrence whose ack is committing waits for the ack's row lock
+    and then refuses it (DONE), as a schedule of its own does: the completed job is not
+    put back to pending, and nothing is written to Redis for it."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            ns = s.keys.namespace
+            await s.schedule("x", "t", b"x", delay=0)
+            (job,) = (await _claim_all(s)).jobs
+            acking = await asyncpg.connect(pg_url)
+            try:
+                tx = acking.transaction()
+                await tx.start()
+                await acking.execute(
+                    "SELECT tickwheel_ack($1, 0, $2, $3, $4, $5, $6)",
+                    ns,
+                    job.epoch,
+                    ["x"],
+                    [job.attempt],
+                    [job.nominal_ms],
+                    [0],
+                )
+                batch = asyncio.create_task(
+                    s.schedule_many(
+                        [JobSpec("x", "t", b"2", at=job.nominal_ms), JobSpec("y", "t", b"y")]
+                    )
+                )
+                await asyncio.sleep(0.3)
+                assert not batch.done()  # waits for the ack's row lock
+                await tx.commit()
+                x, y = await asyncio.wait_for(batch, 10)
+            finally:
+                await acking.close()
+            assert (x.status, x.when_ms) == (ScheduleStatus.DONE, job.nominal_ms)
+            assert y.status is ScheduleStatus.CREATED
+            assert await _row(pg_url, ns, "x") == (1, job.nominal_ms, b"x")
+            (count,) = await rows(
+                pg_url, "SELECT count(*) FROM tickwheel_outbox WHERE ns = $1 AND id = 'x'", ns
+            )
+            assert count[0] == 0
+
+    run(main())

@@ -16,15 +16,27 @@
 --
 -- The caller sends distinct ids (PgStore.schedule uses tickwheel_schedule() per job for
 -- a batch that names an id twice) sorted by id: existing rows are locked, and new ids
--- inserted, in id order, as every other writer does, so batches never deadlock. The
--- steps are CTEs of one statement; each reads the one before it, which orders them.
+-- inserted, in id order (code-point order, COLLATE "C", as every other writer), so
+-- batches never deadlock.
+--
+-- Two statements. The first locks the rows there are. The second (the steps as CTEs,
+-- each reading the one before it, which orders them) decides and writes, with a
+-- snapshot taken after the locks: a row whose lock it waited for, because an ack was
+-- committing, is seen with that ack's done row. In one statement the done lookup used
+-- the snapshot from before the wait, missed the done row, and put the completed
+-- occurrence back to pending (found in review: the per-job function said DONE).
 CREATE FUNCTION tickwheel_schedule_many(
     p_ns text, p_ids text[], p_shards integer[], p_tasks text[], p_payloads bytea[],
     p_jsons boolean[], p_maxs integer[], p_modes integer[], p_times bigint[],
     p_rkinds smallint[], p_rspecs text[], p_policies smallint[], p_caps integer[],
     p_graces bigint[], p_records bytea[])
 RETURNS TABLE (k bigint, status integer, when_ms bigint, seq bigint)
-LANGUAGE sql AS $$
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+PERFORM 1 FROM tickwheel_jobs j
+    WHERE j.ns = p_ns AND j.id = ANY (p_ids) ORDER BY j.id COLLATE "C" FOR UPDATE;
+RETURN QUERY
 WITH b AS (
     SELECT u.*, CASE WHEN u.mode = 1
                 THEN floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + u.t
@@ -34,9 +46,9 @@ WITH b AS (
          WITH ORDINALITY AS u(id, shard, task, payload, json, max, mode, t, rkind, rspec,
                               policy, cap, grace, record, k)
 ),
-cur AS MATERIALIZED (
+cur AS MATERIALIZED (  -- locked by the first statement
     SELECT j.id, j.state, j.due_ms FROM tickwheel_jobs j
-    WHERE j.ns = p_ns AND j.id = ANY (p_ids) ORDER BY j.id COLLATE "C" FOR UPDATE
+    WHERE j.ns = p_ns AND j.id = ANY (p_ids)
 ),
 plan AS MATERIALIZED (
     SELECT b.*, c.state AS cur_state, c.due_ms AS cur_due,
@@ -88,5 +100,6 @@ FROM plan p
 LEFT JOIN written w ON w.id = p.id
 LEFT JOIN box ON box.id = p.id
 CROSS JOIN notified
-ORDER BY p.k
+ORDER BY p.k;
+END
 $$;
