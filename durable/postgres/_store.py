@@ -422,9 +422,11 @@ class PgStore:
                 [job.shard for job in jobs],
                 *(list(col) for col in columns),
             )
-            out = [(int(r[0]), r[1], int(r[2] or 0)) for r in rows]
-            raced = [ids[k] for k, (_, when, _) in enumerate(out) if when is None]
-            if raced:  # kept: a concurrent producer created them after the statement began
+            # when_ms NULL: kept, created by a concurrent producer after the statement
+            # began; its due is read now.
+            raced = [ids[k] for k, r in enumerate(rows) if r[1] is None]
+            found: dict[str, int] = {}
+            if raced:
                 found = dict(
                     await c.fetch(
                         "SELECT id, due_ms FROM tickwheel_jobs WHERE ns = $1 AND id = ANY($2)",
@@ -432,11 +434,10 @@ class PgStore:
                         raced,
                     )
                 )
-                out = [
-                    (status, int(found.get(ids[k], 0) if when is None else when), seq)
-                    for k, (status, when, seq) in enumerate(out)
-                ]
-        return [(status, int(when), seq) for status, when, seq in out]
+        return [
+            (int(r[0]), int(found.get(ids[k], 0) if r[1] is None else r[1]), int(r[2] or 0))
+            for k, r in enumerate(rows)
+        ]
 
     @contextlib.asynccontextmanager
     async def locked(self, ids: Sequence[str]) -> AsyncIterator[tuple[Any, dict[str, int]]]:
