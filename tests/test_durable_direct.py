@@ -10,7 +10,7 @@ import redis.exceptions
 
 from tests.durable_support import run
 from tickwheel.durable.servers import RedisServer
-from tickwheel.durable.store._direct import Direct, pack_evalsha
+from tickwheel.durable.store._direct import _KEY_CACHE, Direct, pack_evalsha
 
 
 def test_packed_request_is_what_redis_py_packs(redis_server: RedisServer) -> None:
@@ -23,7 +23,25 @@ def test_packed_request_is_what_redis_py_packs(redis_server: RedisServer) -> Non
     )
     with pytest.raises(TypeError, match="bytes, str or int"):
         pack_evalsha(sha.encode(), [], [1.5])
+    with pytest.raises(TypeError, match="bytes, str or int"):
+        pack_evalsha(sha.encode(), [], [True])  # not packed as the small int 1
+    # Small ints (looked up), the edges around them, and cached key names: the same bytes.
+    cache: dict[str, bytes] = {}
+    for values in ([0, 255, 256, -1, 10**12], [b"", "", 7]):
+        expected = b"".join(conn.pack_command("EVALSHA", sha, len(keys), *keys, *values))
+        assert pack_evalsha(sha.encode(), keys, values, cache) == expected
+        assert pack_evalsha(sha.encode(), keys, values, cache) == expected  # from the cache
+    assert set(cache) == set(keys)
     run(client.aclose())
+
+
+def test_the_key_cache_is_bounded() -> None:
+    cache: dict[str, bytes] = {}
+    for i in range(_KEY_CACHE + 10):
+        pack_evalsha(b"a" * 40, [f"{{n:0}}:claim:{i}"], [], cache)
+    assert 0 < len(cache) <= _KEY_CACHE
+    last = f"{{n:0}}:claim:{_KEY_CACHE + 9}"
+    assert cache[last] == f"${len(last)}\r\n{last}\r\n".encode()
 
 
 def test_replies_errors_noscript_and_a_killed_connection(redis_server: RedisServer) -> None:

@@ -151,7 +151,7 @@ def test_lost_schedule_reply_then_schedule_again_keeps_one_job(
     async def main() -> None:
         async with proxied(private_redis) as (proxy, s):
             at = int(time.time() * 1000) + 60_000
-            proxy.drop_next_reply(sha(s, "schedule"))
+            proxy.drop_next_reply(sha(s, "schedule_one"))
             with pytest.raises(RedisUnavailable):
                 await s.schedule("j", "t", b"x", at=at)
             await s.schedule("j", "t", b"x", at=at)  # the producer's retry: kept

@@ -51,21 +51,45 @@ def _encoded(value: Any) -> bytes:
     raise TypeError(f"script arguments must be bytes, str or int, got {type(value).__name__}")
 
 
-def pack_evalsha(sha: bytes, keys: Sequence[str], args: Sequence[Any]) -> bytes:
+# RESP bulk strings of the ints 0..255 (numkeys, flags, modes), looked up, not formatted.
+_SMALL = tuple(_ARG % (len(b"%d" % i), b"%d" % i) for i in range(256))
+# Packed key names kept per Direct: a shard's keys recur in every call. Claim reply keys
+# are new per claim, so the cache is emptied when it reaches this size.
+_KEY_CACHE = 4096
+
+
+def pack_evalsha(
+    sha: bytes,
+    keys: Sequence[str],
+    args: Sequence[Any],
+    packed_keys: dict[str, bytes] | None = None,
+) -> bytes:
     """The RESP request ``EVALSHA sha numkeys keys... args...``.
+
+    ``packed_keys``: a cache of packed key names to read and fill (1.4 against 2.6 us
+    for schedule_one's request, with small ints looked up too).
 
     Raises:
         TypeError: for an argument that is not bytes, str or int.
     """
-    numkeys = b"%d" % len(keys)
-    parts = [_HEAD % (3 + len(keys) + len(args), sha), _ARG % (len(numkeys), numkeys)]
+    parts = [_HEAD % (3 + len(keys) + len(args), sha), _SMALL[len(keys)]]
     append = parts.append
+    cache = {} if packed_keys is None else packed_keys
     for key in keys:
-        data = key.encode()
-        append(_ARG % (len(data), data))
+        packed = cache.get(key)
+        if packed is None:
+            data = key.encode()
+            packed = _ARG % (len(data), data)
+            if len(cache) >= _KEY_CACHE:
+                cache.clear()
+            cache[key] = packed
+        append(packed)
     for value in args:
-        data = _encoded(value)
-        append(_ARG % (len(data), data))
+        if value.__class__ is int and 0 <= value < 256:
+            append(_SMALL[value])
+        else:
+            data = _encoded(value)
+            append(_ARG % (len(data), data))
     return b"".join(parts)
 
 
@@ -82,11 +106,12 @@ async def _failed(error: Exception) -> None:
 class Direct:
     """Script calls on held connections of one plain client (see the module's rules)."""
 
-    __slots__ = ("_free", "_pool", "_retry")
+    __slots__ = ("_free", "_keys", "_pool", "_retry")
 
     def __init__(self, client: redis.asyncio.Redis) -> None:
         self._pool: Any = client.connection_pool
         self._free: list[Any] = []  # connected, idle, nothing left to read
+        self._keys: dict[str, bytes] = {}  # packed key names (pack_evalsha)
         retry: Any = client.get_retry()
         self._retry = retry if retry is not None and retry.get_retries() != 0 else None
 
@@ -109,7 +134,7 @@ class Direct:
             redis.exceptions.ResponseError: the script's error reply.
             redis.exceptions.ConnectionError, TimeoutError: the connection failed.
         """
-        request = pack_evalsha(script.sha.encode(), keys, args)
+        request = pack_evalsha(script.sha.encode(), keys, args, self._keys)
         if self._retry is None:
             return await self._once(script, request)
         return await self._retry.call_with_retry(lambda: self._once(script, request), _failed)
@@ -140,7 +165,8 @@ class Direct:
                 aborts the transaction, or of a call that ran).
         """
         sha = script.sha.encode()
-        request = b"".join([_MULTI, *[pack_evalsha(sha, k, a) for k, a in calls], _EXEC])
+        packed = self._keys
+        request = b"".join([_MULTI, *[pack_evalsha(sha, k, a, packed) for k, a in calls], _EXEC])
         if self._retry is None:
             replies = await self._transaction_once(script, request, len(calls))
         else:

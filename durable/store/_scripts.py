@@ -25,6 +25,7 @@ SCRIPT_NAMES = (
     "init",
     "now",
     "schedule",
+    "schedule_one",
     "cancel",
     "reschedule",
     "get",
@@ -80,6 +81,7 @@ class Scripts:
     init: AsyncScript
     now: AsyncScript
     schedule: AsyncScript
+    schedule_one: AsyncScript
     cancel: AsyncScript
     reschedule: AsyncScript
     get: AsyncScript

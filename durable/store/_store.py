@@ -215,10 +215,24 @@ class Store(Transport):
     async def schedule(
         self, shard: int, jobs: Sequence[EncodedJob], replace: bool
     ) -> list[ScheduleResult]:
-        """Create, keep or replace jobs of one shard (schedule.lua). O(n log N)."""
+        """Create, keep or replace jobs of one shard (schedule.lua; schedule_one.lua for
+        one job). O(n log N)."""
+        if len(jobs) == 1:
+            return [await self._schedule_one(shard, jobs[0], replace)]
         keys, args = self._schedule_call(shard, jobs, replace)
         reply = await self._write(self._scripts.schedule, keys, args, shard)
         return self._schedule_results(jobs, reply)
+
+    async def _schedule_one(self, shard: int, job: EncodedJob, replace: bool) -> ScheduleResult:
+        k = self.keys.shard(shard)
+        ident, mode, time_ms, record = job.values
+        reply = await self._write(
+            self._scripts.schedule_one,
+            [k.due, k.leased, k.done, k.dead, k.clock, self.keys.jobs_key(shard, job.id)],
+            [1 if replace else 0, ident, mode, time_ms, record],
+            shard,
+        )
+        return ScheduleResult(job.id, _STATUSES[reply[1]], reply[2])
 
     async def schedule_many(
         self, groups: Mapping[int, Sequence[Sequence[EncodedJob]]], replace: bool

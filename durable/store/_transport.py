@@ -5,7 +5,8 @@ Ground rules:
 - Every call is bounded by ``call_timeout`` (WAIT adds ``replica_timeout``) and its
   errors are translated once (``_errors.translate``): callers see
   :class:`RedisUnavailable`, :class:`Fenced`, :class:`ReplicationTimeout` or redis-py's
-  own error.
+  own error. A single call's bound is a :class:`~._bound.Bound` (no timer armed per
+  call); pipelines and the rest use ``timeout``.
 - A pipelined write goes one round trip per node, without MULTI. Calls that did not run
   (NOSCRIPT on a fresh master, MOVED/ASK on a stale slot map) are resent after a
   recovery, up to ``_MAX_ROUNDS``; a call that may have run is never resent here.
@@ -26,6 +27,7 @@ from redis.asyncio.cluster import RedisCluster
 from tickwheel.durable.model import RedisUnavailable, ReplicationTimeout
 from tickwheel.wheel import timeout
 
+from ._bound import Bound
 from ._connect import Client, no_retry
 from ._direct import Direct
 from ._errors import REDIS_ERRORS, translate
@@ -78,6 +80,7 @@ class Transport:
     """
 
     __slots__ = (
+        "_bound",
         "_client",
         "_cluster",
         "_direct",
@@ -106,6 +109,7 @@ class Transport:
             raise ValueError(f"call_timeout must be > 0 seconds, got {call_timeout!r}")
         self._client = client  # the redis-py client (one Redis or a cluster)
         self.call_timeout = float(call_timeout)  # bound of one call (s)
+        self._bound = Bound(self.call_timeout)  # of single calls (_run)
         self._wait_timeout = self.call_timeout + replica_timeout_ms / 1000  # with WAIT
         self._cluster = isinstance(client, RedisCluster)  # scripts routed by slot
         self.replicas = replicas  # WAIT for this many replicas after producer writes
@@ -139,15 +143,22 @@ class Transport:
         return self._client
 
     async def _run(self, script: Any, keys: Sequence[str], args: Sequence[Any], shard: int) -> Any:
+        bound = self._bound
+        task = bound.enter()
         try:
-            async with timeout(self.call_timeout):
-                if self._direct is not None:
-                    return await self._direct.evalsha(script, keys, args)
-                return await script(keys, args)
+            if self._direct is not None:
+                return await self._direct.evalsha(script, keys, args)
+            return await script(keys, args)
         except REDIS_ERRORS as exc:
             raise translate(exc, shard) from exc
+        except asyncio.CancelledError:
+            if bound.expired(task):
+                raise self._no_reply(bound.seconds) from None
+            raise
         except TimeoutError:
-            raise self._no_reply(self.call_timeout) from None
+            raise self._no_reply(bound.seconds) from None
+        finally:
+            bound.leave(task)
 
     @staticmethod
     def _no_reply(seconds: float) -> RedisUnavailable:
