@@ -523,3 +523,57 @@ def test_paused_redis_times_out_and_batch_is_all_or_nothing(private_redis: objec
         await client.aclose()
 
     run(main())
+
+
+@pytest.mark.parametrize("replace", [False, True])
+@pytest.mark.parametrize("state", ["absent", "due", "leased", "dead", "done", "done-and-due"])
+def test_one_job_is_decided_alike_by_schedule_one_and_by_a_batch_of_one(
+    redis_url: str, state: str, replace: bool
+) -> None:
+    """schedule_one.lua (a single schedule) against schedule.lua with a batch of one, on
+    two namespaces brought to the same state: the same status, when and end state."""
+    at = 1_700_000_000_000  # far in the past: claimable at once
+
+    async def prepare(s: Scheduler) -> None:
+        await s.take(0)
+        if state == "absent":
+            return
+        await s.schedule("j", "t", b"old", at=at, max_attempts=1)
+        if state == "due":
+            return
+        (job,) = (await s.claim(0)).jobs
+        if state == "dead":
+            await s.retry(job, "boom")
+        elif state.startswith("done"):
+            await s.ack(job)
+            if state == "done-and-due":  # the id again, at another due
+                await s.schedule("j", "t", b"old", at=at + 5)
+
+    async def decide(s: Scheduler, batch: bool) -> tuple[object, ...]:
+        from tickwheel.durable.store._store import encode_job
+
+        job = encode_job(JobSpec("j", "t", b"new", at=at), s.max_payload_bytes)
+        store = s.store
+        if batch:
+            keys, args = store._schedule_call(0, [job], replace)
+            reply = await store._run(store._scripts.schedule, keys, args, 0)
+            status, when = reply[1], reply[2]
+        else:
+            (result,) = await store.schedule(0, [job], replace)
+            status, when = list(ScheduleStatus).index(result.status) + 1, result.when_ms
+        info = await s.get("j")
+        end = None if info is None else (info.state, info.payload, info.nominal_ms)
+        # A lease deadline or a time of death: from each namespace's own now.
+        timed = state in ("leased", "dead") and status in (2, 4)
+        return status, None if timed else when, end, await check_shard(s, 0)
+
+    async def main() -> None:
+        async with (
+            open_scheduler(redis_url, shards=1) as one,
+            open_scheduler(redis_url, shards=1) as many,
+        ):
+            await prepare(one)
+            await prepare(many)
+            assert await decide(one, batch=False) == await decide(many, batch=True)
+
+    run(main())
