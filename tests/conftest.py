@@ -110,3 +110,19 @@ def pg_url(pg_server: PostgresServer) -> Iterator[str]:
     asyncio.run(_admin(pg_server.url, f"CREATE DATABASE {name}"))
     yield pg_server.url_for(name)
     asyncio.run(_admin(pg_server.url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+@pytest.fixture
+def pg_icu_url(pg_server: PostgresServer) -> Iterator[str]:
+    """:func:`pg_url` with an ICU en-US collation, which orders text unlike code points
+    ("a" before "B"), where the session's server was made with ``--locale=C``."""
+    name = f"i{uuid.uuid4().hex[:12]}"
+    asyncio.run(
+        _admin(
+            pg_server.url,
+            f"CREATE DATABASE {name} TEMPLATE template0 ENCODING 'UTF8' LOCALE 'C'"
+            " LOCALE_PROVIDER icu ICU_LOCALE 'en-US'",
+        )
+    )
+    yield pg_server.url_for(name)
+    asyncio.run(_admin(pg_server.url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))

@@ -1285,3 +1285,49 @@ def test_a_batch_waiting_on_a_committing_ack_sees_the_occurrence_done(
             assert count[0] == 0
 
     run(main())
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_rows_are_locked_in_code_point_order_under_a_database_collation(
+    private_redis: RedisServer, pg_icu_url: str, replace: bool
+) -> None:
+    """Under an ICU collation "a" sorts before "B"; Python's sort, which orders the ack's
+    locks, puts "B" first. A batch (and a replace, through PgStore.locked) must lock its
+    rows in Python's order too, or an ack and a batch deadlock. Seen here: with "a" held
+    by another transaction, the waiting batch already holds "B"."""
+
+    async def main() -> None:
+        await migrated(pg_icu_url)
+        (ordered,) = await rows(
+            pg_icu_url, "SELECT array_agg(x ORDER BY x) FROM unnest(ARRAY['B', 'a']) x"
+        )
+        assert list(ordered[0]) == ["a", "B"]  # the collation differs from code points
+        async with pg_scheduler(private_redis.url, pg_icu_url, shards=1) as s:
+            ns = s.keys.namespace
+            await s.schedule_many([JobSpec("B", "t", b"1", delay=60), JobSpec("a", "t", b"1")])
+            holder = await asyncpg.connect(pg_icu_url)
+            probe = await asyncpg.connect(pg_icu_url)
+            try:
+                tx = holder.transaction()
+                await tx.start()
+                await holder.execute(
+                    "SELECT 1 FROM tickwheel_jobs WHERE ns = $1 AND id = 'a' FOR UPDATE", ns
+                )
+                specs = [JobSpec(i, "t", b"2", delay=60) for i in ("a", "B")]
+                batch = asyncio.create_task(s.schedule_many(specs, replace=replace))
+                await asyncio.sleep(0.3)
+                assert not batch.done()  # waits for "a"
+                with pytest.raises(asyncpg.LockNotAvailableError):
+                    await probe.execute(
+                        "SELECT 1 FROM tickwheel_jobs WHERE ns = $1 AND id = 'B' FOR UPDATE NOWAIT",
+                        ns,
+                    )
+                await tx.commit()
+                results = await asyncio.wait_for(batch, 10)
+            finally:
+                await holder.close()
+                await probe.close()
+            expected = ScheduleStatus.REPLACED if replace else ScheduleStatus.KEPT
+            assert [r.status for r in results] == [expected, expected]
+
+    run(main())
