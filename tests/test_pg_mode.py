@@ -1331,3 +1331,39 @@ def test_rows_are_locked_in_code_point_order_under_a_database_collation(
             assert [r.status for r in results] == [expected, expected]
 
     run(main())
+
+
+def test_a_failed_job_waiting_for_its_retry_leaves_its_slot(
+    private_redis: RedisServer, pg_url: str
+) -> None:
+    """As an ack, a retry (Redis, then its PostgreSQL record) is written after the
+    handler's slot is free: with one slot, while the first job's retry waits for
+    PostgreSQL (the jobs table held), the second job runs. Before, the slot was held
+    through the retry."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        started: list[str] = []
+        reg = TaskRegistry()
+
+        @reg.task(name="t")
+        def record(ctx: TaskContext) -> None:
+            started.append(ctx.job_id)
+            if ctx.job_id == "a":
+                raise RuntimeError("boom")
+
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            await s.schedule("a", "t", b"", delay=3.0, max_attempts=3)
+            await s.schedule("b", "t", b"", delay=3.02)
+            fast = {"lookahead": 2.5, "poll_interval": 0.02, "reap_interval": 0.05}
+            async with running_worker(s, reg, max_running=1, **fast) as w:
+                assert await until(lambda: w.loader is not None and w.loader.loaded == 2, 10)
+                assert w.loader is not None
+                async with table_locked(pg_url, "tickwheel_jobs"):
+                    assert await until(lambda: started == ["a", "b"], 10)
+                    assert w.loader.stats.retried == 0  # a's retry waits
+                assert await until(lambda: w.loader is not None and w.loader.stats.retried == 1, 10)
+            info = await s.get("a")
+            assert info is not None and info.attempt == 2 and "boom" in info.last_error
+
+    run(main())

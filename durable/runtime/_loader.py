@@ -358,7 +358,7 @@ class Loader:
 
     async def _execute(self, job: Job, lease_end: float) -> None:
         sched = self.scheduler
-        busy = True  # holds a slot until its handler returns (then the ack waits freely)
+        busy = True  # holds a slot until its handler returns (then ack or retry wait freely)
         try:
             if job.duplicate:
                 self.stats.duplicates += 1
@@ -388,19 +388,22 @@ class Loader:
                 job,
                 finished,
             )
+            failed: Exception | None = None
             try:
                 await call_task(fn, ctx)
             except Exception as exc:
-                logger.info("tickwheel.durable: task %s of job %r failed", job.task, job.id)
-                self._count_retry(await sched.retry(job, repr(exc)))
-                return
+                failed = exc
             finally:
                 # Not cancel() of the extender: redis-py may swallow a cancellation that
                 # lands inside a command, which would leave the extender running on.
                 finished.set()
                 halfway.cancel()
                 busy = False
-                self._free_slot()
+                self._free_slot()  # before the retry or the ack: they wait freely
+            if failed is not None:
+                logger.info("tickwheel.durable: task %s of job %r failed", job.task, job.id)
+                self._count_retry(await sched.retry(job, repr(failed)))
+                return
             await self._ack(job, lease_end)
             self.stats.succeeded += 1
         except LeaseLost:
