@@ -119,7 +119,10 @@ class PostgresMode:
         order = sorted(range(len(jobs)), key=lambda k: jobs[k].id)
         replies: list[tuple[int, int, int]] = [(0, 0, 0)] * len(jobs)
         for k, reply in zip(
-            order, await self.store.schedule([jobs[k] for k in order], conn), strict=True
+            order,
+            # Our own transaction indexes its jobs itself (_index): the relays sleep on.
+            await self.store.schedule([jobs[k] for k in order], conn, notify=conn is not None),
+            strict=True,
         ):
             replies[k] = reply
         out = [

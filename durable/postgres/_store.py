@@ -196,9 +196,10 @@ def _retried_job(row: Any) -> EncodedJob:
     return EncodedJob(row["id"], (row["id"].encode(), 0, int(row["run_ms"]), pack_record(fields)))
 
 
+# $16: notify the relays at commit (migration 0005): only when they are the indexers.
 _SCHEDULE = (
-    "SELECT status, when_ms, seq FROM tickwheel_schedule"
-    "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+    "SELECT status, when_ms, seq FROM tickwheel_put"
+    "($16, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
 )
 # A batch in one statement: the function per row of the arrays, in their order.
 _SCHEDULE_MANY = """
@@ -208,14 +209,14 @@ FROM unnest($2::text[], $3::integer[], $4::text[], $5::bytea[], $6::boolean[],
             $12::smallint[], $13::integer[], $14::bigint[], $15::bytea[])
      WITH ORDINALITY AS u(id, shard, task, payload, json, max, mode, t, rkind, rspec,
                           policy, cap, grace, record, k)
-CROSS JOIN LATERAL tickwheel_schedule($1, u.id, u.shard, u.task, u.payload, u.json, u.max,
+CROSS JOIN LATERAL tickwheel_put($16, $1, u.id, u.shard, u.task, u.payload, u.json, u.max,
     u.mode, u.t, u.rkind, u.rspec, u.policy, u.cap, u.grace, u.record) AS s
 ORDER BY u.k
 """
 # A batch of distinct ids: one set-based statement (migration 0004).
 _SCHEDULE_DISTINCT = (
-    "SELECT status, when_ms, seq FROM tickwheel_schedule_many"
-    "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+    "SELECT status, when_ms, seq FROM tickwheel_put_many"
+    "($16, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
 )
 _NOW = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 # locked(): the ids' advisory locks (transaction-level), then their rows' locks, in id
@@ -393,10 +394,13 @@ class PgStore:
         async with self._on(conn) as c:
             return int(await c.fetchval(_NOW))
 
-    async def schedule(self, jobs: Sequence[PgJob], conn: Any = None) -> list[tuple[int, int, int]]:
+    async def schedule(
+        self, jobs: Sequence[PgJob], conn: Any = None, *, notify: bool = True
+    ) -> list[tuple[int, int, int]]:
         """Create jobs (and their outbox rows) in one statement, so one transaction:
         the caller's when ``conn`` is given (committed or rolled back with it), else
-        its own.
+        its own. ``notify``: wake the relays at commit; a caller that writes the jobs
+        to Redis itself passes False (a relay's periodic round is its safety net).
 
         Returns:
             Per job, (status, when_ms, outbox seq) with schedule.lua's status codes:
@@ -410,7 +414,7 @@ class PgStore:
         async with self._on(conn, own_transaction=False) as c:
             if len(jobs) == 1:
                 job = jobs[0]
-                rows = [await c.fetchrow(_SCHEDULE, ns, job.id, job.shard, *job.args)]
+                rows = [await c.fetchrow(_SCHEDULE, ns, job.id, job.shard, *job.args, notify)]
                 return [(int(r[0]), int(r[1]), int(r[2] or 0)) for r in rows]
             ids = [job.id for job in jobs]
             distinct = len(set(ids)) == len(ids)
@@ -421,6 +425,7 @@ class PgStore:
                 ids,
                 [job.shard for job in jobs],
                 *(list(col) for col in columns),
+                notify,
             )
             # when_ms NULL: kept, created by a concurrent producer after the statement
             # began; its due is read now.
