@@ -1097,11 +1097,19 @@ def test_a_claims_now_covers_its_postgres_round_trip(
     run(main())
 
 
-def test_a_job_waiting_for_its_ack_leaves_its_slot(private_redis: RedisServer, pg_url: str) -> None:
-    """``max_running`` bounds handlers, not acks: with one slot, while the first job's
-    ack waits for PostgreSQL (its table held), the second job still runs on time; both
-    are acked once PostgreSQL answers. Before, the slot was held through the ack, which
-    capped a worker at ``max_running`` commits' worth of jobs per second."""
+@pytest.mark.parametrize("outcome", ["ack", "retry"])
+def test_a_job_waiting_for_its_ack_or_retry_leaves_its_slot(
+    private_redis: RedisServer, pg_url: str, outcome: str
+) -> None:
+    """``max_running`` bounds handlers, not what is written after them: with one slot,
+    while the first job's ack (or, when its handler raised, its retry) waits for
+    PostgreSQL (the table it writes held), the second job still runs on time; both end
+    once PostgreSQL answers. Before, the slot was held through the ack, which capped a
+    worker at ``max_running`` commits' worth of jobs per second, and then through a
+    retry."""
+    table, stat = (
+        ("tickwheel_done", "succeeded") if outcome == "ack" else ("tickwheel_jobs", "retried")
+    )
 
     async def main() -> None:
         await migrated(pg_url)
@@ -1111,27 +1119,33 @@ def test_a_job_waiting_for_its_ack_leaves_its_slot(private_redis: RedisServer, p
         @reg.task(name="t")
         def record(ctx: TaskContext) -> None:
             started.append(ctx.job_id)
+            if outcome == "retry" and ctx.job_id == "a":
+                raise RuntimeError("boom")
+
+        def ended() -> int:
+            return 0 if w.loader is None else int(getattr(w.loader.stats, stat))
 
         async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
             # Due in 3 s, claimed within 0.5 s: seconds to take the lock in between.
-            await s.schedule("a", "t", b"", delay=3.0)
+            await s.schedule("a", "t", b"", delay=3.0, max_attempts=3)
             await s.schedule("b", "t", b"", delay=3.02)
             fast = {"lookahead": 2.5, "poll_interval": 0.02, "reap_interval": 0.05}
             async with running_worker(s, reg, max_running=1, **fast) as w:
                 assert await until(lambda: w.loader is not None and w.loader.loaded == 2, 10)
-                assert w.loader is not None
-                async with table_locked(pg_url, "tickwheel_done"):
+                async with table_locked(pg_url, table):
                     assert await until(lambda: started == ["a", "b"], 10)
-                    assert w.loader.stats.succeeded == 0  # both acks wait
-                assert await until(
-                    lambda: w.loader is not None and w.loader.stats.succeeded == 2, 10
+                    assert ended() == 0  # the first job's ack or retry waits
+                assert await until(lambda: ended() == (2 if outcome == "ack" else 1), 10)
+            if outcome == "ack":
+                (count,) = await rows(
+                    pg_url,
+                    "SELECT count(*) FROM tickwheel_jobs WHERE ns = $1 AND state = 1",
+                    s.keys.namespace,
                 )
-            (count,) = await rows(
-                pg_url,
-                "SELECT count(*) FROM tickwheel_jobs WHERE ns = $1 AND state = 1",
-                s.keys.namespace,
-            )
-            assert count[0] == 2
+                assert count[0] == 2
+            else:
+                info = await s.get("a")
+                assert info is not None and info.attempt == 2 and "boom" in info.last_error
 
     run(main())
 
@@ -1329,42 +1343,6 @@ def test_rows_are_locked_in_code_point_order_under_a_database_collation(
                 await probe.close()
             expected = ScheduleStatus.REPLACED if replace else ScheduleStatus.KEPT
             assert [r.status for r in results] == [expected, expected]
-
-    run(main())
-
-
-def test_a_failed_job_waiting_for_its_retry_leaves_its_slot(
-    private_redis: RedisServer, pg_url: str
-) -> None:
-    """As an ack, a retry (Redis, then its PostgreSQL record) is written after the
-    handler's slot is free: with one slot, while the first job's retry waits for
-    PostgreSQL (the jobs table held), the second job runs. Before, the slot was held
-    through the retry."""
-
-    async def main() -> None:
-        await migrated(pg_url)
-        started: list[str] = []
-        reg = TaskRegistry()
-
-        @reg.task(name="t")
-        def record(ctx: TaskContext) -> None:
-            started.append(ctx.job_id)
-            if ctx.job_id == "a":
-                raise RuntimeError("boom")
-
-        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
-            await s.schedule("a", "t", b"", delay=3.0, max_attempts=3)
-            await s.schedule("b", "t", b"", delay=3.02)
-            fast = {"lookahead": 2.5, "poll_interval": 0.02, "reap_interval": 0.05}
-            async with running_worker(s, reg, max_running=1, **fast) as w:
-                assert await until(lambda: w.loader is not None and w.loader.loaded == 2, 10)
-                assert w.loader is not None
-                async with table_locked(pg_url, "tickwheel_jobs"):
-                    assert await until(lambda: started == ["a", "b"], 10)
-                    assert w.loader.stats.retried == 0  # a's retry waits
-                assert await until(lambda: w.loader is not None and w.loader.stats.retried == 1, 10)
-            info = await s.get("a")
-            assert info is not None and info.attempt == 2 and "boom" in info.last_error
 
     run(main())
 
