@@ -186,3 +186,29 @@ def test_outside_a_task_is_refused() -> None:
         assert "asyncio task" in str(await got)
 
     asyncio.run(main())
+
+
+def test_a_call_made_while_the_task_is_being_cancelled_keeps_that_cancel() -> None:
+    """A call in a task's cleanup after it was cancelled (a close in ``except
+    CancelledError``) is still bounded: its expiry raises the bound's error, and the
+    task's pending cancel is left as it was, for the task to finish with."""
+
+    async def cleanup(bound: Bound) -> tuple[str, int]:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            assert task is not None and task.cancelling() == 1
+            try:
+                await bounded(bound, asyncio.sleep(30))
+            except Expired:
+                return "expired", task.cancelling()
+        return "not cancelled", 0
+
+    async def main() -> None:
+        task = asyncio.create_task(cleanup(Bound(0.05)))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        assert await task == ("expired", 1)
+
+    asyncio.run(main())

@@ -35,6 +35,19 @@ def test_packed_request_is_what_redis_py_packs(redis_server: RedisServer) -> Non
     run(client.aclose())
 
 
+def test_numkeys_of_256_and_more_is_packed(redis_server: RedisServer) -> None:
+    """A claim passes every bucket key (up to MAX_BUCKETS = 1024): numkeys past the
+    looked-up small ints is formatted."""
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    conn = client.connection_pool.make_connection()
+    for n in (255, 256, 1031):
+        keys = [f"{{n:0}}:jobs:{i}" for i in range(n)]
+        assert pack_evalsha(b"a" * 40, keys, [1]) == b"".join(
+            conn.pack_command("EVALSHA", "a" * 40, n, *keys, 1)
+        )
+    run(client.aclose())
+
+
 def test_the_key_cache_is_bounded() -> None:
     cache: dict[str, bytes] = {}
     for i in range(_KEY_CACHE + 10):

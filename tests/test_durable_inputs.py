@@ -47,6 +47,23 @@ CASES: list[tuple[str, Call, type[Exception], str]] = [
         "at must be timezone-aware",
     ),
     ("negative at", lambda s: s.schedule("j", "t", at=-5), ValueError, "at must be epoch ms"),
+    # Past 2**53 ms a script's doubles round the due, and past 2**63 it wrapped negative
+    # (due at once) on the single path.
+    ("huge at", lambda s: s.schedule("j", "t", at=2**64), ValueError, "at must be epoch ms"),
+    ("at past 2**53", lambda s: s.schedule("j", "t", at=2**53), ValueError, "at must be epoch"),
+    ("huge delay", lambda s: s.schedule("j", "t", delay=1e20), ValueError, "delay must be at"),
+    (
+        "huge delay, batch",
+        lambda s: s.schedule_many([JobSpec("j", "t", delay=1e16)]),
+        ValueError,
+        "delay must be at most",
+    ),
+    (
+        "huge reschedule",
+        lambda s: s.reschedule("j", at=2**63),
+        ValueError,
+        "at must be epoch ms",
+    ),
     (
         "payload too big",
         lambda s: s.schedule("j", "t", b"x" * 101),

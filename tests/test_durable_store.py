@@ -525,13 +525,31 @@ def test_paused_redis_times_out_and_batch_is_all_or_nothing(private_redis: objec
     run(main())
 
 
+def test_a_single_schedule_checks_its_time_as_a_batch_does(redis_url: str) -> None:
+    """The store's single path sends the time as text: it refuses what the batch's
+    packer refuses (the Scheduler refuses it earlier, naming at or delay)."""
+    from tickwheel.durable.store._store import EncodedJob
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            before = await snapshot(s)
+            for values in ((b"j", 0, 2**64, b""), (b"j", 2, 5, b""), (b"j", 0, -1, b"")):
+                with pytest.raises(ValueError, match="must be"):
+                    await s.store.schedule(0, [EncodedJob("j", values)], False)
+            assert await snapshot(s) == before
+
+    run(main())
+
+
 @pytest.mark.parametrize("replace", [False, True])
+@pytest.mark.parametrize("timing", ["at", "delay"])
 @pytest.mark.parametrize("state", ["absent", "due", "leased", "dead", "done", "done-and-due"])
 def test_one_job_is_decided_alike_by_schedule_one_and_by_a_batch_of_one(
-    redis_url: str, state: str, replace: bool
+    redis_url: str, state: str, timing: str, replace: bool
 ) -> None:
     """schedule_one.lua (a single schedule) against schedule.lua with a batch of one, on
-    two namespaces brought to the same state: the same status, when and end state."""
+    two namespaces brought to the same state: the same status, when and end state
+    (with a delay, the due is each namespace's own now plus it: not compared)."""
     at = 1_700_000_000_000  # far in the past: claimable at once
 
     async def prepare(s: Scheduler) -> None:
@@ -552,7 +570,8 @@ def test_one_job_is_decided_alike_by_schedule_one_and_by_a_batch_of_one(
     async def decide(s: Scheduler, batch: bool) -> tuple[object, ...]:
         from tickwheel.durable.store._store import encode_job
 
-        job = encode_job(JobSpec("j", "t", b"new", at=at), s.max_payload_bytes)
+        spec = JobSpec("j", "t", b"new", at=at) if timing == "at" else JobSpec("j", "t", b"new")
+        job = encode_job(spec, s.max_payload_bytes)
         store = s.store
         if batch:
             keys, args = store._schedule_call(0, [job], replace)
@@ -562,9 +581,10 @@ def test_one_job_is_decided_alike_by_schedule_one_and_by_a_batch_of_one(
             (result,) = await store.schedule(0, [job], replace)
             status, when = list(ScheduleStatus).index(result.status) + 1, result.when_ms
         info = await s.get("j")
-        end = None if info is None else (info.state, info.payload, info.nominal_ms)
+        own_now = timing == "delay" and status in (1, 3)  # the new job's due
+        end = None if info is None else (info.state, info.payload, own_now or info.nominal_ms)
         # A lease deadline or a time of death: from each namespace's own now.
-        timed = state in ("leased", "dead") and status in (2, 4)
+        timed = own_now or (state in ("leased", "dead") and status in (2, 4))
         return status, None if timed else when, end, await check_shard(s, 0)
 
     async def main() -> None:

@@ -109,6 +109,11 @@ def check_job_id(job_id: object) -> str:
     return job_id
 
 
+# The largest due or delay in ms: the scripts' numbers are Lua doubles, exact to 2**53
+# (a later time would be rounded, and past 2**63 wrap to a negative due).
+MAX_TIME_MS = 2**53 - 1
+
+
 def when_args(delay: float | timedelta | None, at: int | datetime | None) -> tuple[int, int]:
     """Return ``(mode, time)`` for a script: mode 1 a delay in ms, mode 0 an epoch ms.
 
@@ -118,7 +123,10 @@ def when_args(delay: float | timedelta | None, at: int | datetime | None) -> tup
     if delay is not None and at is not None:
         raise ValueError("give delay or at, not both")
     if at is None:
-        return 1, finite_seconds_ms("delay", 0 if delay is None else delay)
+        ms = finite_seconds_ms("delay", 0 if delay is None else delay)
+        if ms > MAX_TIME_MS:
+            raise ValueError(f"delay must be at most {MAX_TIME_MS} ms, got {ms} ms")
+        return 1, ms
     if isinstance(at, datetime):
         if at.tzinfo is None:
             raise ValueError(f"at must be timezone-aware, got naive {at!r}")
@@ -126,8 +134,8 @@ def when_args(delay: float | timedelta | None, at: int | datetime | None) -> tup
             milliseconds=1
         )
     if isinstance(at, int) and not isinstance(at, bool):
-        if at < 0:
-            raise ValueError(f"at must be epoch ms >= 0, got {at}")
+        if not 0 <= at <= MAX_TIME_MS:
+            raise ValueError(f"at must be epoch ms between 0 and {MAX_TIME_MS}, got {at}")
         return 0, at
     raise TypeError(f"at must be epoch ms (int) or a datetime, got {at!r}")
 

@@ -390,20 +390,22 @@ class Loader:
             )
             failed: Exception | None = None
             try:
-                await call_task(fn, ctx)
-            except Exception as exc:
-                failed = exc
+                try:
+                    await call_task(fn, ctx)
+                except Exception as exc:
+                    failed = exc
+                finally:
+                    busy = False
+                    self._free_slot()  # before the retry or the ack: they wait freely
+                if failed is not None:  # the lease is still extended while it is written
+                    logger.info("tickwheel.durable: task %s of job %r failed", job.task, job.id)
+                    self._count_retry(await sched.retry(job, repr(failed)))
+                    return
             finally:
                 # Not cancel() of the extender: redis-py may swallow a cancellation that
                 # lands inside a command, which would leave the extender running on.
                 finished.set()
                 halfway.cancel()
-                busy = False
-                self._free_slot()  # before the retry or the ack: they wait freely
-            if failed is not None:
-                logger.info("tickwheel.durable: task %s of job %r failed", job.task, job.id)
-                self._count_retry(await sched.retry(job, repr(failed)))
-                return
             await self._ack(job, lease_end)
             self.stats.succeeded += 1
         except LeaseLost:

@@ -72,7 +72,9 @@ def pack_evalsha(
     Raises:
         TypeError: for an argument that is not bytes, str or int.
     """
-    parts = [_HEAD % (3 + len(keys) + len(args), sha), _SMALL[len(keys)]]
+    n = len(keys)
+    numkeys = _SMALL[n] if n < 256 else _ARG % (len(b"%d" % n), b"%d" % n)
+    parts = [_HEAD % (3 + n + len(args), sha), numkeys]
     append = parts.append
     cache = {} if packed_keys is None else packed_keys
     for key in keys:

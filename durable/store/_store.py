@@ -226,6 +226,11 @@ class Store(Transport):
     async def _schedule_one(self, shard: int, job: EncodedJob, replace: bool) -> ScheduleResult:
         k = self.keys.shard(shard)
         ident, mode, time_ms, record = job.values
+        # What pack_schedule_batch checks for a batch: here the values go as text.
+        if mode not in (0, 1):
+            raise ValueError(f"mode must be 0 or 1, got {mode}")
+        if not 0 <= time_ms < 1 << 64:
+            raise ValueError(f"schedule times must be in 0 .. 2**64 - 1, got {time_ms}")
         reply = await self._write(
             self._scripts.schedule_one,
             [k.due, k.leased, k.done, k.dead, k.clock, self.keys.jobs_key(shard, job.id)],
