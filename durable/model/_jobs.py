@@ -174,7 +174,8 @@ class JobSpec:
         task: the task name the handler is registered under.
         payload: bytes, or any JSON-serialisable value.
         delay: seconds (or timedelta) from Redis's now; the default is now.
-        at: absolute due, epoch ms or an aware datetime (excludes ``delay``).
+        at: absolute due, epoch ms or an aware datetime (excludes ``delay``). Both are
+            at most ``MAX_TIME_MS`` (2**53 - 1 ms, the scripts' exact doubles).
         max_attempts: attempts before the job goes dead.
         recurrence: for a recurring job; the first run is ``delay``/``at`` if given,
             else the first occurrence after now.
