@@ -1023,6 +1023,81 @@ def test_an_ack_waits_for_a_replace_still_committing(
     run(main())
 
 
+async def _advisory_waiters(pg_url: str) -> int:
+    """Backends waiting for an advisory lock (an id another transaction holds)."""
+    found = await rows(
+        pg_url, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+    )
+    return int(found[0][0])
+
+
+def test_a_cancel_waits_for_a_replace_of_a_new_id_still_committing(
+    private_redis: RedisServer, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replace of an id with no row yet writes Redis, then the row, then commits. A
+    cancel in between waits for that commit (the id's advisory lock), then removes the
+    job from both stores: no row is left pending for a reconcile to bring back (it used
+    to find no row, empty Redis, and leave the replace's row behind)."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            ns = s.keys.namespace
+            in_redis, go_on = asyncio.Event(), asyncio.Event()
+            overwrite = PgStore.overwrite
+
+            async def paused(self, conn, jobs):  # type: ignore[no-untyped-def]
+                in_redis.set()  # Redis has the job; its row is not written yet
+                await go_on.wait()
+                await overwrite(self, conn, jobs)
+
+            monkeypatch.setattr(PgStore, "overwrite", paused)
+            replace = asyncio.create_task(s.schedule("n", "t", b"new", delay=600, replace=True))
+            await asyncio.wait_for(in_redis.wait(), 10)
+            cancel = asyncio.create_task(s.cancel("n"))
+            assert await until_async(lambda: _advisory_waiters(pg_url), 10)
+            assert not cancel.done()
+            go_on.set()
+            assert (await asyncio.wait_for(replace, 10)).status is ScheduleStatus.CREATED
+            assert await asyncio.wait_for(cancel, 10) is True
+            assert await _row(pg_url, ns, "n") is None
+            assert await s.get("n") is None
+            assert (await s.reconcile()).pending == 0
+            assert await s.get("n") is None
+
+    run(main())
+
+
+def test_a_cancel_that_redis_fails_removes_nothing(pg_url: str) -> None:
+    """The cancel's row delete and its Redis removal share one transaction: when Redis
+    does not answer, the error is raised and the row is still pending (before, the row
+    was gone while Redis still had the job, and the job ran)."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        server = RedisServer().start()
+        try:
+            async with pg_scheduler(server.url, pg_url, shards=1) as s:
+                ns = s.keys.namespace
+                await s.schedule("c", "t", b"v", delay=600)
+                server.kill()
+                with pytest.raises(RedisUnavailable):
+                    await s.cancel("c")
+                row = await _row(pg_url, ns, "c")
+                assert row is not None and row[0] == 0
+                assert (await table_counts(pg_url))["tickwheel_jobs"] == 1
+                server.start()
+                await s.reconcile()
+                assert await s.get("c") is not None
+                assert await s.cancel("c") is True
+                assert await _row(pg_url, ns, "c") is None
+                assert await s.get("c") is None
+        finally:
+            server.stop()
+
+    run(main())
+
+
 def test_replace_checks_done_per_occurrence_and_batches_its_locks(
     private_redis: RedisServer, pg_url: str
 ) -> None:

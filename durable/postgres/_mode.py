@@ -31,6 +31,7 @@ from tickwheel.durable.model import (
     Fenced,
     Job,
     JobSpec,
+    JobState,
     PostgresUnavailable,
     RedisUnavailable,
     ScheduleResult,
@@ -198,6 +199,32 @@ class PostgresMode:
         if failure is not None:
             raise failure
         return [r for r in results if r is not None]
+
+    async def cancel(self, sched: RedisSide, job_id: str) -> tuple[bool, JobState | None]:
+        """Remove a job from both stores: its row and outbox rows, then its Redis
+        entries, in one PostgreSQL transaction holding the id (:meth:`PgStore.locked`).
+        Returns whether PostgreSQL had a pending row, and the state Redis had it in.
+
+        Holding the id orders a cancel with a replace or reschedule of it. A replace of
+        a new id writes Redis before its row commits; a cancel in between used to find
+        no row, take the job out of Redis, and leave the row the replace then committed
+        pending with Redis empty, for a reconcile to bring back. Now the cancel waits
+        for that commit, and a replace waits for the cancel's: either order ends with
+        both stores agreeing.
+
+        If Redis fails, the transaction rolls back: nothing is removed from either. A
+        commit that fails after Redis removed the job leaves the row pending (a
+        reconcile would bring it back) and raises: repeat the cancel.
+
+        Raises:
+            RedisUnavailable, PostgresUnavailable: on a failure of either.
+        """
+        await sched.open()
+        shard = sched.keys.shard_of(job_id)
+        async with self.store.locked([job_id]) as (conn, _):
+            found = await self.store.cancel(job_id, conn)
+            state = await sched.store.cancel(shard, job_id)
+        return found, state
 
     async def reschedule(self, sched: RedisSide, job_id: str, mode: int, time_ms: int) -> bool:
         """Move a due job to a new occurrence: Redis moves it (only it knows whether

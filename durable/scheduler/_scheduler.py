@@ -396,10 +396,9 @@ class Scheduler(OwnerSide):
         """Remove a job in any state; True if there was one. A leased job's holder
         gets :class:`LeaseLost` on ack. O(log N)."""
         check_job_id(job_id)
-        if self.pg is not None:  # the source of truth first: a crash between leaves none
-            found = await self.pg.store.cancel(job_id)
-            await self.open()
-            return await self.store.cancel(self.keys.shard_of(job_id), job_id) is not None or found
+        if self.pg is not None:  # both stores, in a transaction holding the id
+            found, state = await self.pg.cancel(self, job_id)
+            return state is not None or found
         await self.open()
         return await self.store.cancel(self.keys.shard_of(job_id), job_id) is not None
 

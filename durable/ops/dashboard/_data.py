@@ -527,9 +527,10 @@ class Namespace:
         job_id = checked_id(job_id)
         sched = await self._need()
         await self._current(sched, job_id, seen)
-        if sched.pg is not None:  # the source of truth first, as Scheduler.cancel does
-            await sched.pg.store.cancel(job_id)
-        state = await sched.store.cancel(sched.keys.shard_of(job_id), job_id)
+        if sched.pg is not None:  # both stores, as Scheduler.cancel does
+            _, state = await sched.pg.cancel(sched, job_id)
+        else:
+            state = await sched.store.cancel(sched.keys.shard_of(job_id), job_id)
         if state is None:
             raise Stale(f"job {job_id!r} was gone before the cancel reached it")
         return f"cancelled job {job_id!r} (it was {state.name.lower()})"
