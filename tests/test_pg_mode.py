@@ -1098,6 +1098,79 @@ def test_a_cancel_that_redis_fails_removes_nothing(pg_url: str) -> None:
     run(main())
 
 
+def test_a_job_cancelled_before_the_producer_indexed_it_never_runs(
+    private_redis: RedisServer, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The producer writes Redis after its commit. A cancel in between deletes the row
+    and finds nothing in Redis yet; the producer then indexes the job. The claim asks
+    PostgreSQL, finds no row, and takes the job out of Redis unrun (it used to run)."""
+    from tickwheel.durable.postgres._mode import PostgresMode
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            ns = s.keys.namespace
+            committed, go_on = asyncio.Event(), asyncio.Event()
+            index = PostgresMode._index
+
+            async def paused(self, sched, created):  # type: ignore[no-untyped-def]
+                committed.set()  # the row is committed; Redis has nothing yet
+                await go_on.wait()
+                await index(self, sched, created)
+
+            monkeypatch.setattr(PostgresMode, "_index", paused)
+            producer = asyncio.create_task(s.schedule("x", "t", b"v", delay=0))
+            await asyncio.wait_for(committed.wait(), 10)
+            assert await s.cancel("x") is True
+            assert await _row(pg_url, ns, "x") is None
+            go_on.set()
+            assert (await asyncio.wait_for(producer, 10)).status is ScheduleStatus.CREATED
+            info = await s.get("x")
+            assert info is not None and info.state is JobState.DUE  # the stale write
+            batch = await _claim_all(s)
+            assert batch.jobs == [] and batch.dropped == 1
+            assert await s.get("x") is None
+            assert (await s.reconcile()).pending == 0
+
+    run(main())
+
+
+def test_a_claim_waits_for_a_replace_of_a_new_id_and_runs_it(
+    private_redis: RedisServer, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replace of an id with no row writes Redis before its row commits. A claim in
+    between finds no row, so it waits for the id's advisory lock, sees the committed
+    row, and keeps the job: a job without a row is dropped only once nothing that could
+    still write its row holds the id."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            in_redis, go_on = asyncio.Event(), asyncio.Event()
+            overwrite = PgStore.overwrite
+
+            async def paused(self, conn, jobs):  # type: ignore[no-untyped-def]
+                in_redis.set()
+                await go_on.wait()
+                await overwrite(self, conn, jobs)
+
+            monkeypatch.setattr(PgStore, "overwrite", paused)
+            replace = asyncio.create_task(s.schedule("r", "t", b"new", delay=0, replace=True))
+            await asyncio.wait_for(in_redis.wait(), 10)
+            claim = asyncio.create_task(_claim_all(s))
+            assert await until_async(lambda: _advisory_waiters(pg_url), 10)
+            assert not claim.done()
+            go_on.set()
+            assert (await asyncio.wait_for(replace, 10)).status is ScheduleStatus.CREATED
+            batch = await asyncio.wait_for(claim, 10)
+            assert [j.id for j in batch.jobs] == ["r"] and batch.dropped == 0
+            await s.ack(batch.jobs[0])
+            done = (1, batch.jobs[0].nominal_ms, b"new")
+            assert await _row(pg_url, s.keys.namespace, "r") == done
+
+    run(main())
+
+
 def test_replace_checks_done_per_occurrence_and_batches_its_locks(
     private_redis: RedisServer, pg_url: str
 ) -> None:

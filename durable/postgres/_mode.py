@@ -286,8 +286,10 @@ class PostgresMode:
     # -- workers -------------------------------------------------------------------
 
     async def after_claim(self, sched: RedisSide, batch: ClaimBatch, epoch: int) -> ClaimBatch:
-        """Record the epoch in PostgreSQL; ack unrun what PostgreSQL has done already
-        (they are added to the batch's ``dropped``).
+        """Record the epoch in PostgreSQL; ack unrun what PostgreSQL has done already,
+        and take out of Redis unrun the jobs PostgreSQL has no row for (cancelled while
+        a producer or a reconcile was still writing them to Redis). Both are added to
+        the batch's ``dropped``.
 
         Raises:
             Fenced: if PostgreSQL holds a higher epoch (Redis lost its epochs): the
@@ -297,7 +299,7 @@ class PostgresMode:
             return batch
         shard = batch.shard
         try:
-            done = await self.store.claimed(
+            done, gone = await self.store.claimed(
                 shard, epoch, [j.id for j in batch.jobs], [j.nominal_ms for j in batch.jobs]
             )
         except Fenced as exc:
@@ -311,12 +313,24 @@ class PostgresMode:
             with contextlib.suppress(RedisUnavailable, Fenced):
                 await sched.store.release(shard, epoch, refs)
             raise
-        if not done:
+        if not done and not gone:
             return batch
-        dups = [j for k, j in enumerate(batch.jobs) if k in done]
-        await sched.store.ack(shard, epoch, [self._ref(j) for j in dups], sched.dedup_window_ms)
-        jobs = [j for k, j in enumerate(batch.jobs) if k not in done]
-        return dataclasses.replace(batch, jobs=jobs, dropped=batch.dropped + len(dups))
+        for k in sorted(gone):  # leased by this claim: nobody else moves them meanwhile
+            await sched.store.cancel(shard, batch.jobs[k].id)
+        if gone:
+            logger.info(
+                "tickwheel.durable: %d claimed job(s) without a PostgreSQL row (cancelled) "
+                "removed unrun from shard %d",
+                len(gone),
+                shard,
+            )
+        dups = [j for k, j in enumerate(batch.jobs) if k in done and k not in gone]
+        if dups:
+            refs = [self._ref(j) for j in dups]
+            await sched.store.ack(shard, epoch, refs, sched.dedup_window_ms)
+        jobs = [j for k, j in enumerate(batch.jobs) if k not in done and k not in gone]
+        dropped = batch.dropped + len(batch.jobs) - len(jobs)
+        return dataclasses.replace(batch, jobs=jobs, dropped=dropped)
 
     @staticmethod
     def _ref(job: Job) -> ClaimedRef:

@@ -6,7 +6,7 @@ Ground rules:
   is complete iff its done row committed. Redis is the index (due, leases, claim), and
   follows PostgreSQL: written after a commit, rebuilt from it by reconcile.
 - Each write is one call of a function made by the migrations (``tickwheel_schedule``,
-  ``tickwheel_claimed``, ``tickwheel_ack``): one round trip, one transaction (the
+  ``tickwheel_claim_check``, ``tickwheel_ack``): one round trip, one transaction (the
   caller's when it passes its own connection).
 - Every driver error goes through :func:`translate`: the caller sees
   :class:`PostgresUnavailable` (transient), :class:`Fenced`, or the driver's own error
@@ -556,9 +556,11 @@ class PgStore:
 
     async def claimed(
         self, shard: int, epoch: int, ids: Sequence[str], nominals: Sequence[int]
-    ) -> set[int]:
+    ) -> tuple[set[int], set[int]]:
         """Record ``epoch`` as the shard's (it only moves up) and return the 0-based
-        positions of the claimed occurrences that are done already.
+        positions of the claimed occurrences that are done already, and of those whose
+        job has no row (cancelled: not to be run). An id without a row is looked at
+        again once no replace of it is still committing (migration 0006).
 
         Raises:
             Fenced: if PostgreSQL holds a higher epoch for the shard (its stored epoch
@@ -567,14 +569,16 @@ class PgStore:
         await self.open()
         async with self._conn(shard=shard) as c:
             rows = await c.fetch(
-                "SELECT * FROM tickwheel_claimed($1, $2, $3, $4, $5)",
+                "SELECT pos, gone FROM tickwheel_claim_check($1, $2, $3, $4, $5)",
                 self.namespace,
                 shard,
                 epoch,
                 list(ids),
                 list(nominals),
             )
-        return {int(r[0]) - 1 for r in rows}
+        done = {int(r[0]) - 1 for r in rows if not r[1]}
+        gone = {int(r[0]) - 1 for r in rows if r[1]}
+        return done, gone
 
     async def ack(self, shard: int, epoch: int, refs: Sequence[ClaimedRef]) -> list[int]:
         """Record occurrences done (and move recurring jobs on) in one transaction.
