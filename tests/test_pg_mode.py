@@ -1099,7 +1099,10 @@ def test_a_cancel_that_redis_fails_removes_nothing(pg_url: str) -> None:
 
 
 def test_a_job_cancelled_before_the_producer_indexed_it_never_runs(
-    private_redis: RedisServer, pg_url: str, monkeypatch: pytest.MonkeyPatch
+    private_redis: RedisServer,
+    pg_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The producer writes Redis after its commit. A cancel in between deletes the row
     and finds nothing in Redis yet; the producer then indexes the job. The claim asks
@@ -1129,6 +1132,7 @@ def test_a_job_cancelled_before_the_producer_indexed_it_never_runs(
             assert info is not None and info.state is JobState.DUE  # the stale write
             batch = await _claim_all(s)
             assert batch.jobs == [] and batch.dropped == 1
+            assert "1 claimed job(s) without a PostgreSQL row" in caplog.text
             assert await s.get("x") is None
             assert (await s.reconcile()).pending == 0
 

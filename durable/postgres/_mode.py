@@ -318,9 +318,10 @@ class PostgresMode:
         for k in sorted(gone):  # leased by this claim: nobody else moves them meanwhile
             await sched.store.cancel(shard, batch.jobs[k].id)
         if gone:
-            logger.info(
-                "tickwheel.durable: %d claimed job(s) without a PostgreSQL row (cancelled) "
-                "removed unrun from shard %d",
+            logger.warning(
+                "tickwheel.durable: %d claimed job(s) without a PostgreSQL row removed unrun "
+                "from shard %d (cancelled, or written to Redis by a producer without "
+                "postgres_url)",
                 len(gone),
                 shard,
             )
