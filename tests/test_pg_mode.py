@@ -980,6 +980,21 @@ def test_a_recurring_row_follows_a_missed_run_skip(private_redis: RedisServer, p
     run(main())
 
 
+def _pause_before_the_row(monkeypatch: pytest.MonkeyPatch) -> tuple[asyncio.Event, asyncio.Event]:
+    """Pause every replace between its Redis write and its row write (still holding the
+    ids): the first event is set when one is there, the second lets it go on."""
+    in_redis, go_on = asyncio.Event(), asyncio.Event()
+    overwrite = PgStore.overwrite
+
+    async def paused(self: PgStore, conn: Any, jobs: Any) -> None:
+        in_redis.set()
+        await go_on.wait()
+        await overwrite(self, conn, jobs)
+
+    monkeypatch.setattr(PgStore, "overwrite", paused)
+    return in_redis, go_on
+
+
 def test_an_ack_waits_for_a_replace_still_committing(
     private_redis: RedisServer, pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -994,15 +1009,7 @@ def test_an_ack_waits_for_a_replace_still_committing(
             ns = s.keys.namespace
             now = await s.store.now(0)
             await s.schedule("a", "t", b"old", at=now + 60_000)
-            in_redis, go_on = asyncio.Event(), asyncio.Event()
-            overwrite = PgStore.overwrite
-
-            async def paused(self, conn, jobs):  # type: ignore[no-untyped-def]
-                in_redis.set()  # Redis has the new occurrence; the row is not written
-                await go_on.wait()
-                await overwrite(self, conn, jobs)
-
-            monkeypatch.setattr(PgStore, "overwrite", paused)
+            in_redis, go_on = _pause_before_the_row(monkeypatch)
             replace = asyncio.create_task(
                 s.schedule("a", "t", b"new", at=now - 1_000, replace=True)
             )
@@ -1043,15 +1050,7 @@ def test_a_cancel_waits_for_a_replace_of_a_new_id_still_committing(
         await migrated(pg_url)
         async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
             ns = s.keys.namespace
-            in_redis, go_on = asyncio.Event(), asyncio.Event()
-            overwrite = PgStore.overwrite
-
-            async def paused(self, conn, jobs):  # type: ignore[no-untyped-def]
-                in_redis.set()  # Redis has the job; its row is not written yet
-                await go_on.wait()
-                await overwrite(self, conn, jobs)
-
-            monkeypatch.setattr(PgStore, "overwrite", paused)
+            in_redis, go_on = _pause_before_the_row(monkeypatch)
             replace = asyncio.create_task(s.schedule("n", "t", b"new", delay=600, replace=True))
             await asyncio.wait_for(in_redis.wait(), 10)
             cancel = asyncio.create_task(s.cancel("n"))
@@ -1150,15 +1149,7 @@ def test_a_claim_waits_for_a_replace_of_a_new_id_and_runs_it(
     async def main() -> None:
         await migrated(pg_url)
         async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
-            in_redis, go_on = asyncio.Event(), asyncio.Event()
-            overwrite = PgStore.overwrite
-
-            async def paused(self, conn, jobs):  # type: ignore[no-untyped-def]
-                in_redis.set()
-                await go_on.wait()
-                await overwrite(self, conn, jobs)
-
-            monkeypatch.setattr(PgStore, "overwrite", paused)
+            in_redis, go_on = _pause_before_the_row(monkeypatch)
             replace = asyncio.create_task(s.schedule("r", "t", b"new", delay=0, replace=True))
             await asyncio.wait_for(in_redis.wait(), 10)
             claim = asyncio.create_task(_claim_all(s))

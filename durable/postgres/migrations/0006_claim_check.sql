@@ -7,7 +7,7 @@
 --   - a reconcile read the row, then the cancel ran, then the reconcile wrote Redis.
 -- The job then ran although the cancel had returned True.
 --
--- tickwheel_claim_check() is tickwheel_claimed() (0001) that also names the claimed
+-- tickwheel_claim_check() calls tickwheel_claimed() (0001), then also names the claimed
 -- ids with no row at all: the worker takes those out of Redis unrun. One id has a row
 -- only later than its Redis entry on purpose: a replace of a new id writes Redis inside
 -- a transaction that holds the id's advisory lock, and commits the row after. So an id
@@ -24,25 +24,12 @@ CREATE FUNCTION tickwheel_claim_check(
 RETURNS TABLE (pos integer, gone boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_cur     bigint;
     v_missing text[];
 BEGIN
-    SELECT e.epoch INTO v_cur FROM tickwheel_shard_epochs e
-        WHERE e.ns = p_ns AND e.shard = p_shard;
-    IF v_cur IS NULL OR v_cur < p_epoch THEN
-        INSERT INTO tickwheel_shard_epochs AS e (ns, shard, epoch)
-        VALUES (p_ns, p_shard, p_epoch)
-        ON CONFLICT (ns, shard) DO UPDATE SET epoch = greatest(e.epoch, excluded.epoch)
-        RETURNING e.epoch INTO v_cur;
-    END IF;
-    IF v_cur > p_epoch THEN
-        RAISE EXCEPTION USING ERRCODE = 'TWFEN', DETAIL = v_cur::text,
-            MESSAGE = format('shard %s epoch is %s, caller has %s', p_shard, v_cur, p_epoch);
-    END IF;
+    -- The epoch, and the occurrences done already, as tickwheel_claimed() (0001) has them.
     RETURN QUERY
-        SELECT c.k::integer, false
-        FROM unnest(p_ids, p_nominals) WITH ORDINALITY AS c(id, nominal, k)
-        JOIN tickwheel_done d ON d.ns = p_ns AND d.id = c.id AND d.nominal_ms = c.nominal;
+        SELECT c.pos, false
+        FROM tickwheel_claimed(p_ns, p_shard, p_epoch, p_ids, p_nominals) AS c(pos);
     SELECT array_agg(c.id ORDER BY c.id COLLATE "C") INTO v_missing
         FROM unnest(p_ids) AS c(id)
         WHERE NOT EXISTS (SELECT 1 FROM tickwheel_jobs j WHERE j.ns = p_ns AND j.id = c.id);
