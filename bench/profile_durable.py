@@ -30,7 +30,10 @@ from tickwheel.durable.servers import RedisServer
 
 SMALL = 2_000
 LARGE = 12_000
-OPS = ("claim_ack", "schedule_many", "single")
+OPS = ("claim_ack", "schedule_many", "single", "bare")
+# "bare": one EVALSHA of a script that only returns, through the same client: the floor
+# of an awaited call, against which "single" is compared.
+BARE = "return 1"
 PAYLOAD = b"x" * 32
 
 
@@ -61,6 +64,11 @@ async def _run(s: Scheduler, op: str, count: int) -> None:
             await s.schedule_many(
                 JobSpec(f"m:{start + i}", "send_email", PAYLOAD, delay=3600) for i in range(1000)
             )
+    elif op == "bare":
+        client = s.store.client
+        sha = await client.script_load(BARE)
+        for i in range(count):
+            await client.evalsha(sha, 1, "{p:0}:due", f"s:{i}", PAYLOAD)
     else:
         for i in range(count):
             await s.schedule(f"s:{i}", "send_email", PAYLOAD, delay=60)
@@ -71,7 +79,7 @@ def child(port: int, op: str, count: int, profile: bool) -> None:
     s, client = loop.run_until_complete(_setup(port, op, count))
     # Warm up the scripts' SHA cache and the connection.
     if op != "claim_ack":
-        loop.run_until_complete(_run(s, op, 1 if op == "single" else 1000))
+        loop.run_until_complete(_run(s, op, 1 if op in ("single", "bare") else 1000))
     if profile:
         loop.run_until_complete(client.config_resetstat())
         prof = cProfile.Profile()

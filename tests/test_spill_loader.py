@@ -5,6 +5,7 @@ extended or handed back as they should."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 from typing import Any
 
@@ -20,8 +21,17 @@ from tests.spill_support import (
     until,
     wait_effects,
 )
-from tickwheel.durable import JobState, Scheduler, TaskContext, TaskRegistry, Timers
+from tickwheel.durable import (
+    JobSpec,
+    JobState,
+    Loader,
+    Scheduler,
+    TaskContext,
+    TaskRegistry,
+    Timers,
+)
 from tickwheel.durable.store._connect import client_from_url
+from tickwheel.wheel import TimingWheel
 
 pytestmark = pytest.mark.redis
 
@@ -117,6 +127,110 @@ def test_failure_is_retried_and_succeeds_on_the_second_attempt(sink_env: str) ->
             assert attempts == [(1, ""), (2, "RuntimeError('downstream 503')")]
             assert (stats.retried, stats.succeeded, stats.dead) == (1, 1, 0)
             assert await s.get("flaky-job") is None  # done
+
+    run(main())
+
+
+def test_plain_functions_run_at_their_firing_each_in_a_context_of_its_own(
+    redis_url: str,
+) -> None:
+    """A plain (not async) task function runs in the wheel's callback that fires its
+    job, not in a task made for it; like a task, it gets a copy of the context, so a
+    context variable it sets is not seen by the next job."""
+    var: contextvars.ContextVar[str | None] = contextvars.ContextVar("var", default=None)
+    seen: list[tuple[str | None, asyncio.Task[Any] | None]] = []
+    reg = TaskRegistry()
+
+    @reg.task(name="plain")
+    def plain(ctx: TaskContext) -> None:
+        seen.append((var.get(), asyncio.current_task()))
+        var.set(ctx.job_id)
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1, owner_ttl=2.0) as s:
+            ids = [f"p{i}" for i in range(20)]
+            for job_id in ids:
+                await s.schedule(job_id, "plain", delay=0.05)
+            async with running_worker(s, reg, **FAST) as w:
+                assert await until(lambda: len(seen) == len(ids), 5)
+                assert await until(lambda: w.loader is not None and w.loader.running == 0, 5)
+                assert w.loader is not None
+                stats = w.loader.stats
+            assert seen == [(None, None)] * len(ids)
+            assert (stats.fired, stats.succeeded, stats.errors) == (len(ids), len(ids), 0)
+            assert await check_all(s) == {}  # acked: no job left in any state
+
+    run(main())
+
+
+def test_a_plain_function_that_raises_is_retried_and_an_awaitable_it_returns_is_awaited(
+    redis_url: str,
+) -> None:
+    attempts: list[tuple[str, int]] = []
+    finished: list[str] = []
+    reg = TaskRegistry()
+
+    @reg.task(name="flaky")
+    def flaky(ctx: TaskContext) -> None:
+        attempts.append((ctx.job_id, ctx.attempt))
+        if ctx.attempt == 1:
+            raise RuntimeError("downstream 503")
+
+    async def later(ctx: TaskContext) -> None:
+        await asyncio.sleep(0.01)
+        finished.append(ctx.job_id)
+
+    @reg.task(name="deferring")
+    def deferring(ctx: TaskContext) -> Any:
+        return later(ctx)  # not a coroutine function, but what it returns is awaitable
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1, owner_ttl=2.0, retry_base=0.1) as s:
+            await s.schedule("flaky-job", "flaky", delay=0.05)
+            await s.schedule("deferring-job", "deferring", delay=0.05)
+            async with running_worker(s, reg, **FAST) as w:
+                assert await until(
+                    lambda: w.loader is not None and w.loader.stats.succeeded == 2, 5
+                )
+                assert w.loader is not None
+                stats = w.loader.stats
+            assert attempts == [("flaky-job", 1), ("flaky-job", 2)]
+            assert finished == ["deferring-job"]
+            assert (stats.retried, stats.succeeded, stats.dead, stats.errors) == (1, 2, 0, 0)
+            assert await check_all(s) == {}
+
+    run(main())
+
+
+def test_drain_waits_for_the_acks_of_jobs_whose_handlers_returned(redis_url: str) -> None:
+    """A handler's ack goes out after it returns, batched with others: draining waits
+    for it too, so a worker that stops right after its last job ran leaves nothing
+    leased (the job would run again after its lease)."""
+    count = 50
+    ran: list[str] = []
+    all_ran = asyncio.Event()
+    reg = TaskRegistry()
+
+    @reg.task(name="quick")
+    def quick(ctx: TaskContext) -> None:
+        ran.append(ctx.job_id)
+        if len(ran) == count:
+            all_ran.set()
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1, owner_ttl=5.0) as s:
+            await s.take(0)
+            await s.schedule_many(JobSpec(f"q{i}", "quick") for i in range(count))
+            loader = Loader(s, reg, TimingWheel(), lookahead=0.0, poll_interval=0.02)
+            task = asyncio.ensure_future(loader.run())
+            await asyncio.wait_for(all_ran.wait(), 10)
+            loader.stop_claiming()
+            assert await loader.drain(10.0) == 0  # at once: the last acks are in flight
+            assert loader.running == 0
+            assert loader.stats.succeeded == count
+            assert await check_all(s) == {}
+            await task
+            await s.close()
 
     run(main())
 

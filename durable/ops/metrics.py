@@ -98,7 +98,7 @@ class MetricsCollector:
             return
         for name, value, text in (
             ("tickwheel_loaded_jobs", loader.loaded, "Jobs loaded into the wheel, not started."),
-            ("tickwheel_running_jobs", loader.running, "Jobs whose task is running."),
+            ("tickwheel_running_jobs", loader.running, "Jobs fired, not yet acked or retried."),
         ):
             gauge = metrics.GaugeMetricFamily(name, text, labels=["namespace"])
             gauge.add_metric([ns], value)

@@ -30,7 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import inspect
 import logging
+from collections.abc import Awaitable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
@@ -50,7 +53,7 @@ from tickwheel.durable.scheduler import DEFAULT_LEASE, MAX_BATCH, Scheduler
 from tickwheel.wheel import Timer, TimingWheel
 
 from ._stream import Publisher
-from ._tasks import TaskContext, TaskRegistry, call_task
+from ._tasks import TaskContext, TaskFunc, TaskRegistry, call_task
 
 __all__ = [
     "DEFAULT_LOOKAHEAD",
@@ -161,7 +164,6 @@ class Loader:
         ):
             int_between(name, value, 1, top)
         self.scheduler = scheduler  # claims, acks, owned shards
-        self._acks = _AckBatcher(scheduler)  # acks that arrive together share a call
         self.registry = registry  # task name -> function
         self.wheel = wheel  # where loaded jobs wait
         self.lookahead_ms = finite_seconds_ms("lookahead", lookahead)
@@ -172,6 +174,11 @@ class Loader:
         self.max_running = max_running  # concurrent tasks
         self.publisher = publisher  # publish handoff instead of tasks, when set
         self.stats = LoaderStats()  # counters
+        # Acks that arrive together share a call; it counts their outcomes in stats.
+        self._acks = _AckBatcher(scheduler, wheel, self.stats)
+        # Task function -> True when it is a coroutine function (it runs in a task of its
+        # own); a plain function runs in the wheel's callback that fires its job.
+        self._is_async: dict[TaskFunc, bool] = {}
         scheduler.ownership.on_fenced(self._on_fenced)
         # Firing lateness (s): loop time at firing minus the job's due in loop time.
         self.lateness = LatenessHistogram()
@@ -206,8 +213,9 @@ class Loader:
 
     @property
     def running(self) -> int:
-        """Jobs whose task is running (their handler, or their ack or retry after it)."""
-        return len(self._running)
+        """Jobs fired and not settled: their handler runs, or their ack or retry is
+        still to be written."""
+        return len(self._running) + self._acks.waiting
 
     # -- claiming ------------------------------------------------------------------
 
@@ -225,7 +233,7 @@ class Loader:
         loop = asyncio.get_running_loop()
         lease_ms = self.lookahead_ms + self.lease_ms
         for shard in list(self.scheduler.ownership.owned):
-            if not self._claiming or self.loaded + len(self._running) >= self.max_loaded:
+            if not self._claiming or self.loaded + self.running >= self.max_loaded:
                 break
             if len(self._ready) >= self.max_running:  # a slot's worth waits per slot
                 self._room.clear()
@@ -336,10 +344,42 @@ class Loader:
             self.stats.expired += 1
             return
         self.stats.fired += 1
+        fn = None if job.duplicate or self.publisher else self.registry.get(job.task)
+        if fn is not None:
+            is_async = self._is_async.get(fn)
+            if is_async is None:
+                is_async = self._is_async[fn] = inspect.iscoroutinefunction(fn)
+            if not is_async:
+                self._run_plain(fn, job, lease_end)
+                return
         self._busy += 1
-        task = asyncio.ensure_future(self._execute(job, lease_end))
+        self._spawn(self._execute(job, lease_end), job)
+
+    def _spawn(self, coro: Awaitable[None], job: Job) -> None:
+        task = asyncio.ensure_future(coro)
         self._running[task] = job
         task.add_done_callback(self._forget)
+
+    def _run_plain(self, fn: TaskFunc, job: Job, lease_end: float) -> None:
+        """Run a plain (not async) task function at once, here in the wheel's callback
+        and in a copy of its context, as a task would (and it would block the loop as
+        long there); no task is made unless it raises or returns an awaitable. Its ack
+        joins the shard's next ack batch."""
+        try:
+            result = contextvars.copy_context().run(fn, self._context(job))
+        except Exception as exc:
+            result = _raise(exc)  # the task path writes the retry
+        if inspect.isawaitable(result):
+            self._busy += 1
+            self._spawn(self._execute(job, lease_end, result), job)
+        else:
+            self._acks.submit(job, lease_end)
+
+    @staticmethod
+    def _context(job: Job) -> TaskContext:
+        return TaskContext(
+            job.id, job.task, job.payload, job.nominal_ms, job.attempt, job.epoch, True, job
+        )
 
     def _forget(self, task: asyncio.Task[None]) -> None:
         self._running.pop(task, None)
@@ -356,28 +396,31 @@ class Loader:
         if len(ready) < self.max_running:
             self._room.set()
 
-    async def _execute(self, job: Job, lease_end: float) -> None:
+    async def _execute(
+        self, job: Job, lease_end: float, started: Awaitable[object] | None = None
+    ) -> None:
+        """A fired job's task: its handler (or ``started``, what its plain function
+        returned), then its retry; its ack is left to the batcher."""
         sched = self.scheduler
         busy = True  # holds a slot until its handler returns (then ack or retry wait freely)
         try:
-            if job.duplicate:
-                self.stats.duplicates += 1
-                await sched.ack(job)
-                return
-            if self.publisher is not None:
-                await self._publish(job, lease_end)
-                return
-            fn = self.registry.get(job.task)
-            if fn is None:
-                # Dead-lettered at once with the reason: no retry mends a missing task. A
-                # rolling deploy that brings the task requeues it (requeue_dead).
-                self.stats.unknown += 1
-                state = await sched.retry(job, f"unknown task {job.task!r}", final=True)
-                self._count_retry(state)
-                return
-            ctx = TaskContext(
-                job.id, job.task, job.payload, job.nominal_ms, job.attempt, job.epoch, True, job
-            )
+            if started is None:
+                if job.duplicate:
+                    self.stats.duplicates += 1
+                    await sched.ack(job)
+                    return
+                if self.publisher is not None:
+                    await self._publish(job, lease_end)
+                    return
+                fn = self.registry.get(job.task)
+                if fn is None:
+                    # Dead-lettered at once with the reason: no retry mends a missing task.
+                    # A rolling deploy that brings the task requeues it (requeue_dead).
+                    self.stats.unknown += 1
+                    state = await sched.retry(job, f"unknown task {job.task!r}", final=True)
+                    self._count_retry(state)
+                    return
+                started = call_task(fn, self._context(job))
             finished = asyncio.Event()  # set when the task returned or raised
             # Most tasks end well inside their lease: a wheel timer (O(1), no task) starts
             # the extender only for one still running when half a lease is left (at once
@@ -391,7 +434,7 @@ class Loader:
             failed: Exception | None = None
             try:
                 try:
-                    await call_task(fn, ctx)
+                    await started
                 except Exception as exc:
                     failed = exc
                 finally:
@@ -406,8 +449,7 @@ class Loader:
                 # lands inside a command, which would leave the extender running on.
                 finished.set()
                 halfway.cancel()
-            await self._ack(job, lease_end)
-            self.stats.succeeded += 1
+            self._acks.submit(job, lease_end)
         except LeaseLost:
             self.stats.lease_lost += 1
         except Fenced:
@@ -432,28 +474,7 @@ class Loader:
             logger.info("tickwheel.durable: publishing job %r failed (%r)", job.id, exc)
             self._count_retry(await self.scheduler.retry(job, repr(exc)))
             return
-        await self._ack(job, lease_end)
-        self.stats.succeeded += 1
-
-    async def _ack(self, job: Job, lease_end: float) -> None:
-        """Ack; while Redis (or PostgreSQL) is unreachable, try again (pauses of
-        ``ACK_RETRY_PAUSES``, then of its last one) as long as the lease lasts by the
-        local clock: a job that ran must not run again because Redis restarted or failed
-        over meanwhile (a pooled connection broken by a restart also fails once). Safe
-        to repeat: a second ack of the same lease finds the occurrence done and counts as
-        acked. Past the lease the reaper may have handed the job on: the error is raised,
-        and the job is the reaper's."""
-        pauses = iter(ACK_RETRY_PAUSES)
-        while True:
-            try:
-                await self._acks.ack(job)
-            except _UNAVAILABLE:  # in the Postgres mode the ack writes PostgreSQL first
-                pause = next(pauses, ACK_RETRY_PAUSES[-1])
-                if self.wheel.time() + pause >= lease_end:
-                    raise
-                await asyncio.sleep(pause)
-            else:
-                return
+        self._acks.submit(job, lease_end)
 
     def _count_retry(self, state: JobState) -> None:
         if state is JobState.DEAD:
@@ -566,86 +587,143 @@ class Loader:
         return sum([await self.release_shard(shard) for shard in shards])
 
     async def drain(self, grace: float | None = None, shard: int | None = None) -> int:
-        """Wait for running tasks (of ``shard``, or all); cancel those still running
-        after ``grace`` s.
+        """Wait for the fired jobs (of ``shard``, or all) to settle: their tasks, then
+        their acks; cancel what still runs ``grace`` s after the call.
 
-        A cancelled task is neither acked nor retried: its lease expires and the reaper
-        hands it out again.
+        A cancelled task is neither acked nor retried, and a cancelled ack call leaves
+        its jobs leased: their leases expire and the reaper hands them out again.
 
         Returns:
-            How many were cancelled.
+            How many tasks and ack calls were cancelled.
         """
+        loop = asyncio.get_running_loop()
+        end = None if grace is None else loop.time() + grace
+        cancelled = 0
         tasks = {t for t, job in self._running.items() if shard is None or job.shard == shard}
-        if not tasks:
-            return 0
-        _, pending = await asyncio.wait(tasks, timeout=grace)
-        for task in pending:
-            task.cancel()
-        if pending:
-            # Bounded: a task may swallow its cancellation (redis-py can, mid-command).
-            await asyncio.wait(pending, timeout=CANCEL_GRACE)
-        return len(pending)
+        for stage in ("tasks", "acks"):
+            if stage == "acks":  # the tasks just waited for have submitted theirs
+                tasks = self._acks.flushes(shard)
+            if not tasks:
+                continue
+            _, pending = await asyncio.wait(
+                tasks, timeout=None if end is None else max(0.0, end - loop.time())
+            )
+            for task in pending:
+                task.cancel()
+            if pending:
+                # Bounded: a task may swallow its cancellation (redis-py can, mid-command).
+                await asyncio.wait(pending, timeout=CANCEL_GRACE)
+            cancelled += len(pending)
+        return cancelled
+
+
+async def _raise(exc: Exception) -> None:
+    """Raise ``exc`` when awaited: a plain task function's failure, handed to the task
+    path that writes its retry."""
+    raise exc
 
 
 class _AckBatcher:
     """Acks of one shard and epoch go out together: at most one ``ack_many`` per shard
-    and epoch is in flight, and the acks that arrive meanwhile wait for it and go out
+    and epoch is in flight, and the acks submitted meanwhile wait for it and go out
     together in the next one (group commit).
 
-    Each task still awaits its own outcome (``LeaseLost`` or ``Fenced`` reach only the
-    jobs they concern). A steady stream of due jobs then costs one round trip per shard
-    per round-trip time, whatever the rate, instead of one per job: that round trip,
-    not the wheel, is what bounds a loader's jobs/s (bench/spill_vs_arq.py), and in the
-    Postgres mode each ack is a commit that waits for its WAL flush.
+    A steady stream of due jobs then costs one round trip per shard per round-trip
+    time, whatever the rate, instead of one per job: that round trip, not the wheel, is
+    what bounds a loader's jobs/s (bench/spill_vs_arq.py), and in the Postgres mode each
+    ack is a commit that waits for its WAL flush.
+
+    Nobody awaits an ack: the batcher counts each outcome in the loader's stats
+    (``succeeded``, ``lease_lost``; ``unavailable`` and ``errors`` for those left to the
+    reaper). While Redis (or PostgreSQL) is unreachable, a batch is tried again after
+    the pauses of ``ACK_RETRY_PAUSES`` (then of its last one), each job as long as its
+    lease lasts by the local clock: a job that ran must not run again because Redis
+    restarted or failed over meanwhile (a pooled connection broken by a restart also
+    fails once). That is safe: a second ack of the same lease finds the occurrence done
+    and counts as acked. Past its lease the reaper may have handed the job on, and the
+    job is the reaper's.
     """
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler, wheel: TimingWheel, stats: LoaderStats) -> None:
         self.scheduler = scheduler
-        # (shard, epoch) -> jobs waiting to be acked, with the futures of their tasks
-        self._pending: dict[tuple[int, int], list[tuple[Job, asyncio.Future[bool]]]] = {}
+        self.wheel = wheel  # its clock is the one lease ends are in
+        self.stats = stats  # where outcomes are counted
+        # (shard, epoch) -> (job, loop time its lease ends) waiting to be acked, in order
+        self._pending: dict[tuple[int, int], list[tuple[Job, float]]] = {}
         self._flushes: dict[tuple[int, int], asyncio.Task[None]] = {}  # one per key at most
+        self.waiting = 0  # jobs submitted whose outcome is not counted yet
 
-    async def ack(self, job: Job) -> None:
-        """Ack ``job`` with whatever else is acked before its batch goes out.
-
-        Raises:
-            LeaseLost: its lease was lost.
-            Fenced, RedisUnavailable: as :meth:`Scheduler.ack_many`.
-        """
+    def submit(self, job: Job, lease_end: float) -> None:
+        """Ack ``job`` with whatever else is acked before its batch goes out. O(1)."""
         key = (job.shard, job.epoch)
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._pending.setdefault(key, []).append((job, future))
+        self.waiting += 1
+        pending = self._pending.get(key)
+        if pending is None:
+            self._pending[key] = [(job, lease_end)]
+        else:
+            pending.append((job, lease_end))
         if key not in self._flushes:
             self._flushes[key] = asyncio.ensure_future(self._flush(key))
-        if not await future:
-            raise LeaseLost(f"lease of job {job.id!r} attempt {job.attempt} is lost")
+
+    def flushes(self, shard: int | None = None) -> set[asyncio.Task[None]]:
+        """The calls in flight or about to be made (of ``shard``, or all)."""
+        return {t for key, t in self._flushes.items() if shard is None or key[0] == shard}
 
     async def _flush(self, key: tuple[int, int]) -> None:
+        batch: list[tuple[Job, float]] = []
+        pauses = iter(ACK_RETRY_PAUSES)
         try:
-            await asyncio.sleep(0)  # one loop turn: let the other tasks of this tick join
+            await asyncio.sleep(0)  # one loop turn: let the other jobs of this tick join
             # Until no ack of this key waits: the ones that came during a call go next.
-            while batch := self._pending.pop(key, None):
-                await self._send(batch)
-        except BaseException:  # cancelled: so are the acks still waiting
-            for _, future in self._pending.pop(key, []):
-                future.cancel()
+            while batch := self._pending.pop(key, []):
+                error = await self._send(batch)
+                if error is None:
+                    pauses = iter(ACK_RETRY_PAUSES)
+                    continue
+                pause = next(pauses, ACK_RETRY_PAUSES[-1])
+                end = self.wheel.time() + pause
+                kept = [entry for entry in batch if end < entry[1]]
+                self._left(len(batch) - len(kept), error)
+                if kept:  # first in the next batch, with those that came meanwhile
+                    self._pending[key] = kept + self._pending.get(key, [])
+                    batch = []
+                    await asyncio.sleep(pause)
+        except BaseException:  # cancelled (a drain's grace ran out): left to the reaper
+            self.waiting -= len(batch) + len(self._pending.pop(key, []))
             raise
         finally:
             # In the same step as the last look at _pending: a later ack starts a flush.
             del self._flushes[key]
 
-    async def _send(self, batch: list[tuple[Job, asyncio.Future[bool]]]) -> None:
+    async def _send(self, batch: list[tuple[Job, float]]) -> Exception | None:
+        """One ``ack_many``, its outcomes counted; the error if the store was
+        unreachable (the batch is not settled then)."""
         try:
             results = await self.scheduler.ack_many([job for job, _ in batch])
-        except Exception as exc:
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        except BaseException:
-            for _, future in batch:
-                future.cancel()
-            raise
-        for (_, future), ok in zip(batch, results, strict=True):
-            if not future.done():
-                future.set_result(ok)
+        except _UNAVAILABLE as exc:
+            return exc
+        except Fenced:
+            self.waiting -= len(batch)  # counted, and the shard forgotten, by _on_fenced
+            return None
+        except Exception:
+            self.waiting -= len(batch)
+            self.stats.errors += len(batch)
+            first = batch[0][0].id
+            logger.exception(
+                "tickwheel.durable: %d job(s) left to the reaper (%r, ...)", len(batch), first
+            )
+            return None
+        self.waiting -= len(batch)
+        for ok in results:
+            if ok:
+                self.stats.succeeded += 1
+            else:
+                self.stats.lease_lost += 1
+        return None
+
+    def _left(self, count: int, error: Exception) -> None:
+        """``count`` acks given up on (their leases end before Redis can be tried again)."""
+        if count:
+            self.waiting -= count
+            self.stats.unavailable += count
+            logger.warning("tickwheel.durable: %d job(s) left to the reaper (%s)", count, error)
