@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from datetime import UTC, datetime, timedelta
 
@@ -20,6 +21,7 @@ from tests.durable_support import (
     snapshot,
 )
 from tickwheel.durable import (
+    DurableError,
     Fenced,
     JobSpec,
     JobState,
@@ -107,6 +109,36 @@ def test_claim_lease_ack_and_lookahead(redis_url: str) -> None:
             # lost) is recognised by its done entry: acked, and nothing changes.
             await s.ack(job)
             assert await check_shard(s, 0) == {"later": JobState.DUE}
+
+    run(main())
+
+
+def test_a_claim_returns_each_jobs_record_bucket_and_the_ack_uses_it(redis_url: str) -> None:
+    """The claim says which record hash each job is in (so the ack does not hash the id
+    again in Redis); a batch ack with a bucket out of range is refused and writes nothing,
+    and a job whose bucket is not known (-1) is acked by hashing its id."""
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1, buckets=8) as s:
+            await s.take(0)
+            ids = [f"b{i}" for i in range(40)]
+            await s.schedule_many(JobSpec(job_id, "t") for job_id in ids)
+            jobs = (await s.claim(0, limit=len(ids))).jobs
+            assert sorted(j.id for j in jobs) == sorted(ids)
+            assert [j.bucket for j in jobs] == [s.keys.bucket_of(j.id) for j in jobs]
+            assert len({j.bucket for j in jobs}) > 1 and not any(j.duplicate for j in jobs)
+            bad = [*jobs[:2], dataclasses.replace(jobs[2], bucket=8)]
+            before = await snapshot(s)
+            with pytest.raises(DurableError, match="bucket 8 of b"):
+                await s.ack_many(bad)
+            with pytest.raises(ValueError, match=r"bucket must be in 0 \.\. 7, got 8"):
+                await s.ack_many(bad[2:])
+            assert await snapshot(s) == before
+            unknown = [dataclasses.replace(j, bucket=-1) for j in jobs[:10]]
+            assert await s.ack_many(unknown) == [True] * 10
+            assert await s.ack_many(jobs[10:]) == [True] * 30
+            assert await s.ack_many([jobs[0], jobs[5]]) == [True, True]  # found done
+            assert await check_shard(s, 0) == {}
 
     run(main())
 

@@ -227,6 +227,9 @@ class Job:
     next_due_ms: int = 0  # the next occurrence ack re-inserts (recurring); 0 none
     duplicate: bool = False  # this occurrence was done already: ack it without running
     last_error: str = ""  # error of the previous attempt
+    # Index of its record hash in the shard, as the claim found it (the ack sends it
+    # back, so Redis does not hash the id again); -1 when not known.
+    bucket: int = -1
 
 
 @dataclass(frozen=True, slots=True)

@@ -227,7 +227,17 @@ class OwnerSide:
         shard, epoch = jobs[0].shard, jobs[0].epoch
         if any(j.shard != shard or j.epoch != epoch for j in jobs):
             raise ValueError("jobs must all come from one claim (one shard and epoch)")
-        items = [(j.id.encode(), j.attempt, j.nominal_ms, j.next_due_ms) for j in jobs]
+        bucket_of = self.keys.bucket_of
+        items = [
+            (
+                j.id.encode(),
+                j.attempt,
+                j.nominal_ms,
+                j.next_due_ms,
+                j.bucket if j.bucket >= 0 else bucket_of(j.id),
+            )
+            for j in jobs
+        ]
         out: list[bool] = []
         with self.ownership.guard(shard, epoch):
             if self.pg is not None:  # the source of truth first, under the same epoch

@@ -62,7 +62,7 @@ _STR8 = struct.Struct(">BB")
 _STR16 = struct.Struct(">BH")
 # Batch items (never compared with what a script packs, only unpacked by cmsgpack):
 # fixed-width uint64 times, so one struct call packs three of them.
-_ACK_TAIL = struct.Struct(">BQBQBQ")  # 0xcf attempt, 0xcf nominal, 0xcf next
+_ACK_TAIL = struct.Struct(">BQBQBQBH")  # 0xcf attempt, 0xcf nominal, 0xcf next, 0xcd bucket
 _SCHED_TIME = struct.Struct(">BBQ")  # mode (fixint 0/1), 0xcf time
 
 
@@ -119,21 +119,22 @@ def _array_head(n: int) -> bytes:
     return b"\xdd" + _U32.pack(n)
 
 
-def pack_ack_batch(items: Sequence[tuple[bytes, int, int, int]]) -> bytes:
-    """ack.lua's batch: a msgpack array of id, attempt, nominal, next per job. The ints
-    are uint64 of fixed width (cmsgpack reads any width; this batch is never compared
-    with bytes a script packs), so one struct call packs the three.
+def pack_ack_batch(items: Sequence[tuple[bytes, int, int, int, int]]) -> bytes:
+    """ack.lua's batch: a msgpack array of id, attempt, nominal, next, bucket per job.
+    The ints are uint64 of fixed width (cmsgpack reads any width; this batch is never
+    compared with bytes a script packs), the bucket a uint16, so one struct call packs
+    the four.
 
     Raises:
-        ValueError: for an int outside 0 .. 2**64 - 1.
+        ValueError: for an int outside 0 .. 2**64 - 1 (a bucket outside 0 .. 65535).
     """
-    parts = [_array_head(4 * len(items))]
+    parts = [_array_head(5 * len(items))]
     append = parts.append
     tail = _ACK_TAIL.pack
     try:
-        for ident, attempt, nominal, nxt in items:
+        for ident, attempt, nominal, nxt, bucket in items:
             append(pack_str(ident))
-            append(tail(0xCF, attempt, 0xCF, nominal, 0xCF, nxt))
+            append(tail(0xCF, attempt, 0xCF, nominal, 0xCF, nxt, 0xCD, bucket))
     except struct.error as exc:
         raise ValueError(f"ack values must be in 0 .. 2**64 - 1: {exc}") from None
     return b"".join(parts)

@@ -389,7 +389,7 @@ class Store(Transport):
         append = jobs.append
         # Positional Job(...) and no slice per row: this loop runs once per claimed job.
         for i in range(2, len(reply), _CLAIM_STRIDE):
-            (ident, due, deadline, dup, task, data, mx, flags, nominal, attempt, ep, kind) = reply[
+            (ident, due, deadline, tag, task, data, mx, flags, nominal, attempt, ep, kind) = reply[
                 i : i + 12
             ]
             error = reply[i + 16]
@@ -407,8 +407,9 @@ class Store(Transport):
                     ep,
                     _recurrence(kind, *reply[i + 12 : i + 16]) if kind else None,
                     0,
-                    bool(dup),
+                    bool(tag & 1),
                     error.decode(errors="replace") if error else "",
+                    tag >> 1,
                 )
             )
         return ClaimBatch(shard, int(reply[0]), jobs, int(reply[1]))
@@ -424,21 +425,28 @@ class Store(Transport):
         Raises:
             Fenced: if ``epoch`` is stale (nothing written).
         """
-        items = [(r.id.encode(), r.attempt, r.nominal_ms, r.time_ms) for r in refs]
+        bucket_of = self.keys.bucket_of
+        items = [(r.id.encode(), r.attempt, r.nominal_ms, r.time_ms, bucket_of(r.id)) for r in refs]
         return await self.ack_items(shard, epoch, items, keep_done_ms)
 
     async def ack_items(
         self,
         shard: int,
         epoch: int,
-        items: Sequence[tuple[bytes, int, int, int]],
+        items: Sequence[tuple[bytes, int, int, int, int]],
         keep_done_ms: int,
     ) -> list[bool]:
-        """:meth:`ack` of ``(id as UTF-8, attempt, nominal_ms, next_ms)`` per job."""
+        """:meth:`ack` of ``(id as UTF-8, attempt, nominal_ms, next_ms, bucket)`` per job,
+        ``bucket`` the index of its record hash (:meth:`Keys.bucket_of`, or what the
+        claim returned in :attr:`Job.bucket`)."""
         k = self.keys.shard(shard)
+        buckets: Sequence[str] = k.jobs
+        if len(items) == 1:  # its own record hash only, at index 0
+            ident, attempt, nominal, nxt, bucket = items[0]
+            if not 0 <= bucket < len(k.jobs):
+                raise ValueError(f"bucket must be in 0 .. {len(k.jobs) - 1}, got {bucket}")
+            buckets, items = [k.jobs[bucket]], [(ident, attempt, nominal, nxt, 0)]
         args = [epoch, keep_done_ms, pack_ack_batch(items)]
-        one = items[0][0].decode() if len(items) == 1 else ""
-        buckets = [self.keys.jobs_key(shard, one)] if one else k.jobs
         reply = await self._write(
             self._scripts.ack, [k.leased, k.due, k.done, k.epoch, k.clock, *buckets], args, shard
         )

@@ -65,18 +65,28 @@ end
 -- Record buckets: the script's record hashes are KEYS[first + 1 .. #KEYS]. With one key
 -- it is the id's own bucket (the client picked it); with all of them, the bucket is the
 -- first 32 bits of SHA-1(id) mod their count, as Keys.bucket_of computes it in Python.
-local function bucket_key(id, first)
+-- bucket_index gives it from 0 (0 with one key).
+local function bucket_index(id, first)
   local nb = #KEYS - first
-  if nb == 1 then return KEYS[first + 1] end
-  return KEYS[first + 1 + tonumber(string.sub(redis.sha1hex(id), 1, 8), 16) % nb]
+  if nb == 1 then return 0 end
+  return tonumber(string.sub(redis.sha1hex(id), 1, 8), 16) % nb
+end
+
+local function bucket_key(id, first)
+  return KEYS[first + 1 + bucket_index(id, first)]
 end
 
 -- Group positions 1..n of ids by their bucket key: returns keys (in first-seen order),
--- per key the positions, and the key of each position (hashing each id once).
-local function by_bucket(ids, n, first)
-  local order, groups, key_of = {}, {}, {}
+-- per key the positions, the key of each position and its bucket index. The index of
+-- position k is given[k] when the caller passes given (ack: the client sends what the
+-- claim returned), else each id is hashed once.
+local function by_bucket(ids, n, first, given)
+  local order, groups, key_of, index_of = {}, {}, {}, {}
   for k = 1, n do
-    local key = bucket_key(ids[k], first)
+    local b = given and given[k] or bucket_index(ids[k], first)
+    local key = KEYS[first + 1 + b]
+    if not key then error({err = 'TW_BADARG bucket ' .. tostring(b) .. ' of ' .. ids[k]}) end
+    index_of[k] = b
     key_of[k] = key
     local g = groups[key]
     if not g then
@@ -86,14 +96,14 @@ local function by_bucket(ids, n, first)
     end
     g[#g + 1] = k
   end
-  return order, groups, key_of
+  return order, groups, key_of, index_of
 end
 
--- HMGET of ids 1..n over their buckets: the records by position (false if missing),
--- and the bucket key of each position.
-local function get_records(ids, n, first)
+-- HMGET of ids 1..n over their buckets (given: as in by_bucket): the records by
+-- position (false if missing), and the bucket key and index of each position.
+local function get_records(ids, n, first, given)
   local recs = {}
-  local order, groups, key_of = by_bucket(ids, n, first)
+  local order, groups, key_of, index_of = by_bucket(ids, n, first, given)
   for _, key in ipairs(order) do
     local pos = groups[key]
     local names = {}
@@ -103,7 +113,7 @@ local function get_records(ids, n, first)
       for j = 1, #part do recs[pos[c + j - 1]] = part[j] end
     end
   end
-  return recs, key_of
+  return recs, key_of, index_of
 end
 
 -- Buffered writes to record buckets: w[key] = {field, value, ...} (HSET) or {field, ...}

@@ -3,9 +3,11 @@
 -- KEYS[6..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  epoch      the caller's fencing epoch for this shard
 -- ARGV[2]  keep       ms: done entries older than this are trimmed
--- ARGV[3]  batch      msgpack array, 4 values per job: id, attempt, nominal, next
+-- ARGV[3]  batch      msgpack array, 5 values per job: id, attempt, nominal, next, bucket
 --   (the lease is (epoch, attempt, nominal); next: the next occurrence's due in ms for a
---   recurring job, computed by the client from the nominal due; 0 = none)
+--   recurring job, computed by the client from the nominal due; 0 = none; bucket: the
+--   index from 0 among KEYS[6..] of the id's record hash, as claim.lua returned it, so
+--   the id is not hashed again here)
 -- Returns: {status_1 .. status_n}: 1 acked and removed, 2 acked and re-inserted at
 --   next, 0 lease lost (not leased, or leased under another epoch, attempt or nominal),
 --   3 the occurrence is in done already: an ack of it ran before (a re-send of this
@@ -13,19 +15,23 @@
 --   A lost lease still records the occurrence in done: the handler did run, so a copy
 --   of it waiting in due (reaped after the lease expired) is dropped at its claim
 --   instead of running a second time.
--- Errors: TW_FENCED if ARGV[1] is not the shard's current epoch (nothing written).
+-- Errors: TW_FENCED if ARGV[1] is not the shard's current epoch, TW_BADARG for a bucket
+--   index out of range (nothing written either way).
 local FIRST = 5
 local leased_key, due_key, done_key = KEYS[1], KEYS[2], KEYS[3]
 local err = fence(KEYS[4], ARGV[1])
 if err then return err end
 local epoch = tonumber(ARGV[1])
+local items = cmsgpack.unpack(ARGV[3])
+local count = #items / 5
+local ids, given = {}, {}
+for k = 1, count do
+  ids[k] = items[5 * k - 4]
+  given[k] = items[5 * k]
+end
+local recs, key_of = get_records(ids, count, FIRST, given)
 local now = clock_now(KEYS[5], true)
 redis.call('ZREMRANGEBYSCORE', done_key, '-inf', '(' .. fmt(now - tonumber(ARGV[2])))
-local items = cmsgpack.unpack(ARGV[3])
-local count = #items / 4
-local ids = {}
-for k = 1, count do ids[k] = items[4 * k - 3] end
-local recs, key_of = get_records(ids, count, FIRST)
 local leases = {}
 for k = 1, count, CHUNK do
   local b = redis.call('ZMSCORE', leased_key, unpack(ids, k, math.min(k + CHUNK - 1, count)))
@@ -41,8 +47,8 @@ for k = 1, count do
   local status = 0
   if recs[k] and leases[k] and not acked[id] then
     local r = rec_decode(recs[k])
-    if holds(r, epoch, items[4 * k - 2], items[4 * k - 1]) then
-      local nxt = items[4 * k]
+    if holds(r, epoch, items[5 * k - 3], items[5 * k - 2]) then
+      local nxt = items[5 * k - 1]
       nu = nu + 1
       unlease[nu] = id
       done[nn + 1], done[nn + 2] = snow, done_member(r[F_NOMINAL], id)
@@ -61,7 +67,7 @@ for k = 1, count do
     end
   end
   if status == 0 and not acked[id] then
-    local member = done_member(items[4 * k - 1], id)
+    local member = done_member(items[5 * k - 2], id)
     -- Recorded done already: this ack (or a re-send of it) ran before; say so.
     if redis.call('ZSCORE', done_key, member) then status = 3 end
     done[nn + 1], done[nn + 2] = snow, member

@@ -8,8 +8,10 @@
 -- ARGV[2]  lookahead  ms: claim jobs due by now + lookahead
 -- ARGV[3]  limit      at most this many jobs
 -- ARGV[4]  lease      ms: each lease ends at max(now, due) + lease
--- Returns: {now, dropped, then per job: id, due, deadline, dup, field_1 .. field_13}
---   (17 values per job; nominal resolved). dropped counts one-shot jobs whose
+-- Returns: {now, dropped, then per job: id, due, deadline, tag, field_1 .. field_13}
+--   (17 values per job; nominal resolved; tag = dup + 2 * bucket, where bucket is the
+--   index from 0 of the job's record hash among KEYS[8..], for the ack to send back,
+--   and dup is 0 or 1, below). dropped counts one-shot jobs whose
 --   occurrence is in done already: removed, not returned. A recurring job whose
 --   occurrence is done comes back leased with dup = 1: the client acks it unrun, which
 --   re-inserts its next occurrence.
@@ -40,7 +42,7 @@ for k = 1, count do
   dues[k] = tonumber(hits[2 * k])
 end
 bulk('ZREM', due_key, ids)
-local recs, key_of = get_records(ids, count, FIRST)
+local recs, key_of, index_of = get_records(ids, count, FIRST)
 -- Decode and resolve each occurrence, then look them all up in done at once.
 local decoded, members = {}, {}
 for k = 1, count do
@@ -77,7 +79,8 @@ for k = 1, count do
     buffer(hset, key_of[k], id, rec_encode(r))
     zadd[nz + 1], zadd[nz + 2] = fmt(deadline), id
     nz = nz + 2
-    out[n + 1], out[n + 2], out[n + 3], out[n + 4] = id, dues[k], deadline, seen[k] and 1 or 0
+    out[n + 1], out[n + 2], out[n + 3] = id, dues[k], deadline
+    out[n + 4] = (seen[k] and 1 or 0) + 2 * index_of[k]
     n = rec_row(out, n + 4, r, dues[k])
   end
 end
