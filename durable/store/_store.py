@@ -69,10 +69,10 @@ __all__ = ["ClaimedRef", "EncodedJob", "Store", "encode_job"]
 # Status codes of schedule.lua by value: indexing beats the enum's call in a hot loop.
 _STATUSES: tuple[ScheduleStatus, ...] = (ScheduleStatus.CREATED, *ScheduleStatus)  # [0] unused
 
-# Values per job in the replies of claim.lua (id, due, deadline, dup, then the record's
-# fields in FIELDS order) and of get.lua / dead_list.lua (id, when, then the fields).
-_CLAIM_STRIDE = 4 + len(FIELDS)
+# Values per job in the replies of get.lua / dead_list.lua (id, when, then the record's
+# fields in FIELDS order). claim.lua's rows have a length of their own (see claim).
 _ROW_STRIDE = 2 + len(FIELDS)
+_SHORT_ROW = 6  # a claim row's field count for a one-shot job without an error
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,12 +387,20 @@ class Store(Transport):
         )
         jobs: list[Job] = []
         append = jobs.append
-        # Positional Job(...) and no slice per row: this loop runs once per claimed job.
-        for i in range(2, len(reply), _CLAIM_STRIDE):
-            (ident, due, deadline, tag, task, data, mx, flags, nominal, attempt, ep, kind) = reply[
-                i : i + 12
+        # Positional Job(...), one slice per row: this loop runs once per claimed job.
+        # A row is id, due, deadline, tag, count, then count fields (see claim.lua).
+        i, end = 2, len(reply)
+        while i < end:
+            (ident, due, deadline, tag, count, task, data, mx, flags, nominal, attempt) = reply[
+                i : i + 11
             ]
-            error = reply[i + 16]
+            if count == _SHORT_ROW:
+                ep, recurrence, error = epoch, None, ""
+            else:  # all 13: a recurring job, or one with an error
+                ep, kind = reply[i + 11], reply[i + 12]
+                recurrence = _recurrence(kind, *reply[i + 13 : i + 17]) if kind else None
+                error = reply[i + 17].decode(errors="replace")
+            i += 5 + count
             append(
                 Job(
                     ident.decode(),
@@ -405,10 +413,10 @@ class Store(Transport):
                     attempt,
                     mx,
                     ep,
-                    _recurrence(kind, *reply[i + 12 : i + 16]) if kind else None,
+                    recurrence,
                     0,
                     bool(tag & 1),
-                    error.decode(errors="replace") if error else "",
+                    error,
                     tag >> 1,
                 )
             )

@@ -8,10 +8,12 @@
 -- ARGV[2]  lookahead  ms: claim jobs due by now + lookahead
 -- ARGV[3]  limit      at most this many jobs
 -- ARGV[4]  lease      ms: each lease ends at max(now, due) + lease
--- Returns: {now, dropped, then per job: id, due, deadline, tag, field_1 .. field_13}
---   (17 values per job; nominal resolved; tag = dup + 2 * bucket, where bucket is the
---   index from 0 of the job's record hash among KEYS[8..], for the ack to send back,
---   and dup is 0 or 1, below). dropped counts one-shot jobs whose
+-- Returns: {now, dropped, then per job: id, due, deadline, tag, count, field_1 ..
+--   field_count}: tag = dup + 2 * bucket, where bucket is the index from 0 of the job's
+--   record hash among KEYS[8..], for the ack to send back, and dup is 0 or 1 (below);
+--   count is 6 (task, payload, max, flags, nominal, attempt: the epoch is ARGV[1] and
+--   the rest are at their defaults) for a one-shot job with no error, else 13; the
+--   nominal is resolved. dropped counts one-shot jobs whose
 --   occurrence is in done already: removed, not returned. A recurring job whose
 --   occurrence is done comes back leased with dup = 1: the client acks it unrun, which
 --   re-inserts its next occurrence.
@@ -79,9 +81,12 @@ for k = 1, count do
     buffer(hset, key_of[k], id, rec_encode(r))
     zadd[nz + 1], zadd[nz + 2] = fmt(deadline), id
     nz = nz + 2
+    local count = (r[F_RKIND] == 0 and r[F_ERROR] == '') and F_ATTEMPT or NFIELDS
     out[n + 1], out[n + 2], out[n + 3] = id, dues[k], deadline
-    out[n + 4] = (seen[k] and 1 or 0) + 2 * index_of[k]
-    n = rec_row(out, n + 4, r, dues[k])
+    out[n + 4], out[n + 5] = (seen[k] and 1 or 0) + 2 * index_of[k], count
+    n = n + 5
+    for i = 1, count do out[n + i] = r[i] end
+    n = n + count
   end
 end
 flush('HDEL', gone)
