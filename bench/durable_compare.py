@@ -12,12 +12,18 @@ Rows: single awaited schedule (tickwheel ``schedule(delay=60)``, arq ``enqueue_j
 BullMQ ``Queue.add`` with a delay), 1000 per round; batch schedule of 10,000 (tickwheel
 ``schedule_many`` over 16 shards, BullMQ ``addBulk``); claim + ack of 10,000 due jobs on
 one shard (tickwheel, claims of 1000 then ``ack_many``).
+
+Each timed section starts after a full garbage collection (``_start``): a collection
+owed by the allocations of the section before (the claim+ack of a round frees 10,000
+jobs) otherwise lands in whichever section comes next, which moved the batch row by
+20% between two versions whose scripts cost the same (slowlog).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import importlib.util
 import statistics
 import sys
@@ -28,6 +34,12 @@ from typing import Any
 SINGLES = 1000
 BATCH = 10_000
 PAYLOAD = b"x" * 32
+
+
+def _start() -> float:
+    """A timed section's start: after a full collection (see the module's docstring)."""
+    gc.collect()
+    return time.perf_counter()
 
 
 def _load_durable(folder: str) -> None:
@@ -74,33 +86,33 @@ async def _rows(url: str, rounds: int) -> dict[str, list[float]]:
         await client.flushall()
         s = Scheduler(client, f"c{next(seq)}", shards=16, check=False)
         await s.open()
-        t = time.perf_counter()
+        t = _start()
         for i in range(SINGLES):
             await s.schedule(f"one:{i}", "send_email", PAYLOAD, delay=60)
         rec("single: tickwheel", SINGLES, t)
         far = peers.now_ms() + 3_600_000
         r = next(seq)
-        t = time.perf_counter()
+        t = _start()
         for i in range(SINGLES):
             await arq.schedule_one(f"a{r}:{i}", far)
         rec("single: arq", SINGLES, t)
-        t = time.perf_counter()
+        t = _start()
         for i in range(SINGLES):
             await bull.schedule_one(f"b{r}:{i}", far)
         rec("single: bullmq", SINGLES, t)
 
         specs = [JobSpec(f"m{r}:{i}", "send_email", PAYLOAD, delay=3600) for i in range(BATCH)]
-        t = time.perf_counter()
+        t = _start()
         await s.schedule_many(specs)
         rec("batch: tickwheel", BATCH, t)
-        t = time.perf_counter()
+        t = _start()
         await bull.schedule_many([(f"bm{r}:{i}", far) for i in range(BATCH)])
         rec("batch: bullmq", BATCH, t)
 
         c = Scheduler(client, f"d{next(seq)}", shards=1, check=False)
         await c.take(0)
         await c.schedule_many(JobSpec(f"job:{i}", "send_email", PAYLOAD) for i in range(BATCH))
-        t = time.perf_counter()
+        t = _start()
         n = 0
         while True:
             batch = await c.claim(0, limit=1000)
