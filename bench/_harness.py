@@ -258,8 +258,8 @@ def lateness_probe(
     seen: set[str] = set()
     done = asyncio.Event()
 
-    @registry.task(name=name)
-    def probe(ctx: TaskContext) -> None:
+    @registry.task(name=name)  # async, like the peers' handlers (a plain one runs inline)
+    async def probe(ctx: TaskContext) -> None:
         assert ctx.job is not None
         late.append(time.time() * 1000 - ctx.job.due_ms)
         seen.add(ctx.job_id)

@@ -104,8 +104,8 @@ async def _tickwheel(url: str, plan: Plan, checks: Checks) -> dict[str, Any]:
     all_ran = asyncio.Event()
     reg = TaskRegistry()
 
-    @reg.task(name="noop")
-    def noop(ctx: TaskContext) -> None:
+    @reg.task(name="noop")  # async, like the peers' handlers (a plain one runs inline)
+    async def noop(ctx: TaskContext) -> None:
         ran.append(1)
         if len(ran) == plan.durable_drain:
             all_ran.set()
