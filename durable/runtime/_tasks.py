@@ -75,6 +75,11 @@ class TaskRegistry:
 
         @tasks.task(name="billing.charge")
         def charge(ctx: TaskContext) -> None: ...
+
+    A worker runs a coroutine function in a task of its own, and a plain function at
+    once, on the loop, when its job fires (in a copy of the context, with no task made
+    for it): cheaper per job, and fine for short work, but it blocks the loop while it
+    runs, so anything that waits on I/O belongs in an ``async def``.
     """
 
     def __init__(self) -> None:
