@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import os
 from typing import Any
 
@@ -198,6 +199,110 @@ def test_a_plain_function_that_raises_is_retried_and_an_awaitable_it_returns_is_
             assert finished == ["deferring-job"]
             assert (stats.retried, stats.succeeded, stats.dead, stats.errors) == (1, 2, 0, 0)
             assert await check_all(s) == {}
+
+    run(main())
+
+
+@dataclasses.dataclass
+class _Plain:
+    """A callable dataclass: not hashable (it defines __eq__), and not a function."""
+
+    calls: list[str]
+
+    def __call__(self, ctx: TaskContext) -> None:
+        self.calls.append(ctx.job_id)
+
+
+@dataclasses.dataclass
+class _Async:
+    calls: list[str]
+
+    async def __call__(self, ctx: TaskContext) -> None:
+        await asyncio.sleep(0)
+        self.calls.append(ctx.job_id)
+
+
+def test_callable_objects_run_as_tasks_whether_hashable_or_not(redis_url: str) -> None:
+    """Any callable registers: an unhashable object whose __call__ is plain runs at its
+    firing, one whose __call__ is async (not a coroutine function itself) is awaited."""
+    plain, awaited = _Plain([]), _Async([])
+    reg = TaskRegistry()
+    reg.register(plain, name="plain")
+    reg.register(awaited, name="awaited")
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1, owner_ttl=2.0) as s:
+            for i in range(3):
+                await s.schedule(f"p{i}", "plain", delay=0.05)
+                await s.schedule(f"a{i}", "awaited", delay=0.05)
+            async with running_worker(s, reg, **FAST) as w:
+                done = until(lambda: w.loader is not None and w.loader.stats.succeeded == 6, 5)
+                assert await done
+                assert w.loader is not None
+                stats = w.loader.stats
+            assert sorted(plain.calls) == ["p0", "p1", "p2"]
+            assert sorted(awaited.calls) == ["a0", "a1", "a2"]
+            assert (stats.errors, stats.retried) == (0, 0)
+            assert await check_all(s) == {}
+
+    run(main())
+
+
+def test_what_a_plain_wrapper_sets_in_the_context_reaches_the_awaitable_it_returns(
+    redis_url: str,
+) -> None:
+    request: contextvars.ContextVar[str] = contextvars.ContextVar("request", default="none")
+    seen: list[str] = []
+    reg = TaskRegistry()
+
+    async def body(ctx: TaskContext) -> None:
+        await asyncio.sleep(0)
+        seen.append(request.get())
+
+    @reg.task(name="wrapped")
+    def wrapped(ctx: TaskContext) -> Any:  # a plain decorator-style wrapper
+        request.set(f"req-{ctx.job_id}")
+        return body(ctx)
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1, owner_ttl=2.0) as s:
+            await s.schedule("w", "wrapped", delay=0.05)
+            async with running_worker(s, reg, **FAST) as w:
+                assert await until(lambda: w.loader is not None and w.loader.stats.succeeded, 5)
+            assert seen == ["req-w"]
+
+    run(main())
+
+
+def test_drain_still_acks_a_handler_that_returns_at_the_grace_deadline(redis_url: str) -> None:
+    """A handler still running when the grace runs out is cancelled; one that catches
+    the cancellation and returns did run, so its ack is written (the acks get their own
+    grace), and it does not run again after its lease."""
+    started = asyncio.Event()
+    reg = TaskRegistry()
+
+    @reg.task(name="stubborn")
+    async def stubborn(ctx: TaskContext) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            return  # wraps up and returns instead (on purpose here)
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1, owner_ttl=5.0) as s:
+            await s.take(0)
+            await s.schedule("j", "stubborn")
+            loader = Loader(s, reg, TimingWheel(), lookahead=0.0, poll_interval=0.02)
+            task = asyncio.ensure_future(loader.run())
+            await asyncio.wait_for(started.wait(), 10)
+            loader.stop_claiming()
+            assert await loader.drain(0.05) == 1  # the task, cancelled at the deadline
+            assert loader.running == 0
+            assert loader.stats.succeeded == 1
+            assert await check_all(s) == {}
+            await task
+            await s.close()
 
     run(main())
 

@@ -33,7 +33,7 @@ import contextlib
 import contextvars
 import inspect
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Coroutine
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 
@@ -176,9 +176,11 @@ class Loader:
         self.stats = LoaderStats()  # counters
         # Acks that arrive together share a call; it counts their outcomes in stats.
         self._acks = _AckBatcher(scheduler, wheel, self.stats)
-        # Task function -> True when it is a coroutine function (it runs in a task of its
-        # own); a plain function runs in the wheel's callback that fires its job.
-        self._is_async: dict[TaskFunc, bool] = {}
+        # Task name -> True when its function is a coroutine function (it runs in a task
+        # of its own); a plain function runs in the wheel's callback that fires its job.
+        # By name, not by function: a registered callable need not be hashable, and a
+        # name is never registered twice.
+        self._is_async: dict[str, bool] = {}
         scheduler.ownership.on_fenced(self._on_fenced)
         # Firing lateness (s): loop time at firing minus the job's due in loop time.
         self.lateness = LatenessHistogram()
@@ -346,17 +348,22 @@ class Loader:
         self.stats.fired += 1
         fn = None if job.duplicate or self.publisher else self.registry.get(job.task)
         if fn is not None:
-            is_async = self._is_async.get(fn)
+            is_async = self._is_async.get(job.task)
             if is_async is None:
-                is_async = self._is_async[fn] = inspect.iscoroutinefunction(fn)
+                is_async = self._is_async[job.task] = inspect.iscoroutinefunction(fn)
             if not is_async:
                 self._run_plain(fn, job, lease_end)
                 return
         self._busy += 1
         self._spawn(self._execute(job, lease_end), job)
 
-    def _spawn(self, coro: Awaitable[None], job: Job) -> None:
-        task = asyncio.ensure_future(coro)
+    def _spawn(
+        self,
+        coro: Coroutine[object, object, None],
+        job: Job,
+        context: contextvars.Context | None = None,
+    ) -> None:
+        task = asyncio.get_running_loop().create_task(coro, context=context)
         self._running[task] = job
         task.add_done_callback(self._forget)
 
@@ -365,13 +372,15 @@ class Loader:
         and in a copy of its context, as a task would (and it would block the loop as
         long there); no task is made unless it raises or returns an awaitable. Its ack
         joins the shard's next ack batch."""
+        context = contextvars.copy_context()
         try:
-            result = contextvars.copy_context().run(fn, self._context(job))
-        except Exception as exc:
+            result = context.run(fn, self._context(job))
+        except (Exception, asyncio.CancelledError) as exc:  # a failure of the job's own
             result = _raise(exc)  # the task path writes the retry
         if inspect.isawaitable(result):
             self._busy += 1
-            self._spawn(self._execute(job, lease_end, result), job)
+            # In the same context: what the function set is seen by what it returned.
+            self._spawn(self._execute(job, lease_end, result), job, context)
         else:
             self._acks.submit(job, lease_end)
 
@@ -385,14 +394,20 @@ class Loader:
         self._running.pop(task, None)
 
     def _free_slot(self) -> None:
-        """A handler returned (or never ran): start the jobs waiting for its slot."""
+        """A handler returned (or never ran): start the jobs waiting for its slot. It
+        runs inside the task that freed the slot: a failure to start another job (a
+        plain function runs right here) must not end that task before its ack."""
         self._busy -= 1
         ready = self._ready
         while ready and self._busy < self.max_running:
             key = next(iter(ready))
             job, lease_end, shed = ready.pop(key)
             shed.cancel()
-            self._start(job, lease_end)
+            try:
+                self._start(job, lease_end)
+            except Exception:  # a bug: the job stays leased, for the reaper
+                self.stats.errors += 1
+                logger.exception("tickwheel.durable: job %r left to the reaper", job.id)
         if len(ready) < self.max_running:
             self._room.set()
 
@@ -588,7 +603,10 @@ class Loader:
 
     async def drain(self, grace: float | None = None, shard: int | None = None) -> int:
         """Wait for the fired jobs (of ``shard``, or all) to settle: their tasks, then
-        their acks; cancel what still runs ``grace`` s after the call.
+        their acks; cancel what still runs ``grace`` s after the call. The acks get at
+        least ``CANCEL_GRACE`` s even when the tasks took all of ``grace``: a handler
+        that returned at the deadline did run, and its ack is what keeps it from
+        running again.
 
         A cancelled task is neither acked nor retried, and a cancelled ack call leaves
         its jobs leased: their leases expire and the reaper hands them out again.
@@ -600,13 +618,13 @@ class Loader:
         end = None if grace is None else loop.time() + grace
         cancelled = 0
         tasks = {t for t, job in self._running.items() if shard is None or job.shard == shard}
-        for stage in ("tasks", "acks"):
-            if stage == "acks":  # the tasks just waited for have submitted theirs
+        for least in (0.0, CANCEL_GRACE):
+            if least:  # the acks: the tasks just waited for have submitted theirs
                 tasks = self._acks.flushes(shard)
             if not tasks:
                 continue
             _, pending = await asyncio.wait(
-                tasks, timeout=None if end is None else max(0.0, end - loop.time())
+                tasks, timeout=None if end is None else max(least, end - loop.time())
             )
             for task in pending:
                 task.cancel()
@@ -617,7 +635,7 @@ class Loader:
         return cancelled
 
 
-async def _raise(exc: Exception) -> None:
+async def _raise(exc: BaseException) -> None:
     """Raise ``exc`` when awaited: a plain task function's failure, handed to the task
     path that writes its retry."""
     raise exc
