@@ -274,6 +274,44 @@ def test_what_a_plain_wrapper_sets_in_the_context_reaches_the_awaitable_it_retur
     run(main())
 
 
+def test_a_plain_function_raising_cancelled_does_not_stop_the_job_that_freed_its_slot(
+    redis_url: str,
+) -> None:
+    """With one slot, a plain function waiting for it runs inside the task of the job
+    that frees it. Raising CancelledError (its own, not the loader's) must cost only its
+    own job, left leased for the reaper; the other job is still acked."""
+    order: list[str] = []
+    reg = TaskRegistry()
+
+    @reg.task(name="first")
+    async def first(ctx: TaskContext) -> None:
+        await asyncio.sleep(0.05)
+        order.append("first")
+
+    @reg.task(name="second")
+    def second(ctx: TaskContext) -> None:
+        order.append("second")
+        raise asyncio.CancelledError
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1, owner_ttl=5.0) as s:
+            await s.take(0)
+            base = await s.now(0)
+            await s.schedule("a", "first", at=base + 100)
+            await s.schedule("b", "second", at=base + 101)
+            loader = Loader(s, reg, TimingWheel(), lookahead=0.5, poll_interval=0.02, max_running=1)
+            task = asyncio.ensure_future(loader.run())
+            assert await until(lambda: len(order) == 2 and loader.running == 0, 5)
+            loader.stop_claiming()
+            await task
+            assert order == ["first", "second"]
+            assert loader.stats.succeeded == 1
+            assert await check_all(s) == {"b": JobState.LEASED}  # "a" acked
+            await s.close()
+
+    run(main())
+
+
 def test_drain_still_acks_a_handler_that_returns_at_the_grace_deadline(redis_url: str) -> None:
     """A handler still running when the grace runs out is cancelled; one that catches
     the cancellation and returns did run, so its ack is written (the acks get their own
