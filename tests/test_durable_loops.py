@@ -150,7 +150,7 @@ def test_python_record_matches_cmsgpack(
         assert pack_oneshot(task, payload, max_attempts, flags) == generic
     # The fixed-width batches unpack in Lua to their values (the ints as numbers).
     times = [min(i, 2**53) for i in ints]
-    ack = [(task, times[0], times[1], times[2]), (payload, 1, 0, 0)]
+    ack = [(task, times[0], times[1], times[2], 1023), (payload, 1, 0, 0, 0)]
     got = client.eval("return cmsgpack.unpack(ARGV[1])", 0, pack_ack_batch(ack))
     assert got == [v for item in ack for v in item]
     sched = [(task, 1, times[0], payload), (payload, 0, times[1], task)]
@@ -161,7 +161,9 @@ def test_python_record_matches_cmsgpack(
 
 def test_batches_refuse_values_out_of_range() -> None:
     with pytest.raises(ValueError, match="ack values"):
-        pack_ack_batch([(b"a", -1, 0, 0)])
+        pack_ack_batch([(b"a", -1, 0, 0, 0)])
+    with pytest.raises(ValueError, match="ack values"):
+        pack_ack_batch([(b"a", 1, 0, 0, 65536)])  # the bucket is a uint16
     with pytest.raises(ValueError, match="schedule times"):
         pack_schedule_batch([(b"a", 0, 2**64, b"")])
     with pytest.raises(ValueError, match="mode"):
