@@ -346,7 +346,8 @@ class Loader:
             self.stats.expired += 1
             return
         self.stats.fired += 1
-        fn = None if job.duplicate or self.publisher else self.registry.get(job.task)
+        publishing = self.publisher is not None
+        fn = None if job.duplicate or publishing else self.registry.get(job.task)
         if fn is not None:
             is_async = self._is_async.get(job.task)
             if is_async is None:
@@ -376,7 +377,9 @@ class Loader:
         try:
             result = context.run(fn, self._context(job))
         except (Exception, asyncio.CancelledError) as exc:  # a failure of the job's own
-            result = _raise(exc)  # the task path writes the retry
+            # Raised again in the task path: it writes the retry (a CancelledError ends
+            # that task cancelled, as it ended a task before: the reaper's job).
+            result = _raise(exc)
         if inspect.isawaitable(result):
             self._busy += 1
             # In the same context: what the function set is seen by what it returned.
