@@ -82,10 +82,13 @@ end
 -- claim returned), else each id is hashed once.
 local function by_bucket(ids, n, first, given)
   local order, groups, key_of, index_of = {}, {}, {}, {}
+  local nb = #KEYS - first
   for k = 1, n do
     local b = given and given[k] or bucket_index(ids[k], first)
+    if type(b) ~= 'number' or b < 0 or b >= nb then
+      error({err = 'TW_BADARG bucket ' .. tostring(b) .. ' of ' .. ids[k]})
+    end
     local key = KEYS[first + 1 + b]
-    if not key then error({err = 'TW_BADARG bucket ' .. tostring(b) .. ' of ' .. ids[k]}) end
     index_of[k] = b
     key_of[k] = key
     local g = groups[key]
