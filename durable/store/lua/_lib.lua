@@ -65,15 +65,14 @@ end
 -- Record buckets: the script's record hashes are KEYS[first + 1 .. #KEYS]. With one key
 -- it is the id's own bucket (the client picked it); with all of them, the bucket is the
 -- first 32 bits of SHA-1(id) mod their count, as Keys.bucket_of computes it in Python.
--- bucket_index gives it from 0 (0 with one key).
-local function bucket_index(id, first)
-  local nb = #KEYS - first
+-- bucket_index gives it from 0 among nb = #KEYS - first buckets (0 with one key).
+local function bucket_index(id, nb)
   if nb == 1 then return 0 end
   return tonumber(string.sub(redis.sha1hex(id), 1, 8), 16) % nb
 end
 
 local function bucket_key(id, first)
-  return KEYS[first + 1 + bucket_index(id, first)]
+  return KEYS[first + 1 + bucket_index(id, #KEYS - first)]
 end
 
 -- Group positions 1..n of ids by their bucket key: returns keys (in first-seen order),
@@ -84,7 +83,7 @@ local function by_bucket(ids, n, first, given)
   local order, groups, key_of, index_of = {}, {}, {}, {}
   local nb = #KEYS - first
   for k = 1, n do
-    local b = given and given[k] or bucket_index(ids[k], first)
+    local b = given and given[k] or bucket_index(ids[k], nb)
     if type(b) ~= 'number' or b < 0 or b >= nb then
       error({err = 'TW_BADARG bucket ' .. tostring(b) .. ' of ' .. ids[k]})
     end
