@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 from tickwheel.durable import Client, JobState, Scheduler
 from tickwheel.durable.store._connect import client_from_url
+from tickwheel.durable.store._record import FAR_SLOT_MS, unpack_far_chunk
 
 T = TypeVar("T")
 
@@ -70,6 +71,26 @@ async def snapshot(sched: Scheduler) -> dict[bytes, bytes | None]:
     return out
 
 
+async def far_jobs(sched: Scheduler, shard: int) -> dict[str, int]:
+    """The live jobs of a shard's far index, each with its due time: a job whose record
+    is in none of due, leased and dead, with an entry in the slot of its nominal."""
+    client = client_of(sched)
+    k = sched.keys.shard(shard)
+    taken = set()
+    for ks in (k.due, k.leased, k.dead):
+        taken |= {m.decode() for m in await client.zrange(ks, 0, -1)}
+    out: dict[str, int] = {}
+    for member in await client.zrange(k.far, 0, -1):
+        slot, ids = unpack_far_chunk(member)
+        for job_id in ids:
+            if job_id in taken or job_id in out:
+                continue
+            info = await sched.store.get(shard, job_id)
+            if info is not None and info.nominal_ms - info.nominal_ms % FAR_SLOT_MS == slot:
+                out[job_id] = info.nominal_ms
+    return out
+
+
 async def check_shard(sched: Scheduler, shard: int) -> dict[str, JobState]:
     """Assert a shard's invariants and return each job's state.
 
@@ -91,15 +112,25 @@ async def check_shard(sched: Scheduler, shard: int) -> dict[str, JobState]:
         assert not (records & fields), (b, records & fields)  # one bucket per id
         assert all(sched.keys.bucket_of(f) == b for f in fields), (b, fields)
         records |= fields
-    dump = f"due={sorted(due)} leased={sorted(leased)} dead={sorted(dead)} jobs={sorted(records)}"
+    far = await far_jobs(sched, shard)
+    dump = (
+        f"due={sorted(due)} far={sorted(far)} leased={sorted(leased)} dead={sorted(dead)} "
+        f"jobs={sorted(records)}"
+    )
     assert not (due & leased) and not (due & dead) and not (leased & dead), dump
-    assert due | leased | dead == records, dump
+    # A job with a record in none of due, leased and dead is in the far index, live.
+    assert set(far) == records - due - leased - dead, dump
+    farn = await client.get(k.farn)
+    assert int(farn or 0) == len(far), (farn, dump)
     states = dict.fromkeys(due, JobState.DUE)
+    states.update(dict.fromkeys(far, JobState.DUE))
     states.update(dict.fromkeys(leased, JobState.LEASED))
     states.update(dict.fromkeys(dead, JobState.DEAD))
     for job_id, state in states.items():
         info = await sched.store.get(shard, job_id)
         assert info is not None and info.state is state, (job_id, info, dump)
+        if job_id in far:  # due at its nominal, within its entry's slot
+            assert info.when_ms == info.nominal_ms == far[job_id], (job_id, info, far[job_id])
         assert (info.epoch > 0) == (state is JobState.LEASED), (job_id, info, dump)
     return states
 

@@ -39,7 +39,7 @@ def test_every_key_of_a_shard_carries_its_hash_tag() -> None:
     for s in range(4):
         sk = keys.shard(s)
         names = [*(k for k in sk if isinstance(k, str)), *sk.jobs]
-        assert len(names) == 7 + 8
+        assert len(names) == 9 + 8
         assert all(k.startswith(f"{{orders:{s}}}:") for k in names)
         assert len({key_slot(k.encode()) for k in names}) == 1
         assert sk.jobs == tuple(f"{{orders:{s}}}:jobs:{b}" for b in range(8))
@@ -142,6 +142,8 @@ def test_all_keys_of_each_script_land_in_one_slot(
             assert not await s.store.raise_epoch(3, 0)
             assert await s.store.heartbeat("w1", 10_000, True) == 1
             assert len(await s.inspect()) == 4
+            await s.store.due_list(0, 0, 10)
+            await s.store.due_rank(0, 0)
             await s.close()
 
     run(main())

@@ -17,6 +17,7 @@ __all__ = ["REDIS_ERRORS", "translate"]
 _CODES: dict[str, type[DurableError]] = {
     "TW_FENCED": Fenced,
     "TW_BADARG": DurableError,  # a script received an argument the client should refuse
+    "TW_TOOMANY": DurableError,  # a read-only listing would read too much of the far index
 }
 
 

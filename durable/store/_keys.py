@@ -50,7 +50,7 @@ MAX_BUCKETS = 1024
 class ShardKeys(NamedTuple):
     """The keys of one shard, all tagged ``{ns:s}``."""
 
-    due: str  # ZSET job id -> due time (ms): the scheduled state
+    due: str  # ZSET job id -> due time (ms): the scheduled state, due within ~2 minutes
     leased: str  # ZSET job id -> lease deadline (ms): the leased state
     jobs: tuple[str, ...]  # HASHes job id -> packed job record (lua/_lib.lua), by bucket
     done: str  # ZSET "nominal:id" -> completion time (ms): dedup of finished occurrences
@@ -58,6 +58,8 @@ class ShardKeys(NamedTuple):
     epoch: str  # STRING fencing epoch of the shard's owner, INCR'd on every takeover
     owner: str  # STRING owner token, with a TTL
     clock: str  # STRING high-water mark of the shard's clock (ms)
+    far: str  # ZSET chunk of ids -> slot start (ms): the scheduled state, due later
+    farn: str  # STRING how many jobs the far index holds
 
 
 class Keys:
@@ -106,6 +108,8 @@ class Keys:
             epoch=f"{tag}:epoch",
             owner=f"{tag}:owner",
             clock=f"{tag}:clock",
+            far=f"{tag}:far",
+            farn=f"{tag}:farn",
         )
 
     def shard_of(self, job_id: str) -> int:

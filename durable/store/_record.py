@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 __all__ = [
     "DEFAULTS",
+    "FAR_SLOT_MS",
     "FIELDS",
     "pack_ack_batch",
     "pack_array",
@@ -28,6 +29,7 @@ __all__ = [
     "pack_schedule_batch",
     "pack_str",
     "pack_value",
+    "unpack_far_chunk",
 ]
 
 # The job record's fields, in record order: lua/_lib.lua's F_* constants, lowercased
@@ -180,3 +182,37 @@ def pack_array(values: Sequence[int | bytes]) -> bytes:
     else:
         head = b"\xdd" + _U32.pack(n)
     return head + b"".join([pack_value(v) for v in values])
+
+
+# The far index's slot width (ms): lua/_lib.lua's FAR_SLOT (tests/test_durable_far.py
+# holds the two equal).
+FAR_SLOT_MS = 60_000
+
+
+def unpack_far_chunk(member: bytes) -> tuple[int, list[str]]:
+    """The slot start (ms) and the job ids of one member of a ``{ns:s}:far`` index:
+    ``b"<slot start>:<tag>"`` then the ids as msgpack strs (lua/_lib.lua: far_push).
+
+    Raises:
+        ValueError: if ``member`` is not of that form.
+    """
+    head, sep, rest = member.partition(b":")
+    if not sep or not head.isdigit() or rest[:1] not in (b"0", b"1"):
+        raise ValueError(f"member is not a far index chunk: {member[:40]!r}")
+    ids: list[str] = []
+    i, end = 1, len(rest)
+    while i < end:
+        b = rest[i]
+        if 0xA0 <= b <= 0xBF:
+            n, i = b & 0x1F, i + 1
+        elif b == 0xD9 and i + 2 <= end:
+            n, i = rest[i + 1], i + 2
+        elif b == 0xDA and i + 3 <= end:
+            n, i = _U16.unpack_from(rest, i + 1)[0], i + 3
+        else:
+            raise ValueError(f"member has a bad id header 0x{b:02x} at byte {i}")
+        if i + n > end:
+            raise ValueError("member ends inside an id")
+        ids.append(rest[i : i + n].decode())
+        i += n
+    return int(head), ids

@@ -36,6 +36,8 @@ SCRIPT_NAMES = (
     "release",
     "reap",
     "dead_list",
+    "due_list",
+    "due_rank",
     "dead_requeue",
     "dead_purge",
     "inspect",
@@ -92,6 +94,8 @@ class Scripts:
     release: AsyncScript
     reap: AsyncScript
     dead_list: AsyncScript
+    due_list: AsyncScript
+    due_rank: AsyncScript
     dead_requeue: AsyncScript
     dead_purge: AsyncScript
     inspect: AsyncScript

@@ -202,7 +202,7 @@ class Store(Transport):
         args = [1 if replace else 0, pack_schedule_batch([job.values for job in jobs])]
         # One job needs its own bucket only (the script then skips hashing the id).
         buckets = [self.keys.jobs_key(shard, jobs[0].id)] if len(jobs) == 1 else k.jobs
-        return [k.due, k.leased, k.done, k.dead, k.clock, *buckets], args
+        return [k.due, k.leased, k.done, k.dead, k.clock, k.far, k.farn, *buckets], args
 
     @staticmethod
     def _schedule_results(jobs: Sequence[EncodedJob], reply: Sequence[Any]) -> list[ScheduleResult]:
@@ -233,7 +233,10 @@ class Store(Transport):
             raise ValueError(f"schedule times must be in 0 .. 2**64 - 1, got {time_ms}")
         reply = await self._write(
             self._scripts.schedule_one,
-            [k.due, k.leased, k.done, k.dead, k.clock, self.keys.jobs_key(shard, job.id)],
+            [
+                *(k.due, k.leased, k.done, k.dead, k.clock, k.far, k.farn),
+                self.keys.jobs_key(shard, job.id),
+            ],
             [1 if replace else 0, ident, mode, time_ms, record],
             shard,
         )
@@ -310,7 +313,7 @@ class Store(Transport):
         k = self.keys.shard(shard)
         jobs = self.keys.jobs_key(shard, job_id)
         reply = await self._write(
-            self._scripts.cancel, [k.due, k.leased, k.dead, jobs], [job_id], shard
+            self._scripts.cancel, [k.due, k.leased, k.dead, k.farn, jobs], [job_id], shard
         )
         return JobState(reply) if reply else None
 
@@ -319,7 +322,10 @@ class Store(Transport):
         k = self.keys.shard(shard)
         reply = await self._write(
             self._scripts.reschedule,
-            [k.due, k.done, k.clock, self.keys.jobs_key(shard, job_id)],
+            [
+                *(k.due, k.done, k.clock, k.leased, k.dead, k.far, k.farn),
+                self.keys.jobs_key(shard, job_id),
+            ],
             [job_id, mode, time_ms],
             shard,
         )
@@ -381,7 +387,10 @@ class Store(Transport):
         forget_key = reply_key if forget is None else self.keys.claim_reply(shard, forget)
         reply = await self._run(
             self._scripts.claim,
-            [k.due, k.leased, k.done, k.epoch, k.clock, reply_key, forget_key, *k.jobs],
+            [
+                *(k.due, k.leased, k.done, k.epoch, k.clock, reply_key, forget_key),
+                *(k.dead, k.far, k.farn, *k.jobs),
+            ],
             [epoch, lookahead_ms, limit, lease_ms],
             shard,
         )
@@ -456,7 +465,10 @@ class Store(Transport):
             buckets, items = [k.jobs[bucket]], [(ident, attempt, nominal, nxt, 0)]
         args = [epoch, keep_done_ms, pack_ack_batch(items)]
         reply = await self._write(
-            self._scripts.ack, [k.leased, k.due, k.done, k.epoch, k.clock, *buckets], args, shard
+            self._scripts.ack,
+            [k.leased, k.due, k.done, k.epoch, k.clock, k.far, k.farn, *buckets],
+            args,
+            shard,
         )
         return [bool(s) for s in reply]
 
@@ -610,16 +622,30 @@ class Store(Transport):
         return [_shard_info(shard, reply) for shard, reply in enumerate(replies)]
 
     async def due_list(self, shard: int, offset: int, count: int) -> DeadPage:
-        """A page of one shard's due jobs in due order, from rank ``offset`` (read only;
-        dead_list.lua over the due set). Each row's ``when_ms`` is its due time."""
+        """A page of one shard's scheduled jobs in due order, from rank ``offset``
+        (due_list.lua, read only). Each row's ``when_ms`` is its due time.
+
+        O(log N + count) within the jobs due in the next minute or two; a page reaching
+        into the far index (jobs due later) reads it from its start, O(offset).
+
+        Raises:
+            DurableError: if that would read more than 50,000 far entries (TW_TOOMANY).
+        """
         k = self.keys.shard(shard)
-        reply = await self._run(self._scripts.dead_list, [k.due, *k.jobs], [offset, count], shard)
+        keys = [k.due, k.leased, k.dead, k.far, k.farn, *k.jobs]
+        reply = await self._run(self._scripts.due_list, keys, [offset, count], shard)
         return DeadPage(int(reply[0]), self._rows(shard, JobState.DUE, reply))
 
     async def due_rank(self, shard: int, time_ms: int) -> int:
-        """How many of the shard's due jobs are due before ``time_ms`` (ZCOUNT)."""
+        """How many of the shard's scheduled jobs are due before ``time_ms`` (due_rank.lua,
+        read only). O(log N) plus the far entries of slots starting before ``time_ms``.
+
+        Raises:
+            DurableError: if that would read more than 50,000 far entries (TW_TOOMANY).
+        """
         k = self.keys.shard(shard)
-        return int(await self.bounded(lambda: self._client.zcount(k.due, "-inf", f"({time_ms}")))
+        keys = [k.due, k.leased, k.dead, k.far, *k.jobs]
+        return int(await self._run(self._scripts.due_rank, keys, [time_ms], shard))
 
     # -- workers: membership and stats (the dashboard's charts) --------------------
 
@@ -641,7 +667,7 @@ class Store(Transport):
 
     def _inspect_keys(self, shard: int) -> list[str]:
         k = self.keys.shard(shard)
-        return [k.due, k.leased, k.dead, k.owner, k.epoch, k.clock]
+        return [k.due, k.leased, k.dead, k.owner, k.epoch, k.clock, k.far, k.farn, *k.jobs]
 
     async def inspect(self, shard: int) -> ShardInfo:
         """Counts, overdue lag, owner and next due of one shard (inspect.lua, read only).

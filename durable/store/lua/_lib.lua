@@ -167,3 +167,183 @@ local function rec_row(out, n, r, score)
   end
   return n + NFIELDS
 end
+
+-- The far index. A job due at least a slot after the next one (FAR_SLOT ms, time split
+-- into fixed slots) does not get an entry in {ns:s}:due (~104 bytes of skiplist and
+-- hashtable per job) but one in {ns:s}:far: a ZSET of chunks, each a member packing the
+-- ids of one slot (msgpack strs, about FAR_CHUNK bytes a chunk) scored by the slot's
+-- start. Its due is its record's nominal, made explicit (the schedule paths that
+-- enter it keep due == nominal). {ns:s}:farn counts the jobs in it.
+-- - A member is "<slot start>:<tag><ids>"; tag '0' marks the slot's open chunk, the
+--   one appended to (the smallest member of its score), '1' a full one.
+-- - Entries are never removed one by one: a cancel, replace or reschedule of a far job
+--   leaves its entry behind, and the promotion below skips it. An entry is live when
+--   the record exists, is in none of due, leased and dead, and its nominal falls in
+--   the entry's slot; a second live entry of the same id (the job left and came back
+--   within one slot) finds it in due already and is skipped.
+-- - Every claim promotes the chunks whose slot starts by the slot after its horizon's
+--   into due first (claim.lua), so a job is in due by the time a claim could take it.
+local FAR_SLOT = 60000
+local FAR_CHUNK = 1024
+
+local function far_slot(t)
+  return t - t % FAR_SLOT
+end
+
+-- True when a job due at `due` goes to the far index at `now`.
+local function goes_far(now, due)
+  return due >= far_slot(now) + 2 * FAR_SLOT
+end
+
+-- Append ids to the far index: slots lists slot starts in first-seen order, by_slot[s]
+-- the ids of slot s. Adds the count to farn.
+local function far_push(far_key, farn_key, slots, by_slot)
+  local total = 0
+  for _, slot in ipairs(slots) do
+    local prefix = fmt(slot) .. ':'
+    local score = fmt(slot)
+    local open = redis.call('ZRANGEBYSCORE', far_key, score, score, 'LIMIT', 0, 1)[1]
+    local parts, size = {}, 0
+    if open and string.sub(open, #prefix + 1, #prefix + 1) == '0' then
+      redis.call('ZREM', far_key, open)
+      parts[1] = string.sub(open, #prefix + 2)
+      size = #parts[1]
+    end
+    local ids = by_slot[slot]
+    total = total + #ids
+    for _, id in ipairs(ids) do
+      local p = cmsgpack.pack(id)
+      parts[#parts + 1] = p
+      size = size + #p
+      if size >= FAR_CHUNK then
+        redis.call('ZADD', far_key, score, prefix .. '1' .. table.concat(parts))
+        parts, size = {}, 0
+      end
+    end
+    if size > 0 then redis.call('ZADD', far_key, score, prefix .. '0' .. table.concat(parts)) end
+  end
+  if total > 0 then redis.call('INCRBY', farn_key, total) end
+end
+
+-- Add id, due at `due`, to the slot groups that far_push takes.
+local function far_group(slots, by_slot, due, id)
+  local slot = far_slot(due)
+  local g = by_slot[slot]
+  if not g then
+    g = {}
+    by_slot[slot] = g
+    slots[#slots + 1] = slot
+  end
+  g[#g + 1] = id
+end
+
+-- far_push of one id.
+local function far_push_one(far_key, farn_key, due, id)
+  local slot = far_slot(due)
+  far_push(far_key, farn_key, {slot}, {[slot] = {id}})
+end
+
+-- The slot start and the ids of a far index member.
+local function far_entries(member)
+  local colon = string.find(member, ':', 1, true)
+  return tonumber(string.sub(member, 1, colon - 1)), {cmsgpack.unpack(string.sub(member, colon + 2))}
+end
+
+-- A record with its nominal set to due (schedule paths: the nominal was 0).
+local function rec_with_nominal(s, due)
+  local r = rec_decode(s)
+  r[F_NOMINAL] = due
+  return rec_encode(r)
+end
+
+-- The due time of a job with record s that is in none of due, leased and dead: a far
+-- job, whose nominal is its due.
+local function far_due(s)
+  return rec_decode(s)[F_NOMINAL]
+end
+
+-- The live entries of ids (one far slot's), sorted by (due, id): {id, due, record}.
+local function far_live(due_key, leased_key, dead_key, first, slot, ids)
+  local recs = get_records(ids, #ids, first)
+  local live, seen = {}, {}
+  for k = 1, #ids do
+    local id, s = ids[k], recs[k]
+    if s and not seen[id] and not redis.call('ZSCORE', due_key, id)
+        and not redis.call('ZSCORE', leased_key, id) and not redis.call('ZSCORE', dead_key, id) then
+      local due = rec_decode(s)[F_NOMINAL]
+      if due ~= 0 and far_slot(due) == slot then
+        seen[id] = true
+        live[#live + 1] = {id, due, s}
+      end
+    end
+  end
+  table.sort(live, function(a, b)
+    if a[2] ~= b[2] then return a[2] < b[2] end
+    return a[1] < b[1]
+  end)
+  return live
+end
+
+-- Move the far chunks scored up to `bound` into due (keys: due, leased, dead, far,
+-- farn; the record buckets are KEYS[first + 1 ..]), chunk by chunk until at least
+-- `budget` ids were looked at. Returns the score of the first chunk left at or below
+-- bound, or nil when none is.
+local function far_promote(due_key, leased_key, dead_key, far_key, farn_key, first, bound, budget)
+  local looked, moved = 0, 0
+  local bstr = fmt(bound)
+  while looked < budget do
+    local chunk = redis.call('ZRANGEBYSCORE', far_key, '-inf', bstr, 'LIMIT', 0, 1)[1]
+    if not chunk then break end
+    local slot, ids = far_entries(chunk)
+    looked = looked + #ids
+    local zadd, nz = {}, 0
+    for _, e in ipairs(far_live(due_key, leased_key, dead_key, first, slot, ids)) do
+      zadd[nz + 1], zadd[nz + 2] = fmt(e[2]), e[1]
+      nz = nz + 2
+    end
+    redis.call('ZREM', far_key, chunk)
+    if nz > 0 then
+      bulk('ZADD', due_key, zadd)
+      moved = moved + nz / 2
+    end
+  end
+  if moved > 0 then redis.call('DECRBY', farn_key, moved) end
+  local left = redis.call('ZRANGEBYSCORE', far_key, '-inf', bstr, 'WITHSCORES', 'LIMIT', 0, 1)
+  if #left > 0 then return tonumber(left[2]) end
+  return nil
+end
+
+-- Visit the far index's live jobs in due order, slot by slot from the first, scored
+-- below `below` (nil: all): visit(id, due, record) returns true to stop. Reads at most
+-- FAR_WALK entries, then fails with TW_TOOMANY (read-only callers: nothing written).
+local FAR_WALK = 50000
+local function far_walk(due_key, leased_key, dead_key, far_key, first, below, visit)
+  local rank, looked = 0, 0
+  local slot, ids = nil, {}
+  local function flush_slot()
+    if not slot then return false end
+    for _, e in ipairs(far_live(due_key, leased_key, dead_key, first, slot, ids)) do
+      if visit(e[1], e[2], e[3]) then return true end
+    end
+    slot, ids = nil, {}
+    return false
+  end
+  while true do
+    local page = redis.call('ZRANGE', far_key, rank, rank + 63, 'WITHSCORES')
+    if #page == 0 then break end
+    rank = rank + #page / 2
+    for k = 1, #page, 2 do
+      local score = tonumber(page[k + 1])
+      if below and score >= below then return flush_slot() end
+      if score ~= slot and flush_slot() then return true end
+      local s, part = far_entries(page[k])
+      slot = s
+      looked = looked + #part
+      if looked > FAR_WALK then
+        error({err = 'TW_TOOMANY more than ' .. FAR_WALK .. ' far entries to read'})
+      end
+      for _, id in ipairs(part) do ids[#ids + 1] = id end
+    end
+  end
+  return flush_slot()
+end

@@ -1,15 +1,16 @@
 -- ack.lua: complete leased jobs of one shard; record each occurrence in done.
--- KEYS[1] leased  KEYS[2] due  KEYS[3] done  KEYS[4] epoch  KEYS[5] clock
--- KEYS[6..] jobs buckets (all of the shard's, in order)
+-- KEYS[1] leased  KEYS[2] due  KEYS[3] done  KEYS[4] epoch  KEYS[5] clock  KEYS[6] far
+-- KEYS[7] farn  KEYS[8..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  epoch      the caller's fencing epoch for this shard
 -- ARGV[2]  keep       ms: done entries older than this are trimmed
 -- ARGV[3]  batch      msgpack array, 5 values per job: id, attempt, nominal, next, bucket
 --   (the lease is (epoch, attempt, nominal); next: the next occurrence's due in ms for a
 --   recurring job, computed by the client from the nominal due; 0 = none; bucket: the
---   index from 0 among KEYS[6..] of the id's record hash, as claim.lua returned it, so
+--   index from 0 among KEYS[8..] of the id's record hash, as claim.lua returned it, so
 --   the id is not hashed again here)
 -- Returns: {status_1 .. status_n}: 1 acked and removed, 2 acked and re-inserted at
---   next, 0 lease lost (not leased, or leased under another epoch, attempt or nominal),
+--   next (in due, or in the far index when next is that far off), 0 lease lost (not
+--   leased, or leased under another epoch, attempt or nominal),
 --   3 the occurrence is in done already: an ack of it ran before (a re-send of this
 --   one whose first reply was lost, or another holder's), so nothing is left to do.
 --   A lost lease still records the occurrence in done: the handler did run, so a copy
@@ -17,7 +18,7 @@
 --   instead of running a second time.
 -- Errors: TW_FENCED if ARGV[1] is not the shard's current epoch, TW_BADARG for a bucket
 --   index out of range (nothing written either way).
-local FIRST = 5
+local FIRST = 7
 local leased_key, due_key, done_key = KEYS[1], KEYS[2], KEYS[3]
 local err = fence(KEYS[4], ARGV[1])
 if err then return err end
@@ -39,6 +40,7 @@ for k = 1, count, CHUNK do
 end
 local out = {}
 local unlease, del, done, hset, zadd = {}, {}, {}, {}, {}
+local slots, by_slot = {}, {}
 local nu, nn, nz = 0, 0, 0
 local acked = {}
 local snow = fmt(now)
@@ -55,9 +57,14 @@ for k = 1, count do
       nn = nn + 2
       if nxt > 0 and r[F_RKIND] ~= 0 then
         r[F_NOMINAL], r[F_ATTEMPT], r[F_EPOCH], r[F_ERROR] = 0, 1, 0, ''
+        if goes_far(now, nxt) then
+          r[F_NOMINAL] = nxt
+          far_group(slots, by_slot, nxt, id)
+        else
+          zadd[nz + 1], zadd[nz + 2] = fmt(nxt), id
+          nz = nz + 2
+        end
         buffer(hset, key_of[k], id, rec_encode(r))
-        zadd[nz + 1], zadd[nz + 2] = fmt(nxt), id
-        nz = nz + 2
         status = 2
       else
         buffer(del, key_of[k], id)
@@ -78,8 +85,7 @@ end
 if nu > 0 then bulk('ZREM', leased_key, unlease) end
 flush('HDEL', del)
 if nn > 0 then bulk('ZADD', done_key, done) end
-if nz > 0 then
-  flush('HSET', hset)
-  bulk('ZADD', due_key, zadd)
-end
+flush('HSET', hset)
+if nz > 0 then bulk('ZADD', due_key, zadd) end
+far_push(KEYS[6], KEYS[7], slots, by_slot)
 return out

@@ -3,14 +3,15 @@
 -- KEYS[6] reply   where this claim's reply is kept ({ns:s}:claim:<token>)
 -- KEYS[7] forget  the reply key of the caller's previous claim, now received: deleted
 --                 (may equal KEYS[6]'s prefix with another token; same slot)
--- KEYS[8..] jobs buckets (all of the shard's, in order)
+-- KEYS[8] dead  KEYS[9] far  KEYS[10] farn
+-- KEYS[11..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  epoch      the caller's fencing epoch for this shard
 -- ARGV[2]  lookahead  ms: claim jobs due by now + lookahead
 -- ARGV[3]  limit      at most this many jobs
 -- ARGV[4]  lease      ms: each lease ends at max(now, due) + lease
 -- Returns: {now, dropped, then per job: id, due, deadline, tag, count, field_1 ..
 --   field_count}: tag = dup + 2 * bucket, where bucket is the index from 0 of the job's
---   record hash among KEYS[8..], for the ack to send back, and dup is 0 or 1 (below);
+--   record hash among KEYS[11..], for the ack to send back, and dup is 0 or 1 (below);
 --   count is 6 (task, payload, max, flags, nominal, attempt: the epoch is ARGV[1] and
 --   the rest are at their defaults) for a one-shot job with no error, else 13; the
 --   nominal is resolved. dropped counts one-shot jobs whose
@@ -23,8 +24,11 @@
 --   lease a second batch and strand the first one until the reaper consumes an attempt.
 --   The reply is kept for the lease's length (ARGV[4]); after that the leases it names
 --   have expired anyway. An empty claim leases nothing and keeps nothing.
+-- First the far index's chunks of slots up to the one after the horizon's move into due
+--   (far_promote in _lib.lua; at most about LIMIT ids a call). If some are left, the
+--   horizon stops short of the first one's slot, so jobs are still claimed in due order.
 -- Errors: TW_FENCED if ARGV[1] is not the shard's current epoch (nothing written).
-local FIRST = 7
+local FIRST = 10
 local due_key, leased_key, done_key = KEYS[1], KEYS[2], KEYS[3]
 local err = fence(KEYS[4], ARGV[1])
 if err then return err end
@@ -34,8 +38,13 @@ if kept then return cmsgpack.unpack(kept) end
 local epoch = tonumber(ARGV[1])
 local now = clock_now(KEYS[5], true)
 local lease = tonumber(ARGV[4])
-local hits = redis.call('ZRANGEBYSCORE', due_key, '-inf', fmt(now + tonumber(ARGV[2])),
-  'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[3]))
+local horizon = now + tonumber(ARGV[2])
+local limit = tonumber(ARGV[3])
+local left = far_promote(due_key, leased_key, KEYS[8], KEYS[9], KEYS[10], FIRST,
+  far_slot(horizon) + FAR_SLOT, limit)
+if left and left <= horizon then horizon = left - 1 end
+local hits = redis.call('ZRANGEBYSCORE', due_key, '-inf', fmt(horizon),
+  'WITHSCORES', 'LIMIT', 0, limit)
 if #hits == 0 then return {now, 0} end
 local ids, dues = {}, {}
 local count = #hits / 2

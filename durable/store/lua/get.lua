@@ -2,7 +2,8 @@
 -- KEYS[1] due  KEYS[2] leased  KEYS[3] dead  KEYS[4] the job's jobs bucket
 -- ARGV[1]  id
 -- Returns: nil if no such job, else {state, score, field_1 .. field_13}
---   state 1 due (score = due time), 2 leased (lease deadline), 3 dead (time of death);
+--   state 1 due (score = due time; a job in none of due, leased and dead is in the far
+--   index, due at its nominal), 2 leased (lease deadline), 3 dead (time of death);
 --   the nominal field is resolved (never 0).
 -- Errors: none.
 local id = ARGV[1]
@@ -11,8 +12,9 @@ if not s then return nil end
 local state, score = 1, redis.call('ZSCORE', KEYS[1], id)
 if not score then state, score = 2, redis.call('ZSCORE', KEYS[2], id) end
 if not score then state, score = 3, redis.call('ZSCORE', KEYS[3], id) end
-if not score then return nil end
+local r = rec_decode(s)
+if not score then state, score = 1, r[F_NOMINAL] end
 score = tonumber(score)
 local out = {state, score}
-rec_row(out, 2, rec_decode(s), score)
+rec_row(out, 2, r, score)
 return out

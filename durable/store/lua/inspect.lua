@@ -1,11 +1,19 @@
 -- inspect.lua: what an operator wants to know about one shard (read only).
 -- KEYS[1] due  KEYS[2] leased  KEYS[3] dead  KEYS[4] owner  KEYS[5] epoch  KEYS[6] clock
+-- KEYS[7] far  KEYS[8] farn  KEYS[9..] jobs buckets (all of the shard's, in order)
 -- ARGV: none.
 -- Returns: {now, due, overdue, oldest_overdue, next_due, leased, expired, dead, owner,
 --   owner_ttl, epoch}: now is max(TIME, clock) in ms (the clock is not advanced);
---   due, leased and dead are counts; overdue counts due jobs whose time is <= now, and
---   oldest_overdue is the earliest of their due times (0 when none); next_due is the
---   earliest due time after now (0 when none); expired counts leases past their
+--   due, leased and dead are counts (due: in due and in the far index); overdue counts
+--   jobs in due whose time is <= now, and oldest_overdue is the earliest of their due
+--   times (0 when none); next_due is the earliest due time after now (0 when none).
+--   A far job is in due by the time it is due as long as claims run (each promotes the
+--   far slots a slot ahead). While none runs, the far chunks whose slot has started
+--   count their entries in overdue (cancelled ones too, at most FAR_LOOK chunks read),
+--   and oldest_overdue takes the first far slot's start into account. next_due is the
+--   earliest live due of the first far slot when due has none later (exact when that
+--   slot has at most FAR_LOOK chunks, else the slot's start).
+--   The other fields: expired counts leases past their
 --   deadline (the reaper's work); owner is the owner token ('' when free) and
 --   owner_ttl its PTTL in ms (-2 when free); epoch is the shard's fencing epoch.
 -- Errors: none.
@@ -19,10 +27,37 @@ end
 local next_due = 0
 local later = redis.call('ZRANGEBYSCORE', due_key, '(' .. fmt(now), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
 if #later > 0 then next_due = tonumber(later[2]) end
+local FAR_LOOK = 64
+local far_first = redis.call('ZRANGE', KEYS[7], 0, 0, 'WITHSCORES')[2]
+if far_first then
+  far_first = tonumber(far_first)
+  if far_first <= now then
+    if oldest == 0 or far_first < oldest then oldest = far_first end
+    local late = redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', fmt(now), 'LIMIT', 0, FAR_LOOK)
+    for _, chunk in ipairs(late) do
+      local _, ids = far_entries(chunk)
+      overdue = overdue + #ids
+    end
+  elseif next_due == 0 or far_first < next_due then
+    -- The earliest live due of the first far slot when it is read whole, else its start.
+    local at = far_first
+    local first = redis.call('ZRANGEBYSCORE', KEYS[7], fmt(far_first), fmt(far_first), 'LIMIT', 0, FAR_LOOK + 1)
+    if #first <= FAR_LOOK then
+      local ids = {}
+      for _, chunk in ipairs(first) do
+        local _, part = far_entries(chunk)
+        for _, id in ipairs(part) do ids[#ids + 1] = id end
+      end
+      local live = far_live(due_key, leased_key, KEYS[3], 8, far_first, ids)
+      if #live > 0 then at = live[1][2] end
+    end
+    if next_due == 0 or at < next_due then next_due = at end
+  end
+end
 local owner = redis.call('GET', KEYS[4]) or ''
 return {
   now,
-  redis.call('ZCARD', due_key),
+  redis.call('ZCARD', due_key) + tonumber(redis.call('GET', KEYS[8]) or '0'),
   overdue,
   oldest,
   next_due,

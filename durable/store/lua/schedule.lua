@@ -1,17 +1,19 @@
 -- schedule.lua: create (or keep, or replace) jobs of one shard.
--- KEYS[1] due  KEYS[2] leased  KEYS[3] done  KEYS[4] dead  KEYS[5] clock
--- KEYS[6..] jobs buckets (all of the shard's, in order)
+-- KEYS[1] due  KEYS[2] leased  KEYS[3] done  KEYS[4] dead  KEYS[5] clock  KEYS[6] far
+-- KEYS[7] farn  KEYS[8..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  replace   1: overwrite a job that is due or dead; 0: keep any existing job
 -- ARGV[2]  batch     msgpack array, 4 values per job: id, mode, time, record
 --   mode     0: time is an absolute due (ms); 1: time is a delay (ms) added to now
 --   record   the packed record (see _lib.lua), nominal 0, encoded by the client
 -- Returns: {now, status_1, when_1, ..., status_n, when_n}
---   status 1 created, 2 kept (exists; when = its score), 3 replaced,
---          4 busy (leased: never replaced; when = lease deadline),
+--   status 1 created, 2 kept (exists; when = its due, lease deadline or time of death),
+--          3 replaced, 4 busy (leased: never replaced; when = lease deadline),
 --          5 done (this occurrence completed already; nothing written)
+-- A job due from the slot after next on goes to the far index (_lib.lua), else to due.
 -- Errors: none (the client validates every argument).
-local FIRST = 5
+local FIRST = 7
 local due_key, leased_key, done_key, dead_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local far_key, farn_key = KEYS[6], KEYS[7]
 local replace = ARGV[1] == '1'
 local items = cmsgpack.unpack(ARGV[2])
 local now = clock_now(KEYS[5], true)
@@ -33,9 +35,11 @@ for k = 1, n, CHUNK do
   for j = 1, #b do done[k + j - 1] = b[j] ~= false end
 end
 local out = {now}
-local hset, zadd, unded = {}, {}, {}
-local nz, nu = 0, 0
-local written = {}  -- ids written earlier in this batch: the score they got
+local hset = {}
+local in_due = {}  -- existing jobs replaced while in due
+local written = {}  -- ids written earlier in this batch: the due they got
+local last = {}  -- position of the last write of each written id
+local was_far = 0  -- existing far jobs replaced
 for k = 1, n do
   local id, due = ids[k], dues[k]
   local status, when = 1, due
@@ -44,8 +48,9 @@ for k = 1, n do
     local lease = (not prior) and redis.call('ZSCORE', leased_key, id)
     if not replace then
       status = 2
-      when = prior or tonumber(redis.call('ZSCORE', due_key, id) or lease
-        or redis.call('ZSCORE', dead_key, id) or 0)
+      when = prior or lease or redis.call('ZSCORE', due_key, id)
+        or redis.call('ZSCORE', dead_key, id) or far_due(recs[k])
+      when = tonumber(when)
     elseif lease then
       status, when = 4, tonumber(lease)
     elseif done[k] then
@@ -53,24 +58,48 @@ for k = 1, n do
     else
       status = 3
       if not prior then
-        nu = nu + 1
-        unded[nu] = id
+        -- In due (the ZADD or the ZREM below covers it), dead, or else far.
+        if redis.call('ZSCORE', due_key, id) then
+          in_due[id] = true
+        elseif redis.call('ZREM', dead_key, id) == 0 then
+          was_far = was_far + 1
+        end
       end
     end
   elseif done[k] then
     status = 5
   end
   if status == 1 or status == 3 then
-    buffer(hset, key_of[k], id, items[4 * k])
-    zadd[nz + 1], zadd[nz + 2] = fmt(due), id
-    nz = nz + 2
     written[id] = due
+    last[id] = k
   end
   out[2 * k], out[2 * k + 1] = status, when
 end
-if nu > 0 then bulk('ZREM', dead_key, unded) end
-if nz > 0 then
-  flush('HSET', hset)
-  bulk('ZADD', due_key, zadd)
+-- The last write of each id wins: its record, and due or far by its time.
+local zadd, zrem, nz, nr = {}, {}, 0, 0
+local slots, by_slot = {}, {}
+for k = 1, n do
+  local id = ids[k]
+  if last[id] == k then
+    local due = dues[k]
+    if goes_far(now, due) then
+      buffer(hset, key_of[k], id, rec_with_nominal(items[4 * k], due))
+      far_group(slots, by_slot, due, id)
+      if in_due[id] then
+        nr = nr + 1
+        zrem[nr] = id
+      end
+    else
+      buffer(hset, key_of[k], id, items[4 * k])
+      zadd[nz + 1], zadd[nz + 2] = fmt(due), id
+      nz = nz + 2
+    end
+  end
 end
+if was_far > 0 then redis.call('DECRBY', farn_key, was_far) end
+flush('HSET', hset)
+if nz > 0 then bulk('ZADD', due_key, zadd) end
+-- A replaced job that was in due and now goes far leaves due.
+if nr > 0 then bulk('ZREM', due_key, zrem) end
+far_push(far_key, farn_key, slots, by_slot)
 return out

@@ -1,0 +1,41 @@
+-- due_list.lua: a page of one shard's scheduled jobs in due order (read only): those
+-- in due first, then those of the far index (all due later, see _lib.lua).
+-- KEYS[1] due  KEYS[2] leased  KEYS[3] dead  KEYS[4] far  KEYS[5] farn
+-- KEYS[6..] jobs buckets (all of the shard's, in order)
+-- ARGV[1]  offset
+-- ARGV[2]  count
+-- Returns: {total, then per job: id, due, field_1 .. field_13} (15 values per job).
+--   A page that reaches into the far index reads it from its start: O(offset).
+-- Errors: TW_TOOMANY when that would read more than FAR_WALK far entries.
+local FIRST = 5
+local due_key = KEYS[1]
+local offset, count = tonumber(ARGV[1]), tonumber(ARGV[2])
+local near = redis.call('ZCARD', due_key)
+local out = {near + tonumber(redis.call('GET', KEYS[5]) or '0')}
+local n, rows = 1, 0
+if offset < near then
+  local hits = redis.call('ZRANGE', due_key, offset, offset + count - 1, 'WITHSCORES')
+  for k = 1, #hits, 2 do
+    local s = redis.call('HGET', bucket_key(hits[k], FIRST), hits[k])
+    if s then
+      local due = tonumber(hits[k + 1])
+      out[n + 1], out[n + 2] = hits[k], due
+      n = rec_row(out, n + 2, rec_decode(s), due)
+      rows = rows + 1
+    end
+  end
+end
+if rows < count then
+  local skip = math.max(0, offset - near)
+  far_walk(due_key, KEYS[2], KEYS[3], KEYS[4], FIRST, nil, function(id, due, s)
+    if skip > 0 then
+      skip = skip - 1
+      return false
+    end
+    out[n + 1], out[n + 2] = id, due
+    n = rec_row(out, n + 2, rec_decode(s), due)
+    rows = rows + 1
+    return rows >= count
+  end)
+end
+return out
