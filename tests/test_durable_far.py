@@ -1,0 +1,225 @@
+"""The far index (lua/_lib.lua): jobs due two slots ahead or later are kept as chunks of
+ids, not in ``{ns:s}:due``, and every claim promotes them into due a slot ahead.
+
+Every test ends with :func:`check_all`, which holds each shard's invariants: due, leased,
+dead and the far index's live jobs partition the records, ``farn`` counts the far ones,
+and ``get`` reports a far job due at its nominal.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+import pytest
+
+from tests.durable_support import check_all, client_of, far_jobs, open_scheduler, push_clock, run
+from tickwheel.durable import JobSpec, JobState, Scheduler
+from tickwheel.durable.store._record import FAR_SLOT_MS, unpack_far_chunk
+
+SLOT = FAR_SLOT_MS
+FAR = 3 * SLOT / 1000  # s: a delay that always lands in the far index
+NEAR = SLOT / 1000  # s: one that never does (the far index starts two slots on)
+
+
+async def _far(s: Scheduler, shard: int = 0) -> dict[str, int]:
+    return await far_jobs(s, shard)
+
+
+async def _due_ids(s: Scheduler, shard: int = 0) -> list[str]:
+    k = s.keys.shard(shard)
+    return [m.decode() for m in await client_of(s).zrange(k.due, 0, -1)]
+
+
+def test_lua_slot_width_is_the_python_one() -> None:
+    lib = resources.files("tickwheel.durable.store").joinpath("lua/_lib.lua").read_text()
+    assert re.search(r"^local FAR_SLOT = (\d+)$", lib, re.M)[1] == str(FAR_SLOT_MS)  # type: ignore[index]
+
+
+def test_a_far_chunk_that_is_not_one_is_refused() -> None:
+    assert unpack_far_chunk(b"120000:0\xa1a\xa2bc") == (120000, ["a", "bc"])
+    for bad in (b"x:0\xa1a", b"12:2\xa1a", b"12", b"12:0\xa5ab", b"12:0\xc0"):
+        with pytest.raises(ValueError, match="member"):
+            unpack_far_chunk(bad)
+
+
+def test_a_far_job_skips_due_and_is_found_counted_and_listed(redis_url: str) -> None:
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            far = await s.schedule("far", "t", b"p", delay=FAR)
+            near = await s.schedule("near", "t", b"p", delay=NEAR)
+            assert await _due_ids(s) == ["near"]
+            assert await _far(s) == {"far": far.when_ms}
+            info = await s.get("far")
+            assert info is not None and info.state is JobState.DUE
+            assert (info.when_ms, info.nominal_ms, info.payload) == (far.when_ms, far.when_ms, b"p")
+            # Kept (not replaced): the existing job's due comes back.
+            again = await s.schedule("far", "t", delay=FAR * 2)
+            assert (again.status.name, again.when_ms) == ("KEPT", far.when_ms)
+            [shard] = await s.inspect()
+            assert (shard.due, shard.next_due_ms) == (2, near.when_ms)
+            page = await s.store.due_list(0, 0, 10)
+            assert page.total == 2 and [j.id for j in page.jobs] == ["near", "far"]
+            assert [j.when_ms for j in page.jobs] == [near.when_ms, far.when_ms]
+            assert [j.id for j in (await s.store.due_list(0, 1, 10)).jobs] == ["far"]
+            assert await s.store.due_rank(0, far.when_ms) == 1
+            assert await s.store.due_rank(0, far.when_ms + 1) == 2
+            assert await s.cancel("near")
+            [shard] = await s.inspect()
+            assert (shard.due, shard.next_due_ms) == (1, far.when_ms)
+            await check_all(s)
+
+    run(main())
+
+
+def test_a_claim_promotes_far_jobs_in_time_and_in_due_order(redis_url: str) -> None:
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            now = await s.now(0)
+            # Three slots ahead and on, in two slots, listed out of order.
+            base = now - now % SLOT + 3 * SLOT
+            # Long ids: ~10 to a chunk, so a claim of 7 promotes part of a slot at a time.
+            dues = {f"j{i:02d}" + "x" * 90: base + (i % 2) * SLOT + 997 * i for i in range(40)}
+            # The open chunk (the later jobs) sorts first among a slot's chunks.
+            await s.schedule_many(JobSpec(i, "t", at=d) for i, d in dues.items())
+            assert len(await _far(s)) == 40 and await _due_ids(s) == []
+            await s.take(0)
+            assert (await s.claim(0, limit=100)).jobs == []  # not yet: nothing moved
+            assert len(await _far(s)) == 40
+            await check_all(s)
+            # Past the last due: claims of 7 at a time take every job once, in due order.
+            await push_clock(s, 0, max(dues.values()) - now + 1)
+            got: list[tuple[int, str]] = []
+            for _ in range(40):  # a claim that only promoted part of a slot takes none
+                batch = await s.claim(0, limit=7)
+                got += [(j.due_ms, j.id) for j in batch.jobs]
+                await s.ack_many(batch.jobs)
+            assert got == sorted((d, i) for i, d in dues.items())
+            assert await _far(s) == {} and await client_of(s).zcard(s.keys.shard(0).far) == 0
+            await check_all(s)
+
+    run(main())
+
+
+def test_a_far_job_is_in_due_by_the_time_a_lookahead_reaches_it(redis_url: str) -> None:
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            made = await s.schedule("j", "t", delay=FAR)
+            await s.take(0)
+            now = await s.now(0)
+            # A claim looking far enough ahead takes it, at its own due time.
+            batch = await s.claim(0, lookahead=(made.when_ms - now) / 1000)
+            assert [(j.id, j.due_ms, j.nominal_ms) for j in batch.jobs] == [
+                ("j", made.when_ms, made.when_ms)
+            ]
+            await s.ack_many(batch.jobs)
+            await check_all(s)
+
+    run(main())
+
+
+def test_cancelled_and_moved_far_jobs_leave_entries_that_never_run(redis_url: str) -> None:
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            now = await s.now(0)
+            base = now - now % SLOT + 3 * SLOT
+            await s.schedule("gone", "t", at=base + 10)
+            assert await s.cancel("gone")
+            # Cancelled, then made again in the same slot at another time: one run, then.
+            await s.schedule("again", "t", at=base + 20)
+            assert await s.cancel("again")
+            await s.schedule("again", "t", at=base + 30)
+            # Replaced far -> near, near -> far, far -> far (another slot).
+            await s.schedule("f2n", "t", at=base + 40)
+            await s.schedule("f2n", "t", delay=NEAR, replace=True)
+            await s.schedule("n2f", "t", delay=NEAR)
+            await s.schedule("n2f", "t", at=base + 50, replace=True)
+            await s.schedule("f2f", "t", at=base + 60)
+            await s.schedule("f2f", "t", at=base + SLOT + 60, replace=True)
+            # Rescheduled far -> far in the same slot, and far -> near.
+            await s.schedule("r", "t", at=base + 70)
+            await s.reschedule("r", at=base + 80)
+            await s.schedule("r2n", "t", at=base + 90)
+            await s.reschedule("r2n", delay=NEAR)
+            far = await _far(s)
+            assert far == {"again": base + 30, "n2f": base + 50, "f2f": base + SLOT + 60, "r": base + 80}
+            assert set(await _due_ids(s)) == {"f2n", "r2n"}
+            await check_all(s)
+            await s.take(0)
+            # A claim a slot before `base` promotes that slot only: f2f's old entry there
+            # is skipped, and it stays far, in its own slot.
+            await push_clock(s, 0, base - SLOT - now)
+            batch = await s.claim(0)  # the near ones are due by now
+            assert sorted(j.id for j in batch.jobs) == ["f2n", "r2n"]
+            await s.ack_many(batch.jobs)
+            assert set(await _due_ids(s)) == {"again", "n2f", "r"}
+            assert await _far(s) == {"f2f": base + SLOT + 60}
+            await check_all(s)
+            await push_clock(s, 0, 2 * SLOT + 1000)
+            runs: list[tuple[str, int]] = []
+            while batch := (await s.claim(0, limit=3)).jobs:
+                runs += [(j.id, j.due_ms) for j in batch]
+                await s.ack_many(batch)
+            assert sorted(i for i, _ in runs) == ["again", "f2f", "n2f", "r"]
+            assert {i: d for i, d in runs if i in far} == far
+            await check_all(s)
+
+    run(main())
+
+
+def test_a_replaced_batch_keeps_the_last_write_of_an_id(redis_url: str) -> None:
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            now = await s.now(0)
+            far_at = now - now % SLOT + 4 * SLOT
+            await s.schedule_many(
+                [
+                    JobSpec("a", "t", at=far_at),
+                    JobSpec("a", "t", delay=NEAR),  # kept: the first write stands
+                    JobSpec("b", "t", delay=NEAR),
+                ]
+            )
+            results = await s.schedule_many(
+                [JobSpec("a", "t", delay=NEAR), JobSpec("b", "t", at=far_at), JobSpec("b", "t", at=far_at + 5)],
+                replace=True,
+            )
+            assert [r.status.name for r in results] == ["REPLACED", "REPLACED", "REPLACED"]
+            assert await _due_ids(s) == ["a"]
+            assert await _far(s) == {"b": far_at + 5}
+            await check_all(s)
+
+    run(main())
+
+
+def test_a_recurring_job_with_a_long_period_waits_in_the_far_index(redis_url: str) -> None:
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            made = await s.schedule("hourly", "t", every=3600)
+            await s.take(0)
+            await push_clock(s, 0, made.when_ms - await s.now(0))
+            batch = await s.claim(0)
+            assert [j.id for j in batch.jobs] == ["hourly"]
+            await s.ack_many(batch.jobs)
+            assert await _far(s) == {"hourly": made.when_ms + 3_600_000}
+            assert await _due_ids(s) == []
+            await check_all(s)
+            await push_clock(s, 0, 3_600_000)
+            batch = await s.claim(0)
+            assert [(j.id, j.nominal_ms) for j in batch.jobs] == [("hourly", made.when_ms + 3_600_000)]
+            await s.ack_many(batch.jobs)
+            await check_all(s)
+
+    run(main())
+
+
+def test_far_jobs_left_unpromoted_show_as_overdue(redis_url: str) -> None:
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            made = await s.schedule("late", "t", delay=FAR)
+            await push_clock(s, 0, made.when_ms - await s.now(0) + SLOT)
+            [shard] = await s.inspect()
+            assert shard.overdue == 1 and shard.oldest_overdue_ms <= made.when_ms
+            assert shard.lag_ms >= SLOT
+            await check_all(s)
+
+    run(main())
