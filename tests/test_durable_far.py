@@ -142,7 +142,12 @@ def test_cancelled_and_moved_far_jobs_leave_entries_that_never_run(redis_url: st
             await s.schedule("r2n", "t", at=base + 90)
             await s.reschedule("r2n", delay=NEAR)
             far = await _far(s)
-            assert far == {"again": base + 30, "n2f": base + 50, "f2f": base + SLOT + 60, "r": base + 80}
+            assert far == {
+                "again": base + 30,
+                "n2f": base + 50,
+                "f2f": base + SLOT + 60,
+                "r": base + 80,
+            }
             assert set(await _due_ids(s)) == {"f2n", "r2n"}
             await check_all(s)
             await s.take(0)
@@ -180,7 +185,11 @@ def test_a_replaced_batch_keeps_the_last_write_of_an_id(redis_url: str) -> None:
                 ]
             )
             results = await s.schedule_many(
-                [JobSpec("a", "t", delay=NEAR), JobSpec("b", "t", at=far_at), JobSpec("b", "t", at=far_at + 5)],
+                [
+                    JobSpec("a", "t", delay=NEAR),
+                    JobSpec("b", "t", at=far_at),
+                    JobSpec("b", "t", at=far_at + 5),
+                ],
                 replace=True,
             )
             assert [r.status.name for r in results] == ["REPLACED", "REPLACED", "REPLACED"]
@@ -205,7 +214,9 @@ def test_a_recurring_job_with_a_long_period_waits_in_the_far_index(redis_url: st
             await check_all(s)
             await push_clock(s, 0, 3_600_000)
             batch = await s.claim(0)
-            assert [(j.id, j.nominal_ms) for j in batch.jobs] == [("hourly", made.when_ms + 3_600_000)]
+            assert [(j.id, j.nominal_ms) for j in batch.jobs] == [
+                ("hourly", made.when_ms + 3_600_000)
+            ]
             await s.ack_many(batch.jobs)
             await check_all(s)
 
