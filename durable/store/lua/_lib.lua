@@ -75,6 +75,17 @@ local function bucket_key(id, first)
   return KEYS[first + 1 + bucket_index(id, #KEYS - first)]
 end
 
+-- Append v to groups[key], a list made on first use (and key then to order).
+local function group_add(order, groups, key, v)
+  local g = groups[key]
+  if not g then
+    g = {}
+    groups[key] = g
+    order[#order + 1] = key
+  end
+  g[#g + 1] = v
+end
+
 -- Group positions 1..n of ids by their bucket key: returns keys (in first-seen order),
 -- per key the positions, the key of each position and its bucket index. The index of
 -- position k is given[k] when the caller passes given (ack: the client sends what the
@@ -90,13 +101,7 @@ local function by_bucket(ids, n, first, given)
     local key = KEYS[first + 1 + b]
     index_of[k] = b
     key_of[k] = key
-    local g = groups[key]
-    if not g then
-      g = {}
-      groups[key] = g
-      order[#order + 1] = key
-    end
-    g[#g + 1] = k
+    group_add(order, groups, key, k)
   end
   return order, groups, key_of, index_of
 end
@@ -168,6 +173,24 @@ local function rec_row(out, n, r, score)
   return n + NFIELDS
 end
 
+-- Append to out (length n) the rows of hits, {id, score, ...} as ZRANGE WITHSCORES
+-- gives them, with their records from the buckets KEYS[first + 1 ..]: id, score, then
+-- rec_row's fields. Members without a record are skipped. Returns the new length and
+-- the rows appended.
+local function page_rows(out, n, hits, first)
+  local rows = 0
+  for k = 1, #hits, 2 do
+    local s = redis.call('HGET', bucket_key(hits[k], first), hits[k])
+    if s then
+      local score = tonumber(hits[k + 1])
+      out[n + 1], out[n + 2] = hits[k], score
+      n = rec_row(out, n + 2, rec_decode(s), score)
+      rows = rows + 1
+    end
+  end
+  return n, rows
+end
+
 -- The far index. A job due at least a slot after the next one (FAR_SLOT ms, time split
 -- into fixed slots) does not get an entry in {ns:s}:due (~104 bytes of skiplist and
 -- hashtable per job) but one in {ns:s}:far: a ZSET of chunks, each a member packing the
@@ -227,14 +250,7 @@ end
 
 -- Add id, due at `due`, to the slot groups that far_push takes.
 local function far_group(slots, by_slot, due, id)
-  local slot = far_slot(due)
-  local g = by_slot[slot]
-  if not g then
-    g = {}
-    by_slot[slot] = g
-    slots[#slots + 1] = slot
-  end
-  g[#g + 1] = id
+  group_add(slots, by_slot, far_slot(due), id)
 end
 
 -- far_push of one id.

@@ -8,13 +8,5 @@ local FIRST = 1
 local hits = redis.call('ZRANGE', KEYS[1], tonumber(ARGV[1]),
   tonumber(ARGV[1]) + tonumber(ARGV[2]) - 1, 'WITHSCORES')
 local out = {redis.call('ZCARD', KEYS[1])}
-local n = 1
-for k = 1, #hits, 2 do
-  local s = redis.call('HGET', bucket_key(hits[k], FIRST), hits[k])
-  if s then
-    local died = tonumber(hits[k + 1])
-    out[n + 1], out[n + 2] = hits[k], died
-    n = rec_row(out, n + 2, rec_decode(s), died)
-  end
-end
+page_rows(out, 1, hits, FIRST)
 return out

@@ -15,15 +15,7 @@ local out = {near + tonumber(redis.call('GET', KEYS[5]) or '0')}
 local n, rows = 1, 0
 if offset < near then
   local hits = redis.call('ZRANGE', due_key, offset, offset + count - 1, 'WITHSCORES')
-  for k = 1, #hits, 2 do
-    local s = redis.call('HGET', bucket_key(hits[k], FIRST), hits[k])
-    if s then
-      local due = tonumber(hits[k + 1])
-      out[n + 1], out[n + 2] = hits[k], due
-      n = rec_row(out, n + 2, rec_decode(s), due)
-      rows = rows + 1
-    end
-  end
+  n, rows = page_rows(out, n, hits, FIRST)
 end
 if rows < count then
   local skip = math.max(0, offset - near)
