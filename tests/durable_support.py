@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from tickwheel.durable import Client, JobState, Scheduler
 from tickwheel.durable.store._connect import client_from_url
-from tickwheel.durable.store._record import FAR_SLOT_MS, unpack_far_chunk
+from tickwheel.durable.store._record import FAR_SLOT_MS, unpack_far_chunk, unpack_far_ids
 
 T = TypeVar("T")
 
@@ -81,7 +81,11 @@ async def far_jobs(sched: Scheduler, shard: int) -> dict[str, int]:
         taken |= {m.decode() for m in await client.zrange(ks, 0, -1)}
     out: dict[str, int] = {}
     for member in await client.zrange(k.far, 0, -1):
-        slot, ids = unpack_far_chunk(member)
+        slot, is_open, ids = unpack_far_chunk(member)
+        if is_open:  # the slot's open chunk: its ids are in faro
+            blob = await client.hget(k.faro, str(slot))
+            assert blob is not None, (member, "no open chunk in faro")
+            ids = unpack_far_ids(blob)
         for job_id in ids:
             if job_id in taken or job_id in out:
                 continue
@@ -120,8 +124,12 @@ async def check_shard(sched: Scheduler, shard: int) -> dict[str, JobState]:
     assert not (due & leased) and not (due & dead) and not (leased & dead), dump
     # A job with a record in none of due, leased and dead is in the far index, live.
     assert set(far) == records - due - leased - dead, dump
-    farn = await client.get(k.farn)
-    assert int(farn or 0) == len(far), (farn, dump)
+    # Every open chunk in faro has its marker in far.
+    opened = {int(f) for f in await client.hkeys(k.faro)}
+    markers = {
+        unpack_far_chunk(m)[0] for m in await client.zrange(k.far, 0, -1) if m.endswith(b":0")
+    }
+    assert opened == markers, (opened, markers)
     states = dict.fromkeys(due, JobState.DUE)
     states.update(dict.fromkeys(far, JobState.DUE))
     states.update(dict.fromkeys(leased, JobState.LEASED))

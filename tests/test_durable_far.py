@@ -2,8 +2,8 @@
 ids, not in ``{ns:s}:due``, and every claim promotes them into due a slot ahead.
 
 Every test ends with :func:`check_all`, which holds each shard's invariants: due, leased,
-dead and the far index's live jobs partition the records, ``farn`` counts the far ones,
-and ``get`` reports a far job due at its nominal.
+dead and the far index's live jobs partition the records, every open chunk has its
+marker, and ``get`` reports a far job due at its nominal.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from importlib import resources
 import pytest
 
 from tests.durable_support import check_all, client_of, far_jobs, open_scheduler, push_clock, run
-from tickwheel.durable import JobSpec, JobState, Scheduler
-from tickwheel.durable.store._record import FAR_SLOT_MS, unpack_far_chunk
+from tickwheel.durable import JobSpec, JobState, Recurrence, Scheduler
+from tickwheel.durable.store import encode_job
+from tickwheel.durable.store._record import FAR_SLOT_MS, unpack_far_chunk, unpack_far_ids
 
 SLOT = FAR_SLOT_MS
 FAR = 3 * SLOT / 1000  # s: a delay that always lands in the far index
@@ -37,10 +38,14 @@ def test_lua_slot_width_is_the_python_one() -> None:
 
 
 def test_a_far_chunk_that_is_not_one_is_refused() -> None:
-    assert unpack_far_chunk(b"120000:0\xa1a\xa2bc") == (120000, ["a", "bc"])
-    for bad in (b"x:0\xa1a", b"12:2\xa1a", b"12", b"12:0\xa5ab", b"12:0\xc0"):
+    assert unpack_far_chunk(b"120000:1\xa1a\xa2bc") == (120000, False, ["a", "bc"])
+    assert unpack_far_chunk(b"120000:0") == (120000, True, [])
+    for bad in (b"x:1\xa1a", b"12:2\xa1a", b"12", b"12:1", b"12:0\xa1a"):
         with pytest.raises(ValueError, match="member"):
             unpack_far_chunk(bad)
+    for blob in (b"\xa5ab", b"\xc0"):
+        with pytest.raises(ValueError, match="far chunk"):
+            unpack_far_ids(blob)
 
 
 def test_a_far_job_skips_due_and_is_found_counted_and_listed(redis_url: str) -> None:
@@ -96,6 +101,7 @@ def test_a_claim_promotes_far_jobs_in_time_and_in_due_order(redis_url: str) -> N
                 await s.ack_many(batch.jobs)
             assert got == sorted((d, i) for i, d in dues.items())
             assert await _far(s) == {} and await client_of(s).zcard(s.keys.shard(0).far) == 0
+            assert await client_of(s).hlen(s.keys.shard(0).faro) == 0
             await check_all(s)
 
     run(main())
@@ -231,6 +237,44 @@ def test_far_jobs_left_unpromoted_show_as_overdue(redis_url: str) -> None:
             [shard] = await s.inspect()
             assert shard.overdue == 1 and shard.oldest_overdue_ms <= made.when_ms
             assert shard.lag_ms >= SLOT
+            await check_all(s)
+
+    run(main())
+
+
+# rec_with_nominal's slow path, whose bytes its fast one must give: decode, set, encode.
+_REFERENCE = "local r = rec_decode(ARGV[1])\nr[F_NOMINAL] = tonumber(ARGV[2])\nreturn rec_encode(r)"
+
+
+@pytest.mark.parametrize(
+    ("payload", "kw"),
+    [
+        (b"", {}),  # task only: decoded and encoded
+        (b"p", {}),  # task, payload: defaults appended
+        (b"x" * 300, {"max_attempts": 9}),  # a str16 payload and a max
+        ({"a": [1, 2]}, {}),  # JSON: flags set
+        (b"y", {"max_attempts": 200}),  # a max past a fixint
+        (b"r", {"every": 600}),  # recurring: decoded and encoded
+    ],
+    ids=["empty", "short", "str16", "json", "max200", "recurring"],
+)
+def test_a_far_record_is_the_record_with_its_nominal(
+    redis_url: str, payload: object, kw: dict[str, object]
+) -> None:
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            made = await s.schedule("j", "task", payload, delay=FAR, **dict(kw))  # type: ignore[arg-type]
+            client = client_of(s)
+            raw = await client.hget(s.keys.jobs_key(0, "j"), "j")
+            every = kw.pop("every", None)
+            rec = None if every is None else Recurrence.interval(every)  # type: ignore[arg-type]
+            spec = JobSpec("j", "task", payload, delay=FAR, recurrence=rec, **kw)  # type: ignore[arg-type]
+            sent = encode_job(spec, 1 << 20).values[3]
+            lib = resources.files("tickwheel.durable.store").joinpath("lua/_lib.lua").read_text()
+            want = await client.eval(lib + "\n" + _REFERENCE, 0, sent, made.when_ms)
+            assert raw == want
+            info = await s.get("j")
+            assert info is not None and (info.payload, info.nominal_ms) == (payload, made.when_ms)
             await check_all(s)
 
     run(main())

@@ -59,7 +59,7 @@ class ShardKeys(NamedTuple):
     owner: str  # STRING owner token, with a TTL
     clock: str  # STRING high-water mark of the shard's clock (ms)
     far: str  # ZSET chunk of ids -> slot start (ms): the scheduled state, due later
-    farn: str  # STRING how many jobs the far index holds
+    faro: str  # HASH slot start -> the open chunk of ids of the far index's slot
 
 
 class Keys:
@@ -109,7 +109,7 @@ class Keys:
             owner=f"{tag}:owner",
             clock=f"{tag}:clock",
             far=f"{tag}:far",
-            farn=f"{tag}:farn",
+            faro=f"{tag}:faro",
         )
 
     def shard_of(self, job_id: str) -> int:

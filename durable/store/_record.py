@@ -30,6 +30,7 @@ __all__ = [
     "pack_str",
     "pack_value",
     "unpack_far_chunk",
+    "unpack_far_ids",
 ]
 
 # The job record's fields, in record order: lua/_lib.lua's F_* constants, lowercased
@@ -189,30 +190,44 @@ def pack_array(values: Sequence[int | bytes]) -> bytes:
 FAR_SLOT_MS = 60_000
 
 
-def unpack_far_chunk(member: bytes) -> tuple[int, list[str]]:
-    """The slot start (ms) and the job ids of one member of a ``{ns:s}:far`` index:
-    ``b"<slot start>:<tag>"`` then the ids as msgpack strs (lua/_lib.lua: far_push).
+def unpack_far_chunk(member: bytes) -> tuple[int, bool, list[str]]:
+    """One member of a ``{ns:s}:far`` index (lua/_lib.lua: far_push): its slot start
+    (ms), whether it marks the slot's open chunk (whose ids are the field of that slot
+    in ``{ns:s}:faro``: :func:`unpack_far_ids`), and a full chunk's ids.
 
     Raises:
         ValueError: if ``member`` is not of that form.
     """
     head, sep, rest = member.partition(b":")
-    if not sep or not head.isdigit() or rest[:1] not in (b"0", b"1"):
+    if not sep or not head.isdigit() or rest[:1] not in (b"0", b"1") or rest == b"1":
         raise ValueError(f"member is not a far index chunk: {member[:40]!r}")
+    if rest[:1] == b"0":
+        if len(rest) > 1:
+            raise ValueError(f"member is not a far index chunk: {member[:40]!r}")
+        return int(head), True, []
+    return int(head), False, unpack_far_ids(rest[1:])
+
+
+def unpack_far_ids(blob: bytes) -> list[str]:
+    """The job ids of a far index chunk: msgpack strs, back to back.
+
+    Raises:
+        ValueError: if ``blob`` is not that.
+    """
     ids: list[str] = []
-    i, end = 1, len(rest)
+    i, end = 0, len(blob)
     while i < end:
-        b = rest[i]
+        b = blob[i]
         if 0xA0 <= b <= 0xBF:
             n, i = b & 0x1F, i + 1
         elif b == 0xD9 and i + 2 <= end:
-            n, i = rest[i + 1], i + 2
+            n, i = blob[i + 1], i + 2
         elif b == 0xDA and i + 3 <= end:
-            n, i = _U16.unpack_from(rest, i + 1)[0], i + 3
+            n, i = _U16.unpack_from(blob, i + 1)[0], i + 3
         else:
-            raise ValueError(f"member has a bad id header 0x{b:02x} at byte {i}")
+            raise ValueError(f"far chunk has a bad id header 0x{b:02x} at byte {i}")
         if i + n > end:
-            raise ValueError("member ends inside an id")
-        ids.append(rest[i : i + n].decode())
+            raise ValueError("far chunk ends inside an id")
+        ids.append(blob[i : i + n].decode())
         i += n
-    return int(head), ids
+    return ids

@@ -202,7 +202,7 @@ class Store(Transport):
         args = [1 if replace else 0, pack_schedule_batch([job.values for job in jobs])]
         # One job needs its own bucket only (the script then skips hashing the id).
         buckets = [self.keys.jobs_key(shard, jobs[0].id)] if len(jobs) == 1 else k.jobs
-        return [k.due, k.leased, k.done, k.dead, k.clock, k.far, k.farn, *buckets], args
+        return [k.due, k.leased, k.done, k.dead, k.clock, k.far, k.faro, *buckets], args
 
     @staticmethod
     def _schedule_results(jobs: Sequence[EncodedJob], reply: Sequence[Any]) -> list[ScheduleResult]:
@@ -234,7 +234,7 @@ class Store(Transport):
         reply = await self._write(
             self._scripts.schedule_one,
             [
-                *(k.due, k.leased, k.done, k.dead, k.clock, k.far, k.farn),
+                *(k.due, k.leased, k.done, k.dead, k.clock, k.far, k.faro),
                 self.keys.jobs_key(shard, job.id),
             ],
             [1 if replace else 0, ident, mode, time_ms, record],
@@ -313,7 +313,7 @@ class Store(Transport):
         k = self.keys.shard(shard)
         jobs = self.keys.jobs_key(shard, job_id)
         reply = await self._write(
-            self._scripts.cancel, [k.due, k.leased, k.dead, k.farn, jobs], [job_id], shard
+            self._scripts.cancel, [k.due, k.leased, k.dead, jobs], [job_id], shard
         )
         return JobState(reply) if reply else None
 
@@ -323,7 +323,7 @@ class Store(Transport):
         reply = await self._write(
             self._scripts.reschedule,
             [
-                *(k.due, k.done, k.clock, k.leased, k.dead, k.far, k.farn),
+                *(k.due, k.done, k.clock, k.leased, k.dead, k.far, k.faro),
                 self.keys.jobs_key(shard, job_id),
             ],
             [job_id, mode, time_ms],
@@ -389,7 +389,7 @@ class Store(Transport):
             self._scripts.claim,
             [
                 *(k.due, k.leased, k.done, k.epoch, k.clock, reply_key, forget_key),
-                *(k.dead, k.far, k.farn, *k.jobs),
+                *(k.dead, k.far, k.faro, *k.jobs),
             ],
             [epoch, lookahead_ms, limit, lease_ms],
             shard,
@@ -466,7 +466,7 @@ class Store(Transport):
         args = [epoch, keep_done_ms, pack_ack_batch(items)]
         reply = await self._write(
             self._scripts.ack,
-            [k.leased, k.due, k.done, k.epoch, k.clock, k.far, k.farn, *buckets],
+            [k.leased, k.due, k.done, k.epoch, k.clock, k.far, k.faro, *buckets],
             args,
             shard,
         )
@@ -632,7 +632,7 @@ class Store(Transport):
             DurableError: if that would read more than 50,000 far entries (TW_TOOMANY).
         """
         k = self.keys.shard(shard)
-        keys = [k.due, k.leased, k.dead, k.far, k.farn, *k.jobs]
+        keys = [k.due, k.leased, k.dead, k.far, k.faro, *k.jobs]
         reply = await self._run(self._scripts.due_list, keys, [offset, count], shard)
         return DeadPage(int(reply[0]), self._rows(shard, JobState.DUE, reply))
 
@@ -644,7 +644,7 @@ class Store(Transport):
             DurableError: if that would read more than 50,000 far entries (TW_TOOMANY).
         """
         k = self.keys.shard(shard)
-        keys = [k.due, k.leased, k.dead, k.far, *k.jobs]
+        keys = [k.due, k.leased, k.dead, k.far, k.faro, *k.jobs]
         return int(await self._run(self._scripts.due_rank, keys, [time_ms], shard))
 
     # -- workers: membership and stats (the dashboard's charts) --------------------
@@ -667,7 +667,7 @@ class Store(Transport):
 
     def _inspect_keys(self, shard: int) -> list[str]:
         k = self.keys.shard(shard)
-        return [k.due, k.leased, k.dead, k.owner, k.epoch, k.clock, k.far, k.farn, *k.jobs]
+        return [k.due, k.leased, k.dead, k.owner, k.epoch, k.clock, k.far, k.faro, *k.jobs]
 
     async def inspect(self, shard: int) -> ShardInfo:
         """Counts, overdue lag, owner and next due of one shard (inspect.lua, read only).

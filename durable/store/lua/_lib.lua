@@ -193,21 +193,23 @@ end
 
 -- The far index. A job due at least a slot after the next one (FAR_SLOT ms, time split
 -- into fixed slots) does not get an entry in {ns:s}:due (~104 bytes of skiplist and
--- hashtable per job) but one in {ns:s}:far: a ZSET of chunks, each a member packing the
--- ids of one slot (msgpack strs, about FAR_CHUNK bytes a chunk) scored by the slot's
--- start. Its due is its record's nominal, made explicit (the schedule paths that
--- enter it keep due == nominal). {ns:s}:farn counts the jobs in it.
--- - A member is "<slot start>:<tag><ids>"; tag '0' marks the slot's open chunk, the
---   one appended to (the smallest member of its score), '1' a full one.
+-- hashtable per job) but one in a chunk of its slot's ids (msgpack strs, FAR_CHUNK
+-- bytes or so a chunk). Its due is its record's nominal, made explicit (the schedule
+-- paths that enter it keep due == nominal).
+-- - {ns:s}:far, a ZSET scored by slot start, has a member per full chunk,
+--   "<slot start>:1<ids>", and a marker "<slot start>:0" for a slot whose open chunk,
+--   the one appended to, is the field "<slot start>" of the HASH {ns:s}:faro. Appending
+--   one id is then an HGET and an HSET, with no sorted-set member rewritten.
 -- - Entries are never removed one by one: a cancel, replace or reschedule of a far job
 --   leaves its entry behind, and the promotion below skips it. An entry is live when
 --   the record exists, is in none of due, leased and dead, and its nominal falls in
 --   the entry's slot; a second live entry of the same id (the job left and came back
---   within one slot) finds it in due already and is skipped.
+--   within one slot) finds it in due already and is skipped. The far jobs are thus the
+--   records in none of due, leased and dead: far_count counts them.
 -- - Every claim promotes the chunks whose slot starts by the slot after its horizon's
 --   into due first (claim.lua), so a job is in due by the time a claim could take it.
 local FAR_SLOT = 60000
-local FAR_CHUNK = 1024
+local FAR_CHUNK = 512
 
 local function far_slot(t)
   return t - t % FAR_SLOT
@@ -219,33 +221,29 @@ local function goes_far(now, due)
 end
 
 -- Append ids to the far index: slots lists slot starts in first-seen order, by_slot[s]
--- the ids of slot s. Adds the count to farn.
-local function far_push(far_key, farn_key, slots, by_slot)
-  local total = 0
+-- the ids of slot s.
+local function far_push(far_key, faro_key, slots, by_slot)
   for _, slot in ipairs(slots) do
-    local prefix = fmt(slot) .. ':'
     local score = fmt(slot)
-    local open = redis.call('ZRANGEBYSCORE', far_key, score, score, 'LIMIT', 0, 1)[1]
-    local parts, size = {}, 0
-    if open and string.sub(open, #prefix + 1, #prefix + 1) == '0' then
-      redis.call('ZREM', far_key, open)
-      parts[1] = string.sub(open, #prefix + 2)
-      size = #parts[1]
-    end
-    local ids = by_slot[slot]
-    total = total + #ids
-    for _, id in ipairs(ids) do
+    local open = redis.call('HGET', faro_key, score)
+    local parts, size = {open or ''}, open and #open or 0
+    for _, id in ipairs(by_slot[slot]) do
       local p = cmsgpack.pack(id)
       parts[#parts + 1] = p
       size = size + #p
       if size >= FAR_CHUNK then
-        redis.call('ZADD', far_key, score, prefix .. '1' .. table.concat(parts))
+        redis.call('ZADD', far_key, score, score .. ':1' .. table.concat(parts))
         parts, size = {}, 0
       end
     end
-    if size > 0 then redis.call('ZADD', far_key, score, prefix .. '0' .. table.concat(parts)) end
+    if size > 0 then
+      if not open then redis.call('ZADD', far_key, score, score .. ':0') end
+      redis.call('HSET', faro_key, score, table.concat(parts))
+    elseif open then
+      redis.call('HDEL', faro_key, score)
+      redis.call('ZREM', far_key, score .. ':0')
+    end
   end
-  if total > 0 then redis.call('INCRBY', farn_key, total) end
 end
 
 -- Add id, due at `due`, to the slot groups that far_push takes.
@@ -254,19 +252,75 @@ local function far_group(slots, by_slot, due, id)
 end
 
 -- far_push of one id.
-local function far_push_one(far_key, farn_key, due, id)
+local function far_push_one(far_key, faro_key, due, id)
   local slot = far_slot(due)
-  far_push(far_key, farn_key, {slot}, {[slot] = {id}})
+  far_push(far_key, faro_key, {slot}, {[slot] = {id}})
 end
 
--- The slot start and the ids of a far index member.
-local function far_entries(member)
+-- The slot start, the ids and the open flag of a far index member (an open chunk's ids
+-- are read from faro).
+local function far_entries(faro_key, member)
   local colon = string.find(member, ':', 1, true)
-  return tonumber(string.sub(member, 1, colon - 1)), {cmsgpack.unpack(string.sub(member, colon + 2))}
+  local slot = string.sub(member, 1, colon - 1)
+  if string.sub(member, colon + 1, colon + 1) == '0' then
+    local blob = redis.call('HGET', faro_key, slot)
+    return tonumber(slot), blob and {cmsgpack.unpack(blob)} or {}, true
+  end
+  return tonumber(slot), {cmsgpack.unpack(string.sub(member, colon + 2))}, false
 end
 
--- A record with its nominal set to due (schedule paths: the nominal was 0).
+-- Remove a chunk from the far index (far_entries said whether it is the open one).
+local function far_drop(far_key, faro_key, member, slot, open)
+  redis.call('ZREM', far_key, member)
+  if open then redis.call('HDEL', faro_key, fmt(slot)) end
+end
+
+-- How many jobs the far index holds: the records (KEYS[first + 1 ..]) in none of due,
+-- leased and dead.
+local function far_count(due_key, leased_key, dead_key, first)
+  local n = 0
+  for i = first + 1, #KEYS do n = n + redis.call('HLEN', KEYS[i]) end
+  return n - redis.call('ZCARD', due_key) - redis.call('ZCARD', leased_key)
+    - redis.call('ZCARD', dead_key)
+end
+
+-- The number of msgpack values in s when they are ints and strs only, at most 4 of
+-- them; nil otherwise. Reads headers only (no value is built).
+local function rec_short_count(s)
+  local i, n, len = 1, 0, #s
+  local byte = string.byte
+  while i <= len do
+    if n == 4 then return nil end
+    local b = byte(s, i)
+    if b < 0x80 then i = i + 1
+    elseif b >= 0xa0 and b <= 0xbf then i = i + 1 + b - 0xa0
+    elseif b == 0xd9 then i = i + 2 + byte(s, i + 1)
+    elseif b == 0xda then
+      local h, l = byte(s, i + 1, i + 2)
+      i = i + 3 + h * 256 + l
+    elseif b == 0xdb then
+      local b1, b2, b3, b4 = byte(s, i + 1, i + 4)
+      i = i + 5 + ((b1 * 256 + b2) * 256 + b3) * 256 + b4
+    elseif b == 0xcc then i = i + 2
+    elseif b == 0xcd then i = i + 3
+    elseif b == 0xce then i = i + 5
+    else return nil end
+    n = n + 1
+  end
+  if i ~= len + 1 then return nil end
+  return n
+end
+
+-- A record with its nominal set to due (schedule paths: the nominal was 0). A record of
+-- task, payload and up to max and flags (a new one-shot job's) gets the missing
+-- defaults and the nominal appended, without a decode; others are decoded and encoded.
 local function rec_with_nominal(s, due)
+  local n = rec_short_count(s)
+  if n and n >= 2 then
+    if n == 2 then return s .. cmsgpack.pack(DEFAULTS[F_MAX], DEFAULTS[F_FLAGS], due) end
+    if n == 3 then return s .. cmsgpack.pack(DEFAULTS[F_FLAGS], due) end
+    return s .. cmsgpack.pack(due)
+  end
   local r = rec_decode(s)
   r[F_NOMINAL] = due
   return rec_encode(r)
@@ -301,29 +355,25 @@ local function far_live(due_key, leased_key, dead_key, first, slot, ids)
 end
 
 -- Move the far chunks scored up to `bound` into due (keys: due, leased, dead, far,
--- farn; the record buckets are KEYS[first + 1 ..]), chunk by chunk until at least
+-- faro; the record buckets are KEYS[first + 1 ..]), chunk by chunk until at least
 -- `budget` ids were looked at. Returns the score of the first chunk left at or below
 -- bound, or nil when none is.
-local function far_promote(due_key, leased_key, dead_key, far_key, farn_key, first, bound, budget)
-  local looked, moved = 0, 0
+local function far_promote(due_key, leased_key, dead_key, far_key, faro_key, first, bound, budget)
+  local looked = 0
   local bstr = fmt(bound)
   while looked < budget do
     local chunk = redis.call('ZRANGEBYSCORE', far_key, '-inf', bstr, 'LIMIT', 0, 1)[1]
     if not chunk then break end
-    local slot, ids = far_entries(chunk)
+    local slot, ids, open = far_entries(faro_key, chunk)
     looked = looked + #ids
     local zadd, nz = {}, 0
     for _, e in ipairs(far_live(due_key, leased_key, dead_key, first, slot, ids)) do
       zadd[nz + 1], zadd[nz + 2] = fmt(e[2]), e[1]
       nz = nz + 2
     end
-    redis.call('ZREM', far_key, chunk)
-    if nz > 0 then
-      bulk('ZADD', due_key, zadd)
-      moved = moved + nz / 2
-    end
+    far_drop(far_key, faro_key, chunk, slot, open)
+    if nz > 0 then bulk('ZADD', due_key, zadd) end
   end
-  if moved > 0 then redis.call('DECRBY', farn_key, moved) end
   local left = redis.call('ZRANGEBYSCORE', far_key, '-inf', bstr, 'WITHSCORES', 'LIMIT', 0, 1)
   if #left > 0 then return tonumber(left[2]) end
   return nil
@@ -333,7 +383,7 @@ end
 -- below `below` (nil: all): visit(id, due, record) returns true to stop. Reads at most
 -- FAR_WALK entries, then fails with TW_TOOMANY (read-only callers: nothing written).
 local FAR_WALK = 50000
-local function far_walk(due_key, leased_key, dead_key, far_key, first, below, visit)
+local function far_walk(due_key, leased_key, dead_key, far_key, faro_key, first, below, visit)
   local rank, looked = 0, 0
   local slot, ids = nil, {}
   local function flush_slot()
@@ -352,7 +402,7 @@ local function far_walk(due_key, leased_key, dead_key, far_key, first, below, vi
       local score = tonumber(page[k + 1])
       if below and score >= below then return flush_slot() end
       if score ~= slot and flush_slot() then return true end
-      local s, part = far_entries(page[k])
+      local s, part = far_entries(faro_key, page[k])
       slot = s
       looked = looked + #part
       if looked > FAR_WALK then

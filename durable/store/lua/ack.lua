@@ -1,6 +1,6 @@
 -- ack.lua: complete leased jobs of one shard; record each occurrence in done.
 -- KEYS[1] leased  KEYS[2] due  KEYS[3] done  KEYS[4] epoch  KEYS[5] clock  KEYS[6] far
--- KEYS[7] farn  KEYS[8..] jobs buckets (all of the shard's, in order)
+-- KEYS[7] faro  KEYS[8..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  epoch      the caller's fencing epoch for this shard
 -- ARGV[2]  keep       ms: done entries older than this are trimmed
 -- ARGV[3]  batch      msgpack array, 5 values per job: id, attempt, nominal, next, bucket

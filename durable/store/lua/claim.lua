@@ -3,7 +3,7 @@
 -- KEYS[6] reply   where this claim's reply is kept ({ns:s}:claim:<token>)
 -- KEYS[7] forget  the reply key of the caller's previous claim, now received: deleted
 --                 (may equal KEYS[6]'s prefix with another token; same slot)
--- KEYS[8] dead  KEYS[9] far  KEYS[10] farn
+-- KEYS[8] dead  KEYS[9] far  KEYS[10] faro
 -- KEYS[11..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  epoch      the caller's fencing epoch for this shard
 -- ARGV[2]  lookahead  ms: claim jobs due by now + lookahead

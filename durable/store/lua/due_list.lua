@@ -1,6 +1,6 @@
 -- due_list.lua: a page of one shard's scheduled jobs in due order (read only): those
 -- in due first, then those of the far index (all due later, see _lib.lua).
--- KEYS[1] due  KEYS[2] leased  KEYS[3] dead  KEYS[4] far  KEYS[5] farn
+-- KEYS[1] due  KEYS[2] leased  KEYS[3] dead  KEYS[4] far  KEYS[5] faro
 -- KEYS[6..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  offset
 -- ARGV[2]  count
@@ -11,7 +11,7 @@ local FIRST = 5
 local due_key = KEYS[1]
 local offset, count = tonumber(ARGV[1]), tonumber(ARGV[2])
 local near = redis.call('ZCARD', due_key)
-local out = {near + tonumber(redis.call('GET', KEYS[5]) or '0')}
+local out = {near + far_count(due_key, KEYS[2], KEYS[3], FIRST)}
 local n, rows = 1, 0
 if offset < near then
   local hits = redis.call('ZRANGE', due_key, offset, offset + count - 1, 'WITHSCORES')
@@ -19,7 +19,7 @@ if offset < near then
 end
 if rows < count then
   local skip = math.max(0, offset - near)
-  far_walk(due_key, KEYS[2], KEYS[3], KEYS[4], FIRST, nil, function(id, due, s)
+  far_walk(due_key, KEYS[2], KEYS[3], KEYS[4], KEYS[5], FIRST, nil, function(id, due, s)
     if skip > 0 then
       skip = skip - 1
       return false

@@ -1,6 +1,6 @@
 -- inspect.lua: what an operator wants to know about one shard (read only).
 -- KEYS[1] due  KEYS[2] leased  KEYS[3] dead  KEYS[4] owner  KEYS[5] epoch  KEYS[6] clock
--- KEYS[7] far  KEYS[8] farn  KEYS[9..] jobs buckets (all of the shard's, in order)
+-- KEYS[7] far  KEYS[8] faro  KEYS[9..] jobs buckets (all of the shard's, in order)
 -- ARGV: none.
 -- Returns: {now, due, overdue, oldest_overdue, next_due, leased, expired, dead, owner,
 --   owner_ttl, epoch}: now is max(TIME, clock) in ms (the clock is not advanced);
@@ -35,7 +35,7 @@ if far_first then
     if oldest == 0 or far_first < oldest then oldest = far_first end
     local late = redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', fmt(now), 'LIMIT', 0, FAR_LOOK)
     for _, chunk in ipairs(late) do
-      local _, ids = far_entries(chunk)
+      local _, ids = far_entries(KEYS[8], chunk)
       overdue = overdue + #ids
     end
   elseif next_due == 0 or far_first < next_due then
@@ -45,7 +45,7 @@ if far_first then
     if #first <= FAR_LOOK then
       local ids = {}
       for _, chunk in ipairs(first) do
-        local _, part = far_entries(chunk)
+        local _, part = far_entries(KEYS[8], chunk)
         for _, id in ipairs(part) do ids[#ids + 1] = id end
       end
       local live = far_live(due_key, leased_key, KEYS[3], 8, far_first, ids)
@@ -57,7 +57,7 @@ end
 local owner = redis.call('GET', KEYS[4]) or ''
 return {
   now,
-  redis.call('ZCARD', due_key) + tonumber(redis.call('GET', KEYS[8]) or '0'),
+  redis.call('ZCARD', due_key) + far_count(due_key, leased_key, KEYS[3], 8),
   overdue,
   oldest,
   next_due,

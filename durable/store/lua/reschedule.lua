@@ -1,13 +1,13 @@
 -- reschedule.lua: move a due job to a new due time (a new occurrence: attempt 1).
 -- KEYS[1] due  KEYS[2] done  KEYS[3] clock  KEYS[4] leased  KEYS[5] dead  KEYS[6] far
--- KEYS[7] farn  KEYS[8] the job's jobs bucket
+-- KEYS[7] faro  KEYS[8] the job's jobs bucket
 -- ARGV[1]  id
 -- ARGV[2]  mode      0: ARGV[3] is an absolute due (ms); 1: a delay (ms) added to now
 -- ARGV[3]  time
 -- Returns: {status, when}: status 1 moved (when = new due), 0 no such job,
 --   2 not due (leased or dead: untouched), 5 the new occurrence is done already.
 -- Errors: none.
-local due_key, far_key, farn_key, jobs_key = KEYS[1], KEYS[6], KEYS[7], KEYS[8]
+local due_key, far_key, faro_key, jobs_key = KEYS[1], KEYS[6], KEYS[7], KEYS[8]
 local id = ARGV[1]
 local now = clock_now(KEYS[3], true)
 local due = tonumber(ARGV[3])
@@ -21,11 +21,10 @@ end
 if redis.call('ZSCORE', KEYS[2], done_member(due, id)) then return {5, due} end
 local r = rec_decode(s)
 r[F_NOMINAL], r[F_ATTEMPT], r[F_ERROR] = 0, 1, ''
-if not in_due then redis.call('DECR', farn_key) end  -- it was far: its entry is left behind
 if goes_far(now, due) then
   r[F_NOMINAL] = due
   if in_due then redis.call('ZREM', due_key, id) end
-  far_push_one(far_key, farn_key, due, id)
+  far_push_one(far_key, faro_key, due, id)
 else
   redis.call('ZADD', due_key, fmt(due), id)
 end

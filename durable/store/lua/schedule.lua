@@ -1,6 +1,6 @@
 -- schedule.lua: create (or keep, or replace) jobs of one shard.
 -- KEYS[1] due  KEYS[2] leased  KEYS[3] done  KEYS[4] dead  KEYS[5] clock  KEYS[6] far
--- KEYS[7] farn  KEYS[8..] jobs buckets (all of the shard's, in order)
+-- KEYS[7] faro  KEYS[8..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  replace   1: overwrite a job that is due or dead; 0: keep any existing job
 -- ARGV[2]  batch     msgpack array, 4 values per job: id, mode, time, record
 --   mode     0: time is an absolute due (ms); 1: time is a delay (ms) added to now
@@ -13,7 +13,7 @@
 -- Errors: none (the client validates every argument).
 local FIRST = 7
 local due_key, leased_key, done_key, dead_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local far_key, farn_key = KEYS[6], KEYS[7]
+local far_key, faro_key = KEYS[6], KEYS[7]
 local replace = ARGV[1] == '1'
 local items = cmsgpack.unpack(ARGV[2])
 local now = clock_now(KEYS[5], true)
@@ -39,7 +39,6 @@ local hset = {}
 local in_due = {}  -- existing jobs replaced while in due
 local written = {}  -- ids written earlier in this batch: the due they got
 local last = {}  -- position of the last write of each written id
-local was_far = 0  -- existing far jobs replaced
 for k = 1, n do
   local id, due = ids[k], dues[k]
   local status, when = 1, due
@@ -61,8 +60,8 @@ for k = 1, n do
         -- In due (the ZADD or the ZREM below covers it), dead, or else far.
         if redis.call('ZSCORE', due_key, id) then
           in_due[id] = true
-        elseif redis.call('ZREM', dead_key, id) == 0 then
-          was_far = was_far + 1
+        else
+          redis.call('ZREM', dead_key, id)  -- if far, its entry there is left behind
         end
       end
     end
@@ -96,10 +95,9 @@ for k = 1, n do
     end
   end
 end
-if was_far > 0 then redis.call('DECRBY', farn_key, was_far) end
 flush('HSET', hset)
 if nz > 0 then bulk('ZADD', due_key, zadd) end
 -- A replaced job that was in due and now goes far leaves due.
 if nr > 0 then bulk('ZREM', due_key, zrem) end
-far_push(far_key, farn_key, slots, by_slot)
+far_push(far_key, faro_key, slots, by_slot)
 return out
