@@ -555,3 +555,24 @@ def test_an_error_reply_is_a_502_with_the_reply(redis_url: str) -> None:
         assert r.status_code == 502 and "WRONGTYPE" in r.json()["error"]
         assert client.get("/").status_code == 502
         assert client.get("/api/job", params={"id": "j"}).status_code == 200  # the rest works
+
+
+def test_a_far_index_too_long_to_list_is_said_not_hidden(redis_url: str) -> None:
+    ns = unique_ns()
+
+    async def fill() -> None:
+        async with open_scheduler(redis_url, ns, shards=1) as sched:
+            at = await sched.now(0) + 3_600_000  # all in one minute of the far index
+            for start in range(0, 51_000, 1000):  # past the 50,000 a listing reads
+                await sched.schedule_many(
+                    JobSpec(f"f{i}", "t", at=at + i % 1000) for i in range(start, start + 1000)
+                )
+            await sched.schedule("rec", "tick", every=3600)
+
+    run(fill())
+    with api_client(redis_url, ns) as client:
+        r = client.get("/api/scheduled", params={"shard": "0", "count": "10"})
+        assert r.status_code == 409 and "ListingTooLong" in r.json()["error"], r.text
+        rec = client.get("/api/recurring").json()  # answers, and says it is not complete
+        assert rec["complete"] is False
+        assert client.get("/api/overview").json()["totals"]["due"] == 51_001

@@ -21,6 +21,7 @@ def test_all_is_pinned() -> None:
             "JobState",
             "Keys",
             "LeaseLost",
+            "ListingTooLong",
             "Loader",
             "LoaderStats",
             "MissedRun",
@@ -66,6 +67,7 @@ def test_errors_say_transient_or_permanent() -> None:
     for cls in (
         durable.Fenced,
         durable.LeaseLost,
+        durable.ListingTooLong,
         durable.NotOwner,
         durable.ShardCountMismatch,
         durable.ServerCheckFailed,

@@ -13,6 +13,7 @@ __all__ = [
     "DurableError",
     "Fenced",
     "LeaseLost",
+    "ListingTooLong",
     "NotOwner",
     "PostgresUnavailable",
     "RedisUnavailable",
@@ -73,6 +74,13 @@ class LeaseLost(DurableError):
     The lease expired and was reaped, the job was cancelled, or a later attempt holds it:
     the caller's result must not be recorded.
     """
+
+
+class ListingTooLong(DurableError):
+    """A listing of a shard's scheduled jobs in due order (the dashboard's page,
+    ``Store.due_list``, ``Store.due_rank``) would read more than 50,000 entries of its
+    far index, which it reads from the start. Permanent for that page: ask for an
+    earlier one."""
 
 
 class NotOwner(DurableError):

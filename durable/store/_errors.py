@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import redis.exceptions
 
-from tickwheel.durable.model import DurableError, Fenced, RedisUnavailable
+from tickwheel.durable.model import DurableError, Fenced, ListingTooLong, RedisUnavailable
 
 __all__ = ["REDIS_ERRORS", "translate"]
 
@@ -17,7 +17,7 @@ __all__ = ["REDIS_ERRORS", "translate"]
 _CODES: dict[str, type[DurableError]] = {
     "TW_FENCED": Fenced,
     "TW_BADARG": DurableError,  # a script received an argument the client should refuse
-    "TW_TOOMANY": DurableError,  # a read-only listing would read too much of the far index
+    "TW_TOOMANY": ListingTooLong,  # a listing would read too much of the far index
 }
 
 

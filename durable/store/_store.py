@@ -629,7 +629,7 @@ class Store(Transport):
         into the far index (jobs due later) reads it from its start, O(offset).
 
         Raises:
-            DurableError: if that would read more than 50,000 far entries (TW_TOOMANY).
+            ListingTooLong: if that would read more than 50,000 far entries.
         """
         k = self.keys.shard(shard)
         keys = [k.due, k.leased, k.dead, k.far, k.faro, *k.jobs]
@@ -641,7 +641,7 @@ class Store(Transport):
         read only). O(log N) plus the far entries of slots starting before ``time_ms``.
 
         Raises:
-            DurableError: if that would read more than 50,000 far entries (TW_TOOMANY).
+            ListingTooLong: if that would read more than 50,000 far entries.
         """
         k = self.keys.shard(shard)
         keys = [k.due, k.leased, k.dead, k.far, k.faro, *k.jobs]

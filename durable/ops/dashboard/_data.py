@@ -31,6 +31,7 @@ from tickwheel.durable.model import (
     MAX_TASK_BYTES,
     JobInfo,
     JobState,
+    ListingTooLong,
     Recurrence,
     RedisUnavailable,
     ShardInfo,
@@ -495,7 +496,11 @@ class Namespace:
         for shard in range(sched.keys.shards):
             seen = 0
             while seen < limit:
-                page = await sched.store.due_list(shard, seen, PAGE)
+                try:
+                    page = await sched.store.due_list(shard, seen, PAGE)
+                except ListingTooLong:  # a shard whose far index is too long to read
+                    complete = False
+                    break
                 seen += len(page.jobs)
                 rows += [job_row(j, 0) for j in page.jobs if j.recurrence is not None]
                 if not page.jobs or seen >= page.total:
