@@ -631,8 +631,7 @@ class Store(Transport):
         Raises:
             ListingTooLong: if that would read more than 50,000 far entries.
         """
-        k = self.keys.shard(shard)
-        keys = [k.due, k.leased, k.dead, k.far, k.faro, *k.jobs]
+        keys = self._listing_keys(shard)
         reply = await self._run(self._scripts.due_list, keys, [offset, count], shard)
         return DeadPage(int(reply[0]), self._rows(shard, JobState.DUE, reply))
 
@@ -643,8 +642,7 @@ class Store(Transport):
         Raises:
             ListingTooLong: if that would read more than 50,000 far entries.
         """
-        k = self.keys.shard(shard)
-        keys = [k.due, k.leased, k.dead, k.far, k.faro, *k.jobs]
+        keys = self._listing_keys(shard)
         return int(await self._run(self._scripts.due_rank, keys, [time_ms], shard))
 
     # -- workers: membership and stats (the dashboard's charts) --------------------
@@ -664,6 +662,11 @@ class Store(Transport):
         """Remove a worker's stats document (it is leaving)."""
         key = self.keys.worker_stats(token)
         await self.bounded(lambda: self._client.delete(key))
+
+    def _listing_keys(self, shard: int) -> list[str]:
+        """due_list.lua's and due_rank.lua's keys."""
+        k = self.keys.shard(shard)
+        return [k.due, k.leased, k.dead, k.far, k.faro, *k.jobs]
 
     def _inspect_keys(self, shard: int) -> list[str]:
         k = self.keys.shard(shard)

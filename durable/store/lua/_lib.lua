@@ -332,7 +332,7 @@ local function far_due(s)
   return rec_decode(s)[F_NOMINAL]
 end
 
--- The live entries of ids (one far slot's), sorted by (due, id): {id, due, record}.
+-- The live entries of ids (one far slot's), in the ids' order: {id, due, decoded record}.
 local function far_live(due_key, leased_key, dead_key, first, slot, ids)
   local recs = get_records(ids, #ids, first)
   local live, seen = {}, {}
@@ -340,17 +340,14 @@ local function far_live(due_key, leased_key, dead_key, first, slot, ids)
     local id, s = ids[k], recs[k]
     if s and not seen[id] and not redis.call('ZSCORE', due_key, id)
         and not redis.call('ZSCORE', leased_key, id) and not redis.call('ZSCORE', dead_key, id) then
-      local due = rec_decode(s)[F_NOMINAL]
+      local r = rec_decode(s)
+      local due = r[F_NOMINAL]
       if due ~= 0 and far_slot(due) == slot then
         seen[id] = true
-        live[#live + 1] = {id, due, s}
+        live[#live + 1] = {id, due, r}
       end
     end
   end
-  table.sort(live, function(a, b)
-    if a[2] ~= b[2] then return a[2] < b[2] end
-    return a[1] < b[1]
-  end)
   return live
 end
 
@@ -380,15 +377,21 @@ local function far_promote(due_key, leased_key, dead_key, far_key, faro_key, fir
 end
 
 -- Visit the far index's live jobs in due order, slot by slot from the first, scored
--- below `below` (nil: all): visit(id, due, record) returns true to stop. Reads at most
--- FAR_WALK entries, then fails with TW_TOOMANY (read-only callers: nothing written).
+-- below `below` (nil: all): visit(id, due, decoded record) returns true to stop. Each
+-- slot's live jobs are sorted by (due, id) here (promotion needs no order). Reads at
+-- most FAR_WALK entries, then fails with TW_TOOMANY (read-only: nothing written).
 local FAR_WALK = 50000
 local function far_walk(due_key, leased_key, dead_key, far_key, faro_key, first, below, visit)
   local rank, looked = 0, 0
   local slot, ids = nil, {}
   local function flush_slot()
     if not slot then return false end
-    for _, e in ipairs(far_live(due_key, leased_key, dead_key, first, slot, ids)) do
+    local live = far_live(due_key, leased_key, dead_key, first, slot, ids)
+    table.sort(live, function(a, b)
+      if a[2] ~= b[2] then return a[2] < b[2] end
+      return a[1] < b[1]
+    end)
+    for _, e in ipairs(live) do
       if visit(e[1], e[2], e[3]) then return true end
     end
     slot, ids = nil, {}

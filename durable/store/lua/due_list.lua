@@ -19,13 +19,13 @@ if offset < near then
 end
 if rows < count then
   local skip = math.max(0, offset - near)
-  far_walk(due_key, KEYS[2], KEYS[3], KEYS[4], KEYS[5], FIRST, nil, function(id, due, s)
+  far_walk(due_key, KEYS[2], KEYS[3], KEYS[4], KEYS[5], FIRST, nil, function(id, due, r)
     if skip > 0 then
       skip = skip - 1
       return false
     end
     out[n + 1], out[n + 2] = id, due
-    n = rec_row(out, n + 2, rec_decode(s), due)
+    n = rec_row(out, n + 2, r, due)
     rows = rows + 1
     return rows >= count
   end)

@@ -49,7 +49,10 @@ if far_first then
         for _, id in ipairs(part) do ids[#ids + 1] = id end
       end
       local live = far_live(due_key, leased_key, KEYS[3], 8, far_first, ids)
-      if #live > 0 then at = live[1][2] end
+      if #live > 0 then
+        at = live[1][2]
+        for _, e in ipairs(live) do at = math.min(at, e[2]) end
+      end
     end
     if next_due == 0 or at < next_due then next_due = at end
   end
