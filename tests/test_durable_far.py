@@ -107,6 +107,61 @@ def test_a_claim_promotes_far_jobs_in_time_and_in_due_order(redis_url: str) -> N
     run(main())
 
 
+@pytest.mark.parametrize("count", [130, 120])
+def test_single_schedules_fill_chunks_as_a_batch_does(redis_url: str, count: int) -> None:
+    """schedule_one's own far push (far_push_one) against schedule's (far_push): the same
+    ids into one slot, past several full chunks, give the same far index (120 ids end on
+    a full chunk: no open chunk and no marker are left), and claims take them all back
+    in due order."""
+    lib = resources.files("tickwheel.durable.store").joinpath("lua/_lib.lua").read_text()
+    chunk_bytes = int(re.search(r"^local FAR_CHUNK = (\d+)$", lib, re.M)[1])  # type: ignore[index]
+    assert chunk_bytes == 512  # the counts above are sized for it
+    ids = [f"job-with-a-longer-id:{i:04}" for i in range(count)]  # 26 B each, packed
+    # The rule both pushes follow: a chunk is full once its ids reach chunk_bytes.
+    expected: list[list[str]] = [[]]
+    for job_id in ids:
+        expected[-1].append(job_id)
+        if len(expected[-1]) * 26 >= chunk_bytes:
+            expected.append([])
+
+    async def layout(s: Scheduler, slot: int) -> list[list[str]]:
+        """The slot's full chunks in order, then its open chunk's ids ([] if none)."""
+        k = s.keys.shard(0)
+        members = [unpack_far_chunk(m) for m in await client_of(s).zrange(k.far, 0, -1)]
+        assert {m[0] for m in members} == {slot}
+        blob = await client_of(s).hget(k.faro, str(slot))
+        # A marker exactly when there is an open chunk (none dangling after a fill).
+        assert [m[1] for m in members].count(True) == (blob is not None)
+        return [*sorted(m[2] for m in members if not m[1]), unpack_far_ids(blob or b"")]
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as one:
+            now = await one.now(0)
+            at = now - now % SLOT + 5 * SLOT
+            for n, job_id in enumerate(ids):
+                made = await one.schedule(job_id, "t", at=at + n)
+                assert (made.status.name, made.when_ms) == ("CREATED", at + n)
+            assert await layout(one, at) == expected
+            await check_all(one)
+            async with open_scheduler(redis_url, shards=1) as many:
+                for job_id in ids:  # one at a time, through the batch script
+                    await many.schedule_many([JobSpec(job_id, "t", at=at)])
+                assert await layout(many, at) == expected
+                await check_all(many)
+            await one.take(0)
+            await push_clock(one, 0, at + len(ids) - now)
+            claimed: list[str] = []
+            for _ in range(10):  # a claim moving part of the slot takes none of it yet
+                batch = (await one.claim(0, limit=50)).jobs
+                claimed += [j.id for j in batch]
+                await one.ack_many(batch)
+            assert claimed == ids
+            assert await client_of(one).zcard(one.keys.shard(0).far) == 0
+            await check_all(one)
+
+    run(main())
+
+
 def test_a_far_job_is_in_due_by_the_time_a_lookahead_reaches_it(redis_url: str) -> None:
     async def main() -> None:
         async with open_scheduler(redis_url, shards=1) as s:
