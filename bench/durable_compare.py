@@ -9,7 +9,9 @@ from another checkout's ``durable/`` (e.g. main's, extracted with ``git archive`
 compare before and after with the same peers.
 
 Rows: single awaited schedule (tickwheel ``schedule(delay=60)``, arq ``enqueue_job``,
-BullMQ ``Queue.add`` with a delay), 1000 per round; batch schedule of 10,000 (tickwheel
+BullMQ ``Queue.add`` with a delay), 1000 per round; the same calls from ``IN_FLIGHT``
+tasks at once (a producer serving many requests: bound by the client's CPU, not by the
+round trip), 6,400 per round; batch schedule of 10,000 (tickwheel
 ``schedule_many`` over 16 shards, BullMQ ``addBulk``); claim + ack of 10,000 due jobs on
 one shard (tickwheel, claims of 1000 then ``ack_many``).
 
@@ -23,15 +25,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import gc
 import importlib.util
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 SINGLES = 1000
+IN_FLIGHT = 64  # tasks scheduling at once, in the in-flight row
+IN_FLIGHT_EACH = 100  # schedules per task and round
 BATCH = 10_000
 PAYLOAD = b"x" * 32
 
@@ -64,6 +70,24 @@ def _redis_server_type() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.RedisServer
+
+
+async def _tickwheel_one(s: Any, key: str) -> None:
+    await s.schedule(key, "send_email", PAYLOAD, delay=60)  # as the single row's
+
+
+async def _at(peer: Any, due_ms: int, key: str) -> None:
+    await peer.schedule_one(key, due_ms)
+
+
+async def _in_flight(call: Callable[[str], Awaitable[object]], prefix: str) -> None:
+    """``IN_FLIGHT`` tasks at once, each awaiting ``IN_FLIGHT_EACH`` calls in turn."""
+
+    async def task(w: int) -> None:
+        for i in range(IN_FLIGHT_EACH):
+            await call(f"{prefix}{w}:{i}")
+
+    await asyncio.gather(*(task(w) for w in range(IN_FLIGHT)))
 
 
 async def _rows(url: str, rounds: int) -> dict[str, list[float]]:
@@ -100,6 +124,16 @@ async def _rows(url: str, rounds: int) -> dict[str, list[float]]:
         for i in range(SINGLES):
             await bull.schedule_one(f"b{r}:{i}", far)
         rec("single: bullmq", SINGLES, t)
+
+        calls: dict[str, Callable[[str], Awaitable[object]]] = {
+            "tickwheel": functools.partial(_tickwheel_one, s),
+            "arq": functools.partial(_at, arq, far),
+            "bullmq": functools.partial(_at, bull, far),
+        }
+        for name, call in calls.items():
+            t = _start()
+            await _in_flight(call, f"f{r}:")
+            rec(f"in flight: {name}", IN_FLIGHT * IN_FLIGHT_EACH, t)
 
         specs = [JobSpec(f"m{r}:{i}", "send_email", PAYLOAD, delay=3600) for i in range(BATCH)]
         t = _start()
@@ -150,6 +184,8 @@ def main() -> None:
         print(f"{name:<22} {rate:>10,.0f} jobs/s (median of {len(rows[name])})")
     tw, arq, bull = med["single: tickwheel"], med["single: arq"], med["single: bullmq"]
     print(f"single: tickwheel / arq {tw / arq:.2f}x, tickwheel / bullmq {tw / bull:.2f}x")
+    tw, arq, bull = (med[f"in flight: {lib}"] for lib in ("tickwheel", "arq", "bullmq"))
+    print(f"in flight: tickwheel / arq {tw / arq:.2f}x, tickwheel / bullmq {tw / bull:.2f}x")
     print(f"batch: tickwheel / bullmq {med['batch: tickwheel'] / med['batch: bullmq']:.2f}x")
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 import redis.asyncio
 import redis.exceptions
 
 from tests.durable_support import run
+from tests.faultproxy import FaultProxy
 from tickwheel.durable.servers import RedisServer
 from tickwheel.durable.store._direct import _KEY_CACHE, Direct, pack_evalsha
 
@@ -156,6 +158,89 @@ def test_after_a_restart_a_missing_script_loads_on_a_held_connection() -> None:
             server.start()  # same port, empty script cache
             await asyncio.sleep(0.05)
             assert await direct.evalsha(echo, [], [b"after"]) == b"after"
+            await direct.aclose()
+            await client.aclose()
+
+        run(main())
+    finally:
+        server.stop()
+
+
+def test_a_reply_no_call_asked_for_retires_the_connection(redis_server: RedisServer) -> None:
+    """Bytes arriving between calls (here a PONG written behind the path's back) would be
+    read as the next call's reply: the connection is retired instead, and the next call
+    runs on a new one."""
+
+    async def main() -> None:
+        client = redis.asyncio.Redis.from_url(redis_server.url)
+        direct = Direct(client)
+        echo = client.register_script("return ARGV[1]")
+        assert await direct.evalsha(echo, [], [b"one"]) == b"one"
+        (held,) = direct._free
+        held._transport.write(b"*1\r\n$4\r\nPING\r\n")
+        for _ in range(100):
+            if not held.usable():
+                break
+            await asyncio.sleep(0.01)
+        assert not held.usable()
+        assert await direct.evalsha(echo, [], [b"two"]) == b"two"
+        assert len(direct._free) == 1 and direct._free[0] is not held
+        await direct.aclose()
+        await client.aclose()
+
+    run(main())
+
+
+@pytest.mark.parametrize("fault", ["reset", "eof"])
+def test_a_connection_lost_mid_call_raises_connection_error(
+    redis_server: RedisServer, fault: str
+) -> None:
+    """The reply never comes: the connection is reset after the request went through, or
+    the server's side sends EOF. The call fails with redis-py's ConnectionError at once
+    (not at a timeout), the connection is not kept, and the next call gets a new one."""
+
+    async def main() -> None:
+        async with FaultProxy("127.0.0.1", redis_server.port) as proxy:
+            client = redis.asyncio.Redis.from_url(proxy.url, retry=None)
+            direct = Direct(client)
+            echo = client.register_script("return ARGV[1]")
+            assert await direct.evalsha(echo, [], [b"before"]) == b"before"  # loaded
+            if fault == "reset":
+                proxy.drop_next_reply(b"EVALSHA")
+            else:
+                proxy.half_close()
+            with pytest.raises(redis.exceptions.ConnectionError):
+                await asyncio.wait_for(direct.evalsha(echo, [], [b"lost"]), 5)
+            assert direct._free == []
+            proxy.heal()
+            assert await direct.evalsha(echo, [], [b"after"]) == b"after"
+            await direct.aclose()
+            await client.aclose()
+
+    run(main())
+
+
+def test_resp3_clients_are_not_served_here(redis_server: RedisServer) -> None:
+    # Push messages would arrive unasked; redis-py reads RESP3 itself.
+    assert Direct.usable(redis.asyncio.Redis.from_url(redis_server.url))
+    assert not Direct.usable(redis.asyncio.Redis.from_url(redis_server.url, protocol=3))
+
+
+def test_calls_over_a_unix_socket(tmp_path: Path) -> None:
+    path = tmp_path / "redis.sock"
+    server = RedisServer(extra_args=["--unixsocket", str(path), "--unixsocketperm", "700"])
+    server.start()
+    try:
+
+        async def main() -> None:
+            client = redis.asyncio.Redis.from_url(f"unix://{path}")
+            direct = Direct(client)
+            assert Direct.usable(client)
+            echo = client.register_script("return ARGV[1]")
+            assert await direct.evalsha(echo, [], [b"one"]) == b"one"
+            await client.client_kill_filter(_type="normal", skipme=True)
+            await asyncio.sleep(0.05)
+            assert await direct.evalsha(echo, [], [b"two"]) == b"two"  # reconnected
             await direct.aclose()
             await client.aclose()
 
