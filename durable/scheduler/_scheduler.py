@@ -280,11 +280,12 @@ class Scheduler(OwnerSide):
         if self.pg is not None or conn is not None:
             return (await self._pg_schedule([spec], replace, conn))[0]
         encoded = encode_job(spec, self.max_payload_bytes)
-        await self.open()
+        if not self._opened:
+            await self.open()
         shard = self.keys.shard_of(job_id)
-        encoded = await self._first_run(shard, spec, encoded)
-        (result,) = await self.store.schedule(shard, [encoded], replace)
-        return result
+        if rec is not None:  # (an await less for the common one-shot job)
+            encoded = await self._first_run(shard, spec, encoded)
+        return await self.store.schedule_one(shard, encoded, replace)
 
     async def _pg_schedule(
         self, specs: Sequence[JobSpec], replace: bool, conn: Any

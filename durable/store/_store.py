@@ -218,12 +218,13 @@ class Store(Transport):
         """Create, keep or replace jobs of one shard (schedule.lua; schedule_one.lua for
         one job). O(n log N)."""
         if len(jobs) == 1:
-            return [await self._schedule_one(shard, jobs[0], replace)]
+            return [await self.schedule_one(shard, jobs[0], replace)]
         keys, args = self._schedule_call(shard, jobs, replace)
         reply = await self._write(self._scripts.schedule, keys, args, shard)
         return self._schedule_results(jobs, reply)
 
-    async def _schedule_one(self, shard: int, job: EncodedJob, replace: bool) -> ScheduleResult:
+    async def schedule_one(self, shard: int, job: EncodedJob, replace: bool) -> ScheduleResult:
+        """Create, keep or replace one job (schedule_one.lua). O(log N)."""
         k = self.keys.shard(shard)
         ident, mode, time_ms, record = job.values
         # What pack_schedule_batch checks for a batch: here the values go as text.
