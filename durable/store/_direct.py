@@ -12,7 +12,8 @@ script call through the store then costs 87,000 instructions instead of 143,000,
 single schedule 169,000 instead of 224,000 (``bench.profile_durable callgrind``). An
 awaited call waits out its round trip either way (its latency did not move), but a
 producer with many calls in flight is bound by this CPU: 64 tasks scheduling at once
-went from 24,600 to 38,400 schedules/s (medians of 5 alternating runs).
+went from 24,700 to 30,800 schedules/s (``bench.durable_compare``'s in-flight row,
+medians of 4 alternating runs).
 
 Ground rules:
 
@@ -279,23 +280,21 @@ class Direct:
 
     async def _call(self, request: bytes, queued: int = 0) -> Any:
         held = self._free.pop() if self._free else None
+        conn = self._pool.make_connection() if held is None else held.conn
         replies: list[Any] = []
         reusable = False
         try:
             if held is None or not held.usable():  # never connected, or closed by the server
-                conn = self._pool.make_connection() if held is None else held.conn
-                held = None
                 await conn.disconnect()
                 await conn.connect()
                 held = _Held(conn)
             replies = await held.call(request, queued + 1)
             reusable = True  # every reply of the request was read (error replies too)
         finally:
-            if held is not None:
-                if reusable:
-                    self._free.append(held)
-                else:
-                    await held.conn.disconnect(nowait=True)
+            if reusable and held is not None:
+                self._free.append(held)
+            else:
+                await conn.disconnect(nowait=True)
         reply = replies[-1]
         if isinstance(reply, redis.exceptions.ResponseError):
             # MULTI's OK and a QUEUED (or an error) per call came first; EXEC's abort
