@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
+from importlib import resources
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -20,6 +22,7 @@ from tests.durable_support import (
     run,
     snapshot,
 )
+from tickwheel.durable.store._record import DEFAULTS, pack_record
 from tickwheel.durable import (
     DurableError,
     Fenced,
@@ -139,6 +142,59 @@ def test_a_claim_returns_each_jobs_record_bucket_and_the_ack_uses_it(redis_url: 
             assert await s.ack_many(jobs[10:]) == [True] * 30
             assert await s.ack_many([jobs[0], jobs[5]]) == [True, True]  # found done
             assert await check_shard(s, 0) == {}
+
+    run(main())
+
+
+# What claim.lua must store for a record it leases, done the long way: decode, resolve
+# the nominal against the due score, set the epoch, encode.
+_LEASED = """local r = rec_decode(ARGV[1])
+if r[F_NOMINAL] == 0 then r[F_NOMINAL] = tonumber(ARGV[2]) end
+r[F_EPOCH] = tonumber(ARGV[3])
+return rec_encode(r)"""
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        [b"t"],  # task only
+        [b"t", b"p"],
+        [b"t", b"p", 9],  # a max
+        [b"t", b"[1, 2]", 5, 1],  # JSON
+        [b"t", b"x" * 300, 200],  # a str16 payload, a max past a fixint
+        [b"t", b"p", 5, 0, 1_700_000_000_123],  # nominal explicit (far, promoted)
+        [b"t", b"p", 5, 0, 1_700_000_000_123, 3],  # a later attempt
+        [b"t", b"p", 5, 0, 0, 3],  # nominal still the due score, past the first attempt
+        [b"t", b"p", 5, 0, 0, 2, 0, 0, b"", 0, 0, 0, b"boom"],  # an error kept
+        [b"t", b"p", 5, 0, 0, 1, 0, 1, b"60000"],  # recurring
+    ],
+    ids=["task", "payload", "max", "json", "str16", "nominal", "attempt", "zero-nominal",
+         "error", "recurring"],
+)
+def test_a_claim_stores_each_record_as_decoding_and_encoding_it_would(
+    redis_url: str, fields: list[int | bytes]
+) -> None:
+    """claim.lua leases most records by appending to them (rec_lease_tail); the bytes
+    must be those of the decode-and-encode it replaces, for every record shape."""
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            epoch = await s.take(0)
+            client = client_of(s)
+            raw = pack_record(fields)
+            due = await s.now(0) - 5
+            await client.hset(s.keys.jobs_key(0, "j"), "j", raw)
+            await client.zadd(s.keys.shard(0).due, {"j": due})
+            [job] = (await s.claim(0)).jobs
+            lib = resources.files("tickwheel.durable.store").joinpath("lua/_lib.lua").read_text()
+            want = await client.eval(lib + "\n" + _LEASED, 0, raw, due, epoch)
+            assert await client.hget(s.keys.jobs_key(0, "j"), "j") == want
+            full = [*fields, *DEFAULTS[len(fields) :]]
+            payload = json.loads(full[1]) if full[3] == 1 else full[1]
+            assert (job.task, job.payload, job.max_attempts) == (full[0].decode(), payload, full[2])
+            assert (job.nominal_ms, job.attempt, job.due_ms) == (full[4] or due, full[5], due)
+            assert job.last_error == full[12].decode() and job.epoch == epoch
+            assert await s.ack_many([job]) == [True]
 
     run(main())
 

@@ -54,18 +54,34 @@ for k = 1, count do
 end
 bulk('ZREM', due_key, ids)
 local recs, key_of, index_of = get_records(ids, count, FIRST)
--- Decode and resolve each occurrence, then look them all up in done at once.
-local decoded, members = {}, {}
+-- Read each record and resolve its occurrence, then look them all up in done at once.
+-- A record of at most 6 fields (a one-shot job, not leased, no error: nearly all of
+-- them) is read into the flat array `vals` (6 a job) and leased by appending to it
+-- (rec_lease_tail), with no table of its own and no re-encoding; `short[k]` is its field
+-- count (1..6). Any other record is decoded into `decoded[k]` and encoded again.
+local vals, short, decoded, members = {}, {}, {}, {}
 for k = 1, count do
   local s = recs[k]
+  local nominal = 0
   if s then
-    local r = rec_decode(s)
-    if r[F_NOMINAL] == 0 then r[F_NOMINAL] = dues[k] end
-    decoded[k] = r
-  else
-    decoded[k] = false
+    local t, p, mx, fl, nom, att, more = cmsgpack.unpack(s)
+    local n = (more ~= nil and 7) or (att ~= nil and 6) or (nom ~= nil and 5)
+      or (fl ~= nil and 4) or (mx ~= nil and 3) or (p ~= nil and 2) or (t ~= nil and 1) or 0
+    if (n >= 1 and n <= 4) or (n <= 6 and nom ~= 0) then
+      nominal = nom or 0
+      if nominal == 0 then nominal = dues[k] end
+      local b = 6 * k
+      vals[b - 5], vals[b - 4], vals[b - 3] = t, p or DEFAULTS[F_PAYLOAD], mx or DEFAULTS[F_MAX]
+      vals[b - 2], vals[b - 1], vals[b] = fl or DEFAULTS[F_FLAGS], nominal, att or DEFAULTS[F_ATTEMPT]
+      short[k] = n
+    else
+      local r = rec_decode(s)
+      if r[F_NOMINAL] == 0 then r[F_NOMINAL] = dues[k] end
+      nominal = r[F_NOMINAL]
+      decoded[k] = r
+    end
   end
-  members[k] = done_member(decoded[k] and decoded[k][F_NOMINAL] or 0, ids[k])
+  members[k] = done_member(nominal, ids[k])
 end
 local seen = {}
 for k = 1, count, CHUNK do
@@ -76,26 +92,41 @@ local out = {now, 0}
 local n, nz = 2, 0
 local dropped = 0
 local gone, hset, zadd = {}, {}, {}
+local tails = rec_lease_tails(epoch)
+local last_deadline, sdeadline = nil, nil
 for k = 1, count do
-  local r = decoded[k]
   local id = ids[k]
-  if not r then
+  local r, m = decoded[k], short[k]
+  if not (r or m) then
     dropped = dropped + 1  -- an index entry without a record: nothing to run
-  elseif seen[k] and r[F_RKIND] == 0 then
+  elseif seen[k] and (m or r[F_RKIND] == 0) then
     dropped = dropped + 1
     buffer(gone, key_of[k], id)
   else
     local deadline = math.max(now, dues[k]) + lease
-    r[F_EPOCH] = epoch
-    buffer(hset, key_of[k], id, rec_encode(r))
-    zadd[nz + 1], zadd[nz + 2] = fmt(deadline), id
+    if deadline ~= last_deadline then
+      last_deadline, sdeadline = deadline, fmt(deadline)
+    end
+    zadd[nz + 1], zadd[nz + 2] = sdeadline, id
     nz = nz + 2
-    local count = (r[F_RKIND] == 0 and r[F_ERROR] == '') and F_ATTEMPT or NFIELDS
     out[n + 1], out[n + 2], out[n + 3] = id, dues[k], deadline
-    out[n + 4], out[n + 5] = (seen[k] and 1 or 0) + 2 * index_of[k], count
-    n = n + 5
-    for i = 1, count do out[n + i] = r[i] end
-    n = n + count
+    out[n + 4] = (seen[k] and 1 or 0) + 2 * index_of[k]
+    if m then
+      local b = 6 * k
+      buffer(hset, key_of[k], id, rec_lease_tail(recs[k], m, vals[b - 1], tails))
+      out[n + 5] = F_ATTEMPT
+      out[n + 6], out[n + 7], out[n + 8] = vals[b - 5], vals[b - 4], vals[b - 3]
+      out[n + 9], out[n + 10], out[n + 11] = vals[b - 2], vals[b - 1], vals[b]
+      n = n + 11
+    else
+      r[F_EPOCH] = epoch
+      buffer(hset, key_of[k], id, rec_encode(r))
+      local count = (r[F_RKIND] == 0 and r[F_ERROR] == '') and F_ATTEMPT or NFIELDS
+      out[n + 5] = count
+      n = n + 5
+      for i = 1, count do out[n + i] = r[i] end
+      n = n + count
+    end
   end
 end
 flush('HDEL', gone)
