@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
-from importlib import resources
 from datetime import UTC, datetime, timedelta
+from importlib import resources
 
 import pytest
 import redis.asyncio
@@ -22,7 +22,6 @@ from tests.durable_support import (
     run,
     snapshot,
 )
-from tickwheel.durable.store._record import DEFAULTS, pack_record
 from tickwheel.durable import (
     DurableError,
     Fenced,
@@ -33,6 +32,7 @@ from tickwheel.durable import (
     Scheduler,
     ScheduleStatus,
 )
+from tickwheel.durable.store._record import DEFAULTS, pack_record
 
 pytestmark = pytest.mark.redis
 
@@ -168,8 +168,18 @@ return rec_encode(r)"""
         [b"t", b"p", 5, 0, 0, 2, 0, 0, b"", 0, 0, 0, b"boom"],  # an error kept
         [b"t", b"p", 5, 0, 0, 1, 0, 1, b"60000"],  # recurring
     ],
-    ids=["task", "payload", "max", "json", "str16", "nominal", "attempt", "zero-nominal",
-         "error", "recurring"],
+    ids=[
+        "task",
+        "payload",
+        "max",
+        "json",
+        "str16",
+        "nominal",
+        "attempt",
+        "zero-nominal",
+        "error",
+        "recurring",
+    ],
 )
 def test_a_claim_stores_each_record_as_decoding_and_encoding_it_would(
     redis_url: str, fields: list[int | bytes]
