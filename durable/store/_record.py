@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
 
 __all__ = [
     "DEFAULTS",
@@ -31,6 +34,7 @@ __all__ = [
     "pack_value",
     "unpack_far_chunk",
     "unpack_far_ids",
+    "unpack_reply",
 ]
 
 # The job record's fields, in record order: lua/_lib.lua's F_* constants, lowercased
@@ -231,3 +235,20 @@ def unpack_far_ids(blob: bytes) -> list[str]:
         ids.append(blob[i : i + n].decode())
         i += n
     return ids
+
+
+def unpack_reply(data: bytes) -> list[Any]:
+    """A script's reply sent as one msgpack array (claim.lua): strs as bytes, ints as
+    ints. The C decoder of ``msgpack`` reads it faster than Redis would have converted
+    the same Lua table to RESP (and than the client would have read that).
+
+    Raises:
+        ValueError: if ``data`` is not a msgpack array.
+    """
+    try:
+        value = msgpack.unpackb(data, raw=True)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise ValueError(f"reply is not msgpack: {exc}") from None
+    if not isinstance(value, list):
+        raise ValueError(f"reply is not a msgpack array: {type(value).__name__}")
+    return value

@@ -60,7 +60,14 @@ from tickwheel.wheel import timeout
 from ._connect import Client
 from ._errors import REDIS_ERRORS, translate
 from ._keys import Keys, parse_layout
-from ._record import FIELDS, pack_ack_batch, pack_oneshot, pack_record, pack_schedule_batch
+from ._record import (
+    FIELDS,
+    pack_ack_batch,
+    pack_oneshot,
+    pack_record,
+    pack_schedule_batch,
+    unpack_reply,
+)
 from ._scripts import Scripts
 from ._transport import DEFAULT_CALL_TIMEOUT, Transport, _Call
 
@@ -386,7 +393,7 @@ class Store(Transport):
         k = self.keys.shard(shard)
         reply_key = self.keys.claim_reply(shard, token)
         forget_key = reply_key if forget is None else self.keys.claim_reply(shard, forget)
-        reply = await self._run(
+        packed = await self._run(
             self._scripts.claim,
             [
                 *(k.due, k.leased, k.done, k.epoch, k.clock, reply_key, forget_key),
@@ -395,6 +402,7 @@ class Store(Transport):
             [epoch, lookahead_ms, limit, lease_ms],
             shard,
         )
+        reply = unpack_reply(packed)
         jobs: list[Job] = []
         append = jobs.append
         # Positional Job(...), one slice per row: this loop runs once per claimed job.

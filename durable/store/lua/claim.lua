@@ -9,7 +9,9 @@
 -- ARGV[2]  lookahead  ms: claim jobs due by now + lookahead
 -- ARGV[3]  limit      at most this many jobs
 -- ARGV[4]  lease      ms: each lease ends at max(now, due) + lease
--- Returns: {now, dropped, then per job: id, due, deadline, tag, count, field_1 ..
+-- Returns: a msgpack array (one bulk string: it is kept as it is sent, below, and the
+--   client decodes it faster than Redis converts a Lua table of it to RESP):
+--   {now, dropped, then per job: id, due, deadline, tag, count, field_1 ..
 --   field_count}: tag = dup + 2 * bucket, where bucket is the index from 0 of the job's
 --   record hash among KEYS[11..], for the ack to send back, and dup is 0 or 1 (below);
 --   count is 6 (task, payload, max, flags, nominal, attempt: the epoch is ARGV[1] and
@@ -34,7 +36,7 @@ local err = fence(KEYS[4], ARGV[1])
 if err then return err end
 if KEYS[7] ~= KEYS[6] then redis.call('DEL', KEYS[7]) end
 local kept = redis.call('GET', KEYS[6])
-if kept then return cmsgpack.unpack(kept) end
+if kept then return kept end
 local epoch = tonumber(ARGV[1])
 local now = clock_now(KEYS[5], true)
 local lease = tonumber(ARGV[4])
@@ -45,7 +47,7 @@ local left = far_promote(due_key, leased_key, KEYS[8], KEYS[9], KEYS[10], FIRST,
 if left and left <= horizon then horizon = left - 1 end
 local hits = redis.call('ZRANGEBYSCORE', due_key, '-inf', fmt(horizon),
   'WITHSCORES', 'LIMIT', 0, limit)
-if #hits == 0 then return {now, 0} end
+if #hits == 0 then return cmsgpack.pack({now, 0}) end
 local ids, dues = {}, {}
 local count = #hits / 2
 for k = 1, count do
@@ -135,5 +137,6 @@ if nz > 0 then
   bulk('ZADD', leased_key, zadd)
 end
 out[2] = dropped
-if nz > 0 then redis.call('SET', KEYS[6], cmsgpack.pack(out), 'PX', lease) end
-return out
+local packed = cmsgpack.pack(out)
+if nz > 0 then redis.call('SET', KEYS[6], packed, 'PX', lease) end
+return packed
