@@ -44,20 +44,21 @@ local slots, by_slot = {}, {}
 local nu, nn, nz = 0, 0, 0
 local acked = {}
 local snow = fmt(now)
+local mp_unpack, format = cmsgpack.unpack, string.format
 for k = 1, count do
   local id = ids[k]
   local status = 0
   if recs[k] and not acked[id] then
     -- The lease's fields read into locals (no table: holds() on rec_decode, unrolled);
     -- a recurring job going on to its next occurrence is decoded in full below.
-    local _, _, _, _, nom, att, ep, rkind = cmsgpack.unpack(recs[k])
+    local _, _, _, _, nom, att, ep, rkind = mp_unpack(recs[k])
     local nominal = items[5 * k - 2]
     if ep == epoch and (att or DEFAULTS[F_ATTEMPT]) == items[5 * k - 3]
         and (nom or DEFAULTS[F_NOMINAL]) == nominal then
       local nxt = items[5 * k - 1]
       nu = nu + 1
       unlease[nu] = id
-      done[nn + 1], done[nn + 2] = snow, done_member(nominal, id)
+      done[nn + 1], done[nn + 2] = snow, format('%d', nominal) .. ':' .. id  -- done_member
       nn = nn + 2
       if nxt > 0 and (rkind or DEFAULTS[F_RKIND]) ~= 0 then
         local r = rec_decode(recs[k])

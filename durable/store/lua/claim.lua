@@ -62,11 +62,12 @@ local recs, key_of, index_of = get_records(ids, count, FIRST)
 -- (rec_lease_tail), with no table of its own and no re-encoding; `short[k]` is its field
 -- count (1..6). Any other record is decoded into `decoded[k]` and encoded again.
 local vals, short, decoded, members = {}, {}, {}, {}
+local mp_unpack, mp_pack, format = cmsgpack.unpack, cmsgpack.pack, string.format
 for k = 1, count do
   local s = recs[k]
   local nominal = 0
   if s then
-    local t, p, mx, fl, nom, att, more = cmsgpack.unpack(s)
+    local t, p, mx, fl, nom, att, more = mp_unpack(s)
     local n = (more ~= nil and 7) or (att ~= nil and 6) or (nom ~= nil and 5)
       or (fl ~= nil and 4) or (mx ~= nil and 3) or (p ~= nil and 2) or (t ~= nil and 1) or 0
     if (n >= 1 and n <= 4) or (n <= 6 and nom ~= 0) then
@@ -83,7 +84,7 @@ for k = 1, count do
       decoded[k] = r
     end
   end
-  members[k] = done_member(nominal, ids[k])
+  members[k] = format('%d', nominal) .. ':' .. ids[k]  -- done_member, inlined
 end
 local seen = {}
 for k = 1, count, CHUNK do
@@ -105,17 +106,24 @@ for k = 1, count do
     dropped = dropped + 1
     buffer(gone, key_of[k], id)
   else
-    local deadline = math.max(now, dues[k]) + lease
+    local due = dues[k]
+    local deadline = (due > now and due or now) + lease
     if deadline ~= last_deadline then
       last_deadline, sdeadline = deadline, fmt(deadline)
     end
     zadd[nz + 1], zadd[nz + 2] = sdeadline, id
     nz = nz + 2
-    out[n + 1], out[n + 2], out[n + 3] = id, dues[k], deadline
+    out[n + 1], out[n + 2], out[n + 3] = id, due, deadline
     out[n + 4] = (seen[k] and 1 or 0) + 2 * index_of[k]
     if m then
       local b = 6 * k
-      buffer(hset, key_of[k], id, rec_lease_tail(recs[k], m, vals[b - 1], tails))
+      local leased
+      if m <= 4 then  -- rec_lease_tail, inlined for a record without a nominal
+        leased = recs[k] .. (m <= 3 and tails[m] or '') .. mp_pack(vals[b - 1]) .. tails[4]
+      else
+        leased = rec_lease_tail(recs[k], m, vals[b - 1], tails)
+      end
+      buffer(hset, key_of[k], id, leased)
       out[n + 5] = F_ATTEMPT
       out[n + 6], out[n + 7], out[n + 8] = vals[b - 5], vals[b - 4], vals[b - 3]
       out[n + 9], out[n + 10], out[n + 11] = vals[b - 2], vals[b - 1], vals[b]
