@@ -313,12 +313,31 @@ _REFERENCE = "local r = rec_decode(ARGV[1])\nr[F_NOMINAL] = tonumber(ARGV[2])\nr
     ],
     ids=["empty", "short", "str16", "json", "max200", "recurring"],
 )
+@pytest.mark.parametrize("batch", [False, True], ids=["single", "batch"])
 def test_a_far_record_is_the_record_with_its_nominal(
-    redis_url: str, payload: object, kw: dict[str, object]
+    redis_url: str, payload: object, kw: dict[str, object], batch: bool
 ) -> None:
+    """schedule_one.lua and schedule.lua (whose pads are made once a call) append the
+    nominal to a new one-shot record; the bytes must be those of decode, set, encode."""
+
     async def main() -> None:
         async with open_scheduler(redis_url, shards=1) as s:
-            made = await s.schedule("j", "task", payload, delay=FAR, **dict(kw))  # type: ignore[arg-type]
+            if batch:
+                every = kw.get("every")
+                specs = [
+                    JobSpec(
+                        i,
+                        "task",
+                        payload,  # type: ignore[arg-type]
+                        delay=FAR,
+                        recurrence=None if every is None else Recurrence.interval(every),  # type: ignore[arg-type]
+                        **{k: v for k, v in kw.items() if k != "every"},  # type: ignore[arg-type]
+                    )
+                    for i in ("j", "k")
+                ]
+                made = (await s.schedule_many(specs))[0]
+            else:
+                made = await s.schedule("j", "task", payload, delay=FAR, **dict(kw))  # type: ignore[arg-type]
             client = client_of(s)
             raw = await client.hget(s.keys.jobs_key(0, "j"), "j")
             every = kw.pop("every", None)

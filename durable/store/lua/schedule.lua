@@ -77,12 +77,13 @@ end
 -- The last write of each id wins: its record, and due or far by its time.
 local zadd, zrem, nz, nr = {}, {}, 0, 0
 local slots, by_slot = {}, {}
+local tails = rec_tails()
 for k = 1, n do
   local id = ids[k]
   if last[id] == k then
     local due = dues[k]
     if goes_far(now, due) then
-      buffer(hset, key_of[k], id, rec_with_nominal(items[4 * k], due))
+      buffer(hset, key_of[k], id, rec_with_nominal(items[4 * k], due, tails))
       far_group(slots, by_slot, due, id)
       if in_due[id] then
         nr = nr + 1
