@@ -18,14 +18,18 @@ local replace = ARGV[1] == '1'
 local items = cmsgpack.unpack(ARGV[2])
 local now = clock_now(KEYS[5], true)
 local n = #items / 4
-local ids, dues, members = {}, {}, {}
+local ids, dues, sdues, members = {}, {}, {}, {}
+-- Each due formatted once, and once for a run of equal ones (a batch with one delay):
+-- done_member's text and the ZADD score below.
+local format, last_due, sdue = string.format, nil, nil
 for k = 1, n do
   local base = 4 * k - 3
   local id = items[base]
   local due = items[base + 2]
   if items[base + 1] == 1 then due = now + due end
-  ids[k], dues[k] = id, due
-  members[k] = done_member(due, id)
+  if due ~= last_due then last_due, sdue = due, format('%d', due) end
+  ids[k], dues[k], sdues[k] = id, due, sdue
+  members[k] = sdue .. ':' .. id  -- done_member(due, id)
 end
 -- Look everything up at once: records (existence) and done occurrences.
 local recs, key_of = get_records(ids, n, FIRST)
@@ -91,7 +95,7 @@ for k = 1, n do
       end
     else
       buffer(hset, key_of[k], id, items[4 * k])
-      zadd[nz + 1], zadd[nz + 2] = fmt(due), id
+      zadd[nz + 1], zadd[nz + 2] = sdues[k], id
       nz = nz + 2
     end
   end
