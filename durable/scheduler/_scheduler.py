@@ -384,7 +384,13 @@ class Scheduler(OwnerSide):
             return await self._pg_schedule([spec for _, spec, _ in pending], replace, conn)
         await self.open()
         for shard, spec, encoded in pending:
-            groups.setdefault(shard, []).append(await self._first_run(shard, spec, encoded))
+            group = groups.get(shard)
+            if group is None:
+                group = groups[shard] = []
+            if spec.recurrence is None:  # no first run to find (and no await per job)
+                group.append(encoded)
+            else:
+                group.append(await self._first_run(shard, spec, encoded))
         chunked = {
             shard: [jobs[i : i + MAX_BATCH] for i in range(0, len(jobs), MAX_BATCH)]
             for shard, jobs in groups.items()
