@@ -100,7 +100,7 @@ def _total(path: str) -> int:
     return int(match.group(1))
 
 
-class _Server:
+class TracedServer:
     """A redis-server, under callgrind (counters zeroed and dumped on demand) or not."""
 
     def __init__(self, tmp: str, traced: bool) -> None:
@@ -173,7 +173,9 @@ def _run(cmd: list[str], lib: str) -> None:
         raise RuntimeError(f"{lib} child failed:\n{proc.stderr[-3000:]}")
 
 
-def _counted(traced: _Server, plain: _Server, lib: str, count: int, tmp: str) -> list[int]:
+def _counted(
+    traced: TracedServer, plain: TracedServer, lib: str, count: int, tmp: str
+) -> list[int]:
     """Client instructions, server instructions and round trips of ``count`` schedules
     (with the set-up and start-up that the other count's run repeats)."""
     out = f"{tmp}/client.{lib}.{count}"
@@ -196,8 +198,8 @@ def _counted(traced: _Server, plain: _Server, lib: str, count: int, tmp: str) ->
 def measure(libs: list[str]) -> dict[str, dict[str, float]]:
     """Per library: client and server instructions and round trips per single schedule."""
     with tempfile.TemporaryDirectory() as tmp:
-        traced = _Server(tmp, traced=True)
-        plain = _Server(tmp, traced=False)
+        traced = TracedServer(tmp, traced=True)
+        plain = TracedServer(tmp, traced=False)
         try:
             out: dict[str, dict[str, float]] = {}
             for lib in libs:
