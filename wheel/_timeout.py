@@ -181,7 +181,7 @@ async def sleep_on(wheel: TimeoutWheel, delay: float, result: T) -> T:
         ValueError: ``delay`` is NaN.
         TypeError: ``delay`` is not a real number.
     """
-    if isinstance(delay, bool) or not isinstance(delay, int | float):
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)):  # a tuple: no union per call
         raise TypeError(f"delay must be a real number, got {delay!r}")
     if delay != delay:  # noqa: PLR0124
         raise ValueError("delay must be a number, got nan")
