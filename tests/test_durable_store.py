@@ -32,7 +32,7 @@ from tickwheel.durable import (
     Scheduler,
     ScheduleStatus,
 )
-from tickwheel.durable.store._record import DEFAULTS, pack_record
+from tickwheel.durable.store._record import DEFAULTS, pack_record, unpack_reply
 
 pytestmark = pytest.mark.redis
 
@@ -205,6 +205,39 @@ def test_a_claim_stores_each_record_as_decoding_and_encoding_it_would(
             assert (job.nominal_ms, job.attempt, job.due_ms) == (full[4] or due, full[5], due)
             assert job.last_error == full[12].decode() and job.epoch == epoch
             assert await s.ack_many([job]) == [True]
+
+    run(main())
+
+
+def test_a_reply_that_is_not_a_msgpack_array_is_refused() -> None:
+    assert unpack_reply(b"\x93\x01\xa1a\xcf" + (2**40).to_bytes(8, "big")) == [1, b"a", 2**40]
+    for bad, why in ((b"\x01", "not a msgpack array"), (b"\xc1", "not msgpack"), (b"", "not")):
+        with pytest.raises(ValueError, match=why):
+            unpack_reply(bad)
+
+
+def test_a_claim_reply_is_one_msgpack_string_kept_for_its_resend(redis_url: str) -> None:
+    """claim.lua returns its reply packed (no RESP array built in Redis), and a re-send
+    with the same token gets the kept bytes back as they were, leasing nothing more."""
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            epoch = await s.take(0)
+            await s.schedule_many(JobSpec(f"j{i}", "t", b"p") for i in range(3))
+            k = s.keys.shard(0)
+            reply_key = s.keys.claim_reply(0, "tok")
+            keys = [k.due, k.leased, k.done, k.epoch, k.clock, reply_key, reply_key]
+            keys += [k.dead, k.far, k.faro, *k.jobs]
+            client = client_of(s)
+            sha = await client.script_load(s.store._scripts.claim.script)
+            first = await client.evalsha(sha, len(keys), *keys, epoch, 0, 2, 30_000)
+            assert isinstance(first, bytes)
+            rows = unpack_reply(first)
+            assert rows[1] == 0 and len(rows) == 2 + 2 * 11  # two short rows
+            assert await client.get(reply_key) == first
+            again = await client.evalsha(sha, len(keys), *keys, epoch, 0, 2, 30_000)
+            assert again == first and await client.zcard(k.leased) == 2
+            assert len((await s.claim(0)).jobs) == 1  # the third, under another token
 
     run(main())
 
