@@ -166,5 +166,9 @@ def test_batches_refuse_values_out_of_range() -> None:
         pack_ack_batch([(b"a", 1, 0, 0, 65536)])  # the bucket is a uint16
     with pytest.raises(ValueError, match="schedule times"):
         pack_schedule_batch([(b"a", 0, 2**64, b"")])
-    with pytest.raises(ValueError, match="mode"):
-        pack_schedule_batch([(b"a", 2, 0, b"")])
+    with pytest.raises(ValueError, match="mode must be 0 or 1, got 2"):
+        pack_schedule_batch([(b"a", 1, 0, b""), (b"b", 2, 0, b"")])
+    with pytest.raises(ValueError, match="schedule times"):
+        pack_schedule_batch([(b"a", 1, 5, b""), (b"b", 0, -1, b"")])
+    with pytest.raises(ValueError, match="4 values each"):
+        pack_schedule_batch([(b"a", 1, 5)])  # type: ignore[list-item]
