@@ -229,3 +229,35 @@ def test_decoding_client_is_refused() -> None:
 
     with pytest.raises(ValueError, match="decode_responses"):
         Scheduler(redis.asyncio.Redis(decode_responses=True), "ns")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"id": "\U0001f600" * 64}, None, ""),  # 256 UTF-8 bytes: the limit
+        ({"id": "\U0001f600" * 65}, ValueError, "job_id must be at most 256 UTF-8 bytes"),
+        ({"id": "é" * 129}, ValueError, "job_id must be at most 256 UTF-8 bytes, got 258"),
+        ({"id": "x" * 256}, None, ""),
+        ({"task": "\U0001f600" * 32}, None, ""),  # 128 bytes
+        ({"task": "\U0001f600" * 33}, ValueError, "task must be 1 to 128 UTF-8 bytes"),
+        ({"id": 7}, TypeError, "job_id must be a str, got int"),
+        ({"max_attempts": True}, TypeError, "max_attempts must be an int, got bool"),
+        ({"max_attempts": 5.0}, TypeError, "max_attempts must be an int, got float"),
+        ({"delay": True}, TypeError, "delay must be a number of seconds"),
+        ({"delay": -1}, ValueError, "delay must be a finite number >= 0"),
+        ({"delay": 2**53}, ValueError, "delay must be at most"),
+    ],
+)
+def test_a_spec_is_checked_the_same_on_its_fast_path(
+    kwargs: dict[str, Any], error: type[Exception] | None, message: str
+) -> None:
+    """JobSpec skips the full checks for a short str id and task, the default
+    attempts and a whole-second delay; at and past each edge of that path the full
+    checks still decide, with their messages."""
+    fields: dict[str, Any] = {"id": "j", "task": "t", "delay": 5, **kwargs}
+    if error is None:
+        spec = JobSpec(**fields)
+        assert (spec.mode, spec.time_ms) == (1, fields["delay"] * 1000)
+    else:
+        with pytest.raises(error, match=message):
+            JobSpec(**fields)

@@ -202,12 +202,28 @@ class JobSpec:
     time_ms: int = field(init=False, repr=False, compare=False)  # delay or epoch ms
 
     def __post_init__(self) -> None:
-        check_job_id(self.id)
-        check_task_name(self.task, "task")
-        int_between("max_attempts", self.max_attempts, 1, MAX_ATTEMPTS_LIMIT)
+        # The common spec passes on the fast path: a str id and task short enough that
+        # no UTF-8 encoding of them is over the limit (4 bytes a character at most),
+        # the default attempts, a delay of whole seconds; anything else gets the full
+        # checks and their errors. (0.6 of 1.6 us a spec, in a batch's profile.)
+        ident, task = self.id, self.task
+        if not (
+            type(ident) is str
+            and 0 < len(ident) <= MAX_JOB_ID_BYTES // 4
+            and type(task) is str
+            and 0 < len(task) <= MAX_TASK_BYTES // 4
+        ):
+            check_job_id(ident)
+            check_task_name(task, "task")
+        if self.max_attempts != DEFAULT_MAX_ATTEMPTS or type(self.max_attempts) is not int:
+            int_between("max_attempts", self.max_attempts, 1, MAX_ATTEMPTS_LIMIT)
         if self.recurrence is not None and not isinstance(self.recurrence, Recurrence):
             raise TypeError(f"recurrence must be a Recurrence, got {self.recurrence!r}")
-        mode, time_ms = when_args(self.delay, self.at)
+        delay = self.delay
+        if self.at is None and type(delay) is int and 0 <= delay <= MAX_TIME_MS // 1000:
+            mode, time_ms = 1, delay * 1000
+        else:
+            mode, time_ms = when_args(delay, self.at)
         object.__setattr__(self, "mode", mode)
         object.__setattr__(self, "time_ms", time_ms)
 
