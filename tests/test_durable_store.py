@@ -157,6 +157,7 @@ return rec_encode(r)"""
 @pytest.mark.parametrize(
     "fields",
     [
+        [b""],  # no field at all (every one at its default)
         [b"t"],  # task only
         [b"t", b"p"],
         [b"t", b"p", 9],  # a max
@@ -169,6 +170,7 @@ return rec_encode(r)"""
         [b"t", b"p", 5, 0, 0, 1, 0, 1, b"60000"],  # recurring
     ],
     ids=[
+        "empty",
         "task",
         "payload",
         "max",

@@ -70,7 +70,7 @@ for k = 1, count do
     local t, p, mx, fl, nom, att, more = mp_unpack(s)
     local n = (more ~= nil and 7) or (att ~= nil and 6) or (nom ~= nil and 5)
       or (fl ~= nil and 4) or (mx ~= nil and 3) or (p ~= nil and 2) or (t ~= nil and 1) or 0
-    if (n >= 1 and n <= 4) or (n <= 6 and nom ~= 0) then
+    if n >= 1 and (n <= 4 or (n <= 6 and nom ~= 0)) then
       nominal = nom or 0
       if nominal == 0 then nominal = dues[k] end
       local b = 6 * k
