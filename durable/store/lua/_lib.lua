@@ -118,7 +118,7 @@ local function by_bucket(ids, n, first, given)
   local order, groups, key_of, index_of = {}, {}, {}, {}
   local nb = #KEYS - first
   -- bucket_index and group_add inlined, with the library functions in locals: this
-  -- runs once per job of a claim (callgrind: 2.3k Redis instructions a job fewer).
+  -- runs once per job of a claim (callgrind: 1.9k Redis instructions a job fewer).
   local sha1hex, sub, num = redis.sha1hex, string.sub, tonumber
   for k = 1, n do
     local b
