@@ -213,7 +213,8 @@ def test_a_claim_stores_each_record_as_decoding_and_encoding_it_would(
 
 def test_a_reply_that_is_not_a_msgpack_array_is_refused() -> None:
     assert unpack_reply(b"\x93\x01\xa1a\xcf" + (2**40).to_bytes(8, "big")) == [1, b"a", 2**40]
-    for bad, why in ((b"\x01", "not a msgpack array"), (b"\xc1", "not msgpack"), (b"", "not")):
+    bad_replies = ((b"\x01", "not a msgpack array"), (b"\xc1", "not msgpack"), (b"", "not"))
+    for bad, why in (*bad_replies, ([1, 2], "not msgpack")):
         with pytest.raises(ValueError, match=why):
             unpack_reply(bad)
 

@@ -205,7 +205,7 @@ class JobSpec:
         # The common spec passes on the fast path: a str id and task short enough that
         # no UTF-8 encoding of them is over the limit (4 bytes a character at most),
         # the default attempts, a delay of whole seconds; anything else gets the full
-        # checks and their errors. (0.6 of 1.6 us a spec, in a batch's profile.)
+        # checks and their errors. (timeit: 1.24 against 1.48 us a spec.)
         ident, task = self.id, self.task
         if not (
             type(ident) is str
@@ -219,11 +219,11 @@ class JobSpec:
             int_between("max_attempts", self.max_attempts, 1, MAX_ATTEMPTS_LIMIT)
         if self.recurrence is not None and not isinstance(self.recurrence, Recurrence):
             raise TypeError(f"recurrence must be a Recurrence, got {self.recurrence!r}")
-        delay = self.delay
+        delay: object = self.delay  # an int of seconds is a float to the type checker
         if self.at is None and type(delay) is int and 0 <= delay <= MAX_TIME_MS // 1000:
             mode, time_ms = 1, delay * 1000
         else:
-            mode, time_ms = when_args(delay, self.at)
+            mode, time_ms = when_args(self.delay, self.at)
         object.__setattr__(self, "mode", mode)
         object.__setattr__(self, "time_ms", time_ms)
 

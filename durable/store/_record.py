@@ -242,11 +242,11 @@ def unpack_reply(data: bytes) -> list[Any]:
     the same Lua table to RESP (and than the client would have read that).
 
     Raises:
-        ValueError: if ``data`` is not a msgpack array.
+        ValueError: if ``data`` is not the bytes of a msgpack array.
     """
     try:
         value = msgpack.unpackb(data, raw=True)
-    except (ValueError, msgpack.UnpackException) as exc:
+    except (TypeError, ValueError, msgpack.UnpackException) as exc:
         raise ValueError(f"reply is not msgpack: {exc}") from None
     if not isinstance(value, list):
         raise ValueError(f"reply is not a msgpack array: {type(value).__name__}")

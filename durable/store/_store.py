@@ -43,6 +43,7 @@ from tickwheel.durable.model import (
     POLICY_CODES,
     ClaimBatch,
     DeadPage,
+    DurableError,
     Job,
     JobInfo,
     JobSpec,
@@ -389,6 +390,7 @@ class Store(Transport):
 
         Raises:
             Fenced: if ``epoch`` is stale.
+            DurableError: if the reply is not claim.lua's (a msgpack array).
         """
         k = self.keys.shard(shard)
         reply_key = self.keys.claim_reply(shard, token)
@@ -402,7 +404,10 @@ class Store(Transport):
             [epoch, lookahead_ms, limit, lease_ms],
             shard,
         )
-        reply = unpack_reply(packed)
+        try:
+            reply = unpack_reply(packed)
+        except ValueError as exc:  # not claim.lua's reply: a script of another version?
+            raise DurableError(f"claim on shard {shard}: {exc}") from None
         jobs: list[Job] = []
         append = jobs.append
         # Positional Job(...), one slice per row: this loop runs once per claimed job.
