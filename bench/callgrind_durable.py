@@ -36,17 +36,19 @@ import shutil
 import tempfile
 from collections.abc import Awaitable, Callable
 
+from bench.callgrind_single import TracedServer
+
 PAYLOAD = b"x" * 32
 SHARDS = 16  # the batch rows' namespace
 
 
-async def _measure(server: object, jobs: int, limit: int, hashtables: bool) -> dict[str, float]:
+async def _measure(
+    server: TracedServer, jobs: int, limit: int, hashtables: bool
+) -> dict[str, float]:
     import redis.asyncio
 
-    from bench.callgrind_single import TracedServer
-    from tickwheel.durable import JobSpec, Scheduler
+    from tickwheel.durable import JobSpec, Scheduler  # after --durable-dir's loading
 
-    assert isinstance(server, TracedServer)
     client = redis.asyncio.Redis(port=server.port)
     out: dict[str, float] = {}
     try:
@@ -124,7 +126,6 @@ def main(argv: list[str] | None = None) -> int:
         from bench.durable_compare import _load_durable
 
         _load_durable(args.durable_dir)
-    from bench.callgrind_single import TracedServer
 
     with tempfile.TemporaryDirectory() as tmp:
         server = TracedServer(tmp, traced=True)

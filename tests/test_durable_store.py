@@ -186,7 +186,7 @@ return rec_encode(r)"""
 def test_a_claim_stores_each_record_as_decoding_and_encoding_it_would(
     redis_url: str, fields: list[int | bytes]
 ) -> None:
-    """claim.lua leases most records by appending to them (rec_lease_tail); the bytes
+    """claim.lua leases most records by appending to them (rec_tails); the bytes
     must be those of the decode-and-encode it replaces, for every record shape."""
 
     async def main() -> None:

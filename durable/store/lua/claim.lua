@@ -59,7 +59,7 @@ local recs, key_of, index_of = get_records(ids, count, FIRST)
 -- Read each record and resolve its occurrence, then look them all up in done at once.
 -- A record of at most 6 fields (a one-shot job, not leased, no error: nearly all of
 -- them) is read into the flat array `vals` (6 a job) and leased by appending to it
--- (rec_lease_tail), with no table of its own and no re-encoding; `short[k]` is its field
+-- (below), with no table of its own and no re-encoding; `short[k]` is its field
 -- count (1..6). Any other record is decoded into `decoded[k]` and encoded again.
 local vals, short, decoded, members = {}, {}, {}, {}
 local mp_unpack, mp_pack, format = cmsgpack.unpack, cmsgpack.pack, string.format
@@ -117,11 +117,14 @@ for k = 1, count do
     out[n + 4] = (seen[k] and 1 or 0) + 2 * index_of[k]
     if m then
       local b = 6 * k
+      -- Leased by appending (rec_tails): the defaults it lacks before the nominal, the
+      -- nominal, the attempt and the epoch; or, when it has the nominal (m = 5) or the
+      -- attempt too (m = 6), what follows them.
       local leased
-      if m <= 4 then  -- rec_lease_tail, inlined for a record without a nominal
+      if m <= 4 then
         leased = recs[k] .. (m <= 3 and tails[m] or '') .. mp_pack(vals[b - 1]) .. tails[4]
       else
-        leased = rec_lease_tail(recs[k], m, vals[b - 1], tails)
+        leased = recs[k] .. (m == 5 and tails[4] or tails[5])
       end
       buffer(hset, key_of[k], id, leased)
       out[n + 5] = F_ATTEMPT
