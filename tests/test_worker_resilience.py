@@ -99,8 +99,16 @@ def test_worker_survives_a_redis_out_of_memory_and_reaps_after(
                 used = int((await client.info("memory"))["used_memory"])
                 await client.config_set("maxmemory-policy", "noeviction")
                 await client.config_set("maxmemory", str(max(used - 100_000, 1)))
-                await asyncio.sleep(1.0)  # renewals and reaps are refused meanwhile
+                # Renewals and reaps are refused meanwhile: until one refusal is logged
+                # (polled, not a fixed second, which a loaded machine can fill with
+                # nothing but waiting), and for at least a second.
+                refused_soon = asyncio.create_task(
+                    until(lambda: any("maxmemory" in r.getMessage() for r in caplog.records), 20)
+                )
+                await asyncio.sleep(1.0)
+                logged = await refused_soon
                 await client.config_set("maxmemory", "0")
+                assert logged, "no OOM refusal was logged while Redis refused writes"
                 # The lease (2.5 s from the claim) expires; the reaper returns it.
                 assert await until(lambda: runs["j"] == 1, 8), dict(runs)
             assert await s.get("j") is None

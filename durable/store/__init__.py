@@ -26,7 +26,7 @@ from ._connect import (
     shown_url,
     split_url,
 )
-from ._errors import REDIS_ERRORS, translate
+from ._errors import REDIS_ERRORS, script_error_text, translate, unwrap
 from ._keys import DEFAULT_BUCKETS, MAX_JOB_ID_BYTES, Keys, parse_layout
 from ._record import pack_array, pack_record
 from ._scripts import register
@@ -59,7 +59,9 @@ __all__ = [
     "parse_layout",
     "parse_nodes",
     "register",
+    "script_error_text",
     "shown_url",
     "split_url",
     "translate",
+    "unwrap",
 ]

@@ -1,16 +1,29 @@
 """The one place that translates Redis errors into the library's (model/_errors.py).
 
-Lua scripts report refusals with ``redis.error_reply('TW_<CODE> message')``;
-:func:`translate` maps each code to its class. Nothing else parses error text.
+Lua scripts report refusals with ``redis.error_reply('TW_<CODE> message')`` or, from
+inside a helper, ``error('TW_<CODE> message', 0)``; :func:`translate` maps each code to
+its class. Nothing else parses error text.
+
+An error raised inside a script reaches the client wrapped, differently by version:
+
+- Redis 7 appends `` script: <sha>, on @user_script:<line>.`` to the error;
+- Redis 6.2 prefixes ``Error running script (call to f_<sha>): @user_script:<line>: ``
+  and, for a refusal of a ``redis.call`` (OOM, WRONGTYPE), a second
+  ``@user_script: <line>: -``.
+
+:func:`script_error_text` takes the wrapper off, so a refusal inside a script is
+translated as the same refusal outside one (an OOM is transient on both).
 """
 
 from __future__ import annotations
+
+import re
 
 import redis.exceptions
 
 from tickwheel.durable.model import DurableError, Fenced, ListingTooLong, RedisUnavailable
 
-__all__ = ["REDIS_ERRORS", "translate"]
+__all__ = ["REDIS_ERRORS", "script_error_text", "translate", "unwrap"]
 
 
 # Error codes the scripts emit (first word of the error reply), mapped to classes.
@@ -36,9 +49,42 @@ _UNAVAILABLE = (
 # Error replies without a redis-py class of their own that pass the same way: a script
 # running too long (BUSY), too few replicas online (NOREPLICAS, min-replicas-to-write).
 _UNAVAILABLE_CODES = frozenset({"BUSY", "NOREPLICAS", "MASTERDOWN"})
+_V6_WRAPPER = re.compile(
+    r"^Error running script \(call to f_[0-9a-f]{40}\): @user_script:\d+: "
+    r"(?:@user_script: \d+: )?-?"
+)
+_V7_SUFFIX = re.compile(r" script: [0-9a-f]{40}, on @user_script:\d+\.$")
 # What redis-py raises: RedisError, and for the cluster client RedisClusterException
 # (which is not a RedisError).
 REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
+
+
+def script_error_text(text: str) -> str:
+    """The error a script raised or was refused with, without the server's wrapper
+    (see the module's docstring); ``text`` itself when it has none.
+
+    >>> script_error_text("TW_TOOMANY too many script: " + "a" * 40 + ", on @user_script:9.")
+    'TW_TOOMANY too many'
+    """
+    text = _V7_SUFFIX.sub("", _V6_WRAPPER.sub("", text.rstrip("\n"), count=1), count=1)
+    return text.removeprefix("ERR ")
+
+
+def unwrap(
+    exc: redis.exceptions.RedisError | redis.exceptions.RedisClusterException,
+) -> redis.exceptions.RedisError | redis.exceptions.RedisClusterException:
+    """``exc`` as redis-py raises the same refusal outside a script: an error reply
+    from inside one loses its wrapper, and an OOM is an ``OutOfMemoryError`` (Redis 6.2
+    sends it as a script error); anything else is returned as it is."""
+    if not isinstance(exc, redis.exceptions.ResponseError):
+        return exc
+    text = script_error_text(str(exc))
+    if text == str(exc):
+        return exc
+    code, _, message = text.partition(" ")
+    if code == "OOM":
+        return redis.exceptions.OutOfMemoryError(message)
+    return type(exc)(text)
 
 
 def translate(
@@ -56,11 +102,11 @@ def translate(
         server recovers from (OOM, LOADING, BUSY, NOREPLICAS), the class of a
         script's ``TW_*`` code, or ``exc`` itself when it adds nothing to know.
     """
+    exc = unwrap(exc)
     if isinstance(exc, _UNAVAILABLE):
         return RedisUnavailable(f"redis unavailable: {exc}")
     if isinstance(exc, redis.exceptions.ResponseError):
-        text = str(exc)
-        code, _, message = text.partition(" ")
+        code, _, message = str(exc).partition(" ")
         if code in _UNAVAILABLE_CODES:
             return RedisUnavailable(f"redis unavailable: {exc}")
         cls = _CODES.get(code)

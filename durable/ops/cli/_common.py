@@ -36,6 +36,7 @@ from tickwheel.durable.store import (
     parse_nodes,
     shown_url,
     split_url,
+    unwrap,
 )
 
 EXIT_OK = 0
@@ -209,6 +210,7 @@ async def _guarded(args: argparse.Namespace, body: Callable[[], Awaitable[int]])
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         # An error reply (OOM at maxmemory, WRONGTYPE, NOPERM, a cluster that is down):
         # the command reached Redis, which refused it.
+        exc = unwrap(exc)
         raise CliError(
             EXIT_FAILED, f"Redis refused the command: {type(exc).__name__}: {exc}"
         ) from None
@@ -222,6 +224,7 @@ def _refusal(exc: BaseException) -> CliError | None:
         return None
     if isinstance(cause, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
         return None
+    cause = unwrap(cause)
     return CliError(EXIT_FAILED, f"Redis refused the command: {type(cause).__name__}: {cause}")
 
 

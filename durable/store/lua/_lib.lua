@@ -27,6 +27,9 @@ local NFIELDS = 13
 local DEFAULTS = {'', '', 5, 0, 0, 1, 0, 0, '', 0, 0, 0, ''}
 -- unpack() of a long list overflows Lua's C stack (LUAI_MAXCSTACK 8000): chunk bulk calls.
 local CHUNK = 1000
+-- A refusal from inside a helper is raised as a plain string, error('TW_<CODE> ...', 0):
+-- Redis 6.2's error handler cannot take error({err = ...}) (it concatenates the table
+-- and replies with its own Lua error instead). _errors.py reads both servers' wrappers.
 
 local function rec_decode(s)
   local r = {cmsgpack.unpack(s)}
@@ -114,7 +117,7 @@ local function by_bucket(ids, n, first, given)
     if given then
       b = given[k]
       if type(b) ~= 'number' or b < 0 or b >= nb then
-        error({err = 'TW_BADARG bucket ' .. tostring(b) .. ' of ' .. ids[k]})
+        error('TW_BADARG bucket ' .. tostring(b) .. ' of ' .. ids[k], 0)
       end
     elseif nb == 1 then
       b = 0
@@ -428,7 +431,7 @@ local function far_walk(due_key, leased_key, dead_key, far_key, faro_key, first,
       slot = s
       looked = looked + #part
       if looked > FAR_WALK then
-        error({err = 'TW_TOOMANY more than ' .. FAR_WALK .. ' far entries to read'})
+        error('TW_TOOMANY more than ' .. FAR_WALK .. ' far entries to read', 0)
       end
       for _, id in ipairs(part) do ids[#ids + 1] = id end
     end
