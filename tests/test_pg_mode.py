@@ -348,6 +348,45 @@ def test_pg_refuses_a_stale_epoch_and_drops_done_copies(
     run(main())
 
 
+def test_an_ack_without_postgres_leaves_the_job_leased_in_redis(
+    redis_server: RedisServer,
+) -> None:
+    """docs/postgres.md: "ack calls tickwheel_ack() first" (PostgreSQL first, then
+    Redis). With PostgreSQL down the ack raises PostgresUnavailable and Redis is not
+    written: the job is still leased under its claim, not done, and the same ack
+    succeeds once PostgreSQL is back."""
+    from tickwheel.durable.servers._postgres import PostgresServer
+
+    async def main(pg: PostgresServer) -> None:
+        await migrated(pg.url)
+        async with pg_scheduler(redis_server.url, pg.url, shards=1) as s:
+            await s.schedule("a", "t", b"", delay=0)
+            (job,) = (await _claim_all(s)).jobs
+            before = await snapshot(s)
+            pg.kill()
+            with pytest.raises(PostgresUnavailable) as info:
+                await s.ack(job)
+            assert info.value.transient
+            assert await snapshot(s) == before
+            got = await s.get("a")
+            assert got is not None and got.state is JobState.LEASED
+            assert (got.epoch, got.attempt) == (job.epoch, job.attempt)
+            pg.start()
+            for _ in range(100):  # the pool reconnects once PostgreSQL is back
+                try:
+                    await s.ack(job)
+                    break
+                except PostgresUnavailable:
+                    await asyncio.sleep(0.1)
+            assert await s.get("a") is None
+            assert [tuple(r) for r in await rows(pg.url, "SELECT id FROM tickwheel_done")] == [
+                ("a",)
+            ]
+
+    with PostgresServer() as pg:
+        run(main(pg))
+
+
 # -- errors -------------------------------------------------------------------------
 
 
