@@ -319,6 +319,11 @@ def test_acked_occurrence_never_runs_again_after_flushall(
 def test_pg_refuses_a_stale_epoch_and_drops_done_copies(
     redis_server: RedisServer, pg_url: str
 ) -> None:
+    """docs/postgres.md: "ack calls tickwheel_ack() first: under the shard's epoch
+    (refused whole with Fenced unless it is the stored one)". PostgreSQL refuses a
+    stale owner's ack even when Redis alone would take it (its epoch put back to the
+    stale one): Fenced, and nothing written to either store."""
+
     async def main() -> None:
         await migrated(pg_url)
         async with pg_scheduler(redis_server.url, pg_url, shards=1) as a:
@@ -337,10 +342,23 @@ def test_pg_refuses_a_stale_epoch_and_drops_done_copies(
                 await b.reap(0)
                 batch_b = await b.claim(0)
                 assert {j.id for j in batch_b.jobs} == {"x", "y"}
-                # The stale owner is refused by PostgreSQL before Redis: nothing written.
+                (stored,) = await rows(
+                    pg_url,
+                    "SELECT epoch FROM tickwheel_shard_epochs WHERE ns = $1 AND shard = 0",
+                    ns,
+                )
+                assert stored[0] == epoch_b
+                # Redis's epoch back at a's: Redis alone would take a's ack (its fence
+                # passes; it would record both occurrences done and report the leases
+                # lost). PostgreSQL refuses it first: nothing written to either store.
+                epoch_key = b.keys.shard(0).epoch
+                await client_of(b).set(epoch_key, stale[0].epoch)
+                before = await snapshot(a)
                 with pytest.raises(Fenced):
                     await a.ack_many(stale)
+                assert await snapshot(a) == before
                 assert (await table_counts(pg_url))["tickwheel_done"] == 0
+                await client_of(b).set(epoch_key, epoch_b)
                 await b.ack(batch_b.jobs[0])
                 (done,) = await rows(pg_url, "SELECT id, epoch FROM tickwheel_done")
                 assert tuple(done) == (batch_b.jobs[0].id, epoch_b)
