@@ -337,7 +337,7 @@ def test_pg_refuses_a_stale_epoch_and_drops_done_copies(
                 # b takes over (a's token is deleted as if it had expired).
                 await client_of(b).delete(b.keys.shard(0).owner)
                 epoch_b = await b.take(0)
-                assert epoch_b == stale[0].epoch + 1
+                assert epoch_b is not None and epoch_b == stale[0].epoch + 1
                 await push_clock(b, 0, 60_000)
                 await b.reap(0)
                 batch_b = await b.claim(0)
