@@ -195,6 +195,43 @@ def test_writes_need_the_token_and_a_csrf_check(redis_url: str) -> None:
         assert client.get("/", headers={"Host": "evil.example"}).status_code == 400
 
 
+def test_only_the_exact_token_is_a_bearer(redis_url: str) -> None:
+    """README: every write needs the token, as ``Authorization: Bearer TOKEN``. Only
+    that exact token under the Bearer scheme writes: an empty bearer, a prefix of the
+    token, the token with a suffix, another scheme or no scheme are refused (401) and
+    the job is still there; logging in takes the exact token only, too."""
+    ns = unique_ns()
+    run(_schedule(redis_url, ns, [JobSpec("b0", "t", delay=60)]))
+    refused = [
+        "Bearer ",
+        "Bearer",
+        f"Bearer {TOKEN[:1]}",
+        f"Bearer {TOKEN[:-1]}",
+        f"Bearer {TOKEN}x",
+        f"Bearer {TOKEN} {TOKEN}",
+        f"Basic {TOKEN}",
+        f"Token {TOKEN}",
+        TOKEN,
+    ]
+    with api_client(redis_url, ns) as client:
+        for auth in refused:
+            r = client.post("/api/job/cancel", json={"id": "b0"}, headers={"Authorization": auth})
+            assert r.status_code == 401, (auth, r.status_code, r.text)
+            assert client.get("/api/job", params={"id": "b0"}).status_code == 200, auth
+        for given in ("", TOKEN[:1], TOKEN[:-1], f"{TOKEN}x"):
+            r = client.post("/login", data={"token": given}, headers={"Origin": BASE})
+            assert r.status_code == 401 and "wrong token" in r.text, given
+            r = client.post("/api/job/cancel", json={"id": "b0"})
+            assert r.status_code == 401, given  # no session was made
+        assert client.get("/api/job", params={"id": "b0"}).status_code == 200
+        # The exact token (the scheme in any case) writes.
+        r = client.post(
+            "/api/job/cancel", json={"id": "b0"}, headers={"Authorization": f"bearer {TOKEN}"}
+        )
+        assert r.status_code == 200 and "cancelled" in r.json()["message"]
+        assert client.get("/api/job", params={"id": "b0"}).status_code == 404
+
+
 def test_a_session_expires_and_its_cookie_is_secure_over_https(redis_url: str) -> None:
     ns = unique_ns()
     run(_schedule(redis_url, ns, [JobSpec("e1", "t", delay=60)]))

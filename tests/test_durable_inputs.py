@@ -161,6 +161,34 @@ def test_bad_input_is_refused_and_writes_nothing(
     run(main())
 
 
+def test_default_payload_limit_is_64_kib(redis_url: str) -> None:
+    """A Scheduler with default settings takes an encoded payload of up to 64 KiB
+    (DEFAULT_MAX_PAYLOAD_BYTES: payloads live in Redis memory with every pending job)
+    and refuses a larger one, bytes or JSON, with a ValueError naming ``payload``,
+    before anything is written."""
+    limit = 64 * 1024
+
+    async def main() -> None:
+        async with open_scheduler(redis_url) as s:
+            with pytest.raises(ValueError, match=f"payload must be at most {limit} bytes"):
+                await s.schedule("over", "t", b"x" * (limit + 1))
+            # JSON: the two quotes of a string count, so limit - 1 characters are over.
+            with pytest.raises(ValueError, match=f"payload must be at most {limit} bytes"):
+                await s.schedule_many([JobSpec("over-json", "t", "x" * (limit - 1))])
+            assert await snapshot(s) == {}
+            await s.schedule("under", "t", b"x" * (limit - 1))
+            await s.schedule("exact", "t", b"y" * limit)
+            await s.schedule("json", "t", "z" * (limit - 2))
+            for job_id, size in (("under", limit - 1), ("exact", limit)):
+                info = await s.get(job_id)
+                assert info is not None and len(info.payload) == size, job_id
+            info = await s.get("json")
+            assert info is not None and info.payload == "z" * (limit - 2)
+            assert await s.get("over") is None and await s.get("over-json") is None
+
+    run(main())
+
+
 def test_claim_arguments_are_checked(redis_url: str) -> None:
     async def main() -> None:
         async with open_scheduler(redis_url, shards=1) as s:

@@ -379,6 +379,57 @@ def test_extend_lease(redis_url: str) -> None:
     run(main())
 
 
+def test_extend_needs_the_epoch_the_lease_was_claimed_under(redis_url: str) -> None:
+    """A lease is extended only under the epoch it was claimed under, and that epoch must
+    be the shard's current one: a stale owner is Fenced, the new owner extending the old
+    owner's lease loses it (LeaseLost), an epoch the shard never had is Fenced. None of
+    them moves the lease deadline."""
+
+    async def main() -> None:
+        async with (
+            open_scheduler(redis_url, shards=1) as a,
+            open_scheduler(redis_url, a.keys.namespace, shards=1) as b,
+        ):
+            assert await a.take(0) == 1
+            await a.schedule("x", "t")
+            (job,) = (await a.claim(0, lease=5)).jobs
+            leased = a.keys.shard(0).leased
+
+            async def deadline() -> float | None:
+                return await client_of(a).zscore(leased, "x")
+
+            assert await deadline() == job.deadline_ms
+            # a's token expired: b takes the shard (epoch 2), a's lease is not reaped.
+            await client_of(a).delete(a.keys.shard(0).owner)
+            assert await b.take(0) == 2
+            with pytest.raises(Fenced):
+                await a.extend(job, lease=60)
+            assert await deadline() == job.deadline_ms
+            with pytest.raises(LeaseLost):  # the shard's epoch, not the lease's
+                await b.extend(dataclasses.replace(job, epoch=2), lease=60)
+            assert await deadline() == job.deadline_ms
+            for epoch in (1, 3):
+                with pytest.raises(Fenced):
+                    await b.store.extend(
+                        0,
+                        epoch,
+                        job_id="x",
+                        attempt=job.attempt,
+                        nominal_ms=job.nominal_ms,
+                        lease_ms=60_000,
+                    )
+                assert await deadline() == job.deadline_ms
+            info = await b.get("x")
+            assert info is not None and info.state is JobState.LEASED and info.epoch == 1
+            # The lease runs out at its first deadline: b reaps it and runs the job.
+            await push_clock(b, 0, 5_001)
+            assert (await b.reap(0)).requeued == ["x"]
+            (again,) = (await b.claim(0)).jobs
+            assert (again.id, again.epoch) == ("x", 2)
+
+    run(main())
+
+
 def test_cancel_and_reschedule(redis_url: str) -> None:
     async def main() -> None:
         async with open_scheduler(redis_url, shards=1) as s:

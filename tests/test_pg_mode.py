@@ -319,6 +319,11 @@ def test_acked_occurrence_never_runs_again_after_flushall(
 def test_pg_refuses_a_stale_epoch_and_drops_done_copies(
     redis_server: RedisServer, pg_url: str
 ) -> None:
+    """docs/postgres.md: "ack calls tickwheel_ack() first: under the shard's epoch
+    (refused whole with Fenced unless it is the stored one)". PostgreSQL refuses a
+    stale owner's ack even when Redis alone would take it (its epoch put back to the
+    stale one): Fenced, and nothing written to either store."""
+
     async def main() -> None:
         await migrated(pg_url)
         async with pg_scheduler(redis_server.url, pg_url, shards=1) as a:
@@ -332,20 +337,72 @@ def test_pg_refuses_a_stale_epoch_and_drops_done_copies(
                 # b takes over (a's token is deleted as if it had expired).
                 await client_of(b).delete(b.keys.shard(0).owner)
                 epoch_b = await b.take(0)
-                assert epoch_b == stale[0].epoch + 1
+                assert epoch_b is not None and epoch_b == stale[0].epoch + 1
                 await push_clock(b, 0, 60_000)
                 await b.reap(0)
                 batch_b = await b.claim(0)
                 assert {j.id for j in batch_b.jobs} == {"x", "y"}
-                # The stale owner is refused by PostgreSQL before Redis: nothing written.
+                (stored,) = await rows(
+                    pg_url,
+                    "SELECT epoch FROM tickwheel_shard_epochs WHERE ns = $1 AND shard = 0",
+                    ns,
+                )
+                assert stored[0] == epoch_b
+                # Redis's epoch back at a's: Redis alone would take a's ack (its fence
+                # passes; it would record both occurrences done and report the leases
+                # lost). PostgreSQL refuses it first: nothing written to either store.
+                epoch_key = b.keys.shard(0).epoch
+                await client_of(b).set(epoch_key, stale[0].epoch)
+                before = await snapshot(a)
                 with pytest.raises(Fenced):
                     await a.ack_many(stale)
+                assert await snapshot(a) == before
                 assert (await table_counts(pg_url))["tickwheel_done"] == 0
+                await client_of(b).set(epoch_key, epoch_b)
                 await b.ack(batch_b.jobs[0])
                 (done,) = await rows(pg_url, "SELECT id, epoch FROM tickwheel_done")
                 assert tuple(done) == (batch_b.jobs[0].id, epoch_b)
 
     run(main())
+
+
+def test_an_ack_without_postgres_leaves_the_job_leased_in_redis(
+    redis_server: RedisServer,
+) -> None:
+    """docs/postgres.md: "ack calls tickwheel_ack() first" (PostgreSQL first, then
+    Redis). With PostgreSQL down the ack raises PostgresUnavailable and Redis is not
+    written: the job is still leased under its claim, not done, and the same ack
+    succeeds once PostgreSQL is back."""
+    from tickwheel.durable.servers._postgres import PostgresServer
+
+    async def main(pg: PostgresServer) -> None:
+        await migrated(pg.url)
+        async with pg_scheduler(redis_server.url, pg.url, shards=1) as s:
+            await s.schedule("a", "t", b"", delay=0)
+            (job,) = (await _claim_all(s)).jobs
+            before = await snapshot(s)
+            pg.kill()
+            with pytest.raises(PostgresUnavailable) as info:
+                await s.ack(job)
+            assert info.value.transient
+            assert await snapshot(s) == before
+            got = await s.get("a")
+            assert got is not None and got.state is JobState.LEASED
+            assert (got.epoch, got.attempt) == (job.epoch, job.attempt)
+            pg.start()
+            for _ in range(100):  # the pool reconnects once PostgreSQL is back
+                try:
+                    await s.ack(job)
+                    break
+                except PostgresUnavailable:
+                    await asyncio.sleep(0.1)
+            assert await s.get("a") is None
+            assert [tuple(r) for r in await rows(pg.url, "SELECT id FROM tickwheel_done")] == [
+                ("a",)
+            ]
+
+    with PostgresServer() as pg:
+        run(main(pg))
 
 
 # -- errors -------------------------------------------------------------------------

@@ -108,13 +108,24 @@ def test_callables_stay_in_memory_and_cannot_be_durable(redis_url: str) -> None:
 
 
 def test_close_returns_unfired_in_memory_ids(redis_url: str) -> None:
+    """close() cancels the in-memory timers that have not fired and returns their ids:
+    past their due time they never run."""
+
     async def main() -> None:
         seen: list[TaskContext] = []
         async with open_scheduler(redis_url, shards=1) as s:
             timers = Timers(s, _registry(seen))
-            await timers.schedule(10, "note", job_id="later")
-            assert await timers.close() == ["later"]
-            await asyncio.sleep(0.01)
+            await timers.schedule(0.05, "note", job_id="soon")
+            await timers.schedule(0.1, "note", job_id="later")
+            assert sorted(await timers.close()) == ["later", "soon"]
+            assert len(timers) == 0
+            # A timer due after both on the same wheel: the wheel fires in due order, so
+            # once it ran, the closed ones would have run (and their tasks started) too.
+            passed = asyncio.Event()
+            timers.wheel.schedule(0.2, passed.set)
+            await asyncio.wait_for(passed.wait(), 30)
+            await asyncio.sleep(0.05)  # a task started by a firing gets its turn
             assert seen == []
+            assert await timers.close() == []
 
     run(main())

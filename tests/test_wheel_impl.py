@@ -12,6 +12,7 @@ from wheel_impls import IMPLS
 
 import tickwheel.wheel
 from tickwheel.wheel import IMPLEMENTATION, TimingWheel
+from tickwheel.wheel._impl import compiled_available
 
 
 def test_implementation_is_reported_by_stats() -> None:
@@ -37,13 +38,22 @@ def test_pure_env_forces_python() -> None:
 
 
 def test_compiled_is_in_use_when_required() -> None:
-    """Fails (never skips) under TICKWHEEL_REQUIRE_COMPILED=1 unless the C core runs."""
+    """IMPLEMENTATION names what runs: the C core whenever it was built and
+    TICKWHEEL_PURE is not set, and the public TimingWheel, Timer and Timeout are that
+    implementation's, whose wheels report it in stats(). Fails (never skips) under
+    TICKWHEEL_REQUIRE_COMPILED=1 unless the C core runs."""
+    impl = tickwheel.wheel.IMPLEMENTATION
+    pure = os.environ.get("TICKWHEEL_PURE", "") not in ("", "0")
+    assert impl == ("python" if pure or not compiled_available() else "c")
+    for name in ("TimingWheel", "Timer", "Timeout"):
+        assert getattr(tickwheel.wheel, name) is getattr(IMPLS[impl], name), name
+    loop = VirtualLoop()
+    try:
+        assert tickwheel.wheel.TimingWheel(loop=loop).stats().implementation == impl
+    finally:
+        loop.close()
     if os.environ.get("TICKWHEEL_REQUIRE_COMPILED", "") not in ("", "0"):
-        assert tickwheel.wheel.IMPLEMENTATION == "c", (
-            "TICKWHEEL_REQUIRE_COMPILED=1 but the pure-Python wheel is in use"
-        )
-    else:
-        assert tickwheel.wheel.IMPLEMENTATION == tickwheel.wheel._impl.IMPLEMENTATION
+        assert impl == "c", "TICKWHEEL_REQUIRE_COMPILED=1 but the pure-Python wheel is in use"
 
 
 def test_compiled_wheel_refuses_until_initialised() -> None:
