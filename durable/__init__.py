@@ -1,7 +1,7 @@
 """tickwheel.durable: a Redis lease scheduler for delayed jobs that must survive crashes.
 
 Jobs live in Redis sorted sets, sharded by job id, and move between states only inside
-Lua scripts that read Redis's clock (see DESIGN.md, "durable/"). It runs unchanged on
+Lua scripts that read Redis's clock (see docs/design.md). It runs unchanged on
 one Redis or a Redis Cluster (:func:`connect` takes either URL). Start with
 :class:`Scheduler`; :class:`Timers` spills long or durable timers from the in-memory
 wheel to Redis, and a :class:`Worker` (``tickwheel worker``) loads them back and runs
