@@ -17,7 +17,8 @@ from starlette.testclient import TestClient
 from tickwheel.durable import JobSpec, JobState, TaskRegistry
 from tickwheel.durable.ops.dashboard import DashboardConfig, create_app
 from tickwheel.durable.ops.dashboard._charts import Charts
-from tickwheel.durable.ops.dashboard._data import DeadFilter, lateness_quantile
+from tickwheel.durable.ops.dashboard._page_dead import DeadFilter
+from tickwheel.durable.ops.dashboard._rows import lateness_quantile
 from tickwheel.durable.servers._redis import RedisServer, free_port
 from tickwheel.durable.store._keys import Keys
 
