@@ -47,7 +47,7 @@ from ._scripts import register
 from ._store import ClaimedRef, EncodedJob, Store, encode_job
 from ._streams import RawEntry, Stream
 from ._transport import DEFAULT_CALL_TIMEOUT, Transport
-from ._workers import STATS_COUNTERS, STATS_VERSION, WorkerBoard, WorkerEntry, stats_document
+from ._workers import STATS_COUNTERS, STATS_VERSION, WorkerBoard, WorkerEntry, parse_stats_document
 
 __all__ = [
     "CLUSTER_ERRORS",
@@ -85,12 +85,12 @@ __all__ = [
     "pack_record",
     "parse_layout",
     "parse_nodes",
+    "parse_stats_document",
     "read_layout",
     "register",
     "script_error_text",
     "shown_url",
     "split_url",
-    "stats_document",
     "translate",
     "unwrap",
 ]

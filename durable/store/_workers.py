@@ -7,11 +7,12 @@ Ground rules:
   (Redis ms, ``lua/members.lua``); ``{ns}:wstats:<token>`` a JSON object with a TTL
   (the member TTL), so a dead worker's document expires with its membership. Both
   keys share the ``{ns}`` slot: reading every worker is two commands.
-- The document's shape is :data:`STATS_VERSION` 1, checked by :func:`stats_document`:
-  ``v`` the version, ``t`` the writer's wall clock (ms), ``c`` the monotonic counters
-  named by :data:`STATS_COUNTERS`, and optionally ``host``, ``pid``, ``owned``,
-  ``loaded``, ``running`` and ``lat`` (the firing-lateness histogram's counts). A
-  document that is not that shape reads as none: a reader skips it, never fails on it.
+- The document's shape is :data:`STATS_VERSION` 1, checked by
+  :func:`parse_stats_document`: ``v`` the version, ``t`` the writer's wall clock (ms),
+  ``c`` the monotonic counters named by :data:`STATS_COUNTERS`, and optionally
+  ``host``, ``pid``, ``owned``, ``loaded``, ``running`` and ``lat`` (the
+  firing-lateness histogram's counts). A document that is not that shape reads as
+  none: a reader skips it, never fails on it.
 - Every call is bounded and translated like the rest of the store (``Transport``).
 """
 
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._store import Store
 
-__all__ = ["STATS_COUNTERS", "STATS_VERSION", "WorkerBoard", "WorkerEntry", "stats_document"]
+__all__ = ["STATS_COUNTERS", "STATS_VERSION", "WorkerBoard", "WorkerEntry", "parse_stats_document"]
 
 # Format version of a worker's stats document.
 STATS_VERSION = 1
@@ -57,7 +58,7 @@ _OPTIONAL: dict[str, Callable[[Any], bool]] = {
 }
 
 
-def stats_document(raw: bytes | str | None) -> dict[str, Any] | None:
+def parse_stats_document(raw: bytes | str | None) -> dict[str, Any] | None:
     """The stats document stored as ``raw``, or None when there is none or it is not of
     the shape the module describes (not JSON, not an object, a field missing or of the
     wrong type). Fields it does not know are kept."""
@@ -137,6 +138,6 @@ class WorkerBoard:
             lambda: store.client.mget([keys.worker_stats(t) for t in tokens])
         )
         return [
-            WorkerEntry(token, int(beat), stats_document(raw))
+            WorkerEntry(token, int(beat), parse_stats_document(raw))
             for token, (_, beat), raw in zip(tokens, entries, docs, strict=True)
         ]
