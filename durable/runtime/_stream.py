@@ -8,7 +8,8 @@ Ground rules:
 - So a job may be published more than once (the broker accepted it but the ack never
   happened): every entry carries the job id and nominal due, and consumers deduplicate
   on that pair (:class:`StreamConsumer` does).
-- The consumer's dedup uses ``SET NX GET`` (Redis 7.0 or later).
+- The Redis commands (and their errors, translated) are the store's
+  (``store/_streams.py``): here is what an entry holds and which entry is a duplicate.
 - Dedup records which *entry* owns an occurrence (``SET key entry_id NX``), not merely
   that it was seen: a redelivery of the owning entry (a dead consumer's pending entry
   taken over with XAUTOCLAIM) is processed again, any other entry of the same
@@ -18,26 +19,19 @@ Ground rules:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
-import redis.asyncio
-import redis.exceptions
-from redis.asyncio.cluster import RedisCluster
-
 from tickwheel.durable.model import (
     Job,
-    RedisUnavailable,
     decode_payload,
     encode_payload,
     finite_seconds_ms,
 )
-from tickwheel.durable.store import Client, register, translate
-from tickwheel.wheel import timeout
+from tickwheel.durable.store import Client, Stream
 
 __all__ = ["Publisher", "StreamConsumer", "StreamEntry", "StreamPublisher"]
 
@@ -51,11 +45,6 @@ DEFAULT_STREAM_MAXLEN = 1_000_000
 DEFAULT_DEDUP_TTL = 3600.0
 # A pending entry idle this long (s) belongs to a dead consumer and is taken over.
 DEFAULT_CLAIM_IDLE = 30.0
-# A blocking read waits in slices of at most this many seconds: below the socket
-# timeout of the clients connect() makes (5 s), so a long block is not cut by it.
-BLOCK_SLICE = 1.0
-# Seconds a read may take beyond its block before RedisUnavailable (a black hole).
-READ_GRACE = 5.0
 # Payloads of published jobs were accepted by the scheduler already; no second limit.
 _NO_LIMIT = 2**31
 
@@ -90,6 +79,7 @@ class StreamPublisher:
         self.client = client  # where the stream lives
         self.stream = stream  # the stream key
         self.maxlen = maxlen  # approximate trim
+        self._stream = Stream(client, stream)  # its commands
 
     async def publish(self, job: Job) -> None:
         """XADD one entry for ``job``.
@@ -99,7 +89,7 @@ class StreamPublisher:
                 the job is retried and consumers drop a duplicate).
         """
         data, flags = encode_payload(job.payload, _NO_LIMIT)
-        fields: dict[Any, Any] = {
+        fields: dict[str, bytes | int | str] = {
             "id": job.id,
             "nominal": job.nominal_ms,
             "task": job.task,
@@ -107,10 +97,7 @@ class StreamPublisher:
             "payload": data,
             "flags": flags,
         }
-        try:
-            await self.client.xadd(self.stream, fields, maxlen=self.maxlen, approximate=True)
-        except redis.exceptions.RedisError as exc:
-            raise translate(exc) from exc
+        await self._stream.add(fields, self.maxlen)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,20 +150,7 @@ class StreamConsumer:
         self.count = count  # entries per read
         self.dropped = 0  # duplicate entries acked without being returned
         self._group_ready = False  # XGROUP CREATE done
-        self._claim_occurrence = register(client, "dedup")  # store/lua/dedup.lua
-
-    def _dedup_key(self, entry: StreamEntry) -> str:
-        return f"{self.stream}:owner:{self.group}:{entry.job_id}:{entry.nominal_ms}"
-
-    async def _ensure_group(self) -> None:
-        if self._group_ready:
-            return
-        try:
-            await self.client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
-        except redis.exceptions.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
-        self._group_ready = True
+        self._stream = Stream(client, stream)  # its commands
 
     async def read(self, block: float | None = None) -> list[StreamEntry]:
         """Entries to process: a dead consumer's idle ones first (XAUTOCLAIM), then new
@@ -193,43 +167,19 @@ class StreamConsumer:
         Raises:
             RedisUnavailable: if Redis cannot be reached.
         """
-        try:
-            await self._ensure_group()
-            raw: list[tuple[bytes, dict[bytes, bytes]]] = []
-            reply: Any = await self.client.xautoclaim(
-                self.stream, self.group, self.consumer, self.claim_idle_ms, count=self.count
-            )
-            raw += [e for e in reply[1] if e[1] is not None]
-            if not raw:
-                raw = await self._read_new(block)
-            return await self._dedup([self._entry(eid, fields) for eid, fields in raw])
-        except redis.exceptions.RedisError as exc:
-            raise translate(exc) from exc
-        except TimeoutError:
-            raise RedisUnavailable(
-                f"redis unavailable: no reply within {READ_GRACE:g} s beyond the block"
-            ) from None
-
-    async def _read_new(self, block: float | None) -> list[tuple[bytes, dict[bytes, bytes]]]:
-        """XREADGROUP, blocking up to ``block`` s in slices of at most BLOCK_SLICE, each
-        bounded: a long block never outwaits the client's socket timeout, and a Redis
-        that stops answering is noticed within a slice plus READ_GRACE."""
-        loop = asyncio.get_running_loop()
-        end = None if block is None else loop.time() + block
-        while True:
-            ms = None if end is None else max(1, int(min(end - loop.time(), BLOCK_SLICE) * 1000))
-            async with timeout((ms or 0) / 1000 + READ_GRACE):
-                streams: Any = await self.client.xreadgroup(
-                    self.group, self.consumer, {self.stream: ">"}, count=self.count, block=ms
-                )
-            raw = [e for _, entries in streams or [] for e in entries]
-            if raw or end is None or loop.time() >= end:
-                return raw
+        stream = self._stream
+        if not self._group_ready:
+            await stream.create_group(self.group)
+            self._group_ready = True
+        raw = await stream.claim_idle(self.group, self.consumer, self.claim_idle_ms, self.count)
+        if not raw:
+            raw = await stream.read_new(self.group, self.consumer, self.count, block)
+        return await self._dedup([self._entry(eid, fields) for eid, fields in raw])
 
     @staticmethod
-    def _entry(entry_id: bytes | str, fields: dict[bytes, bytes]) -> StreamEntry:
+    def _entry(entry_id: str, fields: dict[bytes, bytes]) -> StreamEntry:
         return StreamEntry(
-            entry_id.decode() if isinstance(entry_id, bytes) else entry_id,
+            entry_id,
             fields[b"id"].decode(),
             int(fields[b"nominal"]),
             fields[b"task"].decode(),
@@ -240,7 +190,6 @@ class StreamConsumer:
     async def _dedup(self, entries: Sequence[StreamEntry]) -> list[StreamEntry]:
         if not entries:
             return []
-        ttl = self.dedup_ttl_ms
         # One claim per occurrence, by its first entry in stream order: two entries of
         # one occurrence in one batch must not race for it (concurrent calls on a
         # cluster reach the server in any order, and the later publish could win).
@@ -248,26 +197,10 @@ class StreamConsumer:
         for e in entries:
             first.setdefault(e.key, e)
         claims = list(first.values())
-        if isinstance(self.client, RedisCluster):
-            # The occurrences' keys span slots, and redis-py's cluster pipeline refuses
-            # EVALSHA: concurrent calls instead (each routed to its slot's master).
-            owners = await asyncio.gather(
-                *(
-                    self._claim_occurrence(keys=[self._dedup_key(e)], args=[e.entry_id, ttl])
-                    for e in claims
-                )
-            )
-        else:
-            async with self.client.pipeline(transaction=False) as pipe:
-                for e in claims:
-                    key = self._dedup_key(e)
-                    await self._claim_occurrence(keys=[key], args=[e.entry_id, ttl], client=pipe)
-                owners = await pipe.execute()
-        # None: the claiming entry now owns the occurrence; else the owner's entry id.
-        owner_of = {
-            e.key: e.entry_id if owner is None else owner.decode()
-            for e, owner in zip(claims, owners, strict=True)
-        }
+        owners = await self._stream.claim_occurrences(
+            self.group, [(e.job_id, e.nominal_ms, e.entry_id) for e in claims], self.dedup_ttl_ms
+        )
+        owner_of = {e.key: owner for e, owner in zip(claims, owners, strict=True)}
         fresh: list[StreamEntry] = []
         dups: list[str] = []
         for e in entries:
@@ -277,16 +210,13 @@ class StreamConsumer:
             else:
                 dups.append(e.entry_id)
         if dups:
-            await self.client.xack(self.stream, self.group, *dups)
+            await self._stream.ack(self.group, dups)
             self.dropped += len(dups)
         return fresh
 
     async def ack(self, entry: StreamEntry) -> None:
         """Mark ``entry`` processed (XACK)."""
-        try:
-            await self.client.xack(self.stream, self.group, entry.entry_id)
-        except redis.exceptions.RedisError as exc:
-            raise translate(exc) from exc
+        await self._stream.ack(self.group, [entry.entry_id])
 
     async def process(
         self, handler: Callable[[StreamEntry], Awaitable[object]], block: float | None = None

@@ -15,9 +15,10 @@ Ground rules:
 - The balancer and the reaper outlive any error: Redis unreachable or refusing for now
   is a warning, anything else is logged with its traceback, and the next round runs.
 - Every balancing round also publishes the worker's counters (claims, acks, retries,
-  dead letters, reaps, the lateness histogram) as one small JSON string under
+  dead letters, reaps, the lateness histogram) as one small JSON document under
   ``{ns}:wstats:<token>`` with the member TTL, for the dashboard: one SET every few
-  seconds, off the job path; a dead worker's stats expire with its membership.
+  seconds, off the job path; a dead worker's stats expire with its membership. The
+  member set and the document's shape are the store's (``store/_workers.py``).
 - Shutdown (:meth:`Worker.stop`, SIGTERM in the CLI): stop claiming, release what is
   loaded but not fired at once, let running tasks finish (up to the drain timeout),
   give every shard back, leave the member set.
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import os
@@ -46,6 +46,7 @@ from tickwheel.durable.model import (
     finite_seconds_ms,
 )
 from tickwheel.durable.scheduler import DEFAULT_LEASE, RENEW_FRACTION, Scheduler
+from tickwheel.durable.store import STATS_COUNTERS, STATS_VERSION
 from tickwheel.wheel import TimingWheel
 
 from ._loader import (
@@ -69,10 +70,6 @@ logger = logging.getLogger("tickwheel.durable")
 # (a cancelled task's lease expires and the job runs again elsewhere). Below the usual
 # 30 s SIGKILL grace of process supervisors (Kubernetes, systemd's default 90 s).
 DEFAULT_DRAIN_TIMEOUT = 20.0
-# Format version of the stats a worker publishes (Worker.stats_document).
-STATS_VERSION = 1
-# The order of the counters in a stats document's "c" list.
-STATS_COUNTERS = ("claimed", "acked", "retries", "dead_letters", "reaped")
 # Postgres mode: seconds between reconciles of the Redis index from PostgreSQL. Each reads
 # every pending row (docs/postgres.md has the cost per million), so not too often; the
 # relay and the claim's check against PostgreSQL cover the time between.
@@ -159,7 +156,8 @@ class Worker:
         Raises:
             RedisUnavailable: if Redis cannot be reached.
         """
-        self.live = await self.scheduler.store.heartbeat(self.token, self.ownership.ttl_ms, join)
+        board = self.scheduler.workers
+        self.live = await board.heartbeat(self.token, self.ownership.ttl_ms, join)
         return self.live
 
     def share(self) -> int:
@@ -167,7 +165,8 @@ class Worker:
         return math.ceil(self.scheduler.keys.shards / max(self.live, 1))
 
     def stats_document(self) -> dict[str, Any]:
-        """What :meth:`publish_stats` writes: this worker's counters, compact.
+        """What :meth:`publish_stats` writes: this worker's counters, compact (the
+        shape is ``store/_workers.py``'s).
 
         ``t`` is this host's wall clock (ms) when it was made; ``c`` monotonic counters
         since the worker started (claimed, acked, retries, dead letters, reaped); ``lat``
@@ -198,8 +197,8 @@ class Worker:
         Raises:
             RedisUnavailable: if Redis cannot be reached.
         """
-        text = json.dumps(self.stats_document(), separators=(",", ":"))
-        await self.scheduler.store.put_worker_stats(self.token, text, self.ownership.ttl_ms)
+        document = self.stats_document()
+        await self.scheduler.workers.publish(self.token, document, self.ownership.ttl_ms)
 
     async def balance_once(self) -> None:
         """Heartbeat, renew owned shards, then take free shards or give back extras.
@@ -216,7 +215,7 @@ class Worker:
         for shard, (epoch, _) in list(self._leaving.items()):
             # Still ours while its tasks drain: their acks need the epoch unchanged.
             with contextlib.suppress(Fenced):
-                await own.store.renew(shard, own.token, epoch, own.ttl_ms)
+                await own.renew_leaving(shard, epoch)
         share = self.share()
         extras = sorted(own.owned)[share:]
         for shard in extras:
@@ -250,8 +249,7 @@ class Worker:
                 return
             await self.loader.release_shard(shard)
         await self.loader.drain(self.drain_timeout_ms / 1000, shard=shard)
-        own.counters.shards_given_back += 1
-        await own.store.give_back(shard, own.token, epoch)
+        await own.give_back_leaving(shard, epoch)
 
     async def _balance(self) -> None:
         async def round_() -> None:
@@ -347,7 +345,7 @@ class Worker:
             await _logged(step(), what)
 
     async def _unpublish(self) -> None:
-        await self.scheduler.store.delete_worker_stats(self.token)
+        await self.scheduler.workers.unpublish(self.token)
 
     async def _leave(self, shard: int) -> None:
         """:meth:`give_back` in a task of its own (a drain can take a while)."""

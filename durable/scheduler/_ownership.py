@@ -191,6 +191,22 @@ class Ownership:
         for shard in list(self.owned):
             await self.give_back(shard)
 
+    async def renew_leaving(self, shard: int, epoch: int) -> None:
+        """Renew ``shard``'s token under ``epoch`` while it is being given back: out of
+        ``owned`` already, still held while its running tasks drain (their acks need the
+        epoch unchanged).
+
+        Raises:
+            Fenced: if the epoch moved on or another token holds the shard.
+        """
+        await self.store.renew(shard, self.token, epoch, self.ttl_ms)
+
+    async def give_back_leaving(self, shard: int, epoch: int) -> bool:
+        """Give back ``shard``, held under ``epoch`` but out of ``owned`` (its tasks
+        drained); False if it was not held. Counted as given back."""
+        self.counters.shards_given_back += 1
+        return await self.store.give_back(shard, self.token, epoch)
+
     async def run(
         self, shards: Iterable[int] | None = None, *, max_shards: int | None = None
     ) -> None:

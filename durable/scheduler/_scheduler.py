@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import random
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
@@ -48,10 +49,12 @@ from tickwheel.durable.store import (
     Keys,
     ServerReport,
     Store,
+    WorkerBoard,
     check_server,
     encode_job,
 )
 
+from ._console import Console
 from ._owner import DEFAULT_LEASE, MAX_BATCH, MAX_ERROR_CHARS, OwnerSide
 from ._ownership import DEFAULT_OWNER_TTL, Ownership
 
@@ -542,3 +545,27 @@ class Scheduler(OwnerSide):
         if self.pg is not None:
             await self.pg.store.undead(out, purge=False)
         return out
+
+    # == For the worker and the operator tools (issue 32) ==============================
+    # runtime/ and ops/ reach Redis through the scheduler, never through ``self.store``:
+    # the worker's membership and stats, and the dashboard's console.
+
+    @functools.cached_property
+    def workers(self) -> WorkerBoard:
+        """The namespace's worker set and stats documents (workers write, the dashboard
+        reads)."""
+        return WorkerBoard(self.store)
+
+    @functools.cached_property
+    def console(self) -> Console:
+        """The dashboard's reads and acts, which never open the scheduler."""
+        return Console(self)
+
+    async def close_connections(self) -> None:
+        """Close the connections this scheduler opened itself (the store's, the Postgres
+        mode's pool), without giving shards back: :meth:`close` without Redis calls."""
+        try:
+            await self.store.aclose()
+        finally:
+            if self.pg is not None:
+                await self.pg.store.aclose()

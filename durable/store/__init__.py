@@ -3,12 +3,16 @@
 Owns: ``lua/`` (one atomic transition per file), the key names (``_keys.py``), the
 record encoding (``_record.py``), script loading (``_scripts.py``), the transport over
 one Redis or a Redis Cluster (``_connect.py``), the translation of Redis errors
-(``_errors.py``), the bounded transport of script calls (``_transport.py``) and the
-startup check of a server (``_check.py``).
+(``_errors.py``), the bounded transport of script calls (``_transport.py``), the
+startup check of a server (``_check.py``), the namespace's layout key (``_layout.py``),
+the workers' member set and stats documents (``_workers.py``) and the commands of a
+Redis Stream (``_streams.py``).
 
 Invariants: a :class:`Store` method is one script call (or one pipeline of the same
 script over shards): no loops over time, no sleeping; every call is bounded by
-``call_timeout``; redis-py's untyped replies stop here.
+``call_timeout``; redis-py's untyped replies stop here. No other layer imports redis-py
+(``tests/test_layers.py``): what they need of it is named here (``REDIS_ERRORS``,
+``NO_REPLY_ERRORS``, ``CLUSTER_ERRORS``, ``error_reply``, ``is_cluster``).
 
 May import: ``tickwheel.durable.model``, ``tickwheel.wheel`` (for its timeout), redis-py.
 """
@@ -21,43 +25,68 @@ from ._connect import (
     Client,
     client_from_url,
     connect,
+    is_cluster,
     no_retry,
     parse_nodes,
     shown_url,
     split_url,
 )
-from ._errors import REDIS_ERRORS, script_error_text, translate, unwrap
+from ._errors import (
+    CLUSTER_ERRORS,
+    NO_REPLY_ERRORS,
+    REDIS_ERRORS,
+    error_reply,
+    script_error_text,
+    translate,
+    unwrap,
+)
 from ._keys import DEFAULT_BUCKETS, MAX_JOB_ID_BYTES, Keys, parse_layout
+from ._layout import LayoutUnreadable, read_layout
 from ._record import pack_array, pack_record
 from ._scripts import register
 from ._store import ClaimedRef, EncodedJob, Store, encode_job
+from ._streams import RawEntry, Stream
 from ._transport import DEFAULT_CALL_TIMEOUT, Transport
+from ._workers import STATS_COUNTERS, STATS_VERSION, WorkerBoard, WorkerEntry, parse_stats_document
 
 __all__ = [
+    "CLUSTER_ERRORS",
     "DEFAULT_BUCKETS",
     "DEFAULT_CALL_TIMEOUT",
     "MAX_JOB_ID_BYTES",
     "MIN_REDIS_VERSION",
+    "NO_REPLY_ERRORS",
     "REDIS_ERRORS",
+    "STATS_COUNTERS",
+    "STATS_VERSION",
     "URL_ENV",
     "ClaimedRef",
     "Client",
     "EncodedJob",
     "Keys",
+    "LayoutUnreadable",
+    "RawEntry",
     "ServerConfigWarning",
     "ServerReport",
     "Store",
+    "Stream",
     "Transport",
+    "WorkerBoard",
+    "WorkerEntry",
     "check_server",
     "client_from_url",
     "connect",
     "crash_loss",
     "encode_job",
+    "error_reply",
+    "is_cluster",
     "no_retry",
     "pack_array",
     "pack_record",
     "parse_layout",
     "parse_nodes",
+    "parse_stats_document",
+    "read_layout",
     "register",
     "script_error_text",
     "shown_url",

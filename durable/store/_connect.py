@@ -39,6 +39,7 @@ __all__ = [
     "Client",
     "client_from_url",
     "connect",
+    "is_cluster",
     "no_retry",
     "parse_nodes",
     "split_url",
@@ -205,6 +206,11 @@ async def connect(
         await client.aclose()
         raise _unavailable(url, exc) from exc
     return client
+
+
+def is_cluster(client: Client) -> bool:
+    """Is ``client`` a Redis Cluster's (a ``RedisCluster``, not one Redis)."""
+    return isinstance(client, RedisCluster)
 
 
 async def _reports_cluster(url: str, kwargs: dict[str, Any]) -> bool:

@@ -23,7 +23,15 @@ import redis.exceptions
 
 from tickwheel.durable.model import DurableError, Fenced, ListingTooLong, RedisUnavailable
 
-__all__ = ["REDIS_ERRORS", "script_error_text", "translate", "unwrap"]
+__all__ = [
+    "CLUSTER_ERRORS",
+    "NO_REPLY_ERRORS",
+    "REDIS_ERRORS",
+    "error_reply",
+    "script_error_text",
+    "translate",
+    "unwrap",
+]
 
 
 # Error codes the scripts emit (first word of the error reply), mapped to classes.
@@ -57,6 +65,11 @@ _V7_SUFFIX = re.compile(r" script: [0-9a-f]{40}, on @user_script:\d+\.$")
 # What redis-py raises: RedisError, and for the cluster client RedisClusterException
 # (which is not a RedisError).
 REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
+# The layers above never import redis-py; the classes they tell apart are named here.
+# Errors of a reply that never came: the server was not reached, or did not answer.
+NO_REPLY_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+# The cluster client's own errors (no node reachable, no slot map): not RedisErrors.
+CLUSTER_ERRORS = (redis.exceptions.RedisClusterException,)
 
 
 def script_error_text(text: str) -> str:
@@ -115,3 +128,16 @@ def translate(
         if cls is not None:
             return cls(message)
     return exc
+
+
+def error_reply(exc: BaseException) -> Exception | None:
+    """The refusal Redis replied with behind ``exc``, as :func:`unwrap` gives it:
+    ``exc`` itself, or the cause of a :class:`RedisUnavailable` that :func:`translate`
+    made of a refusal a server recovers from (OOM, LOADING, CLUSTERDOWN, ...). None
+    when no reply came (a connection error, a timeout, a cluster client's own error)
+    or ``exc`` is none of redis-py's."""
+    if isinstance(exc, RedisUnavailable):
+        exc = exc.__cause__  # type: ignore[assignment]
+    if not isinstance(exc, redis.exceptions.RedisError) or isinstance(exc, NO_REPLY_ERRORS):
+        return None
+    return unwrap(exc)

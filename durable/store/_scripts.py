@@ -50,7 +50,7 @@ SCRIPT_NAMES = (
     "members",
 )
 # Scripts that run without the helpers of _lib.lua: a stream consumer's occurrence claim,
-# registered on the stream's own client (runtime/_stream.py), not on a Store's.
+# registered on the stream's own client (store/_streams.py), not on a Store's.
 STANDALONE_SCRIPTS = ("dedup",)
 
 

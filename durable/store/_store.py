@@ -659,24 +659,6 @@ class Store(Transport):
         keys = self._listing_keys(shard)
         return int(await self._run(self._scripts.due_rank, keys, [time_ms], shard))
 
-    # -- workers: membership and stats (the dashboard's charts) --------------------
-
-    async def heartbeat(self, token: str, ttl_ms: int, join: bool) -> int:
-        """A worker's heartbeat into ``{ns}:workers`` (members.lua), or its leave with
-        ``join=False``; return the live worker count (heartbeats within ``ttl_ms``)."""
-        args = [token, ttl_ms, 1 if join else 0]
-        return int(await self._run(self._scripts.members, [self.keys.workers], args, -1))
-
-    async def put_worker_stats(self, token: str, document: str, ttl_ms: int) -> None:
-        """Write a worker's stats document under ``{ns}:wstats:<token>`` (SET PX)."""
-        key = self.keys.worker_stats(token)
-        await self.bounded(lambda: self._client.set(key, document, px=ttl_ms))
-
-    async def delete_worker_stats(self, token: str) -> None:
-        """Remove a worker's stats document (it is leaving)."""
-        key = self.keys.worker_stats(token)
-        await self.bounded(lambda: self._client.delete(key))
-
     def _listing_keys(self, shard: int) -> list[str]:
         """due_list.lua's and due_rank.lua's keys."""
         k = self.keys.shard(shard)

@@ -13,8 +13,6 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import redis.exceptions
-
 from tickwheel.durable.model import (
     DurableError,
     PostgresUnavailable,
@@ -28,12 +26,15 @@ from tickwheel.durable.scheduler import (
 )
 from tickwheel.durable.store import (
     DEFAULT_BUCKETS,
+    NO_REPLY_ERRORS,
+    REDIS_ERRORS,
     URL_ENV,
     Client,
     Keys,
     connect,
-    parse_layout,
+    error_reply,
     parse_nodes,
+    read_layout,
     shown_url,
     split_url,
     unwrap,
@@ -189,7 +190,7 @@ async def _guarded(args: argparse.Namespace, body: Callable[[], Awaitable[int]])
         return await body()
     except ShardCountMismatch as exc:
         raise shard_mismatch(args, exc) from None
-    except (RedisUnavailable, redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+    except (RedisUnavailable, *NO_REPLY_ERRORS) as e:
         refusal = _refusal(e)
         if refusal is not None:  # it answered: with an error reply, not "unreachable"
             raise refusal from None
@@ -207,7 +208,7 @@ async def _guarded(args: argparse.Namespace, body: Callable[[], Awaitable[int]])
         raise CliError(EXIT_USAGE, str(exc)) from None
     except DurableError as exc:
         raise CliError(EXIT_FAILED, f"{type(exc).__name__}: {exc}") from None
-    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+    except REDIS_ERRORS as exc:
         # An error reply (OOM at maxmemory, WRONGTYPE, NOPERM, a cluster that is down):
         # the command reached Redis, which refused it.
         exc = unwrap(exc)
@@ -219,13 +220,10 @@ async def _guarded(args: argparse.Namespace, body: Callable[[], Awaitable[int]])
 def _refusal(exc: BaseException) -> CliError | None:
     """For a RedisUnavailable made of an error reply (the library may class OOM, LOADING,
     BUSY, NOREPLICAS as transient): that reply, as exit 1; else None."""
-    cause = exc.__cause__
-    if not isinstance(exc, RedisUnavailable) or not isinstance(cause, redis.exceptions.RedisError):
+    reply = error_reply(exc) if isinstance(exc, RedisUnavailable) else None
+    if reply is None:
         return None
-    if isinstance(cause, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
-        return None
-    cause = unwrap(cause)
-    return CliError(EXIT_FAILED, f"Redis refused the command: {type(cause).__name__}: {cause}")
+    return CliError(EXIT_FAILED, f"Redis refused the command: {type(reply).__name__}: {reply}")
 
 
 async def with_scheduler(
@@ -236,15 +234,15 @@ async def with_scheduler(
 ) -> int:
     """Open a scheduler on the command's URL, namespace and shard count; run ``fn``.
 
-    The namespace's stored layout is read first (one GET of its meta key, no write):
-    a namespace that exists is opened with its stored bucket count; one that does not
-    is created (its layout stored) only when ``absent`` is None, else ``absent()`` runs
-    instead and nothing is written.
+    The namespace's stored layout is read first (``store.read_layout``: one GET, no
+    write): a namespace that exists is opened with its stored bucket count; one that
+    does not is created (its layout stored) only when ``absent`` is None, else
+    ``absent()`` runs instead and nothing is written.
     """
     client = await connect_redis(args.redis_url)
     try:
-        meta: Any = await client.get(Keys(args.namespace, args.shards).meta)  # bytes | None
-        stored = stored_layout(meta)
+        Keys(args.namespace, args.shards)  # a bad name or count is refused before a read
+        stored = await read_layout(client, args.namespace)
         if stored is None and absent is not None:
             return absent()
         buckets = stored[1] if stored else DEFAULT_BUCKETS
@@ -263,17 +261,6 @@ async def with_scheduler(
             await scheduler.close()  # its own connections (PostgreSQL's pool), not client
     finally:
         await client.aclose()
-
-
-def stored_layout(stored: bytes | None) -> tuple[int, int] | None:
-    """A meta key's ``shards:buckets``; None when absent, (0, DEFAULT_BUCKETS) when it
-    cannot be read (then reported as a mismatch with any shard count)."""
-    if stored is None:
-        return None
-    try:
-        return parse_layout(stored)
-    except ValueError:
-        return 0, DEFAULT_BUCKETS
 
 
 def not_created(args: argparse.Namespace, data: dict[str, Any], what: str = "") -> int:

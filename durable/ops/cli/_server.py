@@ -8,20 +8,23 @@ import secrets
 import warnings
 from typing import Any
 
-import redis.exceptions
-from redis.asyncio.cluster import RedisCluster
-
 from tickwheel.durable.model import (
     RedisUnavailable,
     ShardCountMismatch,
 )
 from tickwheel.durable.store import (
     DEFAULT_BUCKETS,
+    REDIS_ERRORS,
     URL_ENV,
+    Client,
     Keys,
+    LayoutUnreadable,
     ServerReport,
     check_server,
     client_from_url,
+    error_reply,
+    is_cluster,
+    read_layout,
     shown_url,
 )
 
@@ -43,7 +46,6 @@ from ._common import (
     hide_password,
     run,
     shard_mismatch,
-    stored_layout,
 )
 
 
@@ -83,7 +85,7 @@ def _dashboard(args: argparse.Namespace) -> int:
             postgres_url=args.postgres_url,
             session_ttl=args.session_ttl,
         )
-        from tickwheel.durable.ops.dashboard._data import Namespace  # noqa: PLC0415
+        from tickwheel.durable.ops.dashboard._namespace import Namespace  # noqa: PLC0415
 
         Namespace(args.redis_url, args.namespace)  # validates the namespace
     except (TypeError, ValueError) as exc:
@@ -130,7 +132,7 @@ def _check(args: argparse.Namespace) -> int:
             # refuses a cluster client; its node still answers a plain one, and the
             # report then says what is wrong with the cluster.
             client = client_from_url(args.redis_url)
-            if isinstance(client, RedisCluster):
+            if is_cluster(client):
                 await client.aclose()
                 raise
         try:
@@ -138,15 +140,9 @@ def _check(args: argparse.Namespace) -> int:
                 warnings.simplefilter("ignore")
                 report = await check_server(client)
             keys = Keys(args.namespace, args.shards, DEFAULT_BUCKETS)
-            try:
-                stored: Any = await client.get(keys.meta)
-            except redis.exceptions.ResponseError as exc:  # e.g. a cluster that is down
-                stored, unreadable = None, str(exc)
-            else:
-                unreadable = ""
+            layout, unreadable = await _layout(client, args.namespace)
         finally:
             await client.aclose()
-        layout = stored_layout(stored)
         data: dict[str, Any] = {
             "url": check_url(args.redis_url),
             "version": report.version,
@@ -184,6 +180,20 @@ def _check(args: argparse.Namespace) -> int:
         return EXIT_OK if report.ok else EXIT_FAILED
 
     return run(args, body)
+
+
+async def _layout(client: Client, namespace: str) -> tuple[tuple[int, int] | None, str]:
+    """The namespace's stored layout (None: not created), or why it cannot be read: its
+    key holds something else, or Redis refused the read (a cluster that is down)."""
+    try:
+        return await read_layout(client, namespace), ""
+    except LayoutUnreadable as exc:
+        return None, str(exc)
+    except (RedisUnavailable, *REDIS_ERRORS) as exc:
+        reply = error_reply(exc)  # None: no reply came, so Redis is unreachable
+        if reply is None:
+            raise
+        return None, str(reply)
 
 
 def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:

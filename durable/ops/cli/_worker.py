@@ -137,8 +137,8 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
     finally:
         if metrics is not None:
             metrics.stop()
-        if scheduler is not None and scheduler.pg is not None:
-            await scheduler.pg.store.aclose()
+        if scheduler is not None:
+            await scheduler.close_connections()  # its own (the Postgres pool), not client
         await client.aclose()
 
 

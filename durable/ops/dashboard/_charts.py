@@ -3,7 +3,7 @@
 Ground rules:
 
 - Workers publish monotonic counters (``_worker.Worker.publish_stats``); the dashboard
-  samples them every ``interval`` seconds (two commands, see ``Namespace.workers``) and
+  samples them every ``interval`` seconds (two commands, see ``_page_overview.workers``) and
   keeps the last hour of per-interval rates in memory. The history starts when the
   dashboard starts: nothing is stored in Redis for it.
 - A worker's rate is its counters' change between its last two documents over the
@@ -22,7 +22,7 @@ from typing import Any
 
 from tickwheel.durable.runtime import STATS_COUNTERS
 
-from ._data import lateness_quantile
+from ._rows import lateness_quantile
 
 __all__ = ["HISTORY_S", "Charts"]
 
@@ -60,7 +60,7 @@ class Charts:
         self._rates: dict[str, tuple[list[float], list[int]]] = {}
 
     def add(self, workers: Sequence[dict[str, Any]], wall_ms: int | None = None) -> None:
-        """Add one sample of :meth:`Namespace.workers` rows."""
+        """Add one sample of ``_page_overview.workers`` rows."""
         present: set[str] = set()
         for w in workers:
             doc = w.get("stats") or {}

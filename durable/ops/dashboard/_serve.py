@@ -13,7 +13,8 @@ import uvicorn
 
 from tickwheel.durable.store import shown_url
 
-from ._app import DashboardConfig, create_app
+from ._app import create_app
+from ._config import DashboardConfig
 
 __all__ = ["TOKEN_ENV", "is_loopback", "serve"]
 

@@ -1,0 +1,143 @@
+"""The overview page: every shard's counts, lag, owner and next due, the live workers,
+and the charts sampled from the workers' stats.
+
+Ground rules:
+
+- The overview is a bounded number of round trips: one pipeline of inspect.lua over the
+  shards (one round trip per node) and two commands for the workers (their member set,
+  then one MGET of their stats documents, all in the ``{ns}`` slot). Nothing runs SCAN
+  or KEYS.
+- A member counts as live while its stats document lives (it has the member TTL) or,
+  without one, while its last beat is younger than the default member TTL: the member
+  set is pruned only when a worker beats.
+- Routes: ``/`` (``?fragment=1``: the part the page refreshes), ``/api/overview``,
+  ``/api/charts``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tickwheel.durable.scheduler import DEFAULT_OWNER_TTL, Scheduler
+from tickwheel.durable.store import STATS_COUNTERS
+
+from ._namespace import Namespace
+from ._refusals import ActionError
+from ._rows import iso, shard_row
+from ._web import REDIS_DOWN, Web
+
+__all__ = ["STALE_BEAT_MS", "overview", "routes", "sample_charts", "workers"]
+
+logger = logging.getLogger("tickwheel.dashboard")
+
+# A member without a stats document is gone once its beat is this old (ms): the
+# default member (owner) TTL.
+STALE_BEAT_MS = int(DEFAULT_OWNER_TTL * 1000)
+
+
+async def overview(ns: Namespace) -> dict[str, Any]:
+    """Per shard counts, lag, owner, epoch and next due; live workers; totals."""
+    sched = await ns.scheduler()
+    if sched is None:
+        return {"namespace": ns.namespace, "created": False, "shards": [], "workers": []}
+    rows = await sched.console.inspect_all()
+    now = max(r.now_ms for r in rows)
+    live = await workers(sched, now)
+    names = {w["token"]: w["name"] for w in live}
+    totals = {
+        name: sum(getattr(r, name) for r in rows)
+        for name in ("due", "overdue", "leased", "expired", "dead")
+    }
+    totals["max_lag_ms"] = max((r.lag_ms for r in rows), default=0)
+    totals["owned"] = sum(1 for r in rows if r.owner)
+    nexts = [r.next_due_ms for r in rows if r.next_due_ms]
+    totals["next_due_ms"] = min(nexts, default=0)
+    return {
+        "namespace": ns.namespace,
+        "created": True,
+        "now_ms": now,
+        "now": iso(now),
+        "shards": [shard_row(r, names) for r in rows],
+        "workers": live,
+        "totals": totals,
+        "next_due": iso(totals["next_due_ms"]),
+    }
+
+
+async def workers(sched: Scheduler, now_ms: int) -> list[dict[str, Any]]:
+    """The live workers in the member set with their published stats (two commands)."""
+    out: list[dict[str, Any]] = []
+    for member in await sched.workers.members():
+        doc = member.stats or {}
+        token = member.token
+        age = max(now_ms - member.beat_ms, 0)
+        if not doc and age > STALE_BEAT_MS:
+            continue  # gone: its stats expired and the member set was not pruned yet
+        counters = dict(zip(STATS_COUNTERS, doc.get("c", []), strict=False))
+        out.append(
+            {
+                "token": token,
+                "name": f"{doc.get('host', '?')}:{doc.get('pid', '?')}/{token[:6]}"
+                if doc
+                else token[:12],
+                "beat_age_ms": age,
+                "owned": doc.get("owned"),
+                "loaded": doc.get("loaded"),
+                "running": doc.get("running"),
+                "counters": counters,
+                "stats": doc,
+            }
+        )
+    return out
+
+
+async def sample_charts(web: Web) -> None:
+    """The chart sampler: every interval, the workers' stats (two commands); runs until
+    cancelled, whatever a sample raised."""
+    while True:
+        try:
+            sched = await web.ns.scheduler()
+            if sched is not None:
+                now = await sched.console.now(0)
+                web.charts.add(await workers(sched, now), now)
+            web.redis_error = ""
+        except REDIS_DOWN as exc:
+            web.redis_error = web.unreachable(exc)
+        except ActionError as exc:
+            web.redis_error = str(exc)
+        except Exception:  # the sampler must outlive a bad reply
+            logger.exception("tickwheel dashboard: chart sample failed")
+        await asyncio.sleep(web.config.sample_interval)
+
+
+async def _page(web: Web, request: Request) -> Response:
+    try:
+        data, status, error = await overview(web.ns), 200, ""
+    except REDIS_DOWN as exc:
+        data = {"created": False, "shards": [], "workers": []}
+        status, error = 503, web.unreachable(exc)
+    name = "overview_live.html" if request.query_params.get("fragment") else "overview.html"
+    return web.render(request, name, status, o=data, error=error, title="Overview")
+
+
+async def _api(web: Web, request: Request) -> Response:
+    return JSONResponse(await overview(web.ns))
+
+
+async def _api_charts(web: Web, request: Request) -> Response:
+    return JSONResponse({**web.charts.series(), "error": web.redis_error})
+
+
+def routes(web: Web) -> list[Route]:
+    """The overview's page and API routes."""
+    return [
+        web.read("/", _page),
+        web.read("/api/overview", _api),
+        web.read("/api/charts", _api_charts),
+    ]

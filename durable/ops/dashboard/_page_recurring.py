@@ -1,0 +1,61 @@
+"""The recurring page: the recurring series among each shard's scheduled jobs.
+
+Recurring jobs have no index of their own: each shard's due list is read in pages of
+:data:`PAGE` up to a bound per shard, and the answer says whether it saw everything (a
+shard whose far index is too long to list, or past the bound, makes it incomplete). A
+series whose run is leased right now shows again once it is acked.
+
+Routes: ``/recurring`` and ``/api/recurring``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from tickwheel.durable.model import ListingTooLong
+
+from ._namespace import PAGE, SCAN_LIMIT, Namespace
+from ._rows import job_row
+from ._web import Web
+
+__all__ = ["recurring", "routes"]
+
+
+async def recurring(ns: Namespace, limit: int = SCAN_LIMIT) -> dict[str, Any]:
+    """Recurring series among the first ``limit`` due jobs of each shard, by due time."""
+    sched = await ns.need()
+    rows: list[dict[str, Any]] = []
+    complete = True
+    for shard in range(sched.keys.shards):
+        seen = 0
+        while seen < limit:
+            try:
+                page = await sched.console.due_list(shard, seen, PAGE)
+            except ListingTooLong:  # a shard whose far index is too long to read
+                complete = False
+                break
+            seen += len(page.jobs)
+            rows += [job_row(j, 0) for j in page.jobs if j.recurrence is not None]
+            if not page.jobs or seen >= page.total:
+                break
+        else:
+            complete = False
+    rows.sort(key=lambda r: r["next_ms"])
+    return {"jobs": rows, "complete": complete, "limit_per_shard": limit}
+
+
+async def _page(web: Web, request: Request) -> Response:
+    return web.render(request, "recurring.html", r=await recurring(web.ns), title="Recurring")
+
+
+async def _api(web: Web, request: Request) -> Response:
+    return JSONResponse(await recurring(web.ns))
+
+
+def routes(web: Web) -> list[Route]:
+    """The recurring page's routes."""
+    return [web.read("/recurring", _page), web.read("/api/recurring", _api)]

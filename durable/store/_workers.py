@@ -1,0 +1,143 @@
+"""The workers of a namespace as Redis holds them: the member set their heartbeats keep,
+and the stats document each one publishes for the dashboard.
+
+Ground rules:
+
+- ``{ns}:workers`` is a sorted set of worker tokens scored by each one's last heartbeat
+  (Redis ms, ``lua/members.lua``); ``{ns}:wstats:<token>`` a JSON object with a TTL
+  (the member TTL), so a dead worker's document expires with its membership. Both
+  keys share the ``{ns}`` slot: reading every worker is two commands.
+- The document's shape is :data:`STATS_VERSION` 1, checked by
+  :func:`parse_stats_document`: ``v`` the version, ``t`` the writer's wall clock (ms),
+  ``c`` the monotonic counters named by :data:`STATS_COUNTERS`, and optionally
+  ``host``, ``pid``, ``owned``, ``loaded``, ``running`` and ``lat`` (the
+  firing-lateness histogram's counts). A document that is not that shape reads as
+  none: a reader skips it, never fails on it.
+- Every call is bounded and translated like the rest of the store (``Transport``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._store import Store
+
+__all__ = ["STATS_COUNTERS", "STATS_VERSION", "WorkerBoard", "WorkerEntry", "parse_stats_document"]
+
+# Format version of a worker's stats document.
+STATS_VERSION = 1
+# The order of the counters in a stats document's "c" list.
+STATS_COUNTERS = ("claimed", "acked", "retries", "dead_letters", "reaped")
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _ints(value: Any) -> bool:
+    return isinstance(value, list) and all(_int(x) for x in value)
+
+
+def _str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+# The fields of a document and the check of each: required, then optional.
+_REQUIRED: dict[str, Callable[[Any], bool]] = {"v": _int, "t": _int, "c": _ints}
+_OPTIONAL: dict[str, Callable[[Any], bool]] = {
+    "host": _str,
+    "pid": _int,
+    "owned": _int,
+    "loaded": _int,
+    "running": _int,
+    "lat": _ints,
+}
+
+
+def parse_stats_document(raw: bytes | str | None) -> dict[str, Any] | None:
+    """The stats document stored as ``raw``, or None when there is none or it is not of
+    the shape the module describes (not JSON, not an object, a field missing or of the
+    wrong type). Fields it does not know are kept."""
+    if raw is None:
+        return None
+    try:
+        doc = json.loads(raw)
+    except ValueError:  # not JSON, or not UTF-8
+        return None
+    if not isinstance(doc, dict):
+        return None
+    if not all(name in doc and ok(doc[name]) for name, ok in _REQUIRED.items()):
+        return None
+    if not all(ok(doc[name]) for name, ok in _OPTIONAL.items() if name in doc):
+        return None
+    return doc
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerEntry:
+    """One member of a namespace's worker set, as read."""
+
+    token: str  # the worker's token (also its owner token)
+    beat_ms: int  # its last heartbeat, Redis ms
+    stats: dict[str, Any] | None  # its stats document; None when absent or malformed
+
+
+class WorkerBoard:
+    """The member set and the stats documents of one namespace's workers.
+
+    Args:
+        store: the namespace's store (its keys, client and bounds).
+    """
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    async def heartbeat(self, token: str, ttl_ms: int, join: bool) -> int:
+        """A worker's heartbeat into ``{ns}:workers`` (members.lua), or its leave with
+        ``join=False``; return the live worker count (heartbeats within ``ttl_ms``)."""
+        store = self._store
+        args = [token, ttl_ms, 1 if join else 0]
+        return int(await store._run(store._scripts.members, [store.keys.workers], args, -1))
+
+    async def publish(self, token: str, document: Mapping[str, Any], ttl_ms: int) -> None:
+        """Write a worker's stats document (compact JSON) under ``{ns}:wstats:<token>``
+        with a TTL of ``ttl_ms`` (one SET PX)."""
+        store = self._store
+        key = store.keys.worker_stats(token)
+        text = json.dumps(document, separators=(",", ":"))
+        await store.bounded(lambda: store.client.set(key, text, px=ttl_ms))
+
+    async def unpublish(self, token: str) -> None:
+        """Remove a worker's stats document (it is leaving)."""
+        store = self._store
+        key = store.keys.worker_stats(token)
+        await store.bounded(lambda: store.client.delete(key))
+
+    async def members(self) -> list[WorkerEntry]:
+        """Every member of the set, oldest heartbeat first, with its stats document (two
+        commands: ZRANGE, then one MGET of the documents).
+
+        The set is pruned only when a worker beats: a member may be long gone (its
+        document expired); the caller judges by ``beat_ms``.
+        """
+        store = self._store
+        keys = store.keys
+        entries: Any = await store.bounded(
+            lambda: store.client.zrange(keys.workers, 0, -1, withscores=True)
+        )
+        tokens = [m.decode(errors="replace") for m, _ in entries]
+        if not tokens:
+            return []
+        docs: Any = await store.bounded(
+            lambda: store.client.mget([keys.worker_stats(t) for t in tokens])
+        )
+        return [
+            WorkerEntry(token, int(beat), parse_stats_document(raw))
+            for token, (_, beat), raw in zip(tokens, entries, docs, strict=True)
+        ]
