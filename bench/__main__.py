@@ -11,6 +11,11 @@ Run from the repository root after ``pip install -e '.[dev,bench]'``. Sections:
            pending job; jobs lost or run twice when a worker is SIGKILLed
   example  the source document's worked example: 16 shards, 10^6 pending, 2,900 jobs/s
            for a minute through a Worker; claim capacity of one shard at LIMIT 500
+  postgres the Postgres mode against procrastinate (and pgqueuer, when installed):
+           schedule, schedule_many, claim+ack; lateness of both modes
+
+Each section is a module of bench/runner/ with ``steps(plan)`` and ``run(plan,
+progress, checks)``.
 
 Writes report.md, results.json, summary.md and PNG plots to --out (bench/results/).
 Every figure is a ratio to its peer from the same run: the median of the per-repeat
@@ -30,22 +35,16 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench import (
-    section_durable,
-    section_example,
-    section_postgres,
-    section_server,
-    section_wheel,
-)
-from bench._harness import Checks, Plan, Progress, machine
-from bench._report import write
+from bench.runner import durable, example, postgres, server, wheel
+from bench.runner.harness import Checks, Plan, Progress, machine
+from bench.runner.report import write
 
 SECTIONS = {
-    "wheel": section_wheel,
-    "server": section_server,
-    "durable": section_durable,
-    "example": section_example,
-    "postgres": section_postgres,
+    "wheel": wheel,
+    "server": server,
+    "durable": durable,
+    "example": example,
+    "postgres": postgres,
 }
 # Seconds before a hung run is ended (faulthandler dumps every thread, exit status 1).
 WATCHDOG = {True: 300, False: 3600}

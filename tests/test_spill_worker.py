@@ -175,7 +175,7 @@ def test_worker_crash_runs_every_job_with_one_effect(redis_url: str, size: Any) 
             late = sorted(report["late"])
             assert late[0] >= 0, (context, late[:5])  # never early, even when recovered
             # The late bound is wait_effects's: every effect within spread + 30 s. A median
-            # bound failed on a loaded machine (6 s, shed jobs); bench/bench_spill.py
+            # bound failed on a loaded machine (6 s, shed jobs); bench/suites/bench_spill.py
             # measures the percentiles.
             assert await check_all(s) == {}, context  # every job acked
 

@@ -651,7 +651,7 @@ class _AckBatcher:
 
     A steady stream of due jobs then costs one round trip per shard per round-trip
     time, whatever the rate, instead of one per job: that round trip, not the wheel, is
-    what bounds a loader's jobs/s (bench/spill_vs_arq.py), and in the Postgres mode each
+    what bounds a loader's jobs/s (bench/probes/lateness_vs_peers.py), and in the Postgres mode each
     ack is a commit that waits for its WAL flush.
 
     Nobody awaits an ack: the batcher counts each outcome in the loader's stats

@@ -3,16 +3,17 @@
 Why: a script call through redis-py's asyncio client (``AsyncScript`` ->
 ``execute_command``: the pool's lock and observability hooks, the retry wrapper, the
 generic packer) cost ~383,000 client instructions per round trip under callgrind, the
-same call packed here and written on a held connection ~144,000
-(``bench/profile_durable.py``; redis-py 8.1). A single awaited schedule is one such call.
+same call packed here and written on a held connection ~144,000 (``python -m
+bench.probes.callgrind durable-client``; redis-py 8.1). A single awaited schedule is one
+such call.
 Reading the reply through redis-py's connection (its ``read_response``, the parser's
 wrapper, asyncio's stream reader) was most of the rest: once a held connection is set
 up, its transport is read here by a small protocol (:class:`_Held`, hiredis). A bare
 script call through the store then costs 87,000 instructions instead of 143,000, a
-single schedule 169,000 instead of 224,000 (``bench.profile_durable callgrind``). An
+single schedule 169,000 instead of 224,000 (``bench.probes.callgrind durable-client``). An
 awaited call waits out its round trip either way (its latency did not move), but a
 producer with many calls in flight is bound by this CPU: 64 tasks scheduling at once
-went from 24,700 to 30,800 schedules/s (``bench.durable_compare``'s in-flight row,
+went from 24,700 to 30,800 schedules/s (``bench.probes.durable_compare``'s in-flight row,
 medians of 4 alternating runs).
 
 Ground rules:

@@ -10,7 +10,7 @@ Ground rules:
 - Field order and defaults mirror ``lua/_lib.lua``; trailing defaults are dropped.
 
 Encoding here rather than in Lua takes the per-job table building out of the script,
-which blocks Redis; see bench/bench_durable.py (batch schedule).
+which blocks Redis; see bench/suites/bench_durable.py (batch schedule).
 """
 
 from __future__ import annotations
