@@ -2,8 +2,8 @@
  *
  * Kept out of _cwheel, which users import: only the tests import this module. It is
  * built beside _cwheel from the same layout (csrc/objects.h) and core (csrc/core.h), and
- * refuses to import when the two extensions disagree on the layout. It works on the
- * wheels and timers of _cwheel:
+ * refuses to import when the two extensions' object sizes disagree (a stale build). It
+ * works on the wheels and timers of _cwheel:
  *
  * - check(wheel), check_core(wheel): assert the core's ground rules and the driver's
  *   arming rule (wheel/_core.py's Core._check and wheel/_driver.py's _check). O(n).

@@ -1,8 +1,8 @@
 /* The wheel's core on integer ticks: buckets, levels, and advancing the clock.
  *
- * The C twin of wheel/_core.py (the reference); it knows nothing of the loop, the clock
- * in seconds or Python callbacks. An Entry (embedded in each Timer) sits in one
- * intrusive list at a time:
+ * The C twin of wheel/_core.py (the reference), on its ground rules; it knows nothing of
+ * the loop, the clock in seconds or Python callbacks. An Entry (embedded in each Timer)
+ * sits in one intrusive list at a time:
  *
  * - Levels are fixed: 11 levels of 64 slots cover deadlines below 2**62 ticks; a bucket's
  *   occupancy bit is exact (an unlink that empties a bucket clears it), so the earliest
@@ -91,8 +91,8 @@ static inline int64_t deadline_of(double when, double tick, int *far, double *fa
     return d;
 }
 
-/* Place an entry (not linked) due at ``deadline``; raises an overdue one (rule 6).
- * Returns the deadline used. */
+/* Place an entry (not linked) due at ``deadline``; raises an overdue one (_core.py's
+ * rule 6). Returns the deadline used. */
 static int64_t core_place(Core *c, Entry *e, int64_t deadline) {
     int64_t elapsed = c->elapsed;
     if (deadline <= elapsed) deadline = elapsed > c->fired_tick ? elapsed : c->fired_tick + 1;

@@ -1,7 +1,7 @@
 /* The memory layout of the compiled wheel's two objects, Timer and Wheel.
  *
  * Shared by the extension (_cwheel.c) and its test hooks (_cwheel_testing.c), which
- * are built from these same headers and check at import that the layouts agree.
+ * are built together from these same headers (the hooks check the sizes at import).
  *
  * - A Timer is one GC object of 96 bytes (with its GC header): the handle and the core's
  *   list entry at once. The wheel owns one reference to each pending timer.
