@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import pytest
 import uvloop
 from vloop import VirtualLoop
+from wheel_impls import check_wheel
 
 from tickwheel.wheel import Timer, TimingWheel, WheelClosed, WheelFull
 
@@ -76,7 +77,7 @@ def test_fires_in_deadline_order_never_early(loop: asyncio.AbstractEventLoop) ->
             ticks[i] = wheel.schedule(d, rec, i, when).when()
         rec.expect = len(delays)
         await asyncio.wait_for(rec.done, 5)
-        wheel._check()
+        check_wheel(wheel)
         assert len(wheel) == 0
         return rec
 
@@ -140,7 +141,7 @@ def test_very_far_deadline_is_not_clamped(vloop: VirtualLoop) -> None:
         t = wheel.schedule_at(far, print)
         assert far <= t.when() < far + 0.001 + 1e-3
         assert wheel.next_when() is not None
-        wheel._check()
+        check_wheel(wheel)
         t.cancel()
 
     run(vloop, main)
@@ -160,7 +161,7 @@ def test_deadline_beyond_2_62_ticks_is_kept(vloop: VirtualLoop) -> None:
         assert wheel.next_when() == near.when()
         near.cancel()
         assert wheel.next_when() == t.when()
-        wheel._check()
+        check_wheel(wheel)
         assert t.reschedule_at(far * 2) is True
         assert t.when() >= far * 2
         assert wheel.close() == [t]
@@ -292,7 +293,7 @@ def test_cancel_from_a_callback_in_the_same_tick(loop: asyncio.AbstractEventLoop
         assert results == [True]
         assert hits == []
         assert len(wheel) == 0
-        wheel._check()
+        check_wheel(wheel)
 
     run(loop, main)
 
@@ -325,7 +326,7 @@ def test_reschedule_reuses_the_handle(vloop: VirtualLoop) -> None:
             t.reschedule(5 + i * 0.01)
         assert id(t) == ident
         assert len(wheel) == 1
-        wheel._check()
+        check_wheel(wheel)
         t.cancel()
 
     run(vloop, main)
@@ -366,7 +367,7 @@ def test_callback_exception_goes_to_the_loop_handler(loop: asyncio.AbstractEvent
         wheel.schedule(0.001, hits.append, "after")
         await asyncio.sleep(0.02)
         assert hits == ["before", "after"]
-        wheel._check()
+        check_wheel(wheel)
 
     run(loop, main)
     assert len(seen) == 1
@@ -389,7 +390,7 @@ def test_keyboard_interrupt_keeps_the_rest_of_the_tick(vloop: VirtualLoop) -> No
         vloop.run_until_complete(asyncio.sleep(0.01))
     assert hits == ["a"]
     assert len(wheel) == 1
-    wheel._check()
+    check_wheel(wheel)
     vloop.run_until_complete(asyncio.sleep(0.01))
     assert hits == ["a", "c"]
 
@@ -415,7 +416,7 @@ def test_bad_delay(vloop: VirtualLoop, delay: Any, exc: type[Exception], msg: st
         t.reschedule(delay)
     assert len(wheel) == 1
     assert t.pending()
-    wheel._check()
+    check_wheel(wheel)
 
 
 @pytest.mark.parametrize("when", [math.nan, math.inf, -math.inf, "x", None])

@@ -383,7 +383,7 @@ def test_outside_cancel_of_past_timeout_like_asyncio(loop: asyncio.AbstractEvent
 
 def test_timeout_is_the_implementations_own(vloop: VirtualLoop, wheel_impl: Any) -> None:
     """timeout(), timeout_at() and wheel.timeout() make the Timeout of the wheel in use
-    (the compiled one is C, wheel/_cwheel.c), and it refuses a second await."""
+    (the compiled one is C, wheel/csrc/timeout.h), and it refuses a second await."""
 
     async def main() -> None:
         wheel = get_wheel()

@@ -32,6 +32,17 @@ if compiled_available():
     )
 
 
+def check_wheel(wheel: Any) -> None:
+    """Assert a wheel's invariants, the core's and the driver's (O(n)): the pure-Python
+    wheel's own ``_check()``, or the compiled wheel's through its test hooks."""
+    if isinstance(wheel, _driver.TimingWheel):
+        wheel._check()
+    else:
+        from tickwheel.wheel import _cwheel_testing
+
+        _cwheel_testing.check(wheel)
+
+
 # -- the two cores on integer ticks, behind one interface (the model tests use it) -------
 
 
@@ -116,14 +127,16 @@ class _StubLoop:
 
 class CompiledCore:
     def __init__(self, start: int) -> None:
+        from tickwheel.wheel import _cwheel_testing
         from tickwheel.wheel._cdriver import TimingWheel
 
+        self.hooks = _cwheel_testing
         self.wheel = TimingWheel(tick=1.0, loop=_StubLoop(start))  # type: ignore[arg-type]
         self.timers: dict[int, Any] = {}
         self.keys: dict[int, int] = {}  # id(timer) -> key
 
     def insert(self, key: int, deadline: int) -> int:
-        timer, used = self.wheel._t_insert(print, deadline)
+        timer, used = self.hooks.insert(self.wheel, print, deadline)
         self.timers[key] = timer
         self.keys[id(timer)] = key
         return used
@@ -132,7 +145,7 @@ class CompiledCore:
         return self.timers[key].cancel()
 
     def move(self, key: int, deadline: int) -> int:
-        return self.wheel._t_move(self.timers[key], deadline)
+        return self.hooks.move(self.wheel, self.timers[key], deadline)
 
     def pending(self, key: int) -> bool:
         return bool(self.timers[key].pending())
@@ -141,13 +154,13 @@ class CompiledCore:
         return int(self.timers[key]._deadline)
 
     def advance(self, now: int) -> list[tuple[int, int]]:
-        return [(self.keys[id(t)], t._deadline) for t in self.wheel._t_advance(now)]
+        return [(self.keys[id(t)], t._deadline) for t in self.hooks.advance(self.wheel, now)]
 
     def next_deadline(self) -> int | None:
-        return self.wheel._next_deadline()
+        return self.hooks.next_deadline(self.wheel)
 
     def check(self) -> None:
-        self.wheel._check_core()
+        self.hooks.check_core(self.wheel)
 
     def __len__(self) -> int:
         return len(self.wheel)

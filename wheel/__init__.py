@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from ._api import DEFAULT_TICK, WheelStats
 from ._default import get_wheel, sleep, timeout, timeout_at
-from ._driver import DEFAULT_TICK, WheelStats
 from ._errors import WheelClosed, WheelError, WheelFull
 from ._impl import IMPLEMENTATION
 

@@ -1,10 +1,11 @@
 """The driver on the compiled core: ``TimingWheel`` whose hot path runs in ``_cwheel``.
 
 ``schedule``, ``schedule_at``, the timer's ``cancel``/``reschedule``, the firing loop
-(``_run``), arming and ``next_when`` are C (wheel/_cwheel.c); the cold methods are
-the pure-Python wheel's own (``_WheelAPI``), and so are the argument checks for anything
-but ``float`` and ``int`` (the C code calls back into the helpers below). The
-pure-Python modules are the reference: tests run both and hold them equal.
+(``_run``), arming and ``next_when`` are C (wheel/_cwheel.c and its parts in
+wheel/csrc/); the cold methods are the ones both wheels share (``_api._WheelAPI``), and
+the argument checks for anything but ``float`` and ``int`` are Python (the C code calls
+back into the helpers below). The pure-Python modules are the reference: tests run both
+and hold them equal.
 
 Importing this module raises ImportError when the C core was not built.
 """
@@ -18,7 +19,7 @@ import math
 from typing import Any
 
 from . import _cwheel
-from ._driver import DEFAULT_TICK, WheelStats, _clock_of, _validated, _WheelAPI
+from ._api import DEFAULT_TICK, WheelStats, _clock_of, _validated, _WheelAPI
 from ._errors import WheelClosed, WheelFull
 from ._handle import Timer as _PyTimer
 

@@ -11,7 +11,8 @@ import asyncio
 import weakref
 from typing import TYPE_CHECKING, TypeVar
 
-from ._driver import TimingWheel, _real
+from ._api import _real
+from ._driver import TimingWheel
 from ._impl import IMPLEMENTATION
 from ._timeout import Timeout, sleep_on
 
