@@ -34,7 +34,7 @@ __all__ = ["TimingWheel"]
 _INF = math.inf
 _NEG_INF = -math.inf
 _ceil = math.ceil
-_new_timer = Timer.__new__  # skips a Python-level __init__ call (see bench_wheel: schedule)
+_new_timer = Timer.__new__  # skips a Python-level __init__ call (see bench/suites/bench_wheel.py: schedule)
 
 
 class TimingWheel(_WheelAPI):
@@ -140,7 +140,7 @@ class TimingWheel(_WheelAPI):
 
         Runtime complexity: O(1).
         """
-        # The body of _add, inlined: this is the hottest path (see bench_wheel).
+        # The body of _add, inlined: this is the hottest path (see bench/suites/bench_wheel.py).
         try:
             if not 0.0 <= delay < _INF:
                 raise ValueError(f"delay must be a finite number >= 0, got {delay!r}")

@@ -1,8 +1,8 @@
 """Section 4 of ``python -m bench``: the source document's worked example, scaled down.
 
-The document (shared/seeds/000_*.txt): 50M jobs/day on 16 shards, an evening peak of
-about 2,900 jobs due per second, each shard's owner claiming every 100 ms with LIMIT 500,
-"a capacity of about 5,000 per second per shard". Here:
+The source document (docs/design.md, "The source document") sizes 50M jobs a day over 16
+shards, with an evening peak near 2,900 due jobs a second, and reckons that one owner
+claiming LIMIT 500 every 100 ms gives a shard some 5,000 jobs/s of capacity. Here:
 
 * peak: 16 shards, ``example_pending`` jobs pending (most due in a day), of which
   ``rate`` per second fall due for ``seconds``; one :class:`Worker` (poll 100 ms,

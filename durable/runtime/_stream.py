@@ -38,7 +38,7 @@ __all__ = ["Publisher", "StreamConsumer", "StreamEntry", "StreamPublisher"]
 logger = logging.getLogger("tickwheel.durable")
 
 # Entries kept in the stream (approximate trim): enough for consumers that fall minutes
-# behind at the source document's peak of ~2,900 jobs/s; None keeps everything.
+# behind at the source document's peak of ~2,900 jobs/s (docs/design.md); None keeps everything.
 DEFAULT_STREAM_MAXLEN = 1_000_000
 # How long (s) the owner of an occurrence is remembered: must outlast redeliveries of
 # the same occurrence (lease expiry + reap + backoff), like the scheduler's dedup window.
