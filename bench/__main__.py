@@ -9,7 +9,8 @@ Run from the repository root after ``pip install -e '.[dev,bench]'``. Sections:
   durable  against arq, BullMQ, saq and streaq with 10^5 jobs pending: schedule,
            claim+run+ack, lateness at 1,000 and 5,000 jobs/s, Redis memory per
            pending job; jobs lost or run twice when a worker is SIGKILLed
-  example  the source document's worked example (docs/design.md): 16 shards, 10^6 pending, 2,900 jobs/s
+  example  the source document's worked example (docs/design.md): 16 shards,
+           10^6 pending, 2,900 jobs/s
            for a minute through a Worker; claim capacity of one shard at LIMIT 500
   postgres the Postgres mode against procrastinate (and pgqueuer, when installed):
            schedule, schedule_many, claim+ack; lateness of both modes

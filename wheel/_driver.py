@@ -34,7 +34,8 @@ __all__ = ["TimingWheel"]
 _INF = math.inf
 _NEG_INF = -math.inf
 _ceil = math.ceil
-_new_timer = Timer.__new__  # skips a Python-level __init__ call (see bench/suites/bench_wheel.py: schedule)
+# Skips a Python-level __init__ call (see bench/suites/bench_wheel.py: schedule).
+_new_timer = Timer.__new__
 
 
 class TimingWheel(_WheelAPI):
