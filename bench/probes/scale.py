@@ -16,11 +16,11 @@ at each level measures:
 
 then, at the last level, the evening peak of the source document (docs/design.md):
 ``--rate`` jobs/s due for ``--seconds`` s across the 16 shards, run by one
-:class:`Worker` that owns all 16 (poll 100 ms, LIMIT 500, lookahead 1 s), with firing lateness percentiles (never early is
-checked). The JSON report is rewritten after every step, so a run cut short keeps what
-it measured. The full form (1e7) takes about 5 minutes and 2.5 GB of RAM for Redis; the figures and
-the 3.5e8 sizing are in docs/scale.md.
-"""
+:class:`Worker` that owns all 16 (poll 100 ms, LIMIT 500, lookahead 1 s), with firing
+lateness percentiles (never early is checked). The JSON report is rewritten after every
+step, so a run cut short keeps what it measured. The full form (1e7) takes about 5
+minutes and 2.5 GB of RAM for Redis; the figures and the 3.5e8 sizing are in
+docs/scale.md. """
 
 from __future__ import annotations
 
