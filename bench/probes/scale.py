@@ -20,7 +20,8 @@ then, at the last level, the evening peak of the source document (docs/design.md
 lateness percentiles (never early is checked). The JSON report is rewritten after every
 step, so a run cut short keeps what it measured. The full form (1e7) takes about 5
 minutes and 2.5 GB of RAM for Redis; the figures and the 3.5e8 sizing are in
-docs/scale.md. """
+docs/scale.md.
+"""
 
 from __future__ import annotations
 
