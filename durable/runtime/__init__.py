@@ -1,9 +1,10 @@
 """The loops that run jobs: loader, task runner, worker, reaper, spill and stream handoff.
 
-Owns: the claim loop that loads due jobs into a wheel (``_loader.py``), the task runner
-(slots, shedding, lease extension, ack batching), the :class:`Worker` that holds shards
-and runs the rest, the reaper round, :class:`Timers` (the spill), the task registry and
-the Redis Streams handoff.
+Owns: the :class:`Loader` (``_loader.py``), composed of the claim rounds that place due
+jobs in a wheel (``_claims.py``), the runner of their handlers with its slots, shedding
+and lease extension (``_runner.py``) and the ack batcher (``_acks.py``); the
+:class:`Worker` that holds shards and runs the rest, the reaper round, :class:`Timers`
+(the spill), the task registry and the Redis Streams handoff.
 
 Invariants: a loop only sets the pace; every decision about time is taken by a script
 on Redis's clock; a round that fails is logged and retried after a pause, never fatal.

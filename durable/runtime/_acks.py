@@ -1,0 +1,132 @@
+"""The ack batcher: the acks of jobs whose handler returned go to the store together,
+one call per shard and epoch in flight, tried again through a short outage, and left
+to the reaper once a job's lease would run out before the next try."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from tickwheel.durable.model import Fenced, Job, PostgresUnavailable, RedisUnavailable
+from tickwheel.durable.scheduler import Scheduler
+from tickwheel.wheel import TimingWheel
+
+from ._loader_stats import LoaderStats
+
+__all__ = ["ACK_RETRY_PAUSES", "UNAVAILABLE", "AckBatcher"]
+
+# The stores' transient errors: a job's end state waits them out while its lease lasts.
+UNAVAILABLE = (RedisUnavailable, PostgresUnavailable)
+
+logger = logging.getLogger("tickwheel.durable")
+
+# Pauses (s) between tries of an ack that found Redis unreachable, the last one repeated
+# until the lease runs out: an outage (a failover, a restart) shorter than what is left
+# of the lease should not cost a rerun after the lease expires.
+ACK_RETRY_PAUSES = (0.05, 0.2, 0.5)
+
+
+class AckBatcher:
+    """Acks of one shard and epoch go out together: at most one ``ack_many`` per shard
+    and epoch is in flight, and the acks submitted meanwhile wait for it and go out
+    together in the next one (group commit).
+
+    A steady stream of due jobs then costs one round trip per shard per round-trip
+    time, whatever the rate, instead of one per job: that round trip, not the wheel, is
+    what bounds a loader's jobs/s (bench/probes/lateness_vs_peers.py), and in the Postgres mode each
+    ack is a commit that waits for its WAL flush.
+
+    Nobody awaits an ack: the batcher counts each outcome in the loader's stats
+    (``succeeded``, ``lease_lost``; ``unavailable`` and ``errors`` for those left to the
+    reaper). While Redis (or PostgreSQL) is unreachable, a batch is tried again after
+    the pauses of ``ACK_RETRY_PAUSES`` (then of its last one), each job as long as its
+    lease lasts by the local clock: a job that ran must not run again because Redis
+    restarted or failed over meanwhile (a pooled connection broken by a restart also
+    fails once). That is safe: a second ack of the same lease finds the occurrence done
+    and counts as acked. Past its lease the reaper may have handed the job on, and the
+    job is the reaper's.
+    """
+
+    def __init__(self, scheduler: Scheduler, wheel: TimingWheel, stats: LoaderStats) -> None:
+        self.scheduler = scheduler
+        self.wheel = wheel  # its clock is the one lease ends are in
+        self.stats = stats  # where outcomes are counted
+        # (shard, epoch) -> (job, loop time its lease ends) waiting to be acked, in order
+        self._pending: dict[tuple[int, int], list[tuple[Job, float]]] = {}
+        self._flushes: dict[tuple[int, int], asyncio.Task[None]] = {}  # one per key at most
+        self.waiting = 0  # jobs submitted whose outcome is not counted yet
+
+    def submit(self, job: Job, lease_end: float) -> None:
+        """Ack ``job`` with whatever else is acked before its batch goes out. O(1)."""
+        key = (job.shard, job.epoch)
+        self.waiting += 1
+        pending = self._pending.get(key)
+        if pending is None:
+            self._pending[key] = [(job, lease_end)]
+        else:
+            pending.append((job, lease_end))
+        if key not in self._flushes:
+            self._flushes[key] = asyncio.ensure_future(self._flush(key))
+
+    def flushes(self, shard: int | None = None) -> set[asyncio.Task[None]]:
+        """The calls in flight or about to be made (of ``shard``, or all)."""
+        return {t for key, t in self._flushes.items() if shard is None or key[0] == shard}
+
+    async def _flush(self, key: tuple[int, int]) -> None:
+        batch: list[tuple[Job, float]] = []
+        pauses = iter(ACK_RETRY_PAUSES)
+        try:
+            await asyncio.sleep(0)  # one loop turn: let the other jobs of this tick join
+            # Until no ack of this key waits: the ones that came during a call go next.
+            while batch := self._pending.pop(key, []):
+                error = await self._send(batch)
+                if error is None:
+                    pauses = iter(ACK_RETRY_PAUSES)
+                    continue
+                pause = next(pauses, ACK_RETRY_PAUSES[-1])
+                end = self.wheel.time() + pause
+                kept = [entry for entry in batch if end < entry[1]]
+                self._left(len(batch) - len(kept), error)
+                if kept:  # first in the next batch, with those that came meanwhile
+                    self._pending[key] = kept + self._pending.get(key, [])
+                    batch = []
+                    await asyncio.sleep(pause)
+        except BaseException:  # cancelled (a drain's grace ran out): left to the reaper
+            self.waiting -= len(batch) + len(self._pending.pop(key, []))
+            raise
+        finally:
+            # In the same step as the last look at _pending: a later ack starts a flush.
+            del self._flushes[key]
+
+    async def _send(self, batch: list[tuple[Job, float]]) -> Exception | None:
+        """One ``ack_many``, its outcomes counted; the error if the store was
+        unreachable (the batch is not settled then)."""
+        try:
+            results = await self.scheduler.ack_many([job for job, _ in batch])
+        except UNAVAILABLE as exc:
+            return exc
+        except Fenced:
+            self.waiting -= len(batch)  # counted, and the shard forgotten, by the loader
+            return None
+        except Exception:
+            self.waiting -= len(batch)
+            self.stats.errors += len(batch)
+            first = batch[0][0].id
+            logger.exception(
+                "tickwheel.durable: %d job(s) left to the reaper (%r, ...)", len(batch), first
+            )
+            return None
+        self.waiting -= len(batch)
+        for ok in results:
+            if ok:
+                self.stats.succeeded += 1
+            else:
+                self.stats.lease_lost += 1
+        return None
+
+    def _left(self, count: int, error: Exception) -> None:
+        """``count`` acks given up on (their leases end before Redis can be tried again)."""
+        if count:
+            self.waiting -= count
+            self.stats.unavailable += count
+            logger.warning("tickwheel.durable: %d job(s) left to the reaper (%s)", count, error)

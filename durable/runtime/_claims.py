@@ -1,0 +1,233 @@
+"""Claiming and placing: the claim rounds over the owned shards, the conversion of each
+claimed job's due time on Redis's clock to loop time, and its timer on the wheel, which
+hands it to the :class:`Runner` when it fires.
+
+Ground rules:
+
+- Only shards this process owns are claimed, with their epoch.
+- Never early: a job is placed at ``t_reply + (due_ms - now_ms) / 1000`` in loop time,
+  where ``now_ms`` is Redis's now inside the claim script (plus the whole ms the claim
+  spent after its reply, in the Postgres mode) and ``t_reply`` is ``loop.time()`` once
+  the claim returned. The reply comes after the script ran, so the placement can only
+  be late (by the round trip), never early.
+- A claimed job holds a lease of ``lookahead + lease``: it covers the wait in the wheel
+  and one lease of run time. Its end is placed from ``loop.time()`` *before* the claim
+  was sent, so the check of it when the job starts errs towards not running.
+- Backpressure: no claim while ``max_loaded`` jobs are in memory, or while as many
+  fired jobs wait for a slot as there are slots (the rest stays due in Redis for other
+  workers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from tickwheel.durable.model import (
+    Fenced,
+    Job,
+    LatenessHistogram,
+    NotOwner,
+    PostgresUnavailable,
+    RedisUnavailable,
+)
+from tickwheel.durable.scheduler import Scheduler
+from tickwheel.wheel import Timer, TimingWheel
+
+from ._loader_stats import LoaderStats
+from ._runner import Runner
+
+__all__ = [
+    "DEFAULT_LIMIT",
+    "DEFAULT_LOOKAHEAD",
+    "DEFAULT_MAX_LOADED",
+    "DEFAULT_POLL_INTERVAL",
+    "UNAVAILABLE_BACKOFF",
+    "Claimer",
+]
+
+logger = logging.getLogger("tickwheel.durable")
+
+# How far ahead jobs are claimed (s). Long enough to hide a claim round trip and a poll
+# interval, short enough that a crash strands few jobs until their lease expires.
+DEFAULT_LOOKAHEAD = 1.0
+# Pause between claim rounds (s) when no shard had a full batch: jobs are claimed
+# `lookahead` early, so a poll of a tenth of it never makes one late.
+DEFAULT_POLL_INTERVAL = 0.1
+# Claimed per shard per call: the source document's LIMIT 500 per 100 ms poll
+# (docs/design.md).
+DEFAULT_LIMIT = 500
+# Jobs loaded or running before the loader stops claiming: bounds memory when the
+# handlers fall behind (the rest stays due in Redis for other workers).
+DEFAULT_MAX_LOADED = 50_000
+# Wait after Redis was unreachable (s): long enough not to spin, short next to a lease.
+UNAVAILABLE_BACKOFF = 0.5
+
+
+class Claimer:
+    """Claim due jobs of the owned shards into the wheel; fire each into ``runner``.
+
+    Args:
+        scheduler: claims, and the ownership that says which shards to claim.
+        wheel: where claimed jobs wait for their due time (on the running loop).
+        stats: where claims and round failures are counted.
+        runner: what fired jobs are handed to; its queue is the backpressure.
+        lookahead_ms: claim jobs due within this many ms.
+        lease_ms: run time a lease covers (the claim leases ``lookahead_ms`` more).
+        limit: jobs per shard per claim.
+        poll_ms: ms between claim rounds.
+        max_loaded: claim nothing while this many jobs are in memory.
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        wheel: TimingWheel,
+        stats: LoaderStats,
+        runner: Runner,
+        *,
+        lookahead_ms: int,
+        lease_ms: int,
+        limit: int,
+        poll_ms: int,
+        max_loaded: int,
+    ) -> None:
+        self.scheduler = scheduler
+        self.wheel = wheel
+        self.stats = stats
+        self._runner = runner
+        self.lookahead_ms = lookahead_ms
+        self.lease_ms = lease_ms
+        self.limit = limit
+        self.poll_ms = poll_ms
+        self.max_loaded = max_loaded
+        # Firing lateness (s): loop time at firing minus the job's due in loop time.
+        self.lateness = LatenessHistogram()
+        # (shard, job id) -> (job, its wheel timer, loop time its lease runs out, loop
+        # time it is due: Redis's due converted with the claim's offset)
+        self._placed: dict[tuple[int, str], tuple[Job, Timer, float, float]] = {}
+        self.claiming = True  # False once stop() was called
+        # Held while a shard is claimed and placed: giving a shard back takes it, so no
+        # claim reply lands after the shard's jobs were released.
+        self.lock = asyncio.Lock()
+        self._stopped = asyncio.Event()  # set by stop(): wakes run()
+
+    @property
+    def placed(self) -> int:
+        """Jobs in the wheel, not fired yet."""
+        return len(self._placed)
+
+    def placed_shards(self) -> set[int]:
+        """The shards that have a job in the wheel."""
+        return {shard for shard, _ in self._placed}
+
+    # -- claim rounds --------------------------------------------------------------
+
+    async def load_once(self) -> bool:
+        """One claim round over the owned shards; True if some shard returned a full
+        batch (see :meth:`Loader.load_once`)."""
+        full = False
+        loop = asyncio.get_running_loop()
+        lease_ms = self.lookahead_ms + self.lease_ms
+        runner = self._runner
+        for shard in list(self.scheduler.ownership.owned):
+            in_memory = len(self._placed) + runner.waiting + runner.running
+            if not self.claiming or in_memory >= self.max_loaded:
+                break
+            if runner.backlogged:  # a slot's worth waits per slot
+                runner.room.clear()
+                break
+            async with self.lock:
+                t_sent = loop.time()
+                try:
+                    batch = await self.scheduler.claim(
+                        shard,
+                        limit=self.limit,
+                        lookahead=self.lookahead_ms / 1000,
+                        lease=lease_ms / 1000,
+                    )
+                except Fenced:  # counted, and the shard forgotten, by the loader's on_fenced
+                    continue
+                except NotOwner:  # given back while we were claiming another shard
+                    continue
+                t_reply = loop.time()
+                self.stats.claimed += len(batch.jobs)
+                full = full or len(batch.jobs) + batch.dropped + batch.moved >= self.limit
+                for job in batch.jobs:
+                    self._place(
+                        job,
+                        t_reply + (job.due_ms - batch.now_ms) / 1000,
+                        t_sent + (job.deadline_ms - batch.now_ms) / 1000,
+                    )
+        return full
+
+    def _place(self, job: Job, when: float, lease_end: float) -> None:
+        key = (job.shard, job.id)
+        old = self._placed.pop(key, None)
+        if old is not None:  # a stale copy (its lease was lost): forget it
+            old[1].cancel()
+        timer = self.wheel.schedule_at(when, self._fire, key)
+        self._placed[key] = (job, timer, lease_end, when)
+
+    def _fire(self, key: tuple[int, str]) -> None:
+        entry = self._placed.pop(key, None)
+        if entry is None:
+            return
+        job, _, lease_end, when = entry
+        self.lateness.observe(self.wheel.time() - when)
+        self._runner.fire(key, job, lease_end)
+
+    async def run(self) -> None:
+        """Claim rounds until :meth:`stop` (see :meth:`Loader.run`)."""
+        while self.claiming:
+            try:
+                full = await self.load_once()
+            except (RedisUnavailable, PostgresUnavailable) as exc:
+                self.stats.unavailable += 1
+                logger.warning("tickwheel.durable: loader cannot reach its store (%s)", exc)
+                await self._pause(UNAVAILABLE_BACKOFF)
+                continue
+            except Exception:  # a bug or a server error: keep the other shards going
+                self.stats.errors += 1
+                logger.exception("tickwheel.durable: claim round failed")
+                await self._pause(UNAVAILABLE_BACKOFF)
+                continue
+            if self._runner.backlogged:
+                # Backpressure: claim again as soon as the queue shortens.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._runner.room.wait(), self.poll_ms / 1000)
+            elif not full:
+                await self._pause(self.poll_ms / 1000)
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less if :meth:`stop` is called meanwhile."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopped.wait(), seconds)
+
+    def stop(self) -> None:
+        """Claim nothing more."""
+        self.claiming = False
+        self._stopped.set()
+
+    # -- taking jobs out of the wheel ----------------------------------------------
+
+    def take_placed(self, shard: int) -> list[Job]:
+        """Take the jobs of ``shard`` out of the wheel (in placing order), to be handed
+        back."""
+        entries = [self._placed.pop(k) for k in [k for k in self._placed if k[0] == shard]]
+        for _, timer, _, _ in entries:
+            timer.cancel()
+        return [job for job, *_ in entries]
+
+    def drop_placed(self, shard: int, epoch: int | None) -> int:
+        """Forget the jobs of ``shard`` in the wheel (all, or those leased under
+        ``epoch`` or before); how many."""
+        keys = [
+            key
+            for key, (job, *_) in self._placed.items()
+            if key[0] == shard and (epoch is None or job.epoch <= epoch)
+        ]
+        for key in keys:
+            self._placed.pop(key)[1].cancel()
+        return len(keys)

@@ -1,0 +1,33 @@
+"""The loader's counters: :class:`LoaderStats`, written by each of its rooms (claims,
+runs, acks) and read by the worker's stats and the metrics exporter."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+__all__ = ["LoaderStats"]
+
+
+@dataclass(slots=True)
+class LoaderStats:
+    """Counters of one loader (monotonic)."""
+
+    claimed: int = 0  # jobs leased by claims
+    fired: int = 0  # jobs whose wheel timer fired and whose task started
+    succeeded: int = 0  # acked after the task returned
+    retried: int = 0  # task raised: back to due with backoff
+    dead: int = 0  # task raised (or was unknown) on its last attempt
+    unknown: int = 0  # no task registered under the job's name
+    duplicates: int = 0  # occurrence done already: acked without running
+    extended: int = 0  # lease extensions of long tasks
+    released: int = 0  # handed back unrun (shutdown, shard given back)
+    expired: int = 0  # not run: the lease ran out before the job fired (stall)
+    shed: int = 0  # released unrun after waiting too long for a task slot (backlog)
+    fenced: int = 0  # a call refused for a stale epoch
+    lease_lost: int = 0  # ack/retry/extend found the lease gone
+    unavailable: int = 0  # Redis unreachable (the reaper recovers the job)
+    errors: int = 0  # anything else, logged (the reaper recovers the job)
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters by name."""
+        return asdict(self)
