@@ -456,7 +456,9 @@ def test_cancel_and_reschedule(redis_url: str) -> None:
 def test_fencing_stale_epoch_writes_nothing(redis_url: str) -> None:
     async def main() -> None:
         async with (
-            open_scheduler(redis_url, shards=1, owner_ttl=1) as a,
+            # a's token "expires" when the test deletes it, not by its TTL: a 1 s TTL ran
+            # out between a's take and b's on a loaded machine, and b took the shard.
+            open_scheduler(redis_url, shards=1, owner_ttl=60) as a,
             open_scheduler(redis_url, a.keys.namespace, shards=1) as b,
         ):
             assert await a.take(0) == 1

@@ -316,7 +316,7 @@ def test_acked_occurrence_never_runs_again_after_flushall(
     run(main())
 
 
-def test_pg_refuses_a_stale_epoch_and_drops_done_copies(
+def test_pg_refuses_a_stale_owners_ack_that_redis_alone_would_take(
     redis_server: RedisServer, pg_url: str
 ) -> None:
     """docs/postgres.md: "ack calls tickwheel_ack() first: under the shard's epoch
