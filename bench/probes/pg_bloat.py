@@ -20,7 +20,7 @@ import asyncpg
 
 from tickwheel.durable.model import JobSpec
 from tickwheel.durable.postgres import PgStore, migrate, prune
-from tickwheel.durable.postgres._store import encode_pg_job
+from tickwheel.durable.postgres._rows import encode_pg_job
 from tickwheel.durable.servers._postgres import PostgresServer
 from tickwheel.durable.store import ClaimedRef
 

@@ -30,7 +30,7 @@ from bench.peers.postgres import installed
 from bench.workloads.durable_ops import mode_round
 from tickwheel.durable import JobSpec, Scheduler
 from tickwheel.durable.postgres import migrate
-from tickwheel.durable.postgres._store import encode_pg_job
+from tickwheel.durable.postgres._rows import encode_pg_job
 from tickwheel.durable.servers._postgres import PostgresServer
 from tickwheel.durable.servers._redis import RedisServer
 from tickwheel.durable.store._connect import client_from_url

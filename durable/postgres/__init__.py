@@ -3,9 +3,11 @@
 ``Scheduler(client, namespace, postgres_url=...)`` turns it on; see docs/postgres.md.
 The driver (asyncpg, the ``postgres`` extra) is imported only when a store connects.
 
-Owns: the schema and its migrations (``migrations/``, ``_migrate.py``), the PostgreSQL
-store (``_store.py``, every driver error translated once), and the mode that joins the
-two stores (``_mode.py``: transactional enqueue, outbox relay, reconcile).
+Owns: the schema and its migrations (``migrations/``, ``_migrate.py``); the PostgreSQL
+store, in rooms: ``_store.py`` (``PgStore``: one method per SQL function),
+``_errors.py`` (every driver error translated once), ``_rows.py`` (a job as rows and
+back in Redis's form), ``_prune.py`` (retention); and the mode
+that joins the two stores (``_mode.py``: transactional enqueue, outbox relay, reconcile).
 
 Invariants: PostgreSQL is written first; Redis is an index rebuilt from it, so a Redis
 failure after a commit is repaired by the relay or by reconcile, never lost.
@@ -16,9 +18,11 @@ scheduler above it (``RedisSide``) instead of importing it.
 
 from __future__ import annotations
 
+from ._errors import translate
 from ._migrate import SCHEMA_VERSION, check_schema, migrate, migrations, schema_version
 from ._mode import PostgresMode, ReconcileResult
-from ._store import PgStore, prune, translate
+from ._prune import prune
+from ._store import PgStore
 
 __all__ = [
     "SCHEMA_VERSION",

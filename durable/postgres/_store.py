@@ -8,7 +8,7 @@ Ground rules:
 - Each write is one call of a function made by the migrations (``tickwheel_schedule``,
   ``tickwheel_claim_check``, ``tickwheel_ack``): one round trip, one transaction (the
   caller's when it passes its own connection).
-- Every driver error goes through :func:`translate`: the caller sees
+- Every driver error goes through :func:`translate` (``_errors.py``): the caller sees
   :class:`PostgresUnavailable` (transient), :class:`Fenced`, or the driver's own error
   for a bug; a failed call rolled back whole.
 - The driver (asyncpg, the ``postgres`` extra) is imported on :meth:`PgStore.open`, so
@@ -20,180 +20,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from tickwheel.durable.model import (
-    KIND_CRON,
-    KIND_INTERVAL,
-    POLICY_CODES,
-    Fenced,
-    JobSpec,
-    PostgresUnavailable,
-    encode_payload,
-)
-from tickwheel.durable.store import ClaimedRef, EncodedJob, pack_record, shown_url
+from tickwheel.durable.store import ClaimedRef, shown_url
 
+from ._errors import translate, translated
 from ._migrate import check_schema
+from ._rows import OutboxRow, PendingRow, PgJob, redis_job, retried_job
 
-__all__ = [
-    "DEFAULT_POOL_SIZE",
-    "OutboxRow",
-    "PendingRow",
-    "PgJob",
-    "PgStore",
-    "prune",
-    "translate",
-]
+__all__ = ["DEFAULT_POOL_SIZE", "MAX_LOCKED", "PgStore"]
 
 logger = logging.getLogger("tickwheel.durable")
 
 # Connections per store: a worker's loader, relay and acks, and a producer's bursts.
 DEFAULT_POOL_SIZE = 10
-# SQLSTATE classes a restart, a failover or an overload produces: the same call may
-# succeed later. 08 connection exception, 53 insufficient resources, 57 operator
-# intervention (admin shutdown, cannot connect now), 40 transaction rollback
-# (serialization failure, deadlock).
-_TRANSIENT_CLASSES = ("08", "53", "57", "40")
-_FENCED = "TWFEN"
 # A session-level advisory lock per (namespace, purpose), keyed by a 64-bit hash.
 _TRY_LOCK = "SELECT pg_try_advisory_lock(hashtextextended($1, 0))"
 _UNLOCK = "SELECT pg_advisory_unlock(hashtextextended($1, 0))"
-
-
-def translate(exc: BaseException, shard: int | None = None) -> BaseException:
-    """Map what asyncpg (or the socket under it) raised to what the caller should see."""
-    import asyncpg  # noqa: PLC0415  (loaded by open() already)
-
-    if isinstance(exc, asyncpg.PostgresError):
-        state = str(getattr(exc, "sqlstate", "") or "")
-        if state == _FENCED:
-            return Fenced(str(exc), shard)
-        if state[:2] in _TRANSIENT_CLASSES:
-            return PostgresUnavailable(f"postgres unavailable: {exc}")
-        return exc
-    # InternalClientError: a pooled connection left mid-operation when its server died
-    # (seen in the chaos test: the pool's reset on release, "cannot switch to state").
-    if isinstance(
-        exc, OSError | TimeoutError | asyncpg.InterfaceError | asyncpg.InternalClientError
-    ):
-        return PostgresUnavailable(f"postgres unavailable: {exc!r}")
-    return exc
-
-
-def stored_epoch(exc: BaseException) -> int:
-    """The stored epoch a ``TWFEN`` refusal carries (0 if none)."""
-    cause = exc.__cause__
-    detail = getattr(cause, "detail", None) or "0"
-    try:
-        return int(detail)
-    except ValueError:
-        return 0
-
-
-@contextlib.contextmanager
-def _translated(shard: int | None) -> Iterator[None]:
-    """Raise the library's error for a driver's, from the body (see :func:`translate`)."""
-    try:
-        yield
-    except (Fenced, PostgresUnavailable):
-        raise
-    except Exception as exc:
-        translated = translate(exc, shard)
-        if translated is exc:
-            raise
-        raise translated from exc
-
-
-@dataclass(frozen=True, slots=True)
-class PgJob:
-    """A validated job as ``tickwheel_schedule`` takes it."""
-
-    id: str
-    shard: int
-    args: tuple[Any, ...]  # task .. record, after ns, id and shard
-    record: bytes  # the Redis record (nominal 0, attempt 1)
-
-
-def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int) -> PgJob:
-    """Encode a job spec for ``tickwheel_schedule`` (and its Redis record).
-
-    Raises:
-        TypeError, ValueError: if the payload is not encodable or over ``payload_limit``.
-    """
-    data, flags = encode_payload(spec.payload, payload_limit)
-    fields: list[int | bytes] = [spec.task.encode(), data, spec.max_attempts, flags, 0, 1, 0]
-    rec = spec.recurrence
-    rkind, rspec, policy, cap, grace = 0, "", 0, 0, 0
-    if rec is not None:
-        rkind, rspec = (KIND_INTERVAL, str(rec.every_ms)) if rec.every_ms else (KIND_CRON, rec.cron)
-        policy, cap, grace = POLICY_CODES[rec.missed], rec.max_catch_up, rec.misfire_grace_ms
-        fields += [rkind, rspec.encode(), policy, cap, grace]
-    record = pack_record(fields)
-    args = (
-        spec.task,
-        data,
-        bool(flags & 1),
-        spec.max_attempts,
-        spec.mode,
-        spec.time_ms,
-        rkind,
-        rspec,
-        policy,
-        cap,
-        grace,
-        record,
-    )
-    return PgJob(spec.id, shard, args, record)
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxRow:
-    """An index entry still to be written to Redis."""
-
-    seq: int
-    job: EncodedJob | None  # None: the job is gone or moved on (nothing to write)
-    shard: int
-
-
-@dataclass(frozen=True, slots=True)
-class PendingRow:
-    """A pending job as reconcile puts it back in Redis."""
-
-    shard: int
-    due_ms: int
-    job: EncodedJob
-
-
-def redis_job(job_id: str, due_ms: int, record: bytes) -> EncodedJob:
-    """The schedule.lua form of a stored job: its own id at its nominal due."""
-    return EncodedJob(job_id, (job_id.encode(), 0, due_ms, record))
-
-
-def _retried_job(row: Any) -> EncodedJob:
-    """The schedule.lua form of a retried occurrence, from the columns of
-    :meth:`PgStore.pending`: due at its next run, its record carrying the occurrence's
-    nominal due and the attempt it runs as (the nominal is the occurrence's identity:
-    an ack of it completes the row, a done row of it drops it at its claim)."""
-    fields: list[int | bytes] = [
-        row["task"].encode(),
-        bytes(row["payload"]),
-        int(row["max_attempts"]),
-        1 if row["json_payload"] else 0,
-        int(row["due_ms"]),
-        int(row["attempt"]),
-        0,
-    ]
-    if row["rkind"]:
-        fields += [
-            int(row["rkind"]),
-            row["rspec"].encode(),
-            int(row["policy"]),
-            int(row["max_catch_up"]),
-            int(row["grace_ms"]),
-        ]
-    return EncodedJob(row["id"], (row["id"].encode(), 0, int(row["run_ms"]), pack_record(fields)))
 
 
 # $16: notify the relays at commit (migration 0005): only when they are the indexers.
@@ -335,7 +179,7 @@ class PgStore:
     @contextlib.asynccontextmanager
     async def _conn(self, pool: Any = None, shard: int | None = None) -> AsyncIterator[Any]:
         """A pooled connection; every driver error translated."""
-        with _translated(shard):
+        with translated(shard):
             async with (pool or self._pool).acquire(timeout=self.call_timeout) as conn:
                 yield conn
 
@@ -346,7 +190,7 @@ class PgStore:
         """The caller's connection, or a pooled one (in a transaction of its own unless
         the body is one statement, which is its own transaction)."""
         if conn is not None:
-            with _translated(shard):
+            with translated(shard):
                 yield conn
             return
         await self.open()
@@ -372,10 +216,10 @@ class PgStore:
         """
         await self.open()
         key = f"tickwheel:{self.namespace}:{what}"
-        with _translated(None):
+        with translated(None):
             conn = await self._pool.acquire(timeout=self.call_timeout)
         try:
-            with _translated(None):
+            with translated(None):
                 got = bool(await conn.fetchval(_TRY_LOCK, key))
             try:
                 yield got
@@ -759,44 +603,7 @@ class PgStore:
             PendingRow(
                 int(r[1]),
                 int(r[2]),
-                redis_job(r[0], int(r[2]), bytes(r[3])) if not r[4] else _retried_job(r),
+                redis_job(r[0], int(r[2]), bytes(r[3])) if not r[4] else retried_job(r),
             )
             for r in rows
         ]
-
-
-# Rows deleted per statement by prune(): short transactions, so autovacuum and
-# replication keep up, and no long lock on the tables.
-_PRUNE_BATCH = 10_000
-
-
-async def prune(conn: Any, older_than_s: float) -> tuple[int, int]:
-    """Delete done rows, and completed (state 1) job rows, older than ``older_than_s``,
-    in batches of their own transactions.
-
-    A done row only matters while a copy of its occurrence can still turn up (a Redis
-    restored from an old backup); reconcile never brings a completed occurrence back.
-
-    Returns:
-        (done rows deleted, job rows deleted).
-
-    Raises:
-        ValueError: if ``older_than_s`` is negative or not finite.
-    """
-    if not isinstance(older_than_s, int | float) or not 0 <= older_than_s < float("inf"):
-        raise ValueError(f"older_than must be a finite number >= 0, got {older_than_s!r}")
-    counts = [0, 0]
-    statements = (
-        "DELETE FROM tickwheel_done WHERE ctid = ANY(ARRAY(SELECT ctid FROM tickwheel_done"
-        " WHERE done_at < now() - make_interval(secs => $1) LIMIT $2))",
-        "DELETE FROM tickwheel_jobs WHERE ctid = ANY(ARRAY(SELECT ctid FROM tickwheel_jobs"
-        " WHERE state = 1 AND updated_at < now() - make_interval(secs => $1) LIMIT $2))",
-    )
-    for k, sql in enumerate(statements):
-        while True:
-            status = await conn.execute(sql, float(older_than_s), _PRUNE_BATCH)
-            n = int(status.rsplit(" ", 1)[-1])
-            counts[k] += n
-            if n < _PRUNE_BATCH:
-                break
-    return counts[0], counts[1]

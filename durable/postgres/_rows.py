@@ -1,0 +1,112 @@
+"""A job as PostgreSQL stores it, and back into the form Redis indexes.
+
+- :func:`encode_pg_job` turns a :class:`JobSpec` into the arguments of the schedule
+  function (the columns of a job row) together with its Redis record, encoded
+  once, so the row and the index entry always carry the same bytes.
+- :class:`OutboxRow` and :class:`PendingRow` are what the relay and reconcile read
+  (``PgStore.outbox``, ``PgStore.pending``); :func:`redis_job` and :func:`retried_job`
+  make the schedule.lua form of a stored job from its columns.
+
+The record itself (its fields and their packing) is the Redis store's: this module uses
+``pack_record`` and ``EncodedJob`` from ``tickwheel.durable.store``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tickwheel.durable.model import KIND_CRON, KIND_INTERVAL, POLICY_CODES, JobSpec, encode_payload
+from tickwheel.durable.store import EncodedJob, pack_record
+
+__all__ = ["OutboxRow", "PendingRow", "PgJob", "encode_pg_job", "redis_job", "retried_job"]
+
+
+@dataclass(frozen=True, slots=True)
+class PgJob:
+    """A validated job as ``tickwheel_schedule`` takes it."""
+
+    id: str
+    shard: int
+    args: tuple[Any, ...]  # task .. record, after ns, id and shard
+    record: bytes  # the Redis record (nominal 0, attempt 1)
+
+
+def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int) -> PgJob:
+    """Encode a job spec for ``tickwheel_schedule`` (and its Redis record).
+
+    Raises:
+        TypeError, ValueError: if the payload is not encodable or over ``payload_limit``.
+    """
+    data, flags = encode_payload(spec.payload, payload_limit)
+    fields: list[int | bytes] = [spec.task.encode(), data, spec.max_attempts, flags, 0, 1, 0]
+    rec = spec.recurrence
+    rkind, rspec, policy, cap, grace = 0, "", 0, 0, 0
+    if rec is not None:
+        rkind, rspec = (KIND_INTERVAL, str(rec.every_ms)) if rec.every_ms else (KIND_CRON, rec.cron)
+        policy, cap, grace = POLICY_CODES[rec.missed], rec.max_catch_up, rec.misfire_grace_ms
+        fields += [rkind, rspec.encode(), policy, cap, grace]
+    record = pack_record(fields)
+    args = (
+        spec.task,
+        data,
+        bool(flags & 1),
+        spec.max_attempts,
+        spec.mode,
+        spec.time_ms,
+        rkind,
+        rspec,
+        policy,
+        cap,
+        grace,
+        record,
+    )
+    return PgJob(spec.id, shard, args, record)
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """An index entry still to be written to Redis."""
+
+    seq: int
+    job: EncodedJob | None  # None: the job is gone or moved on (nothing to write)
+    shard: int
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRow:
+    """A pending job as reconcile puts it back in Redis."""
+
+    shard: int
+    due_ms: int
+    job: EncodedJob
+
+
+def redis_job(job_id: str, due_ms: int, record: bytes) -> EncodedJob:
+    """The schedule.lua form of a stored job: its own id at its nominal due."""
+    return EncodedJob(job_id, (job_id.encode(), 0, due_ms, record))
+
+
+def retried_job(row: Any) -> EncodedJob:
+    """The schedule.lua form of a retried occurrence, from the columns of a pending row
+    (``PgStore.pending``): due at its next run, its record carrying the occurrence's
+    nominal due and the attempt it runs as (the nominal is the occurrence's identity:
+    an ack of it completes the row, a done row of it drops it at its claim)."""
+    fields: list[int | bytes] = [
+        row["task"].encode(),
+        bytes(row["payload"]),
+        int(row["max_attempts"]),
+        1 if row["json_payload"] else 0,
+        int(row["due_ms"]),
+        int(row["attempt"]),
+        0,
+    ]
+    if row["rkind"]:
+        fields += [
+            int(row["rkind"]),
+            row["rspec"].encode(),
+            int(row["policy"]),
+            int(row["max_catch_up"]),
+            int(row["grace_ms"]),
+        ]
+    return EncodedJob(row["id"], (row["id"].encode(), 0, int(row["run_ms"]), pack_record(fields)))
