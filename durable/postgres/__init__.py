@@ -4,9 +4,10 @@
 The driver (asyncpg, the ``postgres`` extra) is imported only when a store connects.
 
 Owns: the schema and its migrations (``migrations/``, ``_migrate.py``); the PostgreSQL
-store, in rooms: ``_store.py`` (``PgStore``: one method per SQL function),
-``_errors.py`` (every driver error translated once), ``_rows.py`` (a job as rows and
-back in Redis's form), ``_prune.py`` (retention); and the mode
+store, in rooms: ``_store.py`` (``PgStore``: the pool, each call's connection and
+transaction, the advisory locks), ``_errors.py`` (every driver error translated once),
+``_rows.py`` (a job as rows and back in Redis's form), ``_writes.py`` (the job writes),
+``_relay.py`` (the outbox and reconcile's reads), ``_prune.py`` (retention); and the mode
 that joins the two stores (``_mode.py``: transactional enqueue, outbox relay, reconcile).
 
 Invariants: PostgreSQL is written first; Redis is an index rebuilt from it, so a Redis

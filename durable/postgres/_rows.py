@@ -4,8 +4,8 @@
   function (the columns of a job row) together with its Redis record, encoded
   once, so the row and the index entry always carry the same bytes.
 - :class:`OutboxRow` and :class:`PendingRow` are what the relay and reconcile read
-  (``PgStore.outbox``, ``PgStore.pending``); :func:`redis_job` and :func:`retried_job`
-  make the schedule.lua form of a stored job from its columns.
+  (``_relay.py``); :func:`redis_job` and :func:`retried_job` make the schedule.lua form
+  of a stored job from its columns.
 
 The record itself (its fields and their packing) is the Redis store's: this module uses
 ``pack_record`` and ``EncodedJob`` from ``tickwheel.durable.store``.
@@ -89,7 +89,7 @@ def redis_job(job_id: str, due_ms: int, record: bytes) -> EncodedJob:
 
 def retried_job(row: Any) -> EncodedJob:
     """The schedule.lua form of a retried occurrence, from the columns of a pending row
-    (``PgStore.pending``): due at its next run, its record carrying the occurrence's
+    (``_relay.pending``): due at its next run, its record carrying the occurrence's
     nominal due and the attempt it runs as (the nominal is the occurrence's identity:
     an ack of it completes the row, a done row of it drops it at its claim)."""
     fields: list[int | bytes] = [

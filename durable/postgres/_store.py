@@ -1,4 +1,4 @@
-"""The PostgreSQL side of the Postgres mode: one method per SQL function or query.
+"""The PostgreSQL side of the Postgres mode: :class:`PgStore`, one method per SQL call.
 
 Ground rules:
 
@@ -13,6 +13,10 @@ Ground rules:
   for a bug; a failed call rolled back whole.
 - The driver (asyncpg, the ``postgres`` extra) is imported on :meth:`PgStore.open`, so
   the Redis-only mode never loads it.
+
+This module holds the connections: the pool, which connection and which transaction a
+call runs on, and the namespace's advisory locks. The SQL each method runs is in
+``_writes.py`` (the job writes) and ``_relay.py`` (the outbox and reconcile's reads).
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ from typing import Any
 
 from tickwheel.durable.store import ClaimedRef, shown_url
 
+from . import _relay, _writes
 from ._errors import translate, translated
 from ._migrate import check_schema
-from ._rows import OutboxRow, PendingRow, PgJob, redis_job, retried_job
+from ._rows import OutboxRow, PendingRow, PgJob
 
 __all__ = ["DEFAULT_POOL_SIZE", "MAX_LOCKED", "PgStore"]
 
@@ -35,59 +40,12 @@ logger = logging.getLogger("tickwheel.durable")
 
 # Connections per store: a worker's loader, relay and acks, and a producer's bursts.
 DEFAULT_POOL_SIZE = 10
+# Ids per locked() transaction: a replace batch is split into these, since advisory
+# locks live in PostgreSQL's shared lock table.
+MAX_LOCKED = 500
 # A session-level advisory lock per (namespace, purpose), keyed by a 64-bit hash.
 _TRY_LOCK = "SELECT pg_try_advisory_lock(hashtextextended($1, 0))"
 _UNLOCK = "SELECT pg_advisory_unlock(hashtextextended($1, 0))"
-
-
-# $16: notify the relays at commit (migration 0005): only when they are the indexers.
-_SCHEDULE = (
-    "SELECT status, when_ms, seq FROM tickwheel_put"
-    "($16, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
-)
-# A batch in one statement: the function per row of the arrays, in their order.
-_SCHEDULE_MANY = """
-SELECT s.status, s.when_ms, s.seq
-FROM unnest($2::text[], $3::integer[], $4::text[], $5::bytea[], $6::boolean[],
-            $7::integer[], $8::integer[], $9::bigint[], $10::smallint[], $11::text[],
-            $12::smallint[], $13::integer[], $14::bigint[], $15::bytea[])
-     WITH ORDINALITY AS u(id, shard, task, payload, json, max, mode, t, rkind, rspec,
-                          policy, cap, grace, record, k)
-CROSS JOIN LATERAL tickwheel_put($16, $1, u.id, u.shard, u.task, u.payload, u.json, u.max,
-    u.mode, u.t, u.rkind, u.rspec, u.policy, u.cap, u.grace, u.record) AS s
-ORDER BY u.k
-"""
-# A batch of distinct ids: one set-based statement (migration 0004).
-_SCHEDULE_DISTINCT = (
-    "SELECT status, when_ms, seq FROM tickwheel_put_many"
-    "($16, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
-)
-_NOW = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-# locked(): the ids' advisory locks (transaction-level), then their rows' locks, in id
-# order (migration 0003 says why that order). Ids per locked() transaction: a replace
-# batch is split into these, since advisory locks live in PostgreSQL's shared lock table.
-MAX_LOCKED = 500
-_LOCK_IDS = (
-    "SELECT count(pg_advisory_xact_lock(hashtextextended($1 || ':' || i, 0)))"
-    " FROM unnest($2::text[]) WITH ORDINALITY AS u(i, k)"
-)
-_LOCKED_ROWS = (
-    "SELECT id, due_ms, state FROM tickwheel_jobs WHERE ns = $1 AND id = ANY($2::text[])"
-    ' ORDER BY id COLLATE "C" FOR UPDATE'
-)
-_OVERWRITE = """
-INSERT INTO tickwheel_jobs AS j (ns, id, shard, task, payload, json_payload, max_attempts,
-    due_ms, rkind, rspec, policy, max_catch_up, grace_ms, record)
-SELECT $1, u.* FROM unnest($2::text[], $3::integer[], $4::text[], $5::bytea[],
-    $6::boolean[], $7::integer[], $8::bigint[], $9::smallint[], $10::text[],
-    $11::smallint[], $12::integer[], $13::bigint[], $14::bytea[]) AS u
-ON CONFLICT (ns, id) DO UPDATE SET shard = excluded.shard, task = excluded.task,
-    payload = excluded.payload, json_payload = excluded.json_payload,
-    max_attempts = excluded.max_attempts, due_ms = excluded.due_ms, rkind = excluded.rkind,
-    rspec = excluded.rspec, policy = excluded.policy, max_catch_up = excluded.max_catch_up,
-    grace_ms = excluded.grace_ms, record = excluded.record, state = 0, attempt = 1,
-    run_ms = 0, epoch = 0, updated_at = now()
-"""
 
 
 class PgStore:
@@ -125,6 +83,8 @@ class PgStore:
         self._lock = asyncio.Lock()
         self._to_forget: list[int] = []  # outbox rows to delete (relayed_later)
         self._forgetting: asyncio.Task[None] | None = None  # the task deleting them
+
+    # -- connections ---------------------------------------------------------------
 
     async def open(self) -> PgStore:
         """Connect the pool and check the schema version.
@@ -236,7 +196,7 @@ class PgStore:
     async def now(self, conn: Any = None) -> int:
         """PostgreSQL's clock (ms): a delay in Postgres mode is added to it."""
         async with self._on(conn) as c:
-            return int(await c.fetchval(_NOW))
+            return await _writes.now(c)
 
     async def schedule(
         self, jobs: Sequence[PgJob], conn: Any = None, *, notify: bool = True
@@ -254,39 +214,8 @@ class PgStore:
         ids is one set-based statement, one that names an id twice runs the job-by-job
         function (each copy sees the ones before it).
         """
-        ns = self.namespace
         async with self._on(conn, own_transaction=False) as c:
-            if len(jobs) == 1:
-                job = jobs[0]
-                rows = [await c.fetchrow(_SCHEDULE, ns, job.id, job.shard, *job.args, notify)]
-                return [(int(r[0]), int(r[1]), int(r[2] or 0)) for r in rows]
-            ids = [job.id for job in jobs]
-            distinct = len(set(ids)) == len(ids)
-            columns = list(zip(*(job.args for job in jobs), strict=True))
-            rows = await c.fetch(
-                _SCHEDULE_DISTINCT if distinct else _SCHEDULE_MANY,
-                ns,
-                ids,
-                [job.shard for job in jobs],
-                *(list(col) for col in columns),
-                notify,
-            )
-            # when_ms NULL: kept, created by a concurrent producer after the statement
-            # began; its due is read now.
-            raced = [ids[k] for k, r in enumerate(rows) if r[1] is None]
-            found: dict[str, int] = {}
-            if raced:
-                found = dict(
-                    await c.fetch(
-                        "SELECT id, due_ms FROM tickwheel_jobs WHERE ns = $1 AND id = ANY($2)",
-                        ns,
-                        raced,
-                    )
-                )
-        return [
-            (int(r[0]), int(found.get(ids[k], 0) if r[1] is None else r[1]), int(r[2] or 0))
-            for k, r in enumerate(rows)
-        ]
+            return await _writes.schedule(c, self.namespace, jobs, notify)
 
     @contextlib.asynccontextmanager
     async def locked(self, ids: Sequence[str]) -> AsyncIterator[tuple[Any, dict[str, int]]]:
@@ -301,58 +230,24 @@ class PgStore:
         Raises:
             PostgresUnavailable: if PostgreSQL fails.
         """
-        ns = self.namespace
-        order = sorted(set(ids))
         await self.open()
         async with self._conn() as c, c.transaction():
-            await c.execute(_LOCK_IDS, ns, order)
-            rows = await c.fetch(_LOCKED_ROWS, ns, order)
-            yield c, {r[0]: int(r[1]) for r in rows if r[2] == 0}
+            yield c, await _writes.lock(c, self.namespace, ids)
 
     async def done_of(
         self, conn: Any, occurrences: Sequence[tuple[str, int]]
     ) -> set[tuple[str, int]]:
         """The ``(id, nominal)`` pairs whose occurrence is done."""
-        if not occurrences:
-            return set()
-        rows = await conn.fetch(
-            "SELECT d.id, d.nominal_ms FROM unnest($2::text[], $3::bigint[]) AS o(id, nominal)"
-            " JOIN tickwheel_done d ON d.ns = $1 AND d.id = o.id AND d.nominal_ms = o.nominal",
-            self.namespace,
-            [i for i, _ in occurrences],
-            [n for _, n in occurrences],
-        )
-        return {(r[0], int(r[1])) for r in rows}
+        return await _writes.done_of(conn, self.namespace, occurrences)
 
     async def overwrite(self, conn: Any, jobs: Sequence[tuple[PgJob, int]]) -> None:
         """Write ``(job, due)`` rows as pending at attempt 1, creating or overwriting
         (whatever state the rows had): what a replace that Redis accepted leaves."""
-        if not jobs:
-            return
-        jobs = sorted(jobs, key=lambda item: item[0].id)  # rows locked in id order
-        columns = list(zip(*(job.args for job, _ in jobs), strict=True))
-        await conn.execute(
-            _OVERWRITE,
-            self.namespace,
-            [job.id for job, _ in jobs],
-            [job.shard for job, _ in jobs],
-            list(columns[0]),  # task
-            list(columns[1]),  # payload
-            list(columns[2]),  # json
-            list(columns[3]),  # max attempts
-            [due for _, due in jobs],
-            *(list(col) for col in columns[6:]),  # rkind .. record
-        )
+        await _writes.overwrite(conn, self.namespace, jobs)
 
     async def moved(self, conn: Any, job_id: str, due_ms: int) -> None:
         """A pending job's current occurrence is now at ``due_ms`` (attempt 1)."""
-        await conn.execute(
-            "UPDATE tickwheel_jobs SET due_ms = $3, attempt = 1, run_ms = 0, updated_at = now()"
-            " WHERE ns = $1 AND id = $2 AND state = 0",
-            self.namespace,
-            job_id,
-            due_ms,
-        )
+        await _writes.moved(conn, self.namespace, job_id, due_ms)
 
     def relayed_later(self, seqs: Sequence[int]) -> None:
         """Delete outbox rows whose jobs the producer wrote to Redis itself, from a task
@@ -381,20 +276,12 @@ class PgStore:
         """Delete outbox rows whose jobs the producer wrote to Redis itself."""
         await self.open()
         async with self._conn() as c:
-            await c.execute("SELECT tickwheel_relayed($1, $2::bigint[])", self.namespace, seqs)
+            await _relay.relayed(c, self.namespace, seqs)
 
     async def cancel(self, job_id: str, conn: Any = None) -> bool:
         """Delete a job's row (and its outbox rows); True if there was a pending one."""
         async with self._on(conn) as c:
-            await c.execute(
-                "DELETE FROM tickwheel_outbox WHERE ns = $1 AND id = $2", self.namespace, job_id
-            )
-            state = await c.fetchval(
-                "DELETE FROM tickwheel_jobs WHERE ns = $1 AND id = $2 RETURNING state",
-                self.namespace,
-                job_id,
-            )
-        return bool(state == 0)
+            return await _writes.cancel(c, self.namespace, job_id)
 
     # -- workers -------------------------------------------------------------------
 
@@ -412,17 +299,9 @@ class PgStore:
         """
         await self.open()
         async with self._conn(shard=shard) as c:
-            rows = await c.fetch(
-                "SELECT pos, gone FROM tickwheel_claim_check($1, $2, $3, $4, $5)",
-                self.namespace,
-                shard,
-                epoch,
-                list(ids),
-                list(nominals),
+            return await _writes.claim_check(
+                c, self.namespace, shard, epoch, ids=ids, nominals=nominals
             )
-        done = {int(r[0]) - 1 for r in rows if not r[1]}
-        gone = {int(r[0]) - 1 for r in rows if r[1]}
-        return done, gone
 
     async def ack(self, shard: int, epoch: int, refs: Sequence[ClaimedRef]) -> list[int]:
         """Record occurrences done (and move recurring jobs on) in one transaction.
@@ -435,24 +314,8 @@ class PgStore:
             Fenced: if ``epoch`` is not the shard's stored epoch (nothing written).
         """
         await self.open()
-        # In id order: the function locks each id as PgStore.locked does (see 0003).
-        order = sorted(range(len(refs)), key=lambda k: (refs[k].id, refs[k].nominal_ms))
-        ordered = [refs[k] for k in order]
         async with self._conn(shard=shard) as c:
-            reply = await c.fetchval(
-                "SELECT tickwheel_ack($1, $2, $3, $4, $5, $6, $7)",
-                self.namespace,
-                shard,
-                epoch,
-                [r.id for r in ordered],
-                [r.attempt for r in ordered],
-                [r.nominal_ms for r in ordered],
-                [r.time_ms for r in ordered],
-            )
-        out = [0] * len(refs)
-        for k, v in zip(order, reply, strict=True):
-            out[k] = int(v)
-        return out
+            return await _writes.ack(c, self.namespace, shard, epoch, refs)
 
     async def skipped(self, shard: int, epoch: int, moves: Sequence[tuple[str, int, int]]) -> None:
         """Record recurring jobs a claim moved on unrun: ``(id, from, to)`` occurrences
@@ -462,18 +325,9 @@ class PgStore:
         Raises:
             Fenced: if PostgreSQL holds a higher epoch for the shard (nothing written).
         """
-        ordered = sorted(moves)  # in id order: locked as PgStore.locked locks
         await self.open()
         async with self._conn(shard=shard) as c:
-            await c.execute(
-                "SELECT tickwheel_moved($1, $2, $3, $4, $5, $6)",
-                self.namespace,
-                shard,
-                epoch,
-                [m[0] for m in ordered],
-                [m[1] for m in ordered],
-                [m[2] for m in ordered],
-            )
+            await _writes.skipped(c, self.namespace, shard, epoch, moves)
 
     async def dead(
         self, shard: int, epoch: int, job_id: str, attempt: int, nominal_ms: int
@@ -486,14 +340,14 @@ class PgStore:
         """
         await self.open()
         async with self._conn(shard=shard) as c:
-            await c.execute(
-                "SELECT tickwheel_dead($1, $2, $3, $4, $5, $6)",
+            await _writes.dead(
+                c,
                 self.namespace,
                 shard,
                 epoch,
-                job_id,
-                attempt,
-                nominal_ms,
+                job_id=job_id,
+                attempt=attempt,
+                nominal_ms=nominal_ms,
             )
 
     async def retried(
@@ -508,15 +362,15 @@ class PgStore:
         """
         await self.open()
         async with self._conn(shard=shard) as c:
-            await c.execute(
-                "SELECT tickwheel_retried($1, $2, $3, $4, $5, $6, $7)",
+            await _writes.retried(
+                c,
                 self.namespace,
                 shard,
                 epoch,
-                job_id,
-                nominal_ms,
-                attempt,
-                run_ms,
+                job_id=job_id,
+                nominal_ms=nominal_ms,
+                attempt=attempt,
+                run_ms=run_ms,
             )
 
     async def undead(self, ids: Sequence[str], *, purge: bool) -> None:
@@ -524,25 +378,16 @@ class PgStore:
         if not ids:
             return
         await self.open()
-        sql = (
-            "DELETE FROM tickwheel_jobs WHERE ns = $1 AND state = 2 AND id = ANY($2::text[])"
-            if purge
-            else "UPDATE tickwheel_jobs SET state = 0, attempt = 1, run_ms = 0, epoch = 0,"
-            " updated_at = now() WHERE ns = $1 AND state = 2 AND id = ANY($2::text[])"
-        )
         async with self._conn() as c:
-            await c.execute(sql, self.namespace, list(ids))
+            await _writes.undead(c, self.namespace, ids, purge)
+
+    # -- relay and reconcile -------------------------------------------------------
 
     async def shard_epochs(self) -> dict[int, int]:
         """The highest epoch recorded per shard."""
         await self.open()
         async with self._conn() as c:
-            rows = await c.fetch(
-                "SELECT shard, epoch FROM tickwheel_shard_epochs WHERE ns = $1", self.namespace
-            )
-        return {int(r[0]): int(r[1]) for r in rows}
-
-    # -- relay and reconcile -------------------------------------------------------
+            return await _relay.shard_epochs(c, self.namespace)
 
     @contextlib.asynccontextmanager
     async def outbox(self, limit: int) -> AsyncIterator[list[OutboxRow]]:
@@ -551,59 +396,14 @@ class PgStore:
         raises, the transaction rolls back and the rows stay for the next relay."""
         await self.open()
         async with self._conn() as c, c.transaction():
-            rows = await c.fetch(
-                """
-                SELECT o.seq, o.id, o.due_ms, j.shard, j.record,
-                       coalesce(j.state = 0 AND j.due_ms = o.due_ms, false) AS live
-                FROM (SELECT seq, id, due_ms FROM tickwheel_outbox
-                      WHERE ns = $1 ORDER BY seq LIMIT $2
-                      FOR UPDATE SKIP LOCKED) o
-                LEFT JOIN tickwheel_jobs j ON j.ns = $1 AND j.id = o.id
-                ORDER BY o.seq
-                """,
-                self.namespace,
-                limit,
-            )
-            batch = [
-                OutboxRow(
-                    int(r[0]),
-                    redis_job(r[1], int(r[2]), bytes(r[4])) if r[5] else None,
-                    int(r[3]) if r[3] is not None else -1,
-                )
-                for r in rows
-            ]
+            batch = await _relay.take_outbox(c, self.namespace, limit)
             yield batch
             if batch:
-                await c.execute(
-                    "DELETE FROM tickwheel_outbox WHERE seq = ANY($1::bigint[])",
-                    [b.seq for b in batch],
-                )
+                await _relay.delete_outbox(c, [b.seq for b in batch])
 
     async def pending(self, after: tuple[int, str] | None, limit: int) -> list[PendingRow]:
         """A page of pending jobs in (due, id) order, after ``after`` (the partial
         index on pending rows serves it)."""
         await self.open()
-        due, last = after if after is not None else (-(2**63), "")
         async with self._conn() as c:
-            rows = await c.fetch(
-                """
-                SELECT id, shard, due_ms, record, run_ms, attempt, task, payload,
-                       json_payload, max_attempts, rkind, rspec, policy, max_catch_up,
-                       grace_ms
-                FROM tickwheel_jobs
-                WHERE ns = $1 AND state = 0 AND (due_ms, id) > ($2, $3)
-                ORDER BY due_ms, id LIMIT $4
-                """,
-                self.namespace,
-                due,
-                last,
-                limit,
-            )
-        return [
-            PendingRow(
-                int(r[1]),
-                int(r[2]),
-                redis_job(r[0], int(r[2]), bytes(r[3])) if not r[4] else retried_job(r),
-            )
-            for r in rows
-        ]
+            return await _relay.pending(c, self.namespace, after, limit)

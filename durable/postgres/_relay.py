@@ -1,0 +1,81 @@
+"""What goes from PostgreSQL to Redis: the outbox the relay empties, and reconcile's reads.
+
+Like ``_writes.py``, each function runs its SQL on the connection it is given;
+:class:`PgStore` (``_store.py``) picks the connection and the transaction. The rows come
+back in the schedule.lua form (``_rows.py``), ready for the Redis store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ._rows import OutboxRow, PendingRow, redis_job, retried_job
+
+__all__ = ["delete_outbox", "pending", "relayed", "shard_epochs", "take_outbox"]
+
+# Oldest first, skipping rows another relay holds; ``live``: the job is still pending at
+# the outbox row's due (else there is nothing to write: gone, or moved on since).
+_TAKE_OUTBOX = """
+SELECT o.seq, o.id, o.due_ms, j.shard, j.record,
+       coalesce(j.state = 0 AND j.due_ms = o.due_ms, false) AS live
+FROM (SELECT seq, id, due_ms FROM tickwheel_outbox
+      WHERE ns = $1 ORDER BY seq LIMIT $2
+      FOR UPDATE SKIP LOCKED) o
+LEFT JOIN tickwheel_jobs j ON j.ns = $1 AND j.id = o.id
+ORDER BY o.seq
+"""
+# A page in (due, id) order: the partial index on pending rows serves it.
+_PENDING = """
+SELECT id, shard, due_ms, record, run_ms, attempt, task, payload,
+       json_payload, max_attempts, rkind, rspec, policy, max_catch_up,
+       grace_ms
+FROM tickwheel_jobs
+WHERE ns = $1 AND state = 0 AND (due_ms, id) > ($2, $3)
+ORDER BY due_ms, id LIMIT $4
+"""
+
+
+async def take_outbox(conn: Any, ns: str, limit: int) -> list[OutboxRow]:
+    """Lock up to ``limit`` outbox rows (in the caller's transaction) and read them."""
+    rows = await conn.fetch(_TAKE_OUTBOX, ns, limit)
+    return [
+        OutboxRow(
+            int(r[0]),
+            redis_job(r[1], int(r[2]), bytes(r[4])) if r[5] else None,
+            int(r[3]) if r[3] is not None else -1,
+        )
+        for r in rows
+    ]
+
+
+async def delete_outbox(conn: Any, seqs: Sequence[int]) -> None:
+    """Delete the outbox rows :func:`take_outbox` locked."""
+    await conn.execute("DELETE FROM tickwheel_outbox WHERE seq = ANY($1::bigint[])", seqs)
+
+
+async def relayed(conn: Any, ns: str, seqs: Sequence[int]) -> None:
+    """``tickwheel_relayed``: delete outbox rows whose jobs are in Redis already."""
+    await conn.execute("SELECT tickwheel_relayed($1, $2::bigint[])", ns, seqs)
+
+
+async def pending(
+    conn: Any, ns: str, after: tuple[int, str] | None, limit: int
+) -> list[PendingRow]:
+    """A page of pending jobs in (due, id) order, after ``after``."""
+    due, last = after if after is not None else (-(2**63), "")
+    rows = await conn.fetch(_PENDING, ns, due, last, limit)
+    return [
+        PendingRow(
+            int(r[1]),
+            int(r[2]),
+            redis_job(r[0], int(r[2]), bytes(r[3])) if not r[4] else retried_job(r),
+        )
+        for r in rows
+    ]
+
+
+async def shard_epochs(conn: Any, ns: str) -> dict[int, int]:
+    """The highest epoch recorded per shard."""
+    rows = await conn.fetch("SELECT shard, epoch FROM tickwheel_shard_epochs WHERE ns = $1", ns)
+    return {int(r[0]): int(r[1]) for r in rows}

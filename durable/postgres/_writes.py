@@ -1,0 +1,303 @@
+"""The job writes: the SQL a producer and a worker run on the job rows, on a connection.
+
+Each function runs its statements on the connection it is given and returns plain
+values; which connection, which transaction and the translation of the driver's errors
+are :class:`PgStore`'s (``_store.py``). The writes are calls of the functions the
+migrations made (``tickwheel_put``, ``tickwheel_put_many``, ``tickwheel_claim_check``,
+``tickwheel_ack``, ``tickwheel_moved``, ``tickwheel_dead``, ``tickwheel_retried``): one
+round trip each.
+
+Lock order: every write that locks several job rows takes them in id order (``COLLATE
+"C"``), and :func:`lock` takes the ids' advisory locks in the same order, so two
+callers never deadlock (migration 0003 says why).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tickwheel.durable.store import ClaimedRef
+
+from ._rows import PgJob
+
+__all__ = [
+    "ack",
+    "cancel",
+    "claim_check",
+    "dead",
+    "done_of",
+    "lock",
+    "moved",
+    "now",
+    "overwrite",
+    "retried",
+    "schedule",
+    "skipped",
+    "undead",
+]
+
+# $16: notify the relays at commit (migration 0005): only when they are the indexers.
+_SCHEDULE = (
+    "SELECT status, when_ms, seq FROM tickwheel_put"
+    "($16, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+)
+# A batch in one statement: the function per row of the arrays, in their order.
+_SCHEDULE_MANY = """
+SELECT s.status, s.when_ms, s.seq
+FROM unnest($2::text[], $3::integer[], $4::text[], $5::bytea[], $6::boolean[],
+            $7::integer[], $8::integer[], $9::bigint[], $10::smallint[], $11::text[],
+            $12::smallint[], $13::integer[], $14::bigint[], $15::bytea[])
+     WITH ORDINALITY AS u(id, shard, task, payload, json, max, mode, t, rkind, rspec,
+                          policy, cap, grace, record, k)
+CROSS JOIN LATERAL tickwheel_put($16, $1, u.id, u.shard, u.task, u.payload, u.json, u.max,
+    u.mode, u.t, u.rkind, u.rspec, u.policy, u.cap, u.grace, u.record) AS s
+ORDER BY u.k
+"""
+# A batch of distinct ids: one set-based statement (migration 0004).
+_SCHEDULE_DISTINCT = (
+    "SELECT status, when_ms, seq FROM tickwheel_put_many"
+    "($16, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+)
+_NOW = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+# lock(): the ids' advisory locks (transaction-level), then their rows' locks, in id
+# order (migration 0003 says why that order).
+_LOCK_IDS = (
+    "SELECT count(pg_advisory_xact_lock(hashtextextended($1 || ':' || i, 0)))"
+    " FROM unnest($2::text[]) WITH ORDINALITY AS u(i, k)"
+)
+_LOCKED_ROWS = (
+    "SELECT id, due_ms, state FROM tickwheel_jobs WHERE ns = $1 AND id = ANY($2::text[])"
+    ' ORDER BY id COLLATE "C" FOR UPDATE'
+)
+_OVERWRITE = """
+INSERT INTO tickwheel_jobs AS j (ns, id, shard, task, payload, json_payload, max_attempts,
+    due_ms, rkind, rspec, policy, max_catch_up, grace_ms, record)
+SELECT $1, u.* FROM unnest($2::text[], $3::integer[], $4::text[], $5::bytea[],
+    $6::boolean[], $7::integer[], $8::bigint[], $9::smallint[], $10::text[],
+    $11::smallint[], $12::integer[], $13::bigint[], $14::bytea[]) AS u
+ON CONFLICT (ns, id) DO UPDATE SET shard = excluded.shard, task = excluded.task,
+    payload = excluded.payload, json_payload = excluded.json_payload,
+    max_attempts = excluded.max_attempts, due_ms = excluded.due_ms, rkind = excluded.rkind,
+    rspec = excluded.rspec, policy = excluded.policy, max_catch_up = excluded.max_catch_up,
+    grace_ms = excluded.grace_ms, record = excluded.record, state = 0, attempt = 1,
+    run_ms = 0, epoch = 0, updated_at = now()
+"""
+
+# -- producers ---------------------------------------------------------------------
+
+
+async def now(conn: Any) -> int:
+    """PostgreSQL's clock (ms)."""
+    return int(await conn.fetchval(_NOW))
+
+
+async def schedule(
+    conn: Any, ns: str, jobs: Sequence[PgJob], notify: bool
+) -> list[tuple[int, int, int]]:
+    """Create jobs and their outbox rows in one statement: ``tickwheel_put`` for one
+    job, ``tickwheel_put_many`` for distinct ids, the function per row (each copy of an
+    id seeing the ones before it) for a batch that names an id twice."""
+    if len(jobs) == 1:
+        job = jobs[0]
+        rows = [await conn.fetchrow(_SCHEDULE, ns, job.id, job.shard, *job.args, notify)]
+        return [(int(r[0]), int(r[1]), int(r[2] or 0)) for r in rows]
+    ids = [job.id for job in jobs]
+    distinct = len(set(ids)) == len(ids)
+    columns = list(zip(*(job.args for job in jobs), strict=True))
+    rows = await conn.fetch(
+        _SCHEDULE_DISTINCT if distinct else _SCHEDULE_MANY,
+        ns,
+        ids,
+        [job.shard for job in jobs],
+        *(list(col) for col in columns),
+        notify,
+    )
+    # when_ms NULL: kept, created by a concurrent producer after the statement began;
+    # its due is read now.
+    raced = [ids[k] for k, r in enumerate(rows) if r[1] is None]
+    found: dict[str, int] = {}
+    if raced:
+        found = dict(
+            await conn.fetch(
+                "SELECT id, due_ms FROM tickwheel_jobs WHERE ns = $1 AND id = ANY($2)",
+                ns,
+                raced,
+            )
+        )
+    return [
+        (int(r[0]), int(found.get(ids[k], 0) if r[1] is None else r[1]), int(r[2] or 0))
+        for k, r in enumerate(rows)
+    ]
+
+
+async def lock(conn: Any, ns: str, ids: Sequence[str]) -> dict[str, int]:
+    """Take the ids' transaction-level advisory locks, then their rows' locks, both in
+    id order; return the pending rows' due times by id."""
+    order = sorted(set(ids))
+    await conn.execute(_LOCK_IDS, ns, order)
+    rows = await conn.fetch(_LOCKED_ROWS, ns, order)
+    return {r[0]: int(r[1]) for r in rows if r[2] == 0}
+
+
+async def done_of(
+    conn: Any, ns: str, occurrences: Sequence[tuple[str, int]]
+) -> set[tuple[str, int]]:
+    """The ``(id, nominal)`` pairs whose occurrence has a done row."""
+    if not occurrences:
+        return set()
+    rows = await conn.fetch(
+        "SELECT d.id, d.nominal_ms FROM unnest($2::text[], $3::bigint[]) AS o(id, nominal)"
+        " JOIN tickwheel_done d ON d.ns = $1 AND d.id = o.id AND d.nominal_ms = o.nominal",
+        ns,
+        [i for i, _ in occurrences],
+        [n for _, n in occurrences],
+    )
+    return {(r[0], int(r[1])) for r in rows}
+
+
+async def overwrite(conn: Any, ns: str, jobs: Sequence[tuple[PgJob, int]]) -> None:
+    """Upsert ``(job, due)`` rows as pending at attempt 1, in id order."""
+    if not jobs:
+        return
+    jobs = sorted(jobs, key=lambda item: item[0].id)  # rows locked in id order
+    columns = list(zip(*(job.args for job, _ in jobs), strict=True))
+    await conn.execute(
+        _OVERWRITE,
+        ns,
+        [job.id for job, _ in jobs],
+        [job.shard for job, _ in jobs],
+        list(columns[0]),  # task
+        list(columns[1]),  # payload
+        list(columns[2]),  # json
+        list(columns[3]),  # max attempts
+        [due for _, due in jobs],
+        *(list(col) for col in columns[6:]),  # rkind .. record
+    )
+
+
+async def moved(conn: Any, ns: str, job_id: str, due_ms: int) -> None:
+    """Move a pending row to the occurrence ``due_ms`` at attempt 1."""
+    await conn.execute(
+        "UPDATE tickwheel_jobs SET due_ms = $3, attempt = 1, run_ms = 0, updated_at = now()"
+        " WHERE ns = $1 AND id = $2 AND state = 0",
+        ns,
+        job_id,
+        due_ms,
+    )
+
+
+async def cancel(conn: Any, ns: str, job_id: str) -> bool:
+    """Delete a job's outbox rows and its row; True if the row was pending."""
+    await conn.execute("DELETE FROM tickwheel_outbox WHERE ns = $1 AND id = $2", ns, job_id)
+    state = await conn.fetchval(
+        "DELETE FROM tickwheel_jobs WHERE ns = $1 AND id = $2 RETURNING state", ns, job_id
+    )
+    return bool(state == 0)
+
+
+# -- workers -----------------------------------------------------------------------
+
+
+async def claim_check(
+    conn: Any, ns: str, shard: int, epoch: int, *, ids: Sequence[str], nominals: Sequence[int]
+) -> tuple[set[int], set[int]]:
+    """``tickwheel_claim_check``: the 0-based positions done already, and gone."""
+    rows = await conn.fetch(
+        "SELECT pos, gone FROM tickwheel_claim_check($1, $2, $3, $4, $5)",
+        ns,
+        shard,
+        epoch,
+        list(ids),
+        list(nominals),
+    )
+    done = {int(r[0]) - 1 for r in rows if not r[1]}
+    gone = {int(r[0]) - 1 for r in rows if r[1]}
+    return done, gone
+
+
+async def ack(conn: Any, ns: str, shard: int, epoch: int, refs: Sequence[ClaimedRef]) -> list[int]:
+    """``tickwheel_ack`` over ``refs`` in id order; the codes in the order of ``refs``."""
+    # In id order: the function locks each id as lock() does (see 0003).
+    order = sorted(range(len(refs)), key=lambda k: (refs[k].id, refs[k].nominal_ms))
+    ordered = [refs[k] for k in order]
+    reply = await conn.fetchval(
+        "SELECT tickwheel_ack($1, $2, $3, $4, $5, $6, $7)",
+        ns,
+        shard,
+        epoch,
+        [r.id for r in ordered],
+        [r.attempt for r in ordered],
+        [r.nominal_ms for r in ordered],
+        [r.time_ms for r in ordered],
+    )
+    out = [0] * len(refs)
+    for k, v in zip(order, reply, strict=True):
+        out[k] = int(v)
+    return out
+
+
+async def skipped(
+    conn: Any, ns: str, shard: int, epoch: int, moves: Sequence[tuple[str, int, int]]
+) -> None:
+    """``tickwheel_moved`` over ``(id, from, to)`` moves, in id order."""
+    ordered = sorted(moves)  # in id order: locked as lock() locks
+    await conn.execute(
+        "SELECT tickwheel_moved($1, $2, $3, $4, $5, $6)",
+        ns,
+        shard,
+        epoch,
+        [m[0] for m in ordered],
+        [m[1] for m in ordered],
+        [m[2] for m in ordered],
+    )
+
+
+async def dead(
+    conn: Any, ns: str, shard: int, epoch: int, *, job_id: str, attempt: int, nominal_ms: int
+) -> None:
+    """``tickwheel_dead``: the job's last attempt of ``nominal_ms`` failed."""
+    await conn.execute(
+        "SELECT tickwheel_dead($1, $2, $3, $4, $5, $6)",
+        ns,
+        shard,
+        epoch,
+        job_id,
+        attempt,
+        nominal_ms,
+    )
+
+
+async def retried(
+    conn: Any,
+    ns: str,
+    shard: int,
+    epoch: int,
+    *,
+    job_id: str,
+    nominal_ms: int,
+    attempt: int,
+    run_ms: int,
+) -> None:
+    """``tickwheel_retried``: occurrence ``nominal_ms`` runs next at ``run_ms``."""
+    await conn.execute(
+        "SELECT tickwheel_retried($1, $2, $3, $4, $5, $6, $7)",
+        ns,
+        shard,
+        epoch,
+        job_id,
+        nominal_ms,
+        attempt,
+        run_ms,
+    )
+
+
+async def undead(conn: Any, ns: str, ids: Sequence[str], purge: bool) -> None:
+    """Dead rows of ``ids`` deleted (``purge``) or made pending again at attempt 1."""
+    sql = (
+        "DELETE FROM tickwheel_jobs WHERE ns = $1 AND state = 2 AND id = ANY($2::text[])"
+        if purge
+        else "UPDATE tickwheel_jobs SET state = 0, attempt = 1, run_ms = 0, epoch = 0,"
+        " updated_at = now() WHERE ns = $1 AND state = 2 AND id = ANY($2::text[])"
+    )
+    await conn.execute(sql, ns, list(ids))
