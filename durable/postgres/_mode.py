@@ -48,8 +48,9 @@ __all__ = ["DEFAULT_RECONCILE_PAGE", "DEFAULT_RELAY_INTERVAL", "PostgresMode", "
 logger = logging.getLogger("tickwheel.durable")
 
 # How often (s) a worker's relay looks at the outbox without being notified. A commit
-# notifies it at once (pg_notify in tickwheel_schedule); this bounds the delay when a
-# notification is lost (the listening connection dropped).
+# that leaves its jobs to the relays notifies them at once (pg_notify in tickwheel_put
+# and tickwheel_put_many, migration 0005); this bounds the delay when a notification is
+# lost (the listening connection dropped).
 DEFAULT_RELAY_INTERVAL = 1.0
 # Pending rows read per reconcile page (and written per schedule.lua call).
 DEFAULT_RECONCILE_PAGE = 1000

@@ -1,7 +1,7 @@
 """A job as PostgreSQL stores it, and back into the form Redis indexes.
 
-- :func:`encode_pg_job` turns a :class:`JobSpec` into the arguments of the schedule
-  function (the columns of a job row) together with its Redis record, encoded
+- :func:`encode_pg_job` turns a :class:`JobSpec` into the arguments of ``tickwheel_put``
+  (the columns of a job row, migration 0005) together with its Redis record, encoded
   once, so the row and the index entry always carry the same bytes.
 - :class:`OutboxRow` and :class:`PendingRow` are what the relay and reconcile read
   (``_relay.py``); :func:`redis_job` and :func:`retried_job` make the schedule.lua form
@@ -24,7 +24,7 @@ __all__ = ["OutboxRow", "PendingRow", "PgJob", "encode_pg_job", "redis_job", "re
 
 @dataclass(frozen=True, slots=True)
 class PgJob:
-    """A validated job as ``tickwheel_schedule`` takes it."""
+    """A validated job as ``tickwheel_put`` takes it."""
 
     id: str
     shard: int
@@ -33,7 +33,7 @@ class PgJob:
 
 
 def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int) -> PgJob:
-    """Encode a job spec for ``tickwheel_schedule`` (and its Redis record).
+    """Encode a job spec for ``tickwheel_put`` (and its Redis record).
 
     Raises:
         TypeError, ValueError: if the payload is not encodable or over ``payload_limit``.

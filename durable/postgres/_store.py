@@ -5,7 +5,7 @@ Ground rules:
 - PostgreSQL is the source of truth: a job exists iff its row committed, an occurrence
   is complete iff its done row committed. Redis is the index (due, leases, claim), and
   follows PostgreSQL: written after a commit, rebuilt from it by reconcile.
-- Each write is one call of a function made by the migrations (``tickwheel_schedule``,
+- Each write is one call of a function made by the migrations (``tickwheel_put``,
   ``tickwheel_claim_check``, ``tickwheel_ack``): one round trip, one transaction (the
   caller's when it passes its own connection).
 - Every driver error goes through :func:`translate` (``_errors.py``): the caller sees
