@@ -14,8 +14,8 @@ rounds that call it live in ``tickwheel.durable.runtime``.
 
 from __future__ import annotations
 
-from ._ownership import DEFAULT_OWNER_TTL, RENEW_FRACTION, Ownership
 from ._scheduler import DEFAULT_LEASE, DEFAULT_SHARDS, MAX_BATCH, MAX_ERROR_CHARS, Scheduler
+from ._shard_owner import DEFAULT_OWNER_TTL, RENEW_FRACTION, Ownership
 
 __all__ = [
     "DEFAULT_LEASE",

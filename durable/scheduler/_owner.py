@@ -35,7 +35,7 @@ from tickwheel.durable.store import (
     Store,
 )
 
-from ._ownership import Ownership
+from ._shard_owner import Ownership
 
 if TYPE_CHECKING:
     from tickwheel.durable.postgres import PostgresMode

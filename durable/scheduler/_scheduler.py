@@ -56,7 +56,7 @@ from tickwheel.durable.store import (
 
 from ._console import Console
 from ._owner import DEFAULT_LEASE, MAX_BATCH, MAX_ERROR_CHARS, OwnerSide
-from ._ownership import DEFAULT_OWNER_TTL, Ownership
+from ._shard_owner import DEFAULT_OWNER_TTL, Ownership
 
 if TYPE_CHECKING:
     from tickwheel.durable.postgres import PostgresMode, ReconcileResult
