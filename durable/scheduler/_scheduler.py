@@ -305,7 +305,7 @@ class Scheduler:
             misfire_grace=misfire_grace,
         )
         spec = JobSpec(job_id, task, payload, delay, at, max_attempts, rec)
-        return await self.producer.schedule(spec, replace=replace, conn=conn)
+        return await self.producer.schedule(spec, replace, conn)
 
     recurrence = staticmethod(recurrence)
     schedule_many = _forward("producer", Producer.schedule_many)
