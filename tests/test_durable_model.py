@@ -187,7 +187,7 @@ class DurableMachine(RuleBasedStateMachine):
         assert batch.dropped == len(dropped)
         assert [j.id for j in batch.jobs] == [i for _, i in due if i not in dropped]
         # The script's now is the model's; claim() then adds the whole ms it spent after
-        # the reply (_owner.py: "now_ms as of our return"), which a loaded machine makes
+        # the reply (_leases.py: "now_ms as of our return"), which a loaded machine makes
         # more than zero even with no round trip in between.
         assert self.now <= batch.now_ms < self.now + 60_000
         for job in batch.jobs:

@@ -224,7 +224,7 @@ class Loader:
         released = 0
         try:
             for i in range(0, len(jobs), MAX_BATCH):
-                released += sum(await self.scheduler.release(jobs[i : i + MAX_BATCH]))
+                released += sum(await self.scheduler.leases.release(jobs[i : i + MAX_BATCH]))
         except Fenced:
             pass  # the ownership dropped the shard and told _on_fenced
         except RedisUnavailable as exc:

@@ -86,6 +86,7 @@ class Runner:
         release: Release,
     ) -> None:
         self.scheduler = scheduler
+        self.leases = scheduler.leases  # ack, retry, extend, without the facade's call
         self.registry = registry
         self.wheel = wheel
         self.stats = stats
@@ -231,13 +232,13 @@ class Runner:
     ) -> None:
         """A fired job's task: its handler (or ``started``, what its plain function
         returned), then its retry; its ack is left to the batcher."""
-        sched = self.scheduler
+        leases = self.leases
         busy = True  # holds a slot until its handler returns (then ack or retry wait freely)
         try:
             if started is None:
                 if job.duplicate:
                     self.stats.duplicates += 1
-                    await sched.ack(job)
+                    await leases.ack(job)
                     return
                 if self.publisher is not None:
                     await self._publish(job, lease_end)
@@ -247,7 +248,7 @@ class Runner:
                     # Dead-lettered at once with the reason: no retry mends a missing task.
                     # A rolling deploy that brings the task requeues it (requeue_dead).
                     self.stats.unknown += 1
-                    state = await sched.retry(job, f"unknown task {job.task!r}", final=True)
+                    state = await leases.retry(job, f"unknown task {job.task!r}", final=True)
                     self._count_retry(state)
                     return
                 started = call_task(fn, self._context(job))
@@ -272,7 +273,7 @@ class Runner:
                     self._free_slot()  # before the retry or the ack: they wait freely
                 if failed is not None:  # the lease is still extended while it is written
                     logger.info("tickwheel.durable: task %s of job %r failed", job.task, job.id)
-                    self._count_retry(await sched.retry(job, repr(failed)))
+                    self._count_retry(await leases.retry(job, repr(failed)))
                     return
             finally:
                 # Not cancel() of the extender: redis-py may swallow a cancellation that
@@ -302,7 +303,7 @@ class Runner:
         except Exception as exc:
             # Published or not, we cannot tell: retry (a duplicate is dropped downstream).
             logger.info("tickwheel.durable: publishing job %r failed (%r)", job.id, exc)
-            self._count_retry(await self.scheduler.retry(job, repr(exc)))
+            self._count_retry(await self.leases.retry(job, repr(exc)))
             return
         self._acks.submit(job, lease_end)
 
@@ -324,7 +325,7 @@ class Runner:
         """Extend a running job's lease now and every half lease until ``finished``."""
         while not finished.is_set():
             try:
-                await self.scheduler.extend(job, self.lease_ms / 1000)
+                await self.leases.extend(job, self.lease_ms / 1000)
             except (LeaseLost, Fenced):
                 return  # the ack will say so and count it
             except RedisUnavailable:

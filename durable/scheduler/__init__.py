@@ -2,7 +2,12 @@
 
 Owns: the public job operations (schedule, cancel, reschedule, get, dead letters), the
 calls an owner of a shard makes with its epoch (claim, ack, retry, extend, release,
-reap), and :class:`Ownership` (shard tokens and fencing epochs).
+reap), and :class:`Ownership` (shard tokens and fencing epochs). :class:`Scheduler`
+builds and holds one object per room, and its public methods delegate to them:
+``Producer`` (``_producer.py``, jobs by id), ``Leases`` (``_leases.py``, the owner's
+calls; the runtime's hot path calls ``scheduler.leases`` directly), ``Operator``
+(``_operator.py``, inspect and dead letters) and ``Console`` (``_console.py``, the
+dashboard's reads); ``Ownership`` lives in ``_shard_owner.py``.
 
 Invariants: every state change is one store call; nothing is kept only in memory except
 the epochs of the shards this process owns; arguments are checked before anything is
@@ -14,8 +19,8 @@ rounds that call it live in ``tickwheel.durable.runtime``.
 
 from __future__ import annotations
 
-from ._ownership import DEFAULT_OWNER_TTL, RENEW_FRACTION, Ownership
 from ._scheduler import DEFAULT_LEASE, DEFAULT_SHARDS, MAX_BATCH, MAX_ERROR_CHARS, Scheduler
+from ._shard_owner import DEFAULT_OWNER_TTL, RENEW_FRACTION, Ownership
 
 __all__ = [
     "DEFAULT_LEASE",

@@ -14,49 +14,40 @@ Ground rules:
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import functools
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from tickwheel.durable.model import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_CATCH_UP,
-    DEFAULT_MISFIRE_GRACE_MS,
-    DeadPage,
-    JobInfo,
     JobSpec,
     MissedRun,
-    Recurrence,
-    RedisUnavailable,
     ScheduleResult,
     SchedulerStats,
     ShardCountMismatch,
-    ShardInfo,
-    check_job_id,
     finite_seconds_ms,
     int_between,
-    when_args,
 )
 from tickwheel.durable.store import (
     DEFAULT_BUCKETS,
     DEFAULT_CALL_TIMEOUT,
     Client,
-    EncodedJob,
     Keys,
     ServerReport,
     Store,
     WorkerBoard,
     check_server,
-    encode_job,
 )
 
 from ._console import Console
-from ._owner import DEFAULT_LEASE, MAX_BATCH, MAX_ERROR_CHARS, OwnerSide
-from ._ownership import DEFAULT_OWNER_TTL, Ownership
+from ._leases import DEFAULT_LEASE, MAX_BATCH, MAX_ERROR_CHARS, Leases
+from ._operator import Operator
+from ._producer import DEFAULT_GRACE_S, Producer, recurrence
+from ._shard_owner import DEFAULT_OWNER_TTL, Ownership
 
 if TYPE_CHECKING:
     from tickwheel.durable.postgres import PostgresMode, ReconcileResult
@@ -81,10 +72,26 @@ DEFAULT_RETRY_MAX = 600.0
 DEFAULT_REPLICA_TIMEOUT = 1.0
 
 
-_DEFAULT_GRACE_S = DEFAULT_MISFIRE_GRACE_MS / 1000
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-class Scheduler(OwnerSide):
+def _forward(
+    to: str, method: Callable[Concatenate[Any, P], Awaitable[R]]
+) -> Callable[Concatenate[Scheduler, P], Coroutine[Any, Any, R]]:
+    """A :class:`Scheduler` method that awaits ``method`` on the collaborator held in
+    ``self.<to>``: the signature and the docstring are the collaborator's, written once."""
+    get = attrgetter(to)
+
+    @functools.wraps(method)
+    async def forward(self: Scheduler, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return await method(get(self), *args, **kwargs)
+
+    forward.__qualname__ = f"Scheduler.{method.__name__}"
+    return forward
+
+
+class Scheduler:
     """Durable delayed jobs in Redis: schedule, claim, ack, retry, reap.
 
     Args:
@@ -155,15 +162,12 @@ class Scheduler(OwnerSide):
         self.ownership = Ownership(self.store, ttl=owner_ttl)  # shards owned here
         self.max_payload_bytes = int_between("max_payload_bytes", max_payload_bytes, 1)
         self.dedup_window_ms = finite_seconds_ms("dedup_window", dedup_window, minimum_ms=1)
-        self.retry_base_ms = finite_seconds_ms("retry_base", retry_base)
-        self.retry_max_ms = finite_seconds_ms("retry_max", retry_max)
+        retry_base_ms = finite_seconds_ms("retry_base", retry_base)
+        retry_max_ms = finite_seconds_ms("retry_max", retry_max)
         self.check = check  # run the server check on open
         self.strict = strict  # server check raises
         self.server_report: ServerReport | None = None  # set by open() when checked
-        self._rng = rng or random.Random()  # jitter
         self._opened = False  # shard count verified
-        self._claims = {}  # the latest claim per shard (OwnerSide)
-        self.ownership.on_fenced(self._forget_claim)
         # The Postgres mode (None: Redis only): PostgreSQL is the source of truth.
         self.pg: PostgresMode | None = None
         if postgres_url is not None:
@@ -172,6 +176,27 @@ class Scheduler(OwnerSide):
             self.pg = PostgresMode(
                 PgStore(postgres_url, namespace, call_timeout=self.store.call_timeout)
             )
+        # Jobs by id (Producer): schedule, cancel, reschedule, get.
+        self.producer = Producer(
+            self.store,
+            self.keys,
+            self.open,
+            max_payload_bytes=self.max_payload_bytes,
+            redis_side=self,
+            pg=self.pg,
+        )
+        # The calls a shard's owner makes under its epoch (the worker calls it directly).
+        self.leases = Leases(
+            self.store,
+            self.keys,
+            self.ownership,
+            dedup_window_ms=self.dedup_window_ms,
+            retry_base_ms=retry_base_ms,
+            retry_max_ms=retry_max_ms,
+            rng=rng or random.Random(),
+            pg=self.pg,
+            after_claim=None if self.pg is None else functools.partial(self.pg.after_claim, self),
+        )
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -237,7 +262,7 @@ class Scheduler(OwnerSide):
         cron: str | None = None,
         missed: MissedRun | str = MissedRun.ONCE,
         max_catch_up: int = DEFAULT_MAX_CATCH_UP,
-        misfire_grace: float | timedelta = _DEFAULT_GRACE_S,
+        misfire_grace: float | timedelta = DEFAULT_GRACE_S,
         conn: Any = None,
     ) -> ScheduleResult:
         """Schedule one job by id. One script call.
@@ -272,7 +297,7 @@ class Scheduler(OwnerSide):
 
         Runtime complexity: O(log N) in the shard's pending jobs.
         """
-        rec = self.recurrence(
+        rec = recurrence(
             every=every,
             cron=cron,
             missed=missed,
@@ -280,167 +305,13 @@ class Scheduler(OwnerSide):
             misfire_grace=misfire_grace,
         )
         spec = JobSpec(job_id, task, payload, delay, at, max_attempts, rec)
-        if self.pg is not None or conn is not None:
-            return (await self._pg_schedule([spec], replace, conn))[0]
-        encoded = encode_job(spec, self.max_payload_bytes)
-        if not self._opened:
-            await self.open()
-        shard = self.keys.shard_of(job_id)
-        if rec is not None:  # (an await less for the common one-shot job)
-            encoded = await self._first_run(shard, spec, encoded)
-        return await self.store.schedule_one(shard, encoded, replace)
+        return await self.producer.schedule(spec, replace, conn)
 
-    async def _pg_schedule(
-        self, specs: Sequence[JobSpec], replace: bool, conn: Any
-    ) -> list[ScheduleResult]:
-        if self.pg is None:
-            raise ValueError("conn needs the Postgres mode (Scheduler(..., postgres_url=...))")
-        if replace:
-            if conn is not None:
-                raise ValueError(
-                    "replace=True cannot join the caller's transaction (conn=): whether"
-                    " the job is leased is known only to Redis, at the moment of the"
-                    " replace; schedule without conn, or without replace"
-                )
-            return await self.pg.replace(self, specs)
-        if not self._opened:
-            # The namespace's shard count is checked before anything is written (a
-            # mismatch raises); a Redis that is down does not stop the enqueue.
-            with contextlib.suppress(RedisUnavailable):
-                await self.open()
-        return await self.pg.schedule(self, specs, conn)
-
-    @staticmethod
-    def recurrence(
-        *,
-        every: float | timedelta | None = None,
-        cron: str | None = None,
-        missed: MissedRun | str = MissedRun.ONCE,
-        max_catch_up: int = DEFAULT_MAX_CATCH_UP,
-        misfire_grace: float | timedelta = _DEFAULT_GRACE_S,
-    ) -> Recurrence | None:
-        """Build the recurrence of ``every`` or ``cron`` (None when neither is given).
-
-        Raises:
-            TypeError, ValueError: naming a bad parameter.
-        """
-        if every is not None and cron is not None:
-            raise ValueError("give every or cron, not both")
-        if every is not None:
-            return Recurrence.interval(
-                every, missed=missed, max_catch_up=max_catch_up, misfire_grace=misfire_grace
-            )
-        if cron is not None:
-            return Recurrence.cron_expr(
-                cron, missed=missed, max_catch_up=max_catch_up, misfire_grace=misfire_grace
-            )
-        if (
-            missed is not MissedRun.ONCE
-            or max_catch_up != DEFAULT_MAX_CATCH_UP
-            or misfire_grace != _DEFAULT_GRACE_S
-        ):
-            # Validate the policy arguments even without a recurrence: a typo must not
-            # pass. (Skipped at the defaults: single schedules are a hot path.)
-            Recurrence.interval(
-                1, missed=missed, max_catch_up=max_catch_up, misfire_grace=misfire_grace
-            )
-        return None
-
-    async def _first_run(self, shard: int, spec: JobSpec, encoded: EncodedJob) -> EncodedJob:
-        """A recurring job without delay/at starts at its first occurrence after now."""
-        rec = spec.recurrence
-        if rec is None or spec.delay is not None or spec.at is not None:
-            return encoded
-        if rec.every_ms:
-            spec = dataclasses.replace(spec, delay=rec.every_ms / 1000)
-        else:
-            now = await self.store.now(shard)
-            spec = dataclasses.replace(spec, at=rec.next_after(now, now))
-        return encode_job(spec, self.max_payload_bytes)
-
-    async def schedule_many(
-        self, specs: Iterable[JobSpec], *, replace: bool = False, conn: Any = None
-    ) -> list[ScheduleResult]:
-        """Schedule many jobs in one round trip: one script call per shard (per
-        ``MAX_BATCH`` jobs), in one MULTI/EXEC (all or nothing on a single Redis).
-
-        Args:
-            specs: the jobs (validated on construction).
-            replace: as in :meth:`schedule`.
-            conn: as in :meth:`schedule` (Postgres mode: every job in one transaction).
-
-        Returns:
-            One result per job, grouped by shard (each carries its id).
-
-        Raises:
-            TypeError, ValueError: for an invalid spec or payload (nothing is written).
-        """
-        groups: dict[int, list[EncodedJob]] = {}
-        pending: list[tuple[int, JobSpec, EncodedJob]] = []
-        shard_of = self.keys.shard_of
-        limit = self.max_payload_bytes
-        for spec in specs:
-            if not isinstance(spec, JobSpec):
-                raise TypeError(f"specs must hold JobSpec values, got {spec!r}")
-            pending.append((shard_of(spec.id), spec, encode_job(spec, limit)))
-        if self.pg is not None or conn is not None:
-            return await self._pg_schedule([spec for _, spec, _ in pending], replace, conn)
-        await self.open()
-        for shard, spec, encoded in pending:
-            group = groups.get(shard)
-            if group is None:
-                group = groups[shard] = []
-            if spec.recurrence is None:  # no first run to find (and no await per job)
-                group.append(encoded)
-            else:
-                group.append(await self._first_run(shard, spec, encoded))
-        chunked = {
-            shard: [jobs[i : i + MAX_BATCH] for i in range(0, len(jobs), MAX_BATCH)]
-            for shard, jobs in groups.items()
-        }
-        if not chunked:
-            return []
-        return await self.store.schedule_many(chunked, replace)
-
-    async def cancel(self, job_id: str) -> bool:
-        """Remove a job in any state; True if there was one. A leased job's holder
-        gets :class:`LeaseLost` on ack. O(log N)."""
-        check_job_id(job_id)
-        if self.pg is not None:  # both stores, in a transaction holding the id
-            found, state = await self.pg.cancel(self, job_id)
-            return state is not None or found
-        await self.open()
-        return await self.store.cancel(self.keys.shard_of(job_id), job_id) is not None
-
-    async def reschedule(
-        self,
-        job_id: str,
-        *,
-        delay: float | timedelta | None = None,
-        at: int | datetime | None = None,
-    ) -> bool:
-        """Move a due job to a new due time (a new occurrence, attempt 1). O(log N).
-
-        Returns:
-            True if moved; False if there is no such job, it is leased or dead, or the
-            new occurrence is done already.
-
-        Raises:
-            TypeError, ValueError: naming a bad parameter.
-        """
-        check_job_id(job_id)
-        mode, time_ms = when_args(delay, at)
-        if self.pg is not None:  # Redis moves it inside PostgreSQL's lock on the row
-            return await self.pg.reschedule(self, job_id, mode, time_ms)
-        await self.open()
-        status, _ = await self.store.reschedule(self.keys.shard_of(job_id), job_id, mode, time_ms)
-        return status == 1
-
-    async def get(self, job_id: str) -> JobInfo | None:
-        """One job's state and record, or None if it is done or unknown. O(log N)."""
-        check_job_id(job_id)
-        await self.open()
-        return await self.store.get(self.keys.shard_of(job_id), job_id)
+    recurrence = staticmethod(recurrence)
+    schedule_many = _forward("producer", Producer.schedule_many)
+    cancel = _forward("producer", Producer.cancel)
+    reschedule = _forward("producer", Producer.reschedule)
+    get = _forward("producer", Producer.get)
 
     # -- Postgres mode -------------------------------------------------------------
 
@@ -461,55 +332,40 @@ class Scheduler(OwnerSide):
             raise ValueError("reconcile needs the Postgres mode (Scheduler(..., postgres_url=...))")
         return await self.pg.reconcile(self, if_free=if_free)
 
-    # -- dead letters --------------------------------------------------------------
+    # -- owners: delegated to self.leases (Leases; the worker calls it directly) -----
 
-    async def dead_letters(self, shard: int, *, offset: int = 0, count: int = 100) -> DeadPage:
-        """A page of one shard's dead letters, oldest first."""
+    async def take(self, shard: int) -> int | None:
+        """Take a shard if free; return its new epoch, or None if another owner holds it."""
         self.keys.shard(shard)
-        if not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"offset must be an int >= 0, got {offset!r}")
-        int_between("count", count, 1, MAX_BATCH)
         await self.open()
-        return await self.store.dead_list(shard, offset, count)
+        return await self.ownership.take(shard)
 
-    async def requeue_dead(self, job_ids: Sequence[str]) -> list[str]:
-        """Put dead letters back to due now, attempt 1; return the ids requeued."""
-        return await self._undead(job_ids, purge=False)
+    claim = _forward("leases", Leases.claim)
+    ack = _forward("leases", Leases.ack)
+    ack_many = _forward("leases", Leases.ack_many)
+    retry = _forward("leases", Leases.retry)
+    extend = _forward("leases", Leases.extend)
+    release = _forward("leases", Leases.release)
+    reap = _forward("leases", Leases.reap)
+    process = _forward("leases", Leases.process)
 
-    async def purge_dead(self, job_ids: Sequence[str]) -> list[str]:
-        """Delete dead letters for good; return the ids purged."""
-        return await self._undead(job_ids, purge=True)
+    def backoff_ms(self, attempt: int) -> int:
+        """The retry delay after failed attempt ``attempt``: :meth:`Leases.backoff_ms`."""
+        return self.leases.backoff_ms(attempt)
 
-    async def _undead(self, job_ids: Sequence[str], *, purge: bool) -> list[str]:
-        groups = self._by_shard(job_ids)
-        await self.open()  # the shard count is checked before anything is written
-        act = self.store.dead_purge if purge else self.store.dead_requeue
-        out: list[str] = []
-        for shard, ids in groups.items():
-            out += await act(shard, ids, len(ids))
-        if self.pg is not None:
-            await self.pg.store.undead(out, purge=purge)
-        return out
+    # -- operators: delegated to self.operator (Operator) ---------------------------
 
-    async def purge_all_dead(self, shard: int, *, limit: int = MAX_BATCH) -> list[str]:
-        """Delete the oldest ``limit`` dead letters of ``shard``."""
-        self.keys.shard(shard)
-        int_between("limit", limit, 1, MAX_BATCH)
-        await self.open()
-        out = await self.store.dead_purge(shard, [], limit)
-        if self.pg is not None:
-            await self.pg.store.undead(out, purge=True)
-        return out
+    @functools.cached_property
+    def operator(self) -> Operator:
+        """Inspect and the dead-letter calls, each after :meth:`open`."""
+        return Operator(self.store, self.keys, self.open, pg=self.pg)
 
-    def _by_shard(self, job_ids: Sequence[str]) -> dict[int, list[str]]:
-        if isinstance(job_ids, str):
-            raise TypeError("job_ids must be a sequence of ids, not a str")
-        groups: dict[int, list[str]] = {}
-        for job_id in job_ids:
-            groups.setdefault(self.keys.shard_of(check_job_id(job_id)), []).append(job_id)
-        return groups
-
-    # -- operators -----------------------------------------------------------------
+    inspect = _forward("operator", Operator.inspect)
+    dead_letters = _forward("operator", Operator.dead_letters)
+    requeue_dead = _forward("operator", Operator.requeue_dead)
+    purge_dead = _forward("operator", Operator.purge_dead)
+    requeue_all_dead = _forward("operator", Operator.requeue_all_dead)
+    purge_all_dead = _forward("operator", Operator.purge_all_dead)
 
     def stats(self) -> SchedulerStats:
         """A snapshot of this scheduler's counters: claims, acks, retries, dead letters,
@@ -518,33 +374,6 @@ class Scheduler(OwnerSide):
         Runtime complexity: O(1); no Redis call.
         """
         return self.ownership.counters.snapshot()
-
-    async def inspect(self) -> list[ShardInfo]:
-        """One read-only look at every shard: counts, overdue lag, owner, next due.
-
-        Returns:
-            One :class:`ShardInfo` per shard, in shard order (one script call each).
-
-        Raises:
-            ShardCountMismatch, RedisUnavailable: see :meth:`open`.
-        """
-        await self.open()
-        return [await self.store.inspect(shard) for shard in range(self.keys.shards)]
-
-    async def requeue_all_dead(self, shard: int, *, limit: int = MAX_BATCH) -> list[str]:
-        """Put the oldest ``limit`` dead letters of ``shard`` back to due now, attempt 1;
-        return the ids requeued.
-
-        Raises:
-            ValueError: for a shard out of range or a bad ``limit``.
-        """
-        self.keys.shard(shard)
-        int_between("limit", limit, 1, MAX_BATCH)
-        await self.open()
-        out = await self.store.dead_requeue(shard, [], limit)
-        if self.pg is not None:
-            await self.pg.store.undead(out, purge=False)
-        return out
 
     # == For the worker and the operator tools (issue 32) ==============================
     # runtime/ and ops/ reach Redis through the scheduler, never through ``self.store``:

@@ -1,9 +1,10 @@
-"""The owner side of the facade: the calls a shard's owner makes under its epoch.
+"""The lease side of the facade: the calls a shard's owner makes under its epoch.
 
-Claim, missed runs, ack, retry, extend, release and reap. Each is one store call (the
-Postgres mode adds its half first); a :class:`Fenced` reply goes through
-``Ownership.guard``, which drops the shard and tells its subscribers, so no call here
-handles it. :class:`~tickwheel.durable.Scheduler` inherits these.
+Claim (with the missed-run policy), ack, retry, extend, release, reap and process. Each
+is one store call (the Postgres mode adds its half first); a :class:`Fenced` reply goes
+through ``Ownership.guard``, which drops the shard and tells its subscribers, so no call
+here handles it. A :class:`~tickwheel.durable.Scheduler` builds one :class:`Leases` and
+delegates to it; the worker's hot path (``tickwheel.durable.runtime``) calls it directly.
 """
 
 from __future__ import annotations
@@ -29,18 +30,14 @@ from tickwheel.durable.model import (
     finite_seconds_ms,
     int_between,
 )
-from tickwheel.durable.store import (
-    ClaimedRef,
-    Keys,
-    Store,
-)
+from tickwheel.durable.store import ClaimedRef, Keys, Store
 
-from ._ownership import Ownership
+from ._shard_owner import Ownership
 
 if TYPE_CHECKING:
     from tickwheel.durable.postgres import PostgresMode
 
-__all__ = ["DEFAULT_LEASE", "MAX_BATCH", "MAX_ERROR_CHARS", "OwnerSide"]
+__all__ = ["DEFAULT_LEASE", "MAX_BATCH", "MAX_ERROR_CHARS", "Leases"]
 
 logger = logging.getLogger("tickwheel.durable")
 
@@ -54,35 +51,63 @@ MAX_BATCH = 1000
 MAX_ERROR_CHARS = 1024
 
 
-class OwnerSide:
-    """The owner-side calls of a :class:`Scheduler` (a base class; not made directly)."""
+class Leases:
+    """The owner-side calls over one namespace's shards (built by a :class:`Scheduler`).
 
-    # Set by Scheduler.__init__:
-    store: Store  # one method per script
-    keys: Keys  # key names
-    ownership: Ownership  # shards owned here, and the one Fenced handler
-    pg: PostgresMode | None  # the Postgres mode, or None
-    dedup_window_ms: int  # how long a done occurrence is remembered
-    max_payload_bytes: int  # largest encoded payload accepted
-    retry_base_ms: int  # retry backoff base
-    retry_max_ms: int  # retry backoff cap
-    _rng: random.Random  # backoff jitter
-    # shard -> (epoch, token, received) of the latest claim: a claim that failed is
-    # sent again with its token (its reply may be lost, its leases held), one that
-    # was received is forgotten by the next claim (claim.lua keeps replies).
-    _claims: dict[int, tuple[int, str, bool]]
+    Args:
+        store: the namespace's store (one method per script).
+        keys: its key names.
+        ownership: the shards owned here, their epochs, and the one Fenced handler.
+        dedup_window_ms: how long a done occurrence is remembered.
+        retry_base_ms: the first retry delay; doubles per attempt.
+        retry_max_ms: the cap of the retry delay.
+        rng: randomness for the backoff's jitter.
+        pg: the Postgres mode, or None (Redis only).
+        after_claim: the Postgres mode's check of a claimed batch under its epoch
+            (``PostgresMode.after_claim`` bound to the scheduler); None without it.
+    """
 
-    async def open(self) -> object:
-        """Check the namespace's layout (:meth:`Scheduler.open`)."""
-        raise NotImplementedError
+    __slots__ = (
+        "__weakref__",  # Ownership.on_fenced holds _forget_claim weakly
+        "_claims",
+        "_rng",
+        "after_claim",
+        "dedup_window_ms",
+        "keys",
+        "ownership",
+        "pg",
+        "retry_base_ms",
+        "retry_max_ms",
+        "store",
+    )
 
-    # -- owners --------------------------------------------------------------------
-
-    async def take(self, shard: int) -> int | None:
-        """Take a shard if free; return its new epoch, or None if another owner holds it."""
-        self.keys.shard(shard)
-        await self.open()
-        return await self.ownership.take(shard)
+    def __init__(
+        self,
+        store: Store,
+        keys: Keys,
+        ownership: Ownership,
+        *,
+        dedup_window_ms: int,
+        retry_base_ms: int,
+        retry_max_ms: int,
+        rng: random.Random,
+        pg: PostgresMode | None = None,
+        after_claim: Callable[[ClaimBatch, int], Awaitable[ClaimBatch]] | None = None,
+    ) -> None:
+        self.store = store
+        self.keys = keys
+        self.ownership = ownership
+        self.dedup_window_ms = dedup_window_ms
+        self.retry_base_ms = retry_base_ms
+        self.retry_max_ms = retry_max_ms
+        self._rng = rng
+        self.pg = pg
+        self.after_claim = after_claim
+        # shard -> (epoch, token, received) of the latest claim: a claim that failed is
+        # sent again with its token (its reply may be lost, its leases held), one that
+        # was received is forgotten by the next claim (claim.lua keeps replies).
+        self._claims: dict[int, tuple[int, str, bool]] = {}
+        ownership.on_fenced(self._forget_claim)
 
     async def claim(
         self,
@@ -116,8 +141,8 @@ class OwnerSide:
             received = time.monotonic()
             counters.claim_calls += 1
             planned = await self._plan(batch, epoch)
-            if self.pg is not None:
-                checked = await self.pg.after_claim(self, planned, epoch)
+            if self.after_claim is not None:
+                checked = await self.after_claim(planned, epoch)
                 counters.dedup_dropped += checked.dropped - planned.dropped  # done in PostgreSQL
                 planned = checked
             # now_ms as of our return, not of the script: a caller converts due times

@@ -1,0 +1,120 @@
+"""The operator's calls over a namespace: one look at every shard, and the dead letters
+(list, requeue, purge), one shard or a set of ids at a time.
+
+They open the scheduler first (its ``open``, given here), so the shard count is checked
+before anything is written; the Postgres mode gets the outcome after Redis (``undead``).
+:class:`~tickwheel.durable.Scheduler` delegates its methods of the same names here. The
+dashboard's reads, which never open, are the :class:`~._console.Console`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
+
+from tickwheel.durable.model import DeadPage, ShardInfo, check_job_id, int_between
+from tickwheel.durable.store import Keys, Store
+
+from ._leases import MAX_BATCH
+
+if TYPE_CHECKING:
+    from tickwheel.durable.postgres import PostgresMode
+
+__all__ = ["Operator"]
+
+
+class Operator:
+    """Inspect and the dead-letter calls over one namespace (built by a Scheduler).
+
+    Args:
+        store: the namespace's store.
+        keys: its key names (the shard count, an id's shard).
+        open: the scheduler's ``open`` (the layout check), awaited before each call.
+        pg: the Postgres mode, or None (Redis only).
+    """
+
+    __slots__ = ("_open", "keys", "pg", "store")
+
+    def __init__(
+        self,
+        store: Store,
+        keys: Keys,
+        open: Callable[[], Awaitable[object]],
+        *,
+        pg: PostgresMode | None = None,
+    ) -> None:
+        self.store = store
+        self.keys = keys
+        self._open = open
+        self.pg = pg
+
+    async def inspect(self) -> list[ShardInfo]:
+        """One read-only look at every shard: counts, overdue lag, owner, next due.
+
+        Returns:
+            One :class:`ShardInfo` per shard, in shard order (one script call each).
+
+        Raises:
+            ShardCountMismatch, RedisUnavailable: see :meth:`Scheduler.open`.
+        """
+        await self._open()
+        return [await self.store.inspect(shard) for shard in range(self.keys.shards)]
+
+    async def dead_letters(self, shard: int, *, offset: int = 0, count: int = 100) -> DeadPage:
+        """A page of one shard's dead letters, oldest first."""
+        self.keys.shard(shard)
+        if not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"offset must be an int >= 0, got {offset!r}")
+        int_between("count", count, 1, MAX_BATCH)
+        await self._open()
+        return await self.store.dead_list(shard, offset, count)
+
+    async def requeue_dead(self, job_ids: Sequence[str]) -> list[str]:
+        """Put dead letters back to due now, attempt 1; return the ids requeued."""
+        return await self._undead(job_ids, purge=False)
+
+    async def purge_dead(self, job_ids: Sequence[str]) -> list[str]:
+        """Delete dead letters for good; return the ids purged."""
+        return await self._undead(job_ids, purge=True)
+
+    async def _undead(self, job_ids: Sequence[str], *, purge: bool) -> list[str]:
+        groups = self._by_shard(job_ids)
+        await self._open()  # the shard count is checked before anything is written
+        act = self.store.dead_purge if purge else self.store.dead_requeue
+        out: list[str] = []
+        for shard, ids in groups.items():
+            out += await act(shard, ids, len(ids))
+        if self.pg is not None:
+            await self.pg.store.undead(out, purge=purge)
+        return out
+
+    async def requeue_all_dead(self, shard: int, *, limit: int = MAX_BATCH) -> list[str]:
+        """Put the oldest ``limit`` dead letters of ``shard`` back to due now, attempt 1;
+        return the ids requeued.
+
+        Raises:
+            ValueError: for a shard out of range or a bad ``limit``.
+        """
+        return await self._all_dead(shard, limit, purge=False)
+
+    async def purge_all_dead(self, shard: int, *, limit: int = MAX_BATCH) -> list[str]:
+        """Delete the oldest ``limit`` dead letters of ``shard``."""
+        return await self._all_dead(shard, limit, purge=True)
+
+    async def _all_dead(self, shard: int, limit: int, *, purge: bool) -> list[str]:
+        self.keys.shard(shard)
+        int_between("limit", limit, 1, MAX_BATCH)
+        await self._open()
+        act = self.store.dead_purge if purge else self.store.dead_requeue
+        out = await act(shard, [], limit)
+        if self.pg is not None:
+            await self.pg.store.undead(out, purge=purge)
+        return out
+
+    def _by_shard(self, job_ids: Sequence[str]) -> dict[int, list[str]]:
+        if isinstance(job_ids, str):
+            raise TypeError("job_ids must be a sequence of ids, not a str")
+        groups: dict[int, list[str]] = {}
+        for job_id in job_ids:
+            groups.setdefault(self.keys.shard_of(check_job_id(job_id)), []).append(job_id)
+        return groups

@@ -1,0 +1,257 @@
+"""The producer side of the facade: schedule, cancel, reschedule and read jobs by id.
+
+:class:`Producer` takes :class:`JobSpec` values (``Scheduler.schedule`` turns its keyword
+arguments into one, with :func:`recurrence`), encodes them, finds a recurring job's first
+run, groups them per shard in ``MAX_BATCH`` chunks and makes one store call. In the
+Postgres mode the job goes to PostgreSQL first (``PostgresMode``), which indexes it in
+Redis. A bad argument raises before anything is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from tickwheel.durable.model import (
+    DEFAULT_MAX_CATCH_UP,
+    DEFAULT_MISFIRE_GRACE_MS,
+    JobInfo,
+    JobSpec,
+    MissedRun,
+    Recurrence,
+    RedisUnavailable,
+    ScheduleResult,
+    check_job_id,
+    when_args,
+)
+from tickwheel.durable.store import EncodedJob, Keys, Store, encode_job
+
+from ._leases import MAX_BATCH
+
+if TYPE_CHECKING:
+    from tickwheel.durable.postgres import PostgresMode
+    from tickwheel.durable.postgres._mode import RedisSide
+
+__all__ = ["DEFAULT_GRACE_S", "Producer", "recurrence"]
+
+DEFAULT_GRACE_S = DEFAULT_MISFIRE_GRACE_MS / 1000
+
+
+def recurrence(
+    *,
+    every: float | timedelta | None = None,
+    cron: str | None = None,
+    missed: MissedRun | str = MissedRun.ONCE,
+    max_catch_up: int = DEFAULT_MAX_CATCH_UP,
+    misfire_grace: float | timedelta = DEFAULT_GRACE_S,
+) -> Recurrence | None:
+    """Build the recurrence of ``every`` or ``cron`` (None when neither is given).
+
+    Raises:
+        TypeError, ValueError: naming a bad parameter.
+    """
+    if every is not None and cron is not None:
+        raise ValueError("give every or cron, not both")
+    if every is not None:
+        return Recurrence.interval(
+            every, missed=missed, max_catch_up=max_catch_up, misfire_grace=misfire_grace
+        )
+    if cron is not None:
+        return Recurrence.cron_expr(
+            cron, missed=missed, max_catch_up=max_catch_up, misfire_grace=misfire_grace
+        )
+    if (
+        missed is not MissedRun.ONCE
+        or max_catch_up != DEFAULT_MAX_CATCH_UP
+        or misfire_grace != DEFAULT_GRACE_S
+    ):
+        # Validate the policy arguments even without a recurrence: a typo must not
+        # pass. (Skipped at the defaults: single schedules are a hot path.)
+        Recurrence.interval(
+            1, missed=missed, max_catch_up=max_catch_up, misfire_grace=misfire_grace
+        )
+    return None
+
+
+class Producer:
+    """The job operations by id over one namespace (built by a :class:`Scheduler`).
+
+    Args:
+        store: the namespace's store.
+        keys: its key names (an id's shard).
+        open: the scheduler's ``open`` (the layout check), awaited before a write.
+        max_payload_bytes: largest encoded payload accepted.
+        redis_side: what the Postgres mode is handed as the Redis side (the
+            scheduler: ``RedisSide``, its store, keys and ``open``).
+        pg: the Postgres mode, or None (Redis only).
+    """
+
+    __slots__ = ("_open", "_opened", "_side", "keys", "max_payload_bytes", "pg", "store")
+
+    def __init__(
+        self,
+        store: Store,
+        keys: Keys,
+        open: Callable[[], Awaitable[object]],
+        *,
+        max_payload_bytes: int,
+        redis_side: RedisSide,
+        pg: PostgresMode | None = None,
+    ) -> None:
+        self.store = store
+        self.keys = keys
+        self._open = open
+        self._opened = False  # open() returned once here: the layout is checked
+        self.max_payload_bytes = max_payload_bytes
+        self.pg = pg
+        self._side = redis_side
+
+    def schedule(
+        self, spec: JobSpec, replace: bool = False, conn: Any = None
+    ) -> Awaitable[ScheduleResult]:
+        """Schedule one job (:meth:`Scheduler.schedule`, its arguments in ``spec``).
+
+        Returns an awaitable, not a coroutine of its own: in the common case (Redis
+        only, a one-shot job, the scheduler opened) it is the store's call itself, so
+        a single schedule costs no extra frame on its way to Redis and back. A bad
+        spec or payload raises here, before anything is sent.
+        """
+        if self.pg is not None or conn is not None:
+            return self._pg_schedule_one(spec, replace, conn)
+        encoded = encode_job(spec, self.max_payload_bytes)
+        if self._opened and spec.recurrence is None:
+            return self.store.schedule_one(self.keys.shard_of(spec.id), encoded, replace)
+        return self._schedule_one(spec, encoded, replace)
+
+    async def _schedule_one(
+        self, spec: JobSpec, encoded: EncodedJob, replace: bool
+    ) -> ScheduleResult:
+        if not self._opened:
+            await self._open()
+            self._opened = True  # open() is idempotent: no need to await it again
+        shard = self.keys.shard_of(spec.id)
+        encoded = await self._first_run(shard, spec, encoded)
+        return await self.store.schedule_one(shard, encoded, replace)
+
+    async def _pg_schedule_one(self, spec: JobSpec, replace: bool, conn: Any) -> ScheduleResult:
+        return (await self._pg_schedule([spec], replace, conn))[0]
+
+    async def _pg_schedule(
+        self, specs: Sequence[JobSpec], replace: bool, conn: Any
+    ) -> list[ScheduleResult]:
+        if self.pg is None:
+            raise ValueError("conn needs the Postgres mode (Scheduler(..., postgres_url=...))")
+        if replace:
+            if conn is not None:
+                raise ValueError(
+                    "replace=True cannot join the caller's transaction (conn=): whether"
+                    " the job is leased is known only to Redis, at the moment of the"
+                    " replace; schedule without conn, or without replace"
+                )
+            return await self.pg.replace(self._side, specs)
+        if not self._opened:
+            # The namespace's shard count is checked before anything is written (a
+            # mismatch raises); a Redis that is down does not stop the enqueue.
+            with contextlib.suppress(RedisUnavailable):
+                await self._open()
+                self._opened = True
+        return await self.pg.schedule(self._side, specs, conn)
+
+    async def _first_run(self, shard: int, spec: JobSpec, encoded: EncodedJob) -> EncodedJob:
+        """A recurring job without delay/at starts at its first occurrence after now."""
+        rec = spec.recurrence
+        if rec is None or spec.delay is not None or spec.at is not None:
+            return encoded
+        if rec.every_ms:
+            spec = dataclasses.replace(spec, delay=rec.every_ms / 1000)
+        else:
+            now = await self.store.now(shard)
+            spec = dataclasses.replace(spec, at=rec.next_after(now, now))
+        return encode_job(spec, self.max_payload_bytes)
+
+    async def schedule_many(
+        self, specs: Iterable[JobSpec], *, replace: bool = False, conn: Any = None
+    ) -> list[ScheduleResult]:
+        """Schedule many jobs in one round trip: one script call per shard (per
+        ``MAX_BATCH`` jobs), in one MULTI/EXEC (all or nothing on a single Redis).
+
+        Args:
+            specs: the jobs (validated on construction).
+            replace: as in :meth:`Scheduler.schedule`.
+            conn: as in :meth:`Scheduler.schedule` (Postgres mode: every job in one transaction).
+
+        Returns:
+            One result per job, grouped by shard (each carries its id).
+
+        Raises:
+            TypeError, ValueError: for an invalid spec or payload (nothing is written).
+        """
+        groups: dict[int, list[EncodedJob]] = {}
+        pending: list[tuple[int, JobSpec, EncodedJob]] = []
+        shard_of = self.keys.shard_of
+        limit = self.max_payload_bytes
+        for spec in specs:
+            if not isinstance(spec, JobSpec):
+                raise TypeError(f"specs must hold JobSpec values, got {spec!r}")
+            pending.append((shard_of(spec.id), spec, encode_job(spec, limit)))
+        if self.pg is not None or conn is not None:
+            return await self._pg_schedule([spec for _, spec, _ in pending], replace, conn)
+        await self._open()
+        for shard, spec, encoded in pending:
+            group = groups.get(shard)
+            if group is None:
+                group = groups[shard] = []
+            if spec.recurrence is None:  # no first run to find (and no await per job)
+                group.append(encoded)
+            else:
+                group.append(await self._first_run(shard, spec, encoded))
+        chunked = {
+            shard: [jobs[i : i + MAX_BATCH] for i in range(0, len(jobs), MAX_BATCH)]
+            for shard, jobs in groups.items()
+        }
+        if not chunked:
+            return []
+        return await self.store.schedule_many(chunked, replace)
+
+    async def cancel(self, job_id: str) -> bool:
+        """Remove a job in any state; True if there was one. A leased job's holder
+        gets :class:`LeaseLost` on ack. O(log N)."""
+        check_job_id(job_id)
+        if self.pg is not None:  # both stores, in a transaction holding the id
+            found, state = await self.pg.cancel(self._side, job_id)
+            return state is not None or found
+        await self._open()
+        return await self.store.cancel(self.keys.shard_of(job_id), job_id) is not None
+
+    async def reschedule(
+        self,
+        job_id: str,
+        *,
+        delay: float | timedelta | None = None,
+        at: int | datetime | None = None,
+    ) -> bool:
+        """Move a due job to a new due time (a new occurrence, attempt 1). O(log N).
+
+        Returns:
+            True if moved; False if there is no such job, it is leased or dead, or the
+            new occurrence is done already.
+
+        Raises:
+            TypeError, ValueError: naming a bad parameter.
+        """
+        check_job_id(job_id)
+        mode, time_ms = when_args(delay, at)
+        if self.pg is not None:  # Redis moves it inside PostgreSQL's lock on the row
+            return await self.pg.reschedule(self._side, job_id, mode, time_ms)
+        await self._open()
+        status, _ = await self.store.reschedule(self.keys.shard_of(job_id), job_id, mode, time_ms)
+        return status == 1
+
+    async def get(self, job_id: str) -> JobInfo | None:
+        """One job's state and record, or None if it is done or unknown. O(log N)."""
+        check_job_id(job_id)
+        await self._open()
+        return await self.store.get(self.keys.shard_of(job_id), job_id)
