@@ -11,7 +11,7 @@ May import: the standard library and ``cronsim``; nothing else from tickwheel.
 
 from __future__ import annotations
 
-from ._checks import finite_seconds_ms, int_between
+from ._args import finite_seconds_ms, int_between
 from ._errors import (
     DurableError,
     Fenced,

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from enum import IntEnum
 from typing import Any
 
-from ._checks import finite_seconds_ms, int_between
+from ._args import finite_seconds_ms, int_between
 from ._recurrence import Recurrence
 
 __all__ = [

@@ -4,7 +4,7 @@ Owns: ``lua/`` (one atomic transition per file), the key names (``_keys.py``), t
 record encoding (``_record.py``), script loading (``_scripts.py``), the transport over
 one Redis or a Redis Cluster (``_connect.py``), the translation of Redis errors
 (``_errors.py``), the bounded transport of script calls (``_transport.py``), the
-startup check of a server (``_check.py``), the namespace's layout key (``_layout.py``),
+startup check of a server (``_server_check.py``), the namespace's layout key (``_layout.py``),
 the workers' member set and stats documents (``_workers.py``) and the commands of a
 Redis Stream (``_streams.py``).
 
@@ -19,7 +19,6 @@ May import: ``tickwheel.durable.model``, ``tickwheel.wheel`` (for its timeout), 
 
 from __future__ import annotations
 
-from ._check import MIN_REDIS_VERSION, ServerConfigWarning, ServerReport, check_server, crash_loss
 from ._connect import (
     URL_ENV,
     Client,
@@ -44,6 +43,13 @@ from ._keys import DEFAULT_BUCKETS, MAX_JOB_ID_BYTES, Keys, parse_layout
 from ._layout import LayoutUnreadable, read_layout
 from ._record import pack_array, pack_record
 from ._scripts import register
+from ._server_check import (
+    MIN_REDIS_VERSION,
+    ServerConfigWarning,
+    ServerReport,
+    check_server,
+    crash_loss,
+)
 from ._store import ClaimedRef, EncodedJob, Store, encode_job
 from ._streams import RawEntry, Stream
 from ._transport import DEFAULT_CALL_TIMEOUT, Transport
