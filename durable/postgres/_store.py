@@ -31,9 +31,8 @@ from tickwheel.durable.model import (
     Fenced,
     JobSpec,
     PostgresUnavailable,
-    encode_payload,
 )
-from tickwheel.durable.store import ClaimedRef, EncodedJob, pack_record, shown_url
+from tickwheel.durable.store import ClaimedRef, EncodedJob, encode_payload, pack_record, shown_url
 
 from ._migrate import check_schema
 
