@@ -193,13 +193,13 @@ class JobSpec:
         object.__setattr__(self, "time_ms", time_ms)
 
 
-@dataclass(slots=True, kw_only=True)
+@dataclass(slots=True)
 class Job:
     """A claimed job: the handler's view. ``(id, nominal_ms)`` is the idempotency key.
 
     Treat it as read-only. It is not frozen because a claim builds one per job and a
     frozen dataclass's ``__init__`` costs twice as much (bench: durable claim+ack).
-    Built by keyword only (``store/_codec.py`` decodes a claim's rows into it).
+    Built by keyword (``store/_codec.py`` decodes a claim's rows into it).
     """
 
     id: str  # job id

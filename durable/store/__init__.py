@@ -5,10 +5,10 @@ codec (``_codec.py``: a JobSpec to its record and a reply back to a Job), the ms
 bytes by hand (``_msgpack.py``), script loading (``_scripts.py``), the connection to one
 Redis or a Redis Cluster (``_connect.py``), the translation of Redis errors
 (``_errors.py``), the bounded transport of script calls (``_transport.py``), the store's
-lifecycle calls (``_store.py``) and operator calls (``_operator.py``), the startup check
-of a server (``_server_check.py``), the namespace's layout key (``_layout.py``), the
-workers' member set and stats documents (``_workers.py``) and the commands of a Redis
-Stream (``_streams.py``).
+job lifecycle calls (``_store.py``), shard ownership (``_fencing.py``), the operator's
+calls (``_operator.py``), the startup check of a server (``_server_check.py``), the
+namespace's layout key (``_layout.py``), the workers' member set and stats documents
+(``_workers.py``) and the commands of a Redis Stream (``_streams.py``).
 
 Invariants: a :class:`Store` method is one script call (or one pipeline of the same
 script over shards): no loops over time, no sleeping; every call is bounded by

@@ -55,7 +55,8 @@ class OperatorCalls:
         return job_info(job_id, shard, JobState(reply[0]), reply[1], reply[2:])
 
     async def get_and_now(self, shard: int, job_id: str) -> tuple[JobInfo | None, int]:
-        """:meth:`get` and now.lua of the id's shard in one pipeline (one round trip)."""
+        """:meth:`get` and now.lua of the id's shard in one pipeline (one round trip):
+        the job, and Redis's now to show its times against."""
         k = self.keys.shard(shard)
         jobs = self.keys.jobs_key(shard, job_id)
         reply, now = await self.transport.pipelined(
@@ -98,7 +99,11 @@ class OperatorCalls:
     # -- listing and inspection ----------------------------------------------------
 
     async def due_list(self, shard: int, offset: int, count: int) -> DeadPage:
-        """A page of one shard's scheduled jobs in due order (due_list.lua, read only).
+        """A page of one shard's scheduled jobs in due order, from rank ``offset``
+        (due_list.lua, read only). Each row's ``when_ms`` is its due time.
+
+        O(log N + count) within the jobs due in the next minute or two; a page reaching
+        into the far index (jobs due later) reads it from its start, O(offset).
 
         Raises:
             ListingTooLong: if that would read more than 50,000 far entries.
@@ -109,7 +114,8 @@ class OperatorCalls:
 
     async def due_rank(self, shard: int, time_ms: int) -> int:
         """How many of the shard's scheduled jobs are due before ``time_ms``
-        (due_rank.lua, read only).
+        (due_rank.lua, read only). O(log N) plus the far entries of slots starting
+        before ``time_ms``.
 
         Raises:
             ListingTooLong: if that would read more than 50,000 far entries.
@@ -127,7 +133,8 @@ class OperatorCalls:
         return [k.due, k.leased, k.dead, k.owner, k.epoch, k.clock, k.far, k.faro, *k.jobs]
 
     async def inspect(self, shard: int) -> ShardInfo:
-        """Counts, overdue lag, owner and next due of one shard (inspect.lua, read only)."""
+        """Counts, overdue lag, owner and next due of one shard (inspect.lua, read only).
+        O(log N)."""
         reply = await self.transport.run(
             self._scripts.inspect, self._inspect_keys(shard), [], shard
         )

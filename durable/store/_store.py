@@ -10,28 +10,20 @@ Ground rules:
 - Every call goes through the store's transport (``self.transport``, ``_transport.py``):
   bounded, its errors translated, so callers see :class:`RedisUnavailable`,
   :class:`Fenced`, or redis-py's own. The store *has* a transport; it is not one.
-- Here: the job's lifecycle (schedule, claim, ack, retry, extend, release, reap) and shard
-  ownership. The operator's calls (a job's record, listings, inspection, dead letters)
-  are ``_operator.py``'s; the store keeps one method for each, which hands it on.
+- Here: the job's lifecycle (schedule, claim, ack, retry, extend, release, reap). Shard
+  ownership is ``_fencing.py``'s and the operator's calls (a job's record, listings,
+  inspection, dead letters) ``_operator.py``'s; the store keeps one method for each,
+  which hands it on, so the other layers see one Store.
 - The client must not decode responses: payloads are bytes.
 - The client is one Redis or a Redis Cluster (``_connect.py``). Each script touches
   one shard's slot; nothing spans slots, so nothing needs a cross-slot transaction.
   Only :meth:`Store.schedule_many` on one Redis uses MULTI (all or nothing); on a
   cluster it is atomic per script call (per shard chunk), and idempotent to retry.
-- Every call is bounded by ``call_timeout`` (plus the WAIT timeout when it waits),
-  whatever the client's own socket timeout: a Redis that stops answering gives
-  :class:`RedisUnavailable`, never a hang. The call may have run (a lost reply); each
-  script is safe to send again (docs/reliability.md), and nothing here re-sends one
-  whose reply was lost: the per-node clients this store makes never retry.
 - With ``replicas`` > 0 the writes that must survive a failover (schedule, cancel,
-  reschedule, and the end states ack, retry, release) are followed
-  by ``WAIT replicas timeout`` *on the connection that wrote*: WAIT counts the replicas
-  that have that connection's writes, so it must share the write's connection. One
-  pipeline per node carries the script calls and then WAIT.
-- redis-py's cluster pipeline refuses EVALSHA, and could not put WAIT on the write's
-  connection anyway; so pipelined writes to a cluster go through a plain client per
-  master (``_transport.py``), routed by the cluster client's slot map. A reply of MOVED
-  or ASK means the call did not run there: the slot map is refreshed and it is resent.
+  reschedule, and the end states ack, retry, release) go through ``transport.write``,
+  which follows them by ``WAIT`` on the connection that wrote; the rest use
+  ``transport.run``. How calls are bounded, waited for and routed on a cluster is the
+  transport's (``_transport.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +34,8 @@ from typing import Any
 from tickwheel.durable.model import (
     ClaimBatch,
     DeadPage,
+    DurableError,
+    Job,
     JobInfo,
     JobState,
     ReapResult,
@@ -50,13 +44,23 @@ from tickwheel.durable.model import (
     ShardInfo,
 )
 
-from ._codec import ClaimedRef, EncodedJob, decode_claim
+from ._codec import (
+    CLAIM_SHORT_ROW,
+    DUPLICATE,
+    ClaimedRef,
+    EncodedJob,
+    decode_payload,
+    init_job,
+    new_job,
+    recurrence_of,
+)
 from ._connect import Client
+from ._fencing import FencingCalls
 from ._keys import Keys, parse_layout
-from ._msgpack import pack_ack_batch, pack_schedule_batch
+from ._msgpack import pack_ack_batch, pack_schedule_batch, unpack_reply
 from ._operator import OperatorCalls
 from ._scripts import Scripts
-from ._transport import DEFAULT_CALL_TIMEOUT, Call, Transport
+from ._transport import DEFAULT_CALL_TIMEOUT, Transport
 
 __all__ = ["Store"]
 
@@ -82,7 +86,7 @@ class Store:
             ``call_timeout`` is not positive.
     """
 
-    __slots__ = ("_operator", "_scripts", "keys", "transport")
+    __slots__ = ("_fencing", "_operator", "_scripts", "keys", "transport")
 
     def __init__(
         self,
@@ -102,8 +106,9 @@ class Store:
         )
         self._scripts = Scripts(client)  # the registered scripts
         self.keys = keys  # key names of the namespace
-        # The operator's calls (_operator.py), which the methods at the end hand on to.
-        self._operator = OperatorCalls(self.transport, self._scripts, keys)
+        # The ownership and operator calls, which the methods at the end hand on to.
+        self._fencing = FencingCalls(self.transport, self._scripts, keys)  # _fencing.py
+        self._operator = OperatorCalls(self.transport, self._scripts, keys)  # _operator.py
 
     @property
     def client(self) -> Client:
@@ -186,40 +191,20 @@ class Store:
     async def schedule_many(
         self, groups: Mapping[int, Sequence[Sequence[EncodedJob]]], replace: bool
     ) -> list[ScheduleResult]:
-        """Schedule.lua once per chunk, in one pipeline (one round trip per node).
+        """Schedule.lua once per chunk, in one round trip per node (``transport.batch``).
 
-        On one Redis without ``replicas`` the pipeline is MULTI/EXEC: the batch is
-        applied whole or not at all. On a cluster, or with ``replicas`` (WAIT cannot
-        follow EXEC on one connection), each chunk is atomic on its own; a failure may
-        leave some chunks written, and retrying the batch is safe (idempotent).
+        On one Redis without ``replicas`` the batch is applied whole or not at all
+        (MULTI/EXEC). On a cluster, or with ``replicas``, each chunk is atomic on its own;
+        a failure may leave some chunks written, and retrying the batch is safe
+        (idempotent).
         """
-        transport = self.transport
-        if transport.cluster or transport.replicas:
-            chunks: list[Sequence[EncodedJob]] = []
-            calls: list[Call] = []
-            for shard, shard_chunks in groups.items():
-                for chunk in shard_chunks:
-                    keys, args = self._schedule_call(shard, chunk, replace)
-                    calls.append(Call(self._scripts.schedule, keys, args, shard))
-                    chunks.append(chunk)
-            replies = await transport.pipelined(calls, wait=bool(transport.replicas))
-            return [
-                result
-                for chunk, reply in zip(chunks, replies, strict=True)
-                for result in self._schedule_results(chunk, reply)
-            ]
-        return await self._schedule_multi(groups, replace)
-
-    async def _schedule_multi(
-        self, groups: Mapping[int, Sequence[Sequence[EncodedJob]]], replace: bool
-    ) -> list[ScheduleResult]:
-        chunks = [chunk for shard_chunks in groups.values() for chunk in shard_chunks]
-        calls = [
-            self._schedule_call(shard, chunk, replace)
-            for shard, shard_chunks in groups.items()
-            for chunk in shard_chunks
-        ]
-        replies = await self.transport.transaction(self._scripts.schedule, calls)
+        chunks: list[Sequence[EncodedJob]] = []
+        calls: list[tuple[list[str], list[Any], int]] = []
+        for shard, shard_chunks in groups.items():
+            for chunk in shard_chunks:
+                calls.append((*self._schedule_call(shard, chunk, replace), shard))
+                chunks.append(chunk)
+        replies = await self.transport.batch(self._scripts.schedule, calls)
         return [
             result
             for chunk, reply in zip(chunks, replies, strict=True)
@@ -288,7 +273,47 @@ class Store:
             [epoch, lookahead_ms, limit, lease_ms],
             shard,
         )
-        return decode_claim(packed, shard, epoch)
+        try:
+            reply = unpack_reply(packed)
+        except ValueError as exc:  # not claim.lua's reply: a script of another version?
+            raise DurableError(f"claim on shard {shard}: {exc}") from None
+        # The rows, decoded here with _codec.py's pieces (its ground rules say why here):
+        # one slice and one keyword construction per job.
+        jobs: list[Job] = []
+        append = jobs.append
+        new, init, duplicate, short = new_job, init_job, DUPLICATE, CLAIM_SHORT_ROW
+        i, end = 2, len(reply)
+        while i < end:
+            (ident, due, deadline, tag, count, task, data, mx, flags, nominal, attempt) = reply[
+                i : i + 11
+            ]
+            if count == short:
+                ep, recurrence, error = epoch, None, ""
+            else:  # all 13: a recurring job, or one with an error
+                ep, kind = reply[i + 11], reply[i + 12]
+                recurrence = recurrence_of(kind, *reply[i + 13 : i + 17]) if kind else None
+                error = reply[i + 17].decode(errors="replace")
+            i += 5 + count
+            job = new(Job)
+            init(
+                job,
+                id=ident.decode(),
+                shard=shard,
+                task=task.decode(),
+                payload=data if flags == 0 else decode_payload(data, flags),
+                nominal_ms=nominal,
+                due_ms=due,
+                deadline_ms=deadline,
+                attempt=attempt,
+                max_attempts=mx,
+                epoch=ep,
+                recurrence=recurrence,
+                duplicate=duplicate[tag & 1],
+                last_error=error,
+                bucket=tag >> 1,
+            )
+            append(job)
+        return ClaimBatch(shard=shard, now_ms=int(reply[0]), jobs=jobs, dropped=int(reply[1]))
 
     async def ack(
         self, shard: int, epoch: int, refs: Sequence[ClaimedRef], keep_done_ms: int
@@ -406,94 +431,58 @@ class Store:
         ids = [b.decode() for b in reply[2:]]
         return ReapResult(shard, int(reply[0]), ids[:n], ids[n:])
 
-    # -- ownership -----------------------------------------------------------------
+    # -- ownership: one call each, handed to _fencing.py ---------------------------
 
     async def take(self, shard: int, token: str, ttl_ms: int) -> int:
-        """Take a shard (take.lua); return its new epoch, or 0 if another owner holds it."""
-        k = self.keys.shard(shard)
-        reply = await self.transport.run(
-            self._scripts.take, [k.owner, k.epoch], [token, ttl_ms], shard
-        )
-        return int(reply[0])
+        """:meth:`FencingCalls.take`: the new epoch, or 0 if another owner holds it."""
+        return await self._fencing.take(shard, token, ttl_ms)
 
     async def renew(self, shard: int, token: str, epoch: int, ttl_ms: int) -> None:
-        """Renew the owner token (renew.lua).
-
-        Raises:
-            Fenced: if the epoch moved on or another token holds the shard.
-        """
-        k = self.keys.shard(shard)
-        await self.transport.run(
-            self._scripts.renew, [k.owner, k.epoch], [token, epoch, ttl_ms], shard
-        )
+        """:meth:`FencingCalls.renew` (raises :class:`Fenced` if the shard moved on)."""
+        await self._fencing.renew(shard, token, epoch, ttl_ms)
 
     async def give_back(self, shard: int, token: str, epoch: int) -> bool:
-        """Give a shard back and bump its epoch (give_back.lua); False if not held."""
-        k = self.keys.shard(shard)
-        reply = await self.transport.run(
-            self._scripts.give_back, [k.owner, k.epoch], [token, epoch], shard
-        )
-        return bool(reply)
+        """:meth:`FencingCalls.give_back`: False if not held."""
+        return await self._fencing.give_back(shard, token, epoch)
 
     async def raise_epoch(self, shard: int, floor: int) -> bool:
-        """Lift the shard's epoch to ``floor + 1`` if it is below ``floor``
-        (raise_epoch.lua): after a Redis that lost its data, epochs start again from 0,
-        and PostgreSQL still refuses acks below the highest one it recorded."""
-        k = self.keys.shard(shard)
-        return bool(await self.transport.run(self._scripts.raise_epoch, [k.epoch], [floor], shard))
+        """:meth:`FencingCalls.raise_epoch`: lift the epoch to ``floor + 1`` if below."""
+        return await self._fencing.raise_epoch(shard, floor)
 
     # -- operators: one call each, handed to _operator.py -------------------------
 
     async def get(self, shard: int, job_id: str) -> JobInfo | None:
-        """One job's state and record (get.lua). O(log N)."""
+        """:meth:`OperatorCalls.get`: one job's state and record, or None."""
         return await self._operator.get(shard, job_id)
 
     async def get_and_now(self, shard: int, job_id: str) -> tuple[JobInfo | None, int]:
-        """:meth:`get` and :meth:`now` of the id's shard in one pipeline (one round
-        trip): the job, and Redis's now to show its times against."""
+        """:meth:`OperatorCalls.get_and_now`: the job and Redis's now, one round trip."""
         return await self._operator.get_and_now(shard, job_id)
 
     async def dead_list(self, shard: int, offset: int, count: int) -> DeadPage:
-        """A page of dead letters, oldest first (dead_list.lua)."""
+        """:meth:`OperatorCalls.dead_list`: a page of dead letters, oldest first."""
         return await self._operator.dead_list(shard, offset, count)
 
     async def dead_requeue(self, shard: int, ids: Sequence[str], limit: int) -> list[str]:
-        """Dead letters back to due now (dead_requeue.lua); ``ids`` empty: oldest ``limit``."""
+        """:meth:`OperatorCalls.dead_requeue`: dead letters back to due now."""
         return await self._operator.dead_requeue(shard, ids, limit)
 
     async def dead_purge(self, shard: int, ids: Sequence[str], limit: int) -> list[str]:
-        """Delete dead letters (dead_purge.lua); ``ids`` empty: the oldest ``limit``."""
+        """:meth:`OperatorCalls.dead_purge`: delete dead letters."""
         return await self._operator.dead_purge(shard, ids, limit)
 
     async def inspect(self, shard: int) -> ShardInfo:
-        """Counts, overdue lag, owner and next due of one shard (inspect.lua, read only).
-        O(log N)."""
+        """:meth:`OperatorCalls.inspect`: counts, lag, owner and next due of a shard."""
         return await self._operator.inspect(shard)
 
     async def inspect_all(self) -> list[ShardInfo]:
-        """:meth:`inspect` of every shard in one pipeline (one round trip per node).
-
-        Read only; the calls are not atomic together (each shard is read at its own
-        instant)."""
+        """:meth:`OperatorCalls.inspect_all`: every shard, one round trip per node."""
         return await self._operator.inspect_all()
 
     async def due_list(self, shard: int, offset: int, count: int) -> DeadPage:
-        """A page of one shard's scheduled jobs in due order, from rank ``offset``
-        (due_list.lua, read only). Each row's ``when_ms`` is its due time.
-
-        O(log N + count) within the jobs due in the next minute or two; a page reaching
-        into the far index (jobs due later) reads it from its start, O(offset).
-
-        Raises:
-            ListingTooLong: if that would read more than 50,000 far entries.
-        """
+        """:meth:`OperatorCalls.due_list`: a page of scheduled jobs in due order."""
         return await self._operator.due_list(shard, offset, count)
 
     async def due_rank(self, shard: int, time_ms: int) -> int:
-        """How many of the shard's scheduled jobs are due before ``time_ms`` (due_rank.lua,
-        read only). O(log N) plus the far entries of slots starting before ``time_ms``.
-
-        Raises:
-            ListingTooLong: if that would read more than 50,000 far entries.
-        """
+        """:meth:`OperatorCalls.due_rank`: how many jobs are due before ``time_ms``."""
         return await self._operator.due_rank(shard, time_ms)

@@ -10,6 +10,17 @@ Ground rules:
 - A pipelined write goes one round trip per node, without MULTI. Calls that did not run
   (NOSCRIPT on a fresh master, MOVED/ASK on a stale slot map) are resent after a
   recovery, up to ``_MAX_ROUNDS``; a call that may have run is never resent here.
+- Every call is bounded whatever the client's own socket timeout: a Redis that stops
+  answering gives :class:`RedisUnavailable`, never a hang. The call may have run (a lost
+  reply); each script is safe to send again (docs/reliability.md), and nothing here
+  re-sends one whose reply was lost: the per-node clients made here never retry.
+- With ``replicas`` > 0, :meth:`Transport.write` follows a write by ``WAIT replicas
+  timeout`` *on the connection that wrote*: WAIT counts the replicas that have that
+  connection's writes. One pipeline per node carries the script calls and then WAIT.
+- redis-py's cluster pipeline refuses EVALSHA, and could not put WAIT on the write's
+  connection anyway; so pipelined writes to a cluster go through a plain client per
+  master (``_node_client``), routed by the cluster client's slot map. A reply of MOVED
+  or ASK means the call did not run there: the slot map is refreshed and it is resent.
 - Nothing here knows a script's meaning: ``_store.py`` has one method per script.
 - A :class:`~._store.Store` *has* a transport (``store.transport``) and calls it; the
   transport knows nothing of the store.
@@ -288,15 +299,30 @@ class Transport:
             except REDIS_ERRORS as exc:
                 raise translate(exc, call.shard) from exc
 
-    async def transaction(
-        self, script: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    async def batch(
+        self, script: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any], int]]
     ) -> list[Any]:
-        """``script`` once per ``(keys, args)`` in one MULTI/EXEC on one Redis (never a
-        cluster), within ``call_timeout``: all run or none. The replies in call order.
+        """``script`` once per ``(keys, args, shard)``, one round trip per node; the
+        replies in call order.
+
+        On one Redis without ``replicas`` the calls go in one MULTI/EXEC: all run or
+        none. On a cluster, or with ``replicas`` (WAIT cannot follow EXEC on one
+        connection), they are pipelined (:meth:`pipelined`, then WAIT): each is atomic on
+        its own, and a failure may leave some run.
 
         Raises:
-            RedisUnavailable, Fenced, ...: the first error, translated.
+            RedisUnavailable, Fenced, ReplicationTimeout, ...: the first error, translated.
         """
+        if self.cluster or self.replicas:
+            pipelined = [Call(script, keys, args, shard) for keys, args, shard in calls]
+            return await self.pipelined(pipelined, wait=bool(self.replicas))
+        return await self._transaction(script, [(keys, args) for keys, args, _ in calls])
+
+    async def _transaction(
+        self, script: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """``script`` once per ``(keys, args)`` in one MULTI/EXEC on one Redis, within
+        ``call_timeout``."""
         try:
             async with timeout(self.call_timeout):
                 if self._direct is not None:
