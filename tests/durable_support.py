@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from tickwheel.durable import Client, JobState, Scheduler
 from tickwheel.durable.store._connect import client_from_url
-from tickwheel.durable.store._record import FAR_SLOT_MS, unpack_far_chunk, unpack_far_ids
+from tickwheel.durable.store._msgpack import FAR_SLOT_MS, unpack_far_chunk, unpack_far_ids
 
 T = TypeVar("T")
 
@@ -42,7 +42,7 @@ async def open_scheduler(
 
 def client_of(sched: Scheduler) -> Client:
     """The redis-py client a scheduler uses (tests read Redis directly through it)."""
-    return sched.store._client
+    return sched.store.client
 
 
 async def push_clock(sched: Scheduler, shard: int, ms: int) -> int:

@@ -19,8 +19,8 @@ from tickwheel.durable import (
     check_server,
 )
 from tickwheel.durable.servers._redis import RedisClusterServer, RedisServer
-from tickwheel.durable.store._check import crash_loss
 from tickwheel.durable.store._connect import client_from_url
+from tickwheel.durable.store._server_check import crash_loss
 
 pytestmark = pytest.mark.redis
 

@@ -16,7 +16,7 @@ import pytest
 from tests.durable_support import check_all, client_of, far_jobs, open_scheduler, push_clock, run
 from tickwheel.durable import JobSpec, JobState, Recurrence, Scheduler
 from tickwheel.durable.store import encode_job
-from tickwheel.durable.store._record import FAR_SLOT_MS, unpack_far_chunk, unpack_far_ids
+from tickwheel.durable.store._msgpack import FAR_SLOT_MS, unpack_far_chunk, unpack_far_ids
 
 SLOT = FAR_SLOT_MS
 FAR = 3 * SLOT / 1000  # s: a delay that always lands in the far index

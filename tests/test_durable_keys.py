@@ -12,6 +12,7 @@ from redis.crc import key_slot
 
 from tests.durable_support import open_scheduler, push_clock, run
 from tickwheel.durable import JobSpec, Keys, Store
+from tickwheel.durable.store import Transport
 from tickwheel.durable.store._connect import client_from_url
 from tickwheel.durable.store._scripts import SCRIPT_NAMES, STANDALONE_SCRIPTS, source
 
@@ -96,11 +97,11 @@ def test_all_keys_of_each_script_land_in_one_slot(
 ) -> None:
     calls: list[tuple[str, list[str]]] = []
     names = {}
-    real_run = Store._run
+    real_run = Transport.run
     real_schedule_call = Store._schedule_call
 
     async def spy(
-        self: Store, script: Any, keys: Sequence[str], args: Sequence[Any], shard: int
+        self: Transport, script: Any, keys: Sequence[str], args: Sequence[Any], shard: int
     ) -> Any:
         calls.append((names[script.sha], list(keys)))
         return await real_run(self, script, keys, args, shard)
@@ -110,7 +111,7 @@ def test_all_keys_of_each_script_land_in_one_slot(
         calls.append(("schedule", list(keys)))
         return keys, args
 
-    monkeypatch.setattr(Store, "_run", spy)
+    monkeypatch.setattr(Transport, "run", spy)
     monkeypatch.setattr(Store, "_schedule_call", spy_schedule)
 
     async def main() -> None:
@@ -173,8 +174,8 @@ def test_lua_header_lists_keys_argv_returns_errors(name: str) -> None:
 
 
 def test_the_record_layout_is_the_same_on_both_sides() -> None:
-    """_record.py's FIELDS and DEFAULTS are _lib.lua's F_* constants and DEFAULTS."""
-    from tickwheel.durable.store._record import DEFAULTS, FIELDS
+    """_codec.py's FIELDS and DEFAULTS are _lib.lua's F_* constants and DEFAULTS."""
+    from tickwheel.durable.store._codec import DEFAULTS, FIELDS
 
     lib = resources.files("tickwheel.durable.store").joinpath("lua", "_lib.lua").read_text()
     lua_fields: dict[int, str] = {}

@@ -15,12 +15,10 @@ from tests.spill_support import until
 from tickwheel.durable import JobState, Loader, Ownership, Reaper, TaskRegistry
 from tickwheel.durable.scheduler._scheduler import DEFAULT_MAX_ATTEMPTS
 from tickwheel.durable.servers._redis import RedisServer
-from tickwheel.durable.store._record import (
-    DEFAULTS,
+from tickwheel.durable.store._codec import DEFAULTS, pack_oneshot, pack_record
+from tickwheel.durable.store._msgpack import (
     pack_ack_batch,
     pack_array,
-    pack_oneshot,
-    pack_record,
     pack_schedule_batch,
     pack_value,
 )

@@ -32,7 +32,8 @@ from tickwheel.durable import (
     Scheduler,
     ScheduleStatus,
 )
-from tickwheel.durable.store._record import DEFAULTS, pack_record, unpack_reply
+from tickwheel.durable.store._codec import DEFAULTS, pack_record
+from tickwheel.durable.store._msgpack import unpack_reply
 
 pytestmark = pytest.mark.redis
 
@@ -715,7 +716,7 @@ def test_paused_redis_times_out_and_batch_is_all_or_nothing(private_redis: objec
 def test_a_single_schedule_checks_its_time_as_a_batch_does(redis_url: str) -> None:
     """The store's single path sends the time as text: it refuses what the batch's
     packer refuses (the Scheduler refuses it earlier, naming at or delay)."""
-    from tickwheel.durable.store._store import EncodedJob
+    from tickwheel.durable.store._codec import EncodedJob
 
     async def main() -> None:
         async with open_scheduler(redis_url, shards=1) as s:
@@ -755,14 +756,14 @@ def test_one_job_is_decided_alike_by_schedule_one_and_by_a_batch_of_one(
                 await s.schedule("j", "t", b"old", at=at + 5)
 
     async def decide(s: Scheduler, batch: bool) -> tuple[object, ...]:
-        from tickwheel.durable.store._store import encode_job
+        from tickwheel.durable.store._codec import encode_job
 
         spec = JobSpec("j", "t", b"new", at=at) if timing == "at" else JobSpec("j", "t", b"new")
         job = encode_job(spec, s.max_payload_bytes)
         store = s.store
         if batch:
             keys, args = store._schedule_call(0, [job], replace)
-            reply = await store._run(store._scripts.schedule, keys, args, 0)
+            reply = await store.transport.run(store._scripts.schedule, keys, args, 0)
             status, when = reply[1], reply[2]
         else:
             (result,) = await store.schedule(0, [job], replace)

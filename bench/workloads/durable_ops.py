@@ -118,7 +118,7 @@ async def hot_path(s: Scheduler, op: str, count: int) -> None:
         # The same call path as a single schedule (the store's, Direct on one Redis).
         script = s.store.client.register_script(BARE)
         for i in range(count):
-            await s.store._run(script, ["{p:0}:due"], [f"s:{i}", PAYLOAD], 0)
+            await s.store.transport.run(script, ["{p:0}:due"], [f"s:{i}", PAYLOAD], 0)
     else:
         for i in range(count):
             await s.schedule(f"s:{i}", "send_email", PAYLOAD, delay=60)

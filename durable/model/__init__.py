@@ -11,7 +11,7 @@ May import: the standard library and ``cronsim``; nothing else from tickwheel.
 
 from __future__ import annotations
 
-from ._checks import finite_seconds_ms, int_between
+from ._args import finite_seconds_ms, int_between
 from ._errors import (
     DurableError,
     Fenced,
@@ -41,8 +41,6 @@ from ._jobs import (
     ShardInfo,
     check_job_id,
     check_task_name,
-    decode_payload,
-    encode_payload,
     when_args,
 )
 from ._recurrence import (
@@ -97,8 +95,6 @@ __all__ = [
     "check_job_id",
     "check_task_name",
     "count_reap",
-    "decode_payload",
-    "encode_payload",
     "finite_seconds_ms",
     "int_between",
     "when_args",

@@ -11,13 +11,12 @@ Ground rules:
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import IntEnum
 from typing import Any
 
-from ._checks import finite_seconds_ms, int_between
+from ._args import finite_seconds_ms, int_between
 from ._recurrence import Recurrence
 
 __all__ = [
@@ -46,8 +45,6 @@ DEFAULT_MAX_ATTEMPTS = 5
 MAX_TASK_BYTES = 128
 # The largest attempt count a record may hold (a msgpack uint32, far beyond any policy).
 MAX_ATTEMPTS_LIMIT = 2**31 - 1
-
-FLAG_JSON = 1  # record field 4, bit 0: the payload is JSON text
 
 
 class JobState(IntEnum):
@@ -140,38 +137,6 @@ def when_args(delay: float | timedelta | None, at: int | datetime | None) -> tup
     raise TypeError(f"at must be epoch ms (int) or a datetime, got {at!r}")
 
 
-# Binary payloads: a tuple for isinstance, built once (``bytes | bytearray | ...``
-# builds a union object on every call: 106 against 13 ns).
-_BINARY = (bytes, bytearray, memoryview)
-
-
-def encode_payload(payload: object, limit: int) -> tuple[bytes, int]:
-    """Return ``(bytes, flags)`` for a payload: bytes as is, anything else as JSON.
-
-    Raises:
-        TypeError: if ``payload`` is neither bytes nor JSON-serialisable.
-        ValueError: if it is over ``limit`` bytes once encoded.
-    """
-    if type(payload) is bytes:  # the common case first; then a tuple, not a union per call
-        data, flags = payload, 0
-    elif isinstance(payload, _BINARY):
-        data, flags = bytes(payload), 0
-    else:
-        try:
-            text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"payload must be bytes or JSON-serialisable: {exc}") from exc
-        data, flags = text.encode(), FLAG_JSON
-    if len(data) > limit:
-        raise ValueError(f"payload must be at most {limit} bytes encoded, got {len(data)}")
-    return data, flags
-
-
-def decode_payload(data: bytes, flags: int) -> Any:
-    """Inverse of :func:`encode_payload`."""
-    return json.loads(data) if flags & FLAG_JSON else data
-
-
 @dataclass(frozen=True, slots=True)
 class JobSpec:
     """A job to schedule. Validated on construction: a bad field raises at once.
@@ -234,6 +199,7 @@ class Job:
 
     Treat it as read-only. It is not frozen because a claim builds one per job and a
     frozen dataclass's ``__init__`` costs twice as much (bench: durable claim+ack).
+    Built by keyword (``store/_codec.py`` decodes a claim's rows into it).
     """
 
     id: str  # job id

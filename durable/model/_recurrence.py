@@ -21,7 +21,7 @@ from enum import StrEnum
 
 from cronsim import CronSim, CronSimError
 
-from ._checks import finite_seconds_ms, int_between
+from ._args import finite_seconds_ms, int_between
 
 __all__ = [
     "DEFAULT_MAX_CATCH_UP",

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tickwheel.durable.model import KIND_CRON, KIND_INTERVAL, POLICY_CODES, JobSpec, encode_payload
-from tickwheel.durable.store import EncodedJob, pack_record
+from tickwheel.durable.model import KIND_CRON, KIND_INTERVAL, POLICY_CODES, JobSpec
+from tickwheel.durable.store import EncodedJob, encode_payload, pack_record
 
 __all__ = ["OutboxRow", "PendingRow", "PgJob", "encode_pg_job", "redis_job", "retried_job"]
 

@@ -201,7 +201,14 @@ class Runner:
     @staticmethod
     def _context(job: Job) -> TaskContext:
         return TaskContext(
-            job.id, job.task, job.payload, job.nominal_ms, job.attempt, job.epoch, True, job
+            job_id=job.id,
+            task=job.task,
+            payload=job.payload,
+            nominal_ms=job.nominal_ms,
+            attempt=job.attempt,
+            epoch=job.epoch,
+            durable=True,
+            job=job,
         )
 
     def _forget(self, task: asyncio.Task[None]) -> None:

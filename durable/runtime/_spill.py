@@ -26,11 +26,10 @@ from typing import Any
 from tickwheel.durable.model import (
     DEFAULT_MAX_ATTEMPTS,
     check_job_id,
-    decode_payload,
-    encode_payload,
     finite_seconds_ms,
 )
 from tickwheel.durable.scheduler import Scheduler
+from tickwheel.durable.store import decode_payload, encode_payload
 from tickwheel.wheel import Timer, TimingWheel
 
 from ._tasks import TaskContext, TaskRegistry, call_task
@@ -135,7 +134,15 @@ class Timers:
         if job_id in self._memory:
             return job_id
         nominal_ms = int(time.time() * 1000) + delay_ms  # no Redis clock in memory
-        ctx = TaskContext(job_id, task, decode_payload(data, flags), nominal_ms, 1, 0, False)
+        ctx = TaskContext(
+            job_id=job_id,
+            task=task,
+            payload=decode_payload(data, flags),
+            nominal_ms=nominal_ms,
+            attempt=1,
+            epoch=0,
+            durable=False,
+        )
         seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
         self._memory[job_id] = self.wheel.schedule(seconds, self._fire, ctx)
         return job_id

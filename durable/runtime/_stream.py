@@ -25,13 +25,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
-from tickwheel.durable.model import (
-    Job,
-    decode_payload,
-    encode_payload,
-    finite_seconds_ms,
-)
-from tickwheel.durable.store import Client, Stream
+from tickwheel.durable.model import Job, finite_seconds_ms
+from tickwheel.durable.store import Client, Stream, decode_payload, encode_payload
 
 __all__ = ["Publisher", "StreamConsumer", "StreamEntry", "StreamPublisher"]
 

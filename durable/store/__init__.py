@@ -1,12 +1,14 @@
 """The Redis store: one awaitable method per Lua script, and the client that carries them.
 
-Owns: ``lua/`` (one atomic transition per file), the key names (``_keys.py``), the
-record encoding (``_record.py``), script loading (``_scripts.py``), the transport over
-one Redis or a Redis Cluster (``_connect.py``), the translation of Redis errors
-(``_errors.py``), the bounded transport of script calls (``_transport.py``), the
-startup check of a server (``_check.py``), the namespace's layout key (``_layout.py``),
-the workers' member set and stats documents (``_workers.py``) and the commands of a
-Redis Stream (``_streams.py``).
+Owns: ``lua/`` (one atomic transition per file), the key names (``_keys.py``), the job
+codec (``_codec.py``: a JobSpec to its record and a reply back to a Job), the msgpack
+bytes by hand (``_msgpack.py``), script loading (``_scripts.py``), the connection to one
+Redis or a Redis Cluster (``_connect.py``), the translation of Redis errors
+(``_errors.py``), the bounded transport of script calls (``_transport.py``), the store's
+job lifecycle calls (``_store.py``), shard ownership (``_fencing.py``), the operator's
+calls (``_operator.py``), the startup check of a server (``_server_check.py``), the
+namespace's layout key (``_layout.py``), the workers' member set and stats documents
+(``_workers.py``) and the commands of a Redis Stream (``_streams.py``).
 
 Invariants: a :class:`Store` method is one script call (or one pipeline of the same
 script over shards): no loops over time, no sleeping; every call is bounded by
@@ -19,7 +21,7 @@ May import: ``tickwheel.durable.model``, ``tickwheel.wheel`` (for its timeout), 
 
 from __future__ import annotations
 
-from ._check import MIN_REDIS_VERSION, ServerConfigWarning, ServerReport, check_server, crash_loss
+from ._codec import ClaimedRef, EncodedJob, decode_payload, encode_job, encode_payload, pack_record
 from ._connect import (
     URL_ENV,
     Client,
@@ -42,9 +44,16 @@ from ._errors import (
 )
 from ._keys import DEFAULT_BUCKETS, MAX_JOB_ID_BYTES, Keys, parse_layout
 from ._layout import LayoutUnreadable, read_layout
-from ._record import pack_array, pack_record
+from ._msgpack import pack_array
 from ._scripts import register
-from ._store import ClaimedRef, EncodedJob, Store, encode_job
+from ._server_check import (
+    MIN_REDIS_VERSION,
+    ServerConfigWarning,
+    ServerReport,
+    check_server,
+    crash_loss,
+)
+from ._store import Store
 from ._streams import RawEntry, Stream
 from ._transport import DEFAULT_CALL_TIMEOUT, Transport
 from ._workers import STATS_COUNTERS, STATS_VERSION, WorkerBoard, WorkerEntry, parse_stats_document
@@ -77,7 +86,9 @@ __all__ = [
     "client_from_url",
     "connect",
     "crash_loss",
+    "decode_payload",
     "encode_job",
+    "encode_payload",
     "error_reply",
     "is_cluster",
     "no_retry",

@@ -5,152 +5,70 @@ Ground rules:
 - Each method is one script call (or one pipeline of the same script over shards): no
   loops over time, no sleeping, no retries. The loops live in ``runtime/``;
   the owner-side calls that make them, in ``scheduler/``.
-- redis-py's untyped replies stop here: every method returns typed values.
-- Every call goes through the transport (``_transport.py``): bounded, its errors
-  translated, so callers see :class:`RedisUnavailable`, :class:`Fenced`, or redis-py's own.
+- redis-py's untyped replies stop here: every method returns typed values; the replies
+  that carry a job record are decoded by the codec (``_codec.py``).
+- Every call goes through the store's transport (``self.transport``, ``_transport.py``):
+  bounded, its errors translated, so callers see :class:`RedisUnavailable`,
+  :class:`Fenced`, or redis-py's own. The store *has* a transport; it is not one.
+- Here: the job's lifecycle (schedule, claim, ack, retry, extend, release, reap). Shard
+  ownership is ``_fencing.py``'s and the operator's calls (a job's record, listings,
+  inspection, dead letters) ``_operator.py``'s; the store keeps one method for each,
+  which hands it on, so the other layers see one Store.
 - The client must not decode responses: payloads are bytes.
 - The client is one Redis or a Redis Cluster (``_connect.py``). Each script touches
   one shard's slot; nothing spans slots, so nothing needs a cross-slot transaction.
   Only :meth:`Store.schedule_many` on one Redis uses MULTI (all or nothing); on a
   cluster it is atomic per script call (per shard chunk), and idempotent to retry.
-- Every call is bounded by ``call_timeout`` (plus the WAIT timeout when it waits),
-  whatever the client's own socket timeout: a Redis that stops answering gives
-  :class:`RedisUnavailable`, never a hang. The call may have run (a lost reply); each
-  script is safe to send again (docs/reliability.md), and nothing here re-sends one
-  whose reply was lost: the per-node clients this store makes never retry.
 - With ``replicas`` > 0 the writes that must survive a failover (schedule, cancel,
-  reschedule, and the end states ack, retry, release) are followed
-  by ``WAIT replicas timeout`` *on the connection that wrote*: WAIT counts the replicas
-  that have that connection's writes, so it must share the write's connection. One
-  pipeline per node carries the script calls and then WAIT.
-- redis-py's cluster pipeline refuses EVALSHA, and could not put WAIT on the write's
-  connection anyway; so pipelined writes to a cluster go through a plain client per
-  master (``_node_client``), routed by the cluster client's slot map. A reply of MOVED
-  or ASK means the call did not run there: the slot map is refreshed and it is resent.
+  reschedule, and the end states ack, retry, release) go through ``transport.write``,
+  which follows them by ``WAIT`` on the connection that wrote; the rest use
+  ``transport.run``. How calls are bounded, waited for and routed on a cluster is the
+  transport's (``_transport.py``).
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from tickwheel.durable.model import (
-    KIND_CRON,
-    KIND_INTERVAL,
-    POLICY_BY_CODE,
-    POLICY_CODES,
     ClaimBatch,
     DeadPage,
     DurableError,
     Job,
     JobInfo,
-    JobSpec,
     JobState,
     ReapResult,
-    Recurrence,
     ScheduleResult,
     ScheduleStatus,
     ShardInfo,
+)
+
+from ._codec import (
+    CLAIM_SHORT_ROW,
+    DUPLICATE,
+    ClaimedRef,
+    EncodedJob,
     decode_payload,
-    encode_payload,
+    init_job,
+    new_job,
+    recurrence_of,
 )
-from tickwheel.wheel import timeout
-
 from ._connect import Client
-from ._errors import REDIS_ERRORS, translate
+from ._fencing import FencingCalls
 from ._keys import Keys, parse_layout
-from ._record import (
-    FIELDS,
-    pack_ack_batch,
-    pack_oneshot,
-    pack_record,
-    pack_schedule_batch,
-    unpack_reply,
-)
+from ._msgpack import pack_ack_batch, pack_schedule_batch, unpack_reply
+from ._operator import OperatorCalls
 from ._scripts import Scripts
-from ._transport import DEFAULT_CALL_TIMEOUT, Transport, _Call
+from ._transport import DEFAULT_CALL_TIMEOUT, Transport
 
-__all__ = ["ClaimedRef", "EncodedJob", "Store", "encode_job"]
+__all__ = ["Store"]
 
 # Status codes of schedule.lua by value: indexing beats the enum's call in a hot loop.
 _STATUSES: tuple[ScheduleStatus, ...] = (ScheduleStatus.CREATED, *ScheduleStatus)  # [0] unused
 
-# Values per job in the replies of get.lua / dead_list.lua (id, when, then the record's
-# fields in FIELDS order). claim.lua's rows have a length of their own (see claim).
-_ROW_STRIDE = 2 + len(FIELDS)
-_SHORT_ROW = 6  # a claim row's field count for a one-shot job without an error
 
-
-@dataclass(frozen=True, slots=True)
-class EncodedJob:
-    """A validated job as schedule.lua takes it: id, mode, time and packed record."""
-
-    id: str  # job id
-    values: tuple[bytes, int, int, bytes]  # id (UTF-8), mode, time (ms), record
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimedRef:
-    """What ack/release need to name a lease."""
-
-    id: str  # job id
-    attempt: int  # the attempt held
-    nominal_ms: int  # the occurrence held
-    time_ms: int  # ack: next occurrence (0 none); release: the due to go back to
-    renominate: bool = False  # release: time_ms is also the new nominal due
-
-
-def encode_job(spec: JobSpec, payload_limit: int) -> EncodedJob:
-    """Encode a job spec for schedule.lua.
-
-    Raises:
-        TypeError, ValueError: if the payload is not encodable or over ``payload_limit``.
-    """
-    data, flags = encode_payload(spec.payload, payload_limit)
-    rec = spec.recurrence
-    if rec is None:  # the common case, without building the field list
-        record = pack_oneshot(spec.task.encode(), data, spec.max_attempts, flags)
-        return EncodedJob(spec.id, (spec.id.encode(), spec.mode, spec.time_ms, record))
-    kind, spec_text = (KIND_INTERVAL, str(rec.every_ms)) if rec.every_ms else (KIND_CRON, rec.cron)
-    fields: list[int | bytes] = [
-        *(spec.task.encode(), data, spec.max_attempts, flags, 0, 1, 0),
-        *(kind, spec_text.encode(), POLICY_CODES[rec.missed], rec.max_catch_up),
-        rec.misfire_grace_ms,
-    ]
-    return EncodedJob(spec.id, (spec.id.encode(), spec.mode, spec.time_ms, pack_record(fields)))
-
-
-@functools.lru_cache(maxsize=1024)
-def _recurrence(kind: int, spec: bytes, policy: int, cap: int, grace: int) -> Recurrence | None:
-    if kind == KIND_INTERVAL:
-        return Recurrence(int(spec), "", POLICY_BY_CODE[policy], cap, grace)
-    if kind == KIND_CRON:
-        return Recurrence(0, spec.decode(), POLICY_BY_CODE[policy], cap, grace)
-    return None
-
-
-def _info(job_id: str, shard: int, state: JobState, when: int, f: Sequence[Any]) -> JobInfo:
-    """A JobInfo from the record fields of a reply row (in FIELDS order)."""
-    task, payload, max_attempts, flags, nominal, attempt, epoch, *rec, error = f
-    return JobInfo(
-        id=job_id,
-        shard=shard,
-        state=state,
-        when_ms=when,
-        task=task.decode(),
-        payload=decode_payload(payload, flags),
-        nominal_ms=nominal,
-        attempt=attempt,
-        max_attempts=max_attempts,
-        epoch=epoch,
-        recurrence=_recurrence(*rec),
-        last_error=error.decode(errors="replace"),
-    )
-
-
-class Store(Transport):
+class Store:
     """One awaitable method per script, over one namespace.
 
     Args:
@@ -168,7 +86,7 @@ class Store(Transport):
             ``call_timeout`` is not positive.
     """
 
-    __slots__ = ("_scripts", "keys")
+    __slots__ = ("_fencing", "_operator", "_scripts", "keys", "transport")
 
     def __init__(
         self,
@@ -179,7 +97,8 @@ class Store(Transport):
         replica_timeout_ms: int = 1000,
         call_timeout: float = DEFAULT_CALL_TIMEOUT,
     ) -> None:
-        super().__init__(
+        # Bounded, translated script calls: every method below is one call of it.
+        self.transport = Transport(
             client,
             replicas=replicas,
             replica_timeout_ms=replica_timeout_ms,
@@ -187,19 +106,37 @@ class Store(Transport):
         )
         self._scripts = Scripts(client)  # the registered scripts
         self.keys = keys  # key names of the namespace
+        # The ownership and operator calls, which the methods at the end hand on to.
+        self._fencing = FencingCalls(self.transport, self._scripts, keys)  # _fencing.py
+        self._operator = OperatorCalls(self.transport, self._scripts, keys)  # _operator.py
+
+    @property
+    def client(self) -> Client:
+        """The redis-py client (a ``Redis`` or a ``RedisCluster``)."""
+        return self.transport.client
+
+    @property
+    def call_timeout(self) -> float:
+        """Seconds a call may wait for Redis (besides WAIT)."""
+        return self.transport.call_timeout
+
+    async def aclose(self) -> None:
+        """Close the per-node clients and held connections the transport made (never the
+        caller's client)."""
+        await self.transport.aclose()
 
     # -- namespace -----------------------------------------------------------------
 
     async def init(self) -> tuple[int, int]:
         """Store the shard and bucket counts on first use (init.lua); return the stored."""
         layout = f"{self.keys.shards}:{self.keys.buckets}"
-        reply = await self._run(self._scripts.init, [self.keys.meta], [layout], shard=-1)
+        reply = await self.transport.run(self._scripts.init, [self.keys.meta], [layout], shard=-1)
         return parse_layout(reply)
 
     async def now(self, shard: int) -> int:
         """Redis's now for ``shard`` in ms: max(TIME, clock) (now.lua)."""
         k = self.keys.shard(shard)
-        return int(await self._run(self._scripts.now, [k.clock], [], shard))
+        return int(await self.transport.run(self._scripts.now, [k.clock], [], shard))
 
     # -- producers -----------------------------------------------------------------
 
@@ -228,7 +165,7 @@ class Store(Transport):
         if len(jobs) == 1:
             return [await self.schedule_one(shard, jobs[0], replace)]
         keys, args = self._schedule_call(shard, jobs, replace)
-        reply = await self._write(self._scripts.schedule, keys, args, shard)
+        reply = await self.transport.write(self._scripts.schedule, keys, args, shard)
         return self._schedule_results(jobs, reply)
 
     async def schedule_one(self, shard: int, job: EncodedJob, replace: bool) -> ScheduleResult:
@@ -240,7 +177,7 @@ class Store(Transport):
             raise ValueError(f"mode must be 0 or 1, got {mode}")
         if not 0 <= time_ms < 1 << 64:
             raise ValueError(f"schedule times must be in 0 .. 2**64 - 1, got {time_ms}")
-        reply = await self._write(
+        reply = await self.transport.write(
             self._scripts.schedule_one,
             [
                 *(k.due, k.leased, k.done, k.dead, k.clock, k.far, k.faro),
@@ -254,74 +191,31 @@ class Store(Transport):
     async def schedule_many(
         self, groups: Mapping[int, Sequence[Sequence[EncodedJob]]], replace: bool
     ) -> list[ScheduleResult]:
-        """Schedule.lua once per chunk, in one pipeline (one round trip per node).
+        """Schedule.lua once per chunk, in one round trip per node (``transport.batch``).
 
-        On one Redis without ``replicas`` the pipeline is MULTI/EXEC: the batch is
-        applied whole or not at all. On a cluster, or with ``replicas`` (WAIT cannot
-        follow EXEC on one connection), each chunk is atomic on its own; a failure may
-        leave some chunks written, and retrying the batch is safe (idempotent).
+        On one Redis without ``replicas`` the batch is applied whole or not at all
+        (MULTI/EXEC). On a cluster, or with ``replicas``, each chunk is atomic on its own;
+        a failure may leave some chunks written, and retrying the batch is safe
+        (idempotent).
         """
-        if self._cluster or self.replicas:
-            chunks: list[Sequence[EncodedJob]] = []
-            calls: list[_Call] = []
-            for shard, shard_chunks in groups.items():
-                for chunk in shard_chunks:
-                    keys, args = self._schedule_call(shard, chunk, replace)
-                    calls.append(_Call(self._scripts.schedule, keys, args, shard))
-                    chunks.append(chunk)
-            replies = await self._pipelined(calls, wait=bool(self.replicas))
-            return [
-                result
-                for chunk, reply in zip(chunks, replies, strict=True)
-                for result in self._schedule_results(chunk, reply)
-            ]
-        return await self._schedule_multi(groups, replace)
-
-    async def _schedule_multi(
-        self, groups: Mapping[int, Sequence[Sequence[EncodedJob]]], replace: bool
-    ) -> list[ScheduleResult]:
-        done: list[Sequence[EncodedJob]] = []
-        client: Any = self._client  # one Redis (the cluster takes the other path)
-        if self._direct is not None:
-            calls = []
-            for shard, chunks in groups.items():
-                for chunk in chunks:
-                    calls.append(self._schedule_call(shard, chunk, replace))
-                    done.append(chunk)
-            try:
-                async with timeout(self.call_timeout):
-                    replies = await self._direct.transaction(self._scripts.schedule, calls)
-            except REDIS_ERRORS as exc:
-                raise translate(exc) from exc
-            except TimeoutError:
-                raise self._no_reply(self.call_timeout) from None
-            return [
-                result
-                for chunk, reply in zip(done, replies, strict=True)
-                for result in self._schedule_results(chunk, reply)
-            ]
-        try:
-            async with timeout(self.call_timeout), client.pipeline(transaction=True) as pipe:
-                for shard, chunks in groups.items():
-                    for chunk in chunks:
-                        keys, args = self._schedule_call(shard, chunk, replace)
-                        await self._scripts.schedule(keys, args, client=pipe)
-                        done.append(chunk)
-                replies = await pipe.execute()
-        except REDIS_ERRORS as exc:
-            raise translate(exc) from exc
-        except TimeoutError:
-            raise self._no_reply(self.call_timeout) from None
-        out: list[ScheduleResult] = []
-        for chunk, reply in zip(done, replies, strict=True):
-            out.extend(self._schedule_results(chunk, reply))
-        return out
+        chunks: list[Sequence[EncodedJob]] = []
+        calls: list[tuple[list[str], list[Any], int]] = []
+        for shard, shard_chunks in groups.items():
+            for chunk in shard_chunks:
+                calls.append((*self._schedule_call(shard, chunk, replace), shard))
+                chunks.append(chunk)
+        replies = await self.transport.batch(self._scripts.schedule, calls)
+        return [
+            result
+            for chunk, reply in zip(chunks, replies, strict=True)
+            for result in self._schedule_results(chunk, reply)
+        ]
 
     async def cancel(self, shard: int, job_id: str) -> JobState | None:
         """Remove a job in any state (cancel.lua); return the state it had. O(log N)."""
         k = self.keys.shard(shard)
         jobs = self.keys.jobs_key(shard, job_id)
-        reply = await self._write(
+        reply = await self.transport.write(
             self._scripts.cancel, [k.due, k.leased, k.dead, jobs], [job_id], shard
         )
         return JobState(reply) if reply else None
@@ -329,7 +223,7 @@ class Store(Transport):
     async def reschedule(self, shard: int, job_id: str, mode: int, time_ms: int) -> tuple[int, int]:
         """Move a due job (reschedule.lua); return ``(status, when_ms)``. O(log N)."""
         k = self.keys.shard(shard)
-        reply = await self._write(
+        reply = await self.transport.write(
             self._scripts.reschedule,
             [
                 *(k.due, k.done, k.clock, k.leased, k.dead, k.far, k.faro),
@@ -339,31 +233,6 @@ class Store(Transport):
             shard,
         )
         return int(reply[0]), int(reply[1])
-
-    async def get(self, shard: int, job_id: str) -> JobInfo | None:
-        """One job's state and record (get.lua). O(log N)."""
-        k = self.keys.shard(shard)
-        jobs = self.keys.jobs_key(shard, job_id)
-        reply = await self._run(self._scripts.get, [k.due, k.leased, k.dead, jobs], [job_id], shard)
-        if reply is None:
-            return None
-        return _info(job_id, shard, JobState(reply[0]), reply[1], reply[2:])
-
-    async def get_and_now(self, shard: int, job_id: str) -> tuple[JobInfo | None, int]:
-        """:meth:`get` and :meth:`now` of the id's shard in one pipeline (one round
-        trip): the job, and Redis's now to show its times against."""
-        k = self.keys.shard(shard)
-        jobs = self.keys.jobs_key(shard, job_id)
-        reply, now = await self._pipelined(
-            [
-                _Call(self._scripts.get, [k.due, k.leased, k.dead, jobs], [job_id], shard),
-                _Call(self._scripts.now, [k.clock], [], shard),
-            ],
-            wait=False,
-        )
-        if reply is None:
-            return None, int(now)
-        return _info(job_id, shard, JobState(reply[0]), reply[1], reply[2:]), int(now)
 
     # -- owners --------------------------------------------------------------------
 
@@ -395,7 +264,7 @@ class Store(Transport):
         k = self.keys.shard(shard)
         reply_key = self.keys.claim_reply(shard, token)
         forget_key = reply_key if forget is None else self.keys.claim_reply(shard, forget)
-        packed = await self._run(
+        packed = await self.transport.run(
             self._scripts.claim,
             [
                 *(k.due, k.leased, k.done, k.epoch, k.clock, reply_key, forget_key),
@@ -408,42 +277,43 @@ class Store(Transport):
             reply = unpack_reply(packed)
         except ValueError as exc:  # not claim.lua's reply: a script of another version?
             raise DurableError(f"claim on shard {shard}: {exc}") from None
+        # The rows, decoded here with _codec.py's pieces (its ground rules say why here):
+        # one slice and one keyword construction per job.
         jobs: list[Job] = []
         append = jobs.append
-        # Positional Job(...), one slice per row: this loop runs once per claimed job.
-        # A row is id, due, deadline, tag, count, then count fields (see claim.lua).
+        new, init, duplicate, short = new_job, init_job, DUPLICATE, CLAIM_SHORT_ROW
         i, end = 2, len(reply)
         while i < end:
             (ident, due, deadline, tag, count, task, data, mx, flags, nominal, attempt) = reply[
                 i : i + 11
             ]
-            if count == _SHORT_ROW:
+            if count == short:
                 ep, recurrence, error = epoch, None, ""
             else:  # all 13: a recurring job, or one with an error
                 ep, kind = reply[i + 11], reply[i + 12]
-                recurrence = _recurrence(kind, *reply[i + 13 : i + 17]) if kind else None
+                recurrence = recurrence_of(kind, *reply[i + 13 : i + 17]) if kind else None
                 error = reply[i + 17].decode(errors="replace")
             i += 5 + count
-            append(
-                Job(
-                    ident.decode(),
-                    shard,
-                    task.decode(),
-                    data if flags == 0 else decode_payload(data, flags),
-                    nominal,
-                    due,
-                    deadline,
-                    attempt,
-                    mx,
-                    ep,
-                    recurrence,
-                    0,
-                    bool(tag & 1),
-                    error,
-                    tag >> 1,
-                )
+            job = new(Job)
+            init(
+                job,
+                id=ident.decode(),
+                shard=shard,
+                task=task.decode(),
+                payload=data if flags == 0 else decode_payload(data, flags),
+                nominal_ms=nominal,
+                due_ms=due,
+                deadline_ms=deadline,
+                attempt=attempt,
+                max_attempts=mx,
+                epoch=ep,
+                recurrence=recurrence,
+                duplicate=duplicate[tag & 1],
+                last_error=error,
+                bucket=tag >> 1,
             )
-        return ClaimBatch(shard, int(reply[0]), jobs, int(reply[1]))
+            append(job)
+        return ClaimBatch(shard=shard, now_ms=int(reply[0]), jobs=jobs, dropped=int(reply[1]))
 
     async def ack(
         self, shard: int, epoch: int, refs: Sequence[ClaimedRef], keep_done_ms: int
@@ -478,7 +348,7 @@ class Store(Transport):
                 raise ValueError(f"bucket must be in 0 .. {len(k.jobs) - 1}, got {bucket}")
             buckets, items = [k.jobs[bucket]], [(ident, attempt, nominal, nxt, 0)]
         args = [epoch, keep_done_ms, pack_ack_batch(items)]
-        reply = await self._write(
+        reply = await self.transport.write(
             self._scripts.ack,
             [k.leased, k.due, k.done, k.epoch, k.clock, k.far, k.faro, *buckets],
             args,
@@ -504,7 +374,7 @@ class Store(Transport):
             Fenced: if ``epoch`` is stale.
         """
         k = self.keys.shard(shard)
-        reply = await self._write(
+        reply = await self.transport.write(
             self._scripts.retry,
             [k.leased, k.due, k.dead, k.epoch, k.clock, self.keys.jobs_key(shard, job_id)],
             [epoch, job_id, attempt, nominal_ms, delay_ms, error, 1 if final else 0],
@@ -521,7 +391,7 @@ class Store(Transport):
             Fenced: if ``epoch`` is stale.
         """
         k = self.keys.shard(shard)
-        reply = await self._run(
+        reply = await self.transport.run(
             self._scripts.extend,
             [k.leased, k.epoch, k.clock, self.keys.jobs_key(shard, job_id)],
             [epoch, job_id, attempt, nominal_ms, lease_ms],
@@ -539,7 +409,7 @@ class Store(Transport):
         args: list[Any] = [epoch, len(refs)]
         for ref in refs:
             args += (ref.id, ref.attempt, ref.nominal_ms, ref.time_ms, 1 if ref.renominate else 0)
-        reply = await self._write(
+        reply = await self.transport.write(
             self._scripts.release, [k.leased, k.due, k.epoch, k.clock, *k.jobs], args, shard
         )
         return [bool(s) for s in reply]
@@ -551,7 +421,7 @@ class Store(Transport):
             Fenced: if ``epoch`` is stale.
         """
         k = self.keys.shard(shard)
-        reply = await self._run(
+        reply = await self.transport.run(
             self._scripts.reap,
             [k.leased, k.due, k.dead, k.epoch, k.clock, *k.jobs],
             [epoch, limit],
@@ -561,134 +431,58 @@ class Store(Transport):
         ids = [b.decode() for b in reply[2:]]
         return ReapResult(shard, int(reply[0]), ids[:n], ids[n:])
 
-    # -- dead letters --------------------------------------------------------------
-
-    async def dead_list(self, shard: int, offset: int, count: int) -> DeadPage:
-        """A page of dead letters, oldest first (dead_list.lua)."""
-        k = self.keys.shard(shard)
-        reply = await self._run(self._scripts.dead_list, [k.dead, *k.jobs], [offset, count], shard)
-        return DeadPage(int(reply[0]), self._rows(shard, JobState.DEAD, reply))
-
-    @staticmethod
-    def _rows(shard: int, state: JobState, reply: Sequence[Any]) -> list[JobInfo]:
-        """The rows of a dead_list.lua reply (after its total)."""
-        return [
-            _info(reply[i].decode(), shard, state, reply[i + 1], reply[i + 2 : i + _ROW_STRIDE])
-            for i in range(1, len(reply), _ROW_STRIDE)
-        ]
-
-    async def dead_requeue(self, shard: int, ids: Sequence[str], limit: int) -> list[str]:
-        """Dead letters back to due now (dead_requeue.lua); ``ids`` empty: oldest ``limit``."""
-        k = self.keys.shard(shard)
-        reply = await self._run(
-            self._scripts.dead_requeue, [k.dead, k.due, k.clock, *k.jobs], [limit, *ids], shard
-        )
-        return [b.decode() for b in reply]
-
-    async def dead_purge(self, shard: int, ids: Sequence[str], limit: int) -> list[str]:
-        """Delete dead letters (dead_purge.lua); ``ids`` empty: the oldest ``limit``."""
-        k = self.keys.shard(shard)
-        reply = await self._run(self._scripts.dead_purge, [k.dead, *k.jobs], [limit, *ids], shard)
-        return [b.decode() for b in reply]
-
-    # -- ownership -----------------------------------------------------------------
+    # -- ownership: one call each, handed to _fencing.py ---------------------------
 
     async def take(self, shard: int, token: str, ttl_ms: int) -> int:
-        """Take a shard (take.lua); return its new epoch, or 0 if another owner holds it."""
-        k = self.keys.shard(shard)
-        reply = await self._run(self._scripts.take, [k.owner, k.epoch], [token, ttl_ms], shard)
-        return int(reply[0])
+        """:meth:`FencingCalls.take`: the new epoch, or 0 if another owner holds it."""
+        return await self._fencing.take(shard, token, ttl_ms)
 
     async def renew(self, shard: int, token: str, epoch: int, ttl_ms: int) -> None:
-        """Renew the owner token (renew.lua).
-
-        Raises:
-            Fenced: if the epoch moved on or another token holds the shard.
-        """
-        k = self.keys.shard(shard)
-        await self._run(self._scripts.renew, [k.owner, k.epoch], [token, epoch, ttl_ms], shard)
+        """:meth:`FencingCalls.renew` (raises :class:`Fenced` if the shard moved on)."""
+        await self._fencing.renew(shard, token, epoch, ttl_ms)
 
     async def give_back(self, shard: int, token: str, epoch: int) -> bool:
-        """Give a shard back and bump its epoch (give_back.lua); False if not held."""
-        k = self.keys.shard(shard)
-        reply = await self._run(self._scripts.give_back, [k.owner, k.epoch], [token, epoch], shard)
-        return bool(reply)
+        """:meth:`FencingCalls.give_back`: False if not held."""
+        return await self._fencing.give_back(shard, token, epoch)
 
     async def raise_epoch(self, shard: int, floor: int) -> bool:
-        """Lift the shard's epoch to ``floor + 1`` if it is below ``floor``
-        (raise_epoch.lua): after a Redis that lost its data, epochs start again from 0,
-        and PostgreSQL still refuses acks below the highest one it recorded."""
-        k = self.keys.shard(shard)
-        return bool(await self._run(self._scripts.raise_epoch, [k.epoch], [floor], shard))
+        """:meth:`FencingCalls.raise_epoch`: lift the epoch to ``floor + 1`` if below."""
+        return await self._fencing.raise_epoch(shard, floor)
 
-    # -- operators -----------------------------------------------------------------
+    # -- operators: one call each, handed to _operator.py -------------------------
 
-    async def inspect_all(self) -> list[ShardInfo]:
-        """:meth:`inspect` of every shard in one pipeline (one round trip per node).
+    async def get(self, shard: int, job_id: str) -> JobInfo | None:
+        """:meth:`OperatorCalls.get`: one job's state and record, or None."""
+        return await self._operator.get(shard, job_id)
 
-        Read only; the calls are not atomic together (each shard is read at its own
-        instant)."""
-        calls = [
-            _Call(self._scripts.inspect, self._inspect_keys(shard), [], shard)
-            for shard in range(self.keys.shards)
-        ]
-        replies = await self._pipelined(calls, wait=False)
-        return [_shard_info(shard, reply) for shard, reply in enumerate(replies)]
+    async def get_and_now(self, shard: int, job_id: str) -> tuple[JobInfo | None, int]:
+        """:meth:`OperatorCalls.get_and_now`: the job and Redis's now, one round trip."""
+        return await self._operator.get_and_now(shard, job_id)
 
-    async def due_list(self, shard: int, offset: int, count: int) -> DeadPage:
-        """A page of one shard's scheduled jobs in due order, from rank ``offset``
-        (due_list.lua, read only). Each row's ``when_ms`` is its due time.
+    async def dead_list(self, shard: int, offset: int, count: int) -> DeadPage:
+        """:meth:`OperatorCalls.dead_list`: a page of dead letters, oldest first."""
+        return await self._operator.dead_list(shard, offset, count)
 
-        O(log N + count) within the jobs due in the next minute or two; a page reaching
-        into the far index (jobs due later) reads it from its start, O(offset).
+    async def dead_requeue(self, shard: int, ids: Sequence[str], limit: int) -> list[str]:
+        """:meth:`OperatorCalls.dead_requeue`: dead letters back to due now."""
+        return await self._operator.dead_requeue(shard, ids, limit)
 
-        Raises:
-            ListingTooLong: if that would read more than 50,000 far entries.
-        """
-        keys = self._listing_keys(shard)
-        reply = await self._run(self._scripts.due_list, keys, [offset, count], shard)
-        return DeadPage(int(reply[0]), self._rows(shard, JobState.DUE, reply))
-
-    async def due_rank(self, shard: int, time_ms: int) -> int:
-        """How many of the shard's scheduled jobs are due before ``time_ms`` (due_rank.lua,
-        read only). O(log N) plus the far entries of slots starting before ``time_ms``.
-
-        Raises:
-            ListingTooLong: if that would read more than 50,000 far entries.
-        """
-        keys = self._listing_keys(shard)
-        return int(await self._run(self._scripts.due_rank, keys, [time_ms], shard))
-
-    def _listing_keys(self, shard: int) -> list[str]:
-        """due_list.lua's and due_rank.lua's keys."""
-        k = self.keys.shard(shard)
-        return [k.due, k.leased, k.dead, k.far, k.faro, *k.jobs]
-
-    def _inspect_keys(self, shard: int) -> list[str]:
-        k = self.keys.shard(shard)
-        return [k.due, k.leased, k.dead, k.owner, k.epoch, k.clock, k.far, k.faro, *k.jobs]
+    async def dead_purge(self, shard: int, ids: Sequence[str], limit: int) -> list[str]:
+        """:meth:`OperatorCalls.dead_purge`: delete dead letters."""
+        return await self._operator.dead_purge(shard, ids, limit)
 
     async def inspect(self, shard: int) -> ShardInfo:
-        """Counts, overdue lag, owner and next due of one shard (inspect.lua, read only).
-        O(log N)."""
-        reply = await self._run(self._scripts.inspect, self._inspect_keys(shard), [], shard)
-        return _shard_info(shard, reply)
+        """:meth:`OperatorCalls.inspect`: counts, lag, owner and next due of a shard."""
+        return await self._operator.inspect(shard)
 
+    async def inspect_all(self) -> list[ShardInfo]:
+        """:meth:`OperatorCalls.inspect_all`: every shard, one round trip per node."""
+        return await self._operator.inspect_all()
 
-def _shard_info(shard: int, reply: Sequence[Any]) -> ShardInfo:
-    """A ShardInfo from inspect.lua's reply."""
-    now, due, overdue, oldest, next_due, leased, expired, dead, owner, ttl, epoch = reply
-    return ShardInfo(
-        shard=shard,
-        now_ms=int(now),
-        due=int(due),
-        overdue=int(overdue),
-        oldest_overdue_ms=int(oldest),
-        next_due_ms=int(next_due),
-        leased=int(leased),
-        expired=int(expired),
-        dead=int(dead),
-        owner=owner.decode(errors="replace"),
-        owner_ttl_ms=int(ttl),
-        epoch=int(epoch),
-    )
+    async def due_list(self, shard: int, offset: int, count: int) -> DeadPage:
+        """:meth:`OperatorCalls.due_list`: a page of scheduled jobs in due order."""
+        return await self._operator.due_list(shard, offset, count)
+
+    async def due_rank(self, shard: int, time_ms: int) -> int:
+        """:meth:`OperatorCalls.due_rank`: how many jobs are due before ``time_ms``."""
+        return await self._operator.due_rank(shard, time_ms)

@@ -10,7 +10,20 @@ Ground rules:
 - A pipelined write goes one round trip per node, without MULTI. Calls that did not run
   (NOSCRIPT on a fresh master, MOVED/ASK on a stale slot map) are resent after a
   recovery, up to ``_MAX_ROUNDS``; a call that may have run is never resent here.
+- Every call is bounded whatever the client's own socket timeout: a Redis that stops
+  answering gives :class:`RedisUnavailable`, never a hang. The call may have run (a lost
+  reply); each script is safe to send again (docs/reliability.md), and nothing here
+  re-sends one whose reply was lost: the per-node clients made here never retry.
+- With ``replicas`` > 0, :meth:`Transport.write` follows a write by ``WAIT replicas
+  timeout`` *on the connection that wrote*: WAIT counts the replicas that have that
+  connection's writes. One pipeline per node carries the script calls and then WAIT.
+- redis-py's cluster pipeline refuses EVALSHA, and could not put WAIT on the write's
+  connection anyway; so pipelined writes to a cluster go through a plain client per
+  master (``_node_client``), routed by the cluster client's slot map. A reply of MOVED
+  or ASK means the call did not run there: the slot map is refreshed and it is resent.
 - Nothing here knows a script's meaning: ``_store.py`` has one method per script.
+- A :class:`~._store.Store` *has* a transport (``store.transport``) and calls it; the
+  transport knows nothing of the store.
 """
 
 from __future__ import annotations
@@ -32,7 +45,7 @@ from ._connect import Client, no_retry
 from ._direct import Direct
 from ._errors import REDIS_ERRORS, translate
 
-__all__ = ["DEFAULT_CALL_TIMEOUT", "Transport"]
+__all__ = ["DEFAULT_CALL_TIMEOUT", "Call", "Transport"]
 
 # Rounds of a pipelined write whose calls came back NOSCRIPT (a fresh master after a
 # failover) or MOVED/ASK (a stale slot map): each round loads or refreshes, then resends
@@ -53,8 +66,8 @@ DEFAULT_CALL_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True, slots=True)
-class _Call:
-    """One script call of a pipelined write."""
+class Call:
+    """One script call of a pipeline."""
 
     script: Any  # the AsyncScript
     keys: Sequence[str]  # KEYS (all in one slot)
@@ -63,7 +76,7 @@ class _Call:
 
 
 class Transport:
-    """Bounded, translated script calls on one client (the base of :class:`Store`).
+    """Bounded, translated script calls on one client (what a :class:`Store` calls).
 
     Args:
         client: a ``redis.asyncio.Redis`` or ``RedisCluster`` created with
@@ -82,11 +95,11 @@ class Transport:
     __slots__ = (
         "_bound",
         "_client",
-        "_cluster",
         "_direct",
         "_nodes",
         "_wait_timeout",
         "call_timeout",
+        "cluster",
         "replica_timeout_ms",
         "replicas",
     )
@@ -109,9 +122,9 @@ class Transport:
             raise ValueError(f"call_timeout must be > 0 seconds, got {call_timeout!r}")
         self._client = client  # the redis-py client (one Redis or a cluster)
         self.call_timeout = float(call_timeout)  # bound of one call (s)
-        self._bound = Bound(self.call_timeout)  # of single calls (_run)
+        self._bound = Bound(self.call_timeout)  # of single calls (run)
         self._wait_timeout = self.call_timeout + replica_timeout_ms / 1000  # with WAIT
-        self._cluster = isinstance(client, RedisCluster)  # scripts routed by slot
+        self.cluster = isinstance(client, RedisCluster)  # scripts routed by slot
         self.replicas = replicas  # WAIT for this many replicas after producer writes
         self.replica_timeout_ms = replica_timeout_ms  # WAIT's timeout
         self._nodes: dict[str, redis.asyncio.Redis] = {}  # cluster node name -> plain client
@@ -142,7 +155,9 @@ class Transport:
         """The redis-py client (a ``Redis`` or a ``RedisCluster``)."""
         return self._client
 
-    async def _run(self, script: Any, keys: Sequence[str], args: Sequence[Any], shard: int) -> Any:
+    async def run(self, script: Any, keys: Sequence[str], args: Sequence[Any], shard: int) -> Any:
+        """One script call, bounded by ``call_timeout``, its errors translated (Redis's
+        errors naming ``shard``)."""
         bound = self._bound
         task = bound.enter()
         try:
@@ -166,16 +181,14 @@ class Transport:
             f"redis unavailable: no reply within {seconds:g} s (the call may have run)"
         )
 
-    async def _write(
-        self, script: Any, keys: Sequence[str], args: Sequence[Any], shard: int
-    ) -> Any:
+    async def write(self, script: Any, keys: Sequence[str], args: Sequence[Any], shard: int) -> Any:
         """A producer write: one script call, then WAIT when replicas are asked for."""
         if not self.replicas:
-            return await self._run(script, keys, args, shard)
-        (reply,) = await self._pipelined([_Call(script, keys, args, shard)], wait=True)
+            return await self.run(script, keys, args, shard)
+        (reply,) = await self.pipelined([Call(script, keys, args, shard)], wait=True)
         return reply
 
-    async def _pipelined(self, calls: Sequence[_Call], *, wait: bool) -> list[Any]:
+    async def pipelined(self, calls: Sequence[Call], *, wait: bool) -> list[Any]:
         """Script calls in one pipeline (one round trip per node, no MULTI); with
         ``wait``, then ``WAIT`` on each node's connection. Replies in call order.
 
@@ -226,9 +239,9 @@ class Transport:
             todo = resend
         raise translate(redis.exceptions.TryAgainError("slot map kept moving; try again"))
 
-    async def _send(self, calls: Sequence[_Call], todo: Sequence[int], wait: bool) -> list[Any]:
+    async def _send(self, calls: Sequence[Call], todo: Sequence[int], wait: bool) -> list[Any]:
         """Replies of ``calls[i]`` for i in ``todo``, then one WAIT reply per node."""
-        if not self._cluster:
+        if not self.cluster:
             return await self._send_node(self._client, calls, todo, wait)
         cluster: Any = self._client
         await cluster.initialize()  # routing needs the slot map (no-op once loaded)
@@ -257,7 +270,7 @@ class Transport:
         return [replies[i] for i in todo] + waits
 
     async def _send_node(
-        self, client: Any, calls: Sequence[_Call], todo: Sequence[int], wait: bool
+        self, client: Any, calls: Sequence[Call], todo: Sequence[int], wait: bool
     ) -> list[Any]:
         pipe = client.pipeline(transaction=False)
         for i in todo:
@@ -270,7 +283,7 @@ class Transport:
             got[-1] = None  # nothing ran on this connection: nothing for WAIT to confirm
         return got
 
-    async def _recover(self, calls: Sequence[_Call], errors: Sequence[Any]) -> None:
+    async def _recover(self, calls: Sequence[Call], errors: Sequence[Any]) -> None:
         """Load missing scripts and refresh the slot map before a resend."""
         loaded: set[str] = set()
         for call, error in zip(calls, errors, strict=True):
@@ -285,6 +298,44 @@ class Transport:
                     await self._client.exists(call.keys[0])
             except REDIS_ERRORS as exc:
                 raise translate(exc, call.shard) from exc
+
+    async def batch(
+        self, script: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any], int]]
+    ) -> list[Any]:
+        """``script`` once per ``(keys, args, shard)``, one round trip per node; the
+        replies in call order.
+
+        On one Redis without ``replicas`` the calls go in one MULTI/EXEC: all run or
+        none. On a cluster, or with ``replicas`` (WAIT cannot follow EXEC on one
+        connection), they are pipelined (:meth:`pipelined`, then WAIT): each is atomic on
+        its own, and a failure may leave some run.
+
+        Raises:
+            RedisUnavailable, Fenced, ReplicationTimeout, ...: the first error, translated.
+        """
+        if self.cluster or self.replicas:
+            pipelined = [Call(script, keys, args, shard) for keys, args, shard in calls]
+            return await self.pipelined(pipelined, wait=bool(self.replicas))
+        return await self._transaction(script, [(keys, args) for keys, args, _ in calls])
+
+    async def _transaction(
+        self, script: Any, calls: Sequence[tuple[Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """``script`` once per ``(keys, args)`` in one MULTI/EXEC on one Redis, within
+        ``call_timeout``."""
+        try:
+            async with timeout(self.call_timeout):
+                if self._direct is not None:
+                    return await self._direct.transaction(script, calls)
+                client: Any = self._client
+                async with client.pipeline(transaction=True) as pipe:
+                    for keys, args in calls:
+                        await script(keys, args, client=pipe)
+                    return list(await pipe.execute())
+        except REDIS_ERRORS as exc:
+            raise translate(exc) from exc
+        except TimeoutError:
+            raise self._no_reply(self.call_timeout) from None
 
     async def bounded(self, call: Callable[[], Awaitable[Any]], shard: int = -1) -> Any:
         """Await ``call()`` (one plain command, or a script the caller holds) within

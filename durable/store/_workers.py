@@ -13,7 +13,7 @@ Ground rules:
   ``host``, ``pid``, ``owned``, ``loaded``, ``running`` and ``lat`` (the
   firing-lateness histogram's counts). A document that is not that shape reads as
   none: a reader skips it, never fails on it.
-- Every call is bounded and translated like the rest of the store (``Transport``).
+- Every call is bounded and translated like the rest of the store (its ``Transport``).
 """
 
 from __future__ import annotations
@@ -103,7 +103,9 @@ class WorkerBoard:
         ``join=False``; return the live worker count (heartbeats within ``ttl_ms``)."""
         store = self._store
         args = [token, ttl_ms, 1 if join else 0]
-        return int(await store._run(store._scripts.members, [store.keys.workers], args, -1))
+        return int(
+            await store.transport.run(store._scripts.members, [store.keys.workers], args, -1)
+        )
 
     async def publish(self, token: str, document: Mapping[str, Any], ttl_ms: int) -> None:
         """Write a worker's stats document (compact JSON) under ``{ns}:wstats:<token>``
@@ -111,13 +113,13 @@ class WorkerBoard:
         store = self._store
         key = store.keys.worker_stats(token)
         text = json.dumps(document, separators=(",", ":"))
-        await store.bounded(lambda: store.client.set(key, text, px=ttl_ms))
+        await store.transport.bounded(lambda: store.client.set(key, text, px=ttl_ms))
 
     async def unpublish(self, token: str) -> None:
         """Remove a worker's stats document (it is leaving)."""
         store = self._store
         key = store.keys.worker_stats(token)
-        await store.bounded(lambda: store.client.delete(key))
+        await store.transport.bounded(lambda: store.client.delete(key))
 
     async def members(self) -> list[WorkerEntry]:
         """Every member of the set, oldest heartbeat first, with its stats document (two
@@ -128,13 +130,13 @@ class WorkerBoard:
         """
         store = self._store
         keys = store.keys
-        entries: Any = await store.bounded(
+        entries: Any = await store.transport.bounded(
             lambda: store.client.zrange(keys.workers, 0, -1, withscores=True)
         )
         tokens = [m.decode(errors="replace") for m, _ in entries]
         if not tokens:
             return []
-        docs: Any = await store.bounded(
+        docs: Any = await store.transport.bounded(
             lambda: store.client.mget([keys.worker_stats(t) for t in tokens])
         )
         return [

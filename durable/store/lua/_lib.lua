@@ -23,7 +23,7 @@
 local F_TASK, F_PAYLOAD, F_MAX, F_FLAGS, F_NOMINAL, F_ATTEMPT, F_EPOCH = 1, 2, 3, 4, 5, 6, 7
 local F_RKIND, F_RSPEC, F_POLICY, F_CAP, F_GRACE, F_ERROR = 8, 9, 10, 11, 12, 13
 local NFIELDS = 13
--- Mirrored in _record.py (DEFAULTS); 5 = DEFAULT_MAX_ATTEMPTS in _model.py.
+-- Mirrored in _codec.py (DEFAULTS); 5 = DEFAULT_MAX_ATTEMPTS in model/_jobs.py.
 local DEFAULTS = {'', '', 5, 0, 0, 1, 0, 0, '', 0, 0, 0, ''}
 -- unpack() of a long list overflows Lua's C stack (LUAI_MAXCSTACK 8000): chunk bulk calls.
 local CHUNK = 1000

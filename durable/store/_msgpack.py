@@ -1,13 +1,13 @@
-"""A minimal msgpack encoder for what the scripts decode with ``cmsgpack``.
+"""Msgpack bytes by hand: what the scripts decode with ``cmsgpack``, and their replies.
 
 Ground rules:
 
-- Only what the job record and the schedule batch need: non-negative ints, bytes
-  (packed as msgpack *str*, as Redis's cmsgpack packs Lua strings) and one flat array.
+- Only what the job record and the batches need: non-negative ints, bytes (packed as
+  msgpack *str*, as Redis's cmsgpack packs Lua strings) and one flat array.
 - The output is byte for byte what ``cmsgpack.pack`` in ``lua/_lib.lua`` produces for
   the same values (smallest int and str headers), so a record written here and one
   re-encoded by a script are the same size (pinned by a test).
-- Field order and defaults mirror ``lua/_lib.lua``; trailing defaults are dropped.
+- Nothing here knows a job: the record's fields and their order are ``_codec.py``'s.
 
 Encoding here rather than in Lua takes the per-job table building out of the script,
 which blocks Redis; see bench/suites/bench_durable.py (batch schedule).
@@ -23,13 +23,10 @@ from typing import Any
 import msgpack  # type: ignore[import-untyped]
 
 __all__ = [
-    "DEFAULTS",
     "FAR_SLOT_MS",
-    "FIELDS",
+    "FIXINT",
     "pack_ack_batch",
     "pack_array",
-    "pack_oneshot",
-    "pack_record",
     "pack_schedule_batch",
     "pack_str",
     "pack_value",
@@ -38,33 +35,13 @@ __all__ = [
     "unpack_reply",
 ]
 
-# The job record's fields, in record order: lua/_lib.lua's F_* constants, lowercased
-# (F_TASK = 1, ...). tests/test_durable_keys.py holds the two sides equal.
-FIELDS = (
-    "task",
-    "payload",
-    "max",
-    "flags",
-    "nominal",
-    "attempt",
-    "epoch",
-    "rkind",
-    "rspec",
-    "policy",
-    "cap",
-    "grace",
-    "error",
-)
-# Their defaults, in the same order (lua/_lib.lua: DEFAULTS); trailing ones are dropped.
-DEFAULTS: tuple[int | bytes, ...] = (b"", b"", 5, 0, 0, 1, 0, 0, b"", 0, 0, 0, b"")
-
 _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 # Smallest headers by value, looked up instead of computed: ints 0..127 (positive
 # fixint) and the fixstr headers of 0..31 bytes.
-_FIXINT = tuple(bytes((i,)) for i in range(0x80))
+FIXINT = tuple(bytes((i,)) for i in range(0x80))
 _FIXSTR = tuple(bytes((0xA0 | n,)) for n in range(32))
 _STR8 = struct.Struct(">BB")
 _STR16 = struct.Struct(">BH")
@@ -83,7 +60,7 @@ def pack_value(value: int | bytes) -> bytes:
     if value < 0:
         raise ValueError(f"value must be >= 0, got {value}")
     if value < 0x80:
-        return _FIXINT[value]
+        return FIXINT[value]
     if value < 0x100:
         return b"\xcc" + _U8.pack(value)
     if value < 0x10000:
@@ -103,18 +80,6 @@ def pack_str(data: bytes) -> bytes:
     if n < 0x10000:
         return _STR16.pack(0xDA, n) + data
     return b"\xdb" + _U32.pack(n) + data
-
-
-def pack_oneshot(task: bytes, payload: bytes, max_attempts: int, flags: int) -> bytes:
-    """The record of a new one-shot job (nominal 0, attempt 1, epoch 0): what
-    :func:`pack_record` gives for those fields, without building them."""
-    if flags:
-        return pack_str(task) + pack_str(payload) + pack_value(max_attempts) + _FIXINT[flags]
-    if max_attempts != DEFAULTS[2]:
-        return pack_str(task) + pack_str(payload) + pack_value(max_attempts)
-    if payload:
-        return pack_str(task) + pack_str(payload)
-    return pack_str(task) if task else b""  # trailing defaults dropped
 
 
 def _array_head(n: int) -> bytes:
@@ -166,14 +131,6 @@ def pack_schedule_batch(items: Sequence[tuple[bytes, int, int, bytes]]) -> bytes
     if not modes <= {0, 1}:
         raise ValueError(f"mode must be 0 or 1, got {sorted(modes - {0, 1}, key=repr)[0]}")
     return bytes(msgpack.packb(flat, use_bin_type=False))
-
-
-def pack_record(fields: Sequence[int | bytes]) -> bytes:
-    """A job record: the fields as a msgpack stream, trailing defaults dropped."""
-    n = len(fields)
-    while n and fields[n - 1] == DEFAULTS[n - 1]:
-        n -= 1
-    return b"".join([pack_value(f) for f in fields[:n]])
 
 
 def pack_array(values: Sequence[int | bytes]) -> bytes:
