@@ -66,9 +66,7 @@ def test_pg_config_bindir_is_a_source(monkeypatch: pytest.MonkeyPatch, tmp_path:
     assert find_postgres_bin() == bindir
 
 
-def test_no_postgres_anywhere_is_an_error(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_no_postgres_anywhere_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Nothing found fails loudly (the fixtures then error), it never skips."""
     _no_other_source(monkeypatch, tmp_path)
     with pytest.raises(PostgresServerError, match="no PostgreSQL binaries found"):
