@@ -465,6 +465,69 @@ async def taskgroup_inside_timeout_inside_taskgroup(ns: Any) -> Any:
 
 
 @scenario
+async def taskgroup_parent_raises_and_child_fails(ns: Any) -> Any:
+    """The body and a child both fail after the expiry (3.13's TaskGroup re-cancels a
+    parent that is being cancelled from outside: the count must stay in step)."""
+    cm = ns.timeout(0.01)
+
+    async def child() -> None:
+        try:
+            await forever()
+        except asyncio.CancelledError:
+            raise KeyError("child") from None
+
+    async def body() -> None:
+        async with cm, asyncio.TaskGroup() as tg:
+            tg.create_task(child())
+            try:
+                await forever()
+            except asyncio.CancelledError:
+                raise Boom("parent") from None
+
+    return await outcome(body()), cm.expired()
+
+
+@scenario
+async def eager_tasks(ns: Any) -> Any:
+    """Timeouts entered by tasks that start eagerly (3.12's eager_task_factory runs a
+    new task's first step inside create_task)."""
+    loop = asyncio.get_running_loop()
+    factory = getattr(asyncio, "eager_task_factory", None)
+    if factory is not None:
+        loop.set_task_factory(factory)
+    seen: list[Any] = []
+
+    async def child(delay: float) -> str:
+        async with ns.timeout(delay) as cm:
+            seen.append(norm_repr(cm))
+            await asyncio.sleep(0.02)
+        return "done"
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            slow = tg.create_task(outcome(child(0.01)))
+            fast = tg.create_task(outcome(child(1)))
+    finally:
+        loop.set_task_factory(None)
+    return slow.result(), fast.result(), seen
+
+
+@scenario
+async def exit_before_past_deadline_fires(ns: Any) -> Any:
+    loop = asyncio.get_running_loop()
+    cm = ns.timeout(10)
+
+    async def body() -> str:
+        async with cm:
+            cm.reschedule(loop.time() - 1)  # due at the next iteration: not yet
+        return "left in time"
+
+    first = await outcome(body())
+    await asyncio.sleep(0)
+    return first, cm.expired(), norm_repr(cm)
+
+
+@scenario
 async def reschedule_and_when(ns: Any) -> Any:
     loop = asyncio.get_running_loop()
     seen: list[Any] = []
