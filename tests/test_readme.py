@@ -32,6 +32,30 @@ def test_ci_runs_the_readme_test_command_exactly() -> None:
     assert f'step bash -c "{quick_start_commands()[1]}"' in ci
 
 
+def test_supported_versions_agree() -> None:
+    """The README, the classifiers and .ci/run name the same Pythons: 3.11 runs the whole
+    suite, the others run in .ci/run's EXTRA_PYTHONS loop, each in its own venv."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    prefix = "Programming Language :: Python :: "
+    classified = sorted(
+        c.removeprefix(prefix)
+        for c in project["classifiers"]
+        if re.fullmatch(re.escape(prefix) + r"3\.\d+", c)
+    )
+    assert project["requires-python"] == f">={classified[0]}"
+    readme = (ROOT / "README.md").read_text()
+    assert f"Needs CPython {', '.join(classified[:-1])} or {classified[-1]}" in readme
+    ci = (ROOT / ".ci" / "run").read_text()
+    extra = re.search(r'^EXTRA_PYTHONS="([^"]*)"$', ci, re.M)
+    assert extra is not None
+    assert ["3.11", *extra.group(1).split()] == classified
+    gitignore = (ROOT / ".gitignore").read_text().split()
+    for version in extra.group(1).split():
+        assert f".venv-py{version.replace('.', '')}/" in gitignore
+
+
 @pytest.mark.filterwarnings("ignore::tickwheel.durable.ServerConfigWarning")  # test Redis: no AOF
 def test_readme_python_examples_run(
     redis_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

@@ -84,6 +84,11 @@ PyMODINIT_FUNC PyInit__cwheel(void) {
     INTERN(str_cancelling, "cancelling");
     INTERN(str_uncancel, "uncancel");
     if ((py_inf = PyFloat_FromDouble(INFINITY)) == NULL) return NULL;
+    PyObject *builtins = PyImport_ImportModule("builtins");
+    if (builtins == NULL) return NULL;
+    ExceptionGroupType = PyObject_GetAttrString(builtins, "ExceptionGroup");
+    Py_DECREF(builtins);
+    if (ExceptionGroupType == NULL) return NULL;
     PyObject *time_mod = PyImport_ImportModule("time");
     if (time_mod == NULL) return NULL;
     time_monotonic = PyObject_GetAttrString(time_mod, "monotonic");

@@ -1,16 +1,24 @@
 """Timeouts and sleeps on a wheel, with asyncio's names and semantics.
 
-:class:`Timeout` mirrors :class:`asyncio.Timeout` (``when()``, ``reschedule(when)``,
-``expired()``, :class:`TimeoutError` on expiry, nesting and ``uncancel`` handled the same
-way), so ``asyncio.timeout`` -> ``tickwheel.wheel.timeout`` is a one-name change. The
-difference is the cost of ``reschedule``: it moves the wheel timer in O(1) and allocates
-nothing, where asyncio cancels a heap entry and pushes a new one.
+:class:`Timeout` mirrors the running Python's :class:`asyncio.Timeout` (``when()``,
+``reschedule(when)``, ``expired()``, :class:`TimeoutError` on expiry, its chaining,
+nesting and ``uncancel`` handled the same way, the same errors on misuse), so
+``asyncio.timeout`` -> ``tickwheel.wheel.timeout`` is a one-name change. Where asyncio
+changed between versions, this follows the interpreter it runs on: from 3.13 a subclass
+of ``CancelledError`` leaving an expired block becomes ``TimeoutError`` too, and any other
+exception leaving it (and each member of an exception group, as a ``TaskGroup`` raises)
+gets a ``TimeoutError`` put into its ``__context__`` chain before the ``CancelledError``.
+tests/test_wheel_timeout_dropin.py compares the two on each version.
+
+The difference is the cost of ``reschedule``: it moves the wheel timer in O(1) and
+allocates nothing, where asyncio cancels a heap entry and pushes a new one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import sys
 from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, final
@@ -23,6 +31,9 @@ __all__ = ["Timeout", "TimeoutWheel", "sleep_on"]
 T = TypeVar("T")
 
 _INF = float("inf")
+# asyncio 3.13's Timeout: CancelledError subclasses convert, foreign exceptions get a
+# TimeoutError in their context chain (gh-113848, gh-115957).
+_PY313 = sys.version_info >= (3, 13)
 
 
 class TimeoutWheel(Protocol):
@@ -123,8 +134,8 @@ class Timeout:
 
     def __repr__(self) -> str:
         when = ""
-        if self._state is _State.ENTERED and self._when is not None:
-            when = f" when={round(self._when, 3)}"
+        if self._state is _State.ENTERED:
+            when = f" when={round(self._when, 3) if self._when is not None else None}"
         return f"<Timeout [{self._state.value}]{when}>"
 
     async def __aenter__(self) -> Timeout:
@@ -145,6 +156,8 @@ class Timeout:
         exc_val: BaseException | None,
         exc_tb: TracebackType | None,
     ) -> bool | None:
+        if self._state is not _State.ENTERED and self._state is not _State.EXPIRING:
+            raise AssertionError  # as asyncio's: exit without enter, or a second exit
         timer = self._timer
         if timer is not None:
             timer.cancel()
@@ -153,9 +166,18 @@ class Timeout:
         if self._state is _State.EXPIRING:
             self._state = _State.EXPIRED
             assert self._task is not None
-            if self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
-                # No one else asked to cancel the task: the cancellation is ours.
-                raise TimeoutError from exc_val
+            # No one else asked to cancel the task: the cancellation is ours.
+            if self._task.uncancel() <= self._cancelling and exc_type is not None:
+                if not _PY313:
+                    if exc_type is asyncio.CancelledError:
+                        raise TimeoutError from exc_val
+                elif issubclass(exc_type, asyncio.CancelledError):
+                    raise TimeoutError from exc_val
+                elif exc_val is not None:
+                    _insert_timeout_error(exc_val)
+                    if isinstance(exc_val, ExceptionGroup):
+                        for member in exc_val.exceptions:
+                            _insert_timeout_error(member)
         elif self._state is _State.ENTERED:
             self._state = _State.EXITED
         return None
@@ -167,6 +189,18 @@ class Timeout:
         self._state = _State.EXPIRING
         self._timer = None
         self._soon = None
+
+
+def _insert_timeout_error(exc: BaseException) -> None:
+    """Put a TimeoutError, caused by it, before the first CancelledError in ``exc``'s
+    context chain (asyncio 3.13's Timeout does, so that a logger sees the expiry)."""
+    while (context := exc.__context__) is not None:
+        if isinstance(context, asyncio.CancelledError):
+            error = TimeoutError()
+            error.__context__ = error.__cause__ = context
+            exc.__context__ = error
+            return
+        exc = context
 
 
 def _wake(future: asyncio.Future[T], result: T) -> None:

@@ -10,8 +10,13 @@ The binaries (``initdb``, ``pg_ctl``, ``postgres``) are found in this order:
 
 1. the directory ``$TICKWHEEL_POSTGRES_BIN``;
 2. ``pg_ctl`` on ``PATH`` (its directory);
-3. the newest ``/usr/lib/postgresql/<major>/bin`` (Debian and Ubuntu packages);
-4. the binaries shipped by the ``pgserver`` package, when it is installed.
+3. ``pg_config --bindir``, when ``pg_config`` is on ``PATH`` (client-only installs that
+   name the server's directory, Homebrew, PGDG packages);
+4. the newest ``/usr/lib/postgresql/<major>/bin`` (Debian and Ubuntu packages);
+5. the binaries shipped by the ``pgserver`` package, when it is installed (it has no
+   build for Python 3.13, so there one of the others must provide them).
+
+No source found is an error (:class:`PostgresServerError`), never a skip.
 
 ``initdb`` and ``postgres`` refuse to run as root. When this process is root, the
 server runs as an unprivileged user: ``$TICKWHEEL_POSTGRES_USER``, else ``postgres``,
@@ -79,6 +84,9 @@ def find_postgres_bin() -> Path:
         directory = Path(os.path.realpath(on_path)).parent
         if _has_all(directory):
             return directory
+    from_config = _pg_config_bindir()
+    if from_config is not None and _has_all(from_config):
+        return from_config
     for candidate in sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=_major, reverse=True):
         if _has_all(candidate):
             return Path(candidate)
@@ -89,9 +97,25 @@ def find_postgres_bin() -> Path:
         if _has_all(bundled):
             return bundled
     raise PostgresServerError(
-        "no PostgreSQL binaries found: install PostgreSQL (initdb, pg_ctl, postgres), "
-        "set TICKWHEEL_POSTGRES_BIN to their directory, or `pip install pgserver`"
+        "no PostgreSQL binaries found (looked at $TICKWHEEL_POSTGRES_BIN, pg_ctl on PATH, "
+        "`pg_config --bindir`, /usr/lib/postgresql/*/bin and the pgserver package): "
+        "install PostgreSQL (initdb, pg_ctl, postgres), set TICKWHEEL_POSTGRES_BIN to "
+        "their directory, or `pip install pgserver` (Python 3.12 and older)"
     )
+
+
+def _pg_config_bindir() -> Path | None:
+    """The directory ``pg_config --bindir`` names, or None without a working pg_config."""
+    pg_config = shutil.which("pg_config")
+    if pg_config is None:
+        return None
+    try:
+        out = subprocess.run(
+            [pg_config, "--bindir"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return Path(out) if out else None
 
 
 def _run_as() -> pwd.struct_passwd | None:

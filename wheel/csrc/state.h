@@ -28,5 +28,6 @@ static PyObject *str_on_timeout, *str_call_soon, *str_cancelling, *str_uncancel;
 static PyObject *time_monotonic; /* time.monotonic, to recognise it */
 static PyObject *kwnames_context; /* ("context",), for loop.call_at(..., context=) */
 static PyObject *py_inf;          /* float("inf"), for Timeout's "never" */
+static PyObject *ExceptionGroupType; /* builtins.ExceptionGroup, for Timeout on 3.13 */
 
 #endif /* TICKWHEEL_STATE_H */

@@ -5,6 +5,11 @@
  * (a deadline already past goes through loop.call_soon instead). __aenter__ and
  * __aexit__ return a one-shot awaitable (Step, below) that does the work when awaited,
  * as a coroutine would.
+ *
+ * It follows the asyncio of the Python it is compiled for (a build is per interpreter):
+ * from 3.13, a CancelledError subclass leaving an expired block becomes TimeoutError
+ * too, and another exception leaving it (and each member of an ExceptionGroup) gets a
+ * TimeoutError put before the CancelledError in its __context__ chain.
  */
 
 #ifndef TICKWHEEL_TIMEOUT_H
@@ -186,7 +191,9 @@ static PyObject *Timeout_expired(TimeoutObject *self, PyObject *Py_UNUSED(ignore
 
 static PyObject *Timeout_repr(TimeoutObject *self) {
     const char *state = to_state_names[self->state];
-    if (self->state == TO_ENTERED && self->when != Py_None) {
+    if (self->state == TO_ENTERED && self->when == Py_None)
+        return PyUnicode_FromFormat("<Timeout [%s] when=None>", state);
+    if (self->state == TO_ENTERED) {
         PyObject *r = PyObject_CallMethod(self->when, "__round__", "i", 3);
         if (r == NULL) return NULL;
         PyObject *s = PyUnicode_FromFormat("<Timeout [%s] when=%S>", state, r);
@@ -243,7 +250,66 @@ static PyObject *timeout_enter(TimeoutObject *self) {
     return Py_NewRef((PyObject *)self);
 }
 
+#if PY_VERSION_HEX >= 0x030D0000
+/* Put a TimeoutError, caused by it, before the first CancelledError in exc's context
+ * chain (asyncio 3.13's Timeout._insert_timeout_error). */
+static int timeout_insert_error(PyObject *exc) {
+    PyObject *context;
+    Py_INCREF(exc);
+    while ((context = PyException_GetContext(exc)) != NULL) {
+        int is = PyObject_IsInstance(context, CancelledErr);
+        if (is < 0) {
+            Py_DECREF(context);
+            Py_DECREF(exc);
+            return -1;
+        }
+        if (is) {
+            PyObject *err = PyObject_CallNoArgs(PyExc_TimeoutError);
+            if (err == NULL) {
+                Py_DECREF(context);
+                Py_DECREF(exc);
+                return -1;
+            }
+            PyException_SetContext(err, Py_NewRef(context)); /* each steals a reference */
+            PyException_SetCause(err, context);
+            PyException_SetContext(exc, err);
+            Py_DECREF(exc);
+            return 0;
+        }
+        Py_SETREF(exc, context);
+    }
+    Py_DECREF(exc);
+    return 0;
+}
+
+/* A foreign exception left an expired block: insert the TimeoutError into its chain,
+ * and into each member's when it is an ExceptionGroup (as a TaskGroup raises). */
+static int timeout_mark_foreign(PyObject *exc_val) {
+    if (timeout_insert_error(exc_val) < 0) return -1;
+    int group = PyObject_IsInstance(exc_val, ExceptionGroupType);
+    if (group <= 0) return group;
+    PyObject *members = PyObject_GetAttrString(exc_val, "exceptions");
+    if (members == NULL) return -1;
+    PyObject *seq = PySequence_Fast(members, "exceptions must be a sequence");
+    Py_DECREF(members);
+    if (seq == NULL) return -1;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+        if (timeout_insert_error(PySequence_Fast_GET_ITEM(seq, i)) < 0) {
+            Py_DECREF(seq);
+            return -1;
+        }
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+#endif
+
 static PyObject *timeout_exit(TimeoutObject *self, PyObject *exc_type, PyObject *exc_val) {
+    if (self->state != TO_ENTERED && self->state != TO_EXPIRING) {
+        /* as asyncio's assert: an exit without an enter, or a second exit */
+        PyErr_SetNone(PyExc_AssertionError);
+        return NULL;
+    }
     if (timeout_cancel_timer(self) < 0 || timeout_cancel_soon(self) < 0) return NULL;
     if (self->state == TO_EXPIRING) {
         self->state = TO_EXPIRED;
@@ -256,7 +322,18 @@ static PyObject *timeout_exit(TimeoutObject *self, PyObject *exc_type, PyObject 
         int ours = PyObject_RichCompareBool(left, self->cancelling, Py_LE);
         Py_DECREF(left);
         if (ours < 0) return NULL;
-        if (ours && exc_type == CancelledErr) {
+#if PY_VERSION_HEX >= 0x030D0000
+        int cancelled = 0;
+        if (ours && exc_type != Py_None) {
+            cancelled = PyObject_IsSubclass(exc_type, CancelledErr);
+            if (cancelled < 0) return NULL;
+            if (!cancelled && exc_val != Py_None && timeout_mark_foreign(exc_val) < 0)
+                return NULL;
+        }
+#else
+        int cancelled = exc_type == CancelledErr;
+#endif
+        if (ours && cancelled) {
             /* No one else asked to cancel the task: the cancellation is ours. */
             PyObject *exc = PyObject_CallNoArgs(PyExc_TimeoutError);
             if (exc == NULL) return NULL;
