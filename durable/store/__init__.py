@@ -44,6 +44,7 @@ from ._keys import DEFAULT_BUCKETS, MAX_JOB_ID_BYTES, Keys, parse_layout
 from ._layout import LayoutUnreadable, read_layout
 from ._record import pack_array, pack_record
 from ._scripts import register
+from ._secrets import hidden, hide_secrets, url_error
 from ._store import ClaimedRef, EncodedJob, Store, encode_job
 from ._streams import RawEntry, Stream
 from ._transport import DEFAULT_CALL_TIMEOUT, Transport
@@ -79,6 +80,8 @@ __all__ = [
     "crash_loss",
     "encode_job",
     "error_reply",
+    "hidden",
+    "hide_secrets",
     "is_cluster",
     "no_retry",
     "pack_array",
@@ -93,4 +96,5 @@ __all__ = [
     "split_url",
     "translate",
     "unwrap",
+    "url_error",
 ]
