@@ -33,7 +33,7 @@ from tickwheel.durable.model import (
     PostgresUnavailable,
     encode_payload,
 )
-from tickwheel.durable.store import ClaimedRef, EncodedJob, pack_record, shown_url
+from tickwheel.durable.store import ClaimedRef, EncodedJob, hidden, pack_record, shown_url
 
 from ._migrate import check_schema
 
@@ -312,7 +312,11 @@ class PgStore:
                     timeout=self.call_timeout,
                 )
             except Exception as exc:
-                raise translate(exc) from exc
+                err = translate(exc)
+                clean = hidden(err, self.url)  # asyncpg may quote a piece of the password
+                if clean is not err:
+                    raise clean from None
+                raise err from exc
             try:
                 async with self._conn(pool) as conn:
                     await check_schema(conn)

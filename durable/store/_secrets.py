@@ -129,6 +129,12 @@ def _secrets_of(url: str, shortest: int = _MIN_PIECE) -> list[str]:
     return sorted((s for s in out if len(s) >= shortest), key=len, reverse=True)
 
 
+def _shown_in_text(found: re.Match[str]) -> str:
+    url = found.group(0)
+    tail = len(url) - len(url.rstrip(".,:;)]"))  # the sentence's, not the URL's
+    return shown_url(url[: len(url) - tail]) + url[len(url) - tail :]
+
+
 def hide_secrets(text: str, *urls: str | None) -> str:
     """``text`` (a message that may quote ``urls`` or pieces of them) without their
     credentials: each URL shown by :func:`shown_url`, any other URL in it too, and every
@@ -137,7 +143,7 @@ def hide_secrets(text: str, *urls: str | None) -> str:
     given = [u for u in urls if isinstance(u, str) and u]
     for url in sorted(given, key=len, reverse=True):
         text = text.replace(url, shown_url(url))
-    text = _URL_IN_TEXT.sub(lambda m: shown_url(m.group(0)), text)
+    text = _URL_IN_TEXT.sub(_shown_in_text, text)
     for url in given:
         for secret in _secrets_of(url):
             text = text.replace(secret, MASK)
@@ -151,8 +157,8 @@ def url_error(message: str, url: str) -> str:
     text = hide_secrets(message, url)
     if any(piece in text for piece in _secrets_of(url, shortest=2)):
         return (
-            f"malformed URL {shown_url(url)}: check its credentials (in a password, "
-            "write / ? # @ : & as %2F %3F %23 %40 %3A %26)"
+            f"malformed URL {shown_url(url)}: check its credentials "
+            "(percent-encode / ? # @ : & in them as %2F %3F %23 %40 %3A %26)"
         )
     return text
 
