@@ -55,7 +55,10 @@ def at_time(text: str | None) -> int | datetime | None:
             ) from None
         if when.tzinfo is None:
             raise CliError(EXIT_USAGE, f"--at needs a time zone (add Z for UTC), got {text!r}")
-        ms = (when - EPOCH) // timedelta(milliseconds=1)
+        try:
+            ms = (when - EPOCH) // timedelta(milliseconds=1)
+        except OverflowError:  # past year 9999 in UTC
+            ms = MAX_WHEN_MS + 1
     if not 0 <= ms <= MAX_WHEN_MS:
         raise CliError(
             EXIT_USAGE,
