@@ -35,7 +35,8 @@ from tickwheel.durable.model import JobSpec
 from tickwheel.durable.runtime import TaskContext, TaskRegistry
 from tickwheel.durable.scheduler import Scheduler
 from tickwheel.durable.servers import RedisServer, RedisServerError
-from tickwheel.durable.store._connect import URL_ENV, Client, connect, shown_url
+from tickwheel.durable.store import shown_url
+from tickwheel.durable.store._connect import URL_ENV, Client, connect
 from tickwheel.wheel import TimingWheel
 
 __all__ = ["registry", "run_demo"]

@@ -28,7 +28,6 @@ from ._connect import (
     is_cluster,
     no_retry,
     parse_nodes,
-    shown_url,
     split_url,
 )
 from ._errors import (
@@ -44,7 +43,7 @@ from ._keys import DEFAULT_BUCKETS, MAX_JOB_ID_BYTES, Keys, parse_layout
 from ._layout import LayoutUnreadable, read_layout
 from ._record import pack_array, pack_record
 from ._scripts import register
-from ._secrets import hidden, hide_secrets, url_error
+from ._secrets import hidden, hide_secrets, shown_url, url_error
 from ._store import ClaimedRef, EncodedJob, Store, encode_job
 from ._streams import RawEntry, Stream
 from ._transport import DEFAULT_CALL_TIMEOUT, Transport

@@ -82,7 +82,7 @@ def _shown_query(query: str) -> str:
     return "".join(items)
 
 
-def shown_url(url: str) -> str:
+def shown_url(url: object) -> str:
     """``url`` without any credential, for a message; also when it is malformed.
 
     >>> shown_url("redis://:pw@127.0.0.1:6379/0")

@@ -30,7 +30,7 @@ async def _login(web: Web, request: Request) -> Response:
     address = request.client.host if request.client else ""
     wait = web.logins.wait(address)
     if wait:  # before the form is read: a guesser gets nothing for its bytes
-        response = web.render(
+        refused = web.render(
             request,
             "login.html",
             429,
@@ -38,8 +38,8 @@ async def _login(web: Web, request: Request) -> Response:
             next=next_path(request),
             error=f"too many wrong tokens: try again in {wait} s",
         )
-        response.headers["Retry-After"] = str(wait)
-        return response
+        refused.headers["Retry-After"] = str(wait)
+        return refused
     got = await form(request)
     nxt = next_path(request, str(got.get("next", "/")))
     if not origin_ok(request):
