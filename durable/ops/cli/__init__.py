@@ -90,8 +90,9 @@ exit codes:
   5  PostgreSQL unreachable (Postgres mode)
   130  interrupted (Ctrl-C); what the command started was stopped
 
---redis-url defaults to $TICKWHEEL_REDIS_URL, --postgres-url to $TICKWHEEL_POSTGRES_URL.
---json prints one JSON document on stdout.
+--redis-url defaults to $TICKWHEEL_REDIS_URL, --postgres-url to $TICKWHEEL_POSTGRES_URL:
+set those rather than write a password on the command line, where `ps` shows it.
+--json prints one JSON document on stdout (errors included).
 """
 
 
