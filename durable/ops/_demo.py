@@ -35,7 +35,8 @@ from tickwheel.durable.model import JobSpec
 from tickwheel.durable.runtime import TaskContext, TaskRegistry
 from tickwheel.durable.scheduler import Scheduler
 from tickwheel.durable.servers import RedisServer, RedisServerError
-from tickwheel.durable.store._connect import URL_ENV, Client, _redact, connect
+from tickwheel.durable.store import shown_url
+from tickwheel.durable.store._connect import URL_ENV, Client, connect
 from tickwheel.wheel import TimingWheel
 
 __all__ = ["registry", "run_demo"]
@@ -407,7 +408,7 @@ async def run_demo(url: str | None, *, jobs: int, seconds: float, as_json: bool)
         out = None if as_json else sys.stdout
         if out is not None:
             where = (
-                f"an embedded redis-server (AOF on, pid {server.pid})" if server else _redact(url)
+                f"an embedded redis-server (AOF on, pid {server.pid})" if server else shown_url(url)
             )
             print(
                 f"tickwheel demo: {WHEEL_TIMERS:,} wheel timers, {jobs:,} durable jobs and "

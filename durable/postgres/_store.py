@@ -27,7 +27,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from tickwheel.durable.store import ClaimedRef, shown_url
+from tickwheel.durable.store import ClaimedRef, hidden, shown_url
 
 from . import _relay, _writes
 from ._errors import translate, translated
@@ -116,7 +116,11 @@ class PgStore:
                     timeout=self.call_timeout,
                 )
             except Exception as exc:
-                raise translate(exc) from exc
+                err = translate(exc)
+                clean = hidden(err, self.url)  # asyncpg may quote a piece of the password
+                if clean is not err:
+                    raise clean from None
+                raise err from exc
             try:
                 async with self._conn(pool) as conn:
                     await check_schema(conn)

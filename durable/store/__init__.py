@@ -30,7 +30,6 @@ from ._connect import (
     is_cluster,
     no_retry,
     parse_nodes,
-    shown_url,
     split_url,
 )
 from ._errors import (
@@ -53,6 +52,7 @@ from ._server_check import (
     check_server,
     crash_loss,
 )
+from ._secrets import hidden, hide_secrets, shown_url, url_error
 from ._store import Store
 from ._streams import RawEntry, Stream
 from ._transport import DEFAULT_CALL_TIMEOUT, Transport
@@ -90,6 +90,8 @@ __all__ = [
     "encode_job",
     "encode_payload",
     "error_reply",
+    "hidden",
+    "hide_secrets",
     "is_cluster",
     "no_retry",
     "pack_array",
@@ -104,4 +106,5 @@ __all__ = [
     "split_url",
     "translate",
     "unwrap",
+    "url_error",
 ]

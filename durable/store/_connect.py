@@ -21,8 +21,8 @@ Ground rules:
 
 from __future__ import annotations
 
-import re
-import urllib.parse
+import contextlib
+from collections.abc import Iterator
 from typing import Any, TypeAlias
 
 import redis.asyncio
@@ -32,6 +32,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from tickwheel.durable.model import RedisUnavailable
+
+from ._secrets import hidden, hide_secrets, shown_url
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
@@ -153,16 +155,30 @@ def client_from_url(url: str, *, cluster: bool = False, **kwargs: Any) -> Client
     if kwargs.get("decode_responses"):
         raise ValueError("decode_responses must be False: payloads are bytes")
     kwargs = _bounded(kwargs)
-    scheme, userinfo, hosts, rest = split_url(url)
-    if scheme in _CLUSTER_SCHEMES:
-        scheme, cluster = _CLUSTER_SCHEMES[scheme], True
-    elif "," in hosts:
-        cluster = True
-    if not cluster:
-        return redis.asyncio.Redis.from_url(url, **kwargs)
-    if scheme == "unix":
-        raise ValueError("url: a Redis Cluster cannot be reached over a unix socket")
-    return _cluster_client(scheme, userinfo, hosts, rest, kwargs)
+    with _no_secrets(url):
+        scheme, userinfo, hosts, rest = split_url(url)
+        if scheme in _CLUSTER_SCHEMES:
+            scheme, cluster = _CLUSTER_SCHEMES[scheme], True
+        elif "," in hosts:
+            cluster = True
+        if not cluster:
+            return redis.asyncio.Redis.from_url(url, **kwargs)
+        if scheme == "unix":
+            raise ValueError("url: a Redis Cluster cannot be reached over a unix socket")
+        return _cluster_client(scheme, userinfo, hosts, rest, kwargs)
+
+
+@contextlib.contextmanager
+def _no_secrets(url: str) -> Iterator[None]:
+    """Raise a TypeError or ValueError about ``url`` (redis-py's, or the checks here:
+    they may quote a piece of a malformed password) without its credentials."""
+    try:
+        yield
+    except (TypeError, ValueError) as exc:
+        clean = hidden(exc, url)
+        if clean is exc:
+            raise
+        raise clean from None
 
 
 async def connect(
@@ -190,12 +206,13 @@ async def connect(
         TypeError, ValueError: for a malformed URL (naming what is wrong).
         RedisUnavailable: if no node answers (the message names the address).
     """
-    scheme, _, hosts, _ = split_url(url)
-    if cluster is None:
-        if scheme in _CLUSTER_SCHEMES or "," in hosts:
-            cluster = True
-        elif scheme != "unix":
-            cluster = await _reports_cluster(url, kwargs)
+    with _no_secrets(url):
+        scheme, _, hosts, _ = split_url(url)
+        if cluster is None:
+            if scheme in _CLUSTER_SCHEMES or "," in hosts:
+                cluster = True
+            elif scheme != "unix":
+                cluster = await _reports_cluster(url, kwargs)
     client = client_from_url(url, cluster=bool(cluster), **kwargs)
     try:
         if isinstance(client, RedisCluster):
@@ -229,24 +246,4 @@ async def _reports_cluster(url: str, kwargs: dict[str, Any]) -> bool:
 
 
 def _unavailable(url: str, exc: BaseException) -> RedisUnavailable:
-    return RedisUnavailable(f"cannot reach Redis at {_redact(url)}: {exc}")
-
-
-def _redact(url: str) -> str:
-    """The URL without its password, for messages."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rpartition("@")[2]
-    user = parts.username or ""
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
-
-
-def shown_url(url: str) -> str:
-    """``url`` without its password, for a message, also when it is malformed."""
-    try:
-        shown = _redact(url)
-    except ValueError:  # urlsplit refuses it (a bad IPv6 literal)
-        shown = url
-    # What urlsplit does not see as userinfo (no scheme): user:password@host.
-    return re.sub(r"^((?:[^:/@]+://)?[^:/@]*):[^@/]*@", r"\1:***@", shown)
+    return RedisUnavailable(hide_secrets(f"cannot reach Redis at {shown_url(url)}: {exc}", url))

@@ -39,12 +39,14 @@ Exit codes:
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
-from tickwheel.durable.store import URL_ENV
+from tickwheel.durable.store import URL_ENV, hide_secrets
 
 from . import _demos, _jobs, _pg, _server, _worker
 from ._args import common_options
@@ -56,8 +58,13 @@ from ._common import (
     EXIT_PG_UNREACHABLE,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
+    PG_URL_ENV,
     CliError,
+    fail,
+    terminal,
 )
+
+logger = logging.getLogger("tickwheel.durable")
 
 __all__ = [
     "EXIT_FAILED",
@@ -83,14 +90,31 @@ exit codes:
   5  PostgreSQL unreachable (Postgres mode)
   130  interrupted (Ctrl-C); what the command started was stopped
 
---redis-url defaults to $TICKWHEEL_REDIS_URL, --postgres-url to $TICKWHEEL_POSTGRES_URL.
---json prints one JSON document on stdout.
+--redis-url defaults to $TICKWHEEL_REDIS_URL, --postgres-url to $TICKWHEEL_POSTGRES_URL:
+set those rather than write a password on the command line, where `ps` shows it.
+--json prints one JSON document on stdout (errors included).
 """
+
+
+class _UsageError(Exception):
+    """An argparse refusal, raised (not exited on) so that ``main`` can report it."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser  # the (sub)command's parser, for its usage line
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors ``main`` reports (one JSON document under
+    ``--json``); its subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(self, message)
 
 
 def _parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tickwheel",
         description="Timing wheel and durable Redis scheduler.",
         epilog=EPILOG,
@@ -128,12 +152,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit code (see the module docstring).
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "needs_url", True) and not args.redis_url:
-        parser.error(f"{args.command}: --redis-url is required (or set {URL_ENV})")
-    if getattr(args, "shard", None) is not None and args.shard >= args.shards:
-        parser.error(f"--shard must be below --shards {args.shards}, got {args.shard}")
+    try:
+        args = parser.parse_args(argv)
+        if getattr(args, "needs_url", True) and not args.redis_url:
+            parser.error(f"{args.command}: --redis-url is required (or set {URL_ENV})")
+        if getattr(args, "shard", None) is not None and args.shard >= args.shards:
+            parser.error(f"--shard must be below --shards {args.shards}, got {args.shard}")
+    except _UsageError as exc:
+        return _usage_error(exc, argv)
     _configure_logging(getattr(args, "verbose", 0))
-    result: int = args.func(args)
+    try:
+        result: int = args.func(args)
+    except CliError as error:
+        return fail(args, error)
+    except (RecursionError, MemoryError, ValueError, TypeError) as exc:
+        # An input the command's checks let through: one sentence, no traceback.
+        logger.debug("tickwheel %s failed", args.command, exc_info=True)
+        return fail(args, CliError(EXIT_USAGE, f"{type(exc).__name__}: {exc}"))
     return result
+
+
+def _usage_error(exc: _UsageError, argv: list[str]) -> int:
+    """An argparse refusal: usage and message on stderr, and under ``--json`` (the flag
+    given anywhere: the parse failed) one JSON document on stdout; exit 2."""
+    message = hide_secrets(str(exc), *_urls_in(argv))
+    exc.parser.print_usage(sys.stderr)
+    print(f"{exc.parser.prog}: error: {terminal(message)}", file=sys.stderr)
+    if "--json" in argv:
+        print(json.dumps({"error": message, "exit_code": EXIT_USAGE}), flush=True)
+    return EXIT_USAGE
+
+
+def _urls_in(argv: list[str]) -> list[str]:
+    """The values of the URL options in ``argv`` (their credentials are never shown)."""
+    urls = [os.environ.get(URL_ENV), os.environ.get(PG_URL_ENV)]
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name in ("--redis-url", "--postgres-url"):
+            urls.append(value if eq else (argv[i + 1] if i + 1 < len(argv) else None))
+    return [u for u in urls if u]

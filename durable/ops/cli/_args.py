@@ -17,7 +17,7 @@ from tickwheel.durable.store import (
     URL_ENV,
 )
 
-from ._common import EPOCH, EXIT_USAGE, MAX_WHEN_MS, PG_URL_ENV, CliError
+from ._common import EPOCH, EXIT_USAGE, MAX_WHEN_MS, PG_URL_ENV, CliError, digits
 
 
 def json_payload(text: str | None) -> Any:
@@ -26,14 +26,23 @@ def json_payload(text: str | None) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise CliError(EXIT_USAGE, f"payload must be JSON, got {text!r} ({exc})") from None
+        raise CliError(EXIT_USAGE, f"payload must be JSON, got {_clip(text)} ({exc})") from None
+    except RecursionError:
+        raise CliError(
+            EXIT_USAGE, f"payload is nested too deep to decode, got {_clip(text)}"
+        ) from None
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    """``text`` quoted, cut to about ``limit`` characters for a message."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} chars)"
 
 
 def at_time(text: str | None) -> int | datetime | None:
     """``--at``: epoch ms, or an ISO 8601 time with a zone (``Z`` for UTC)."""
     if text is None:
         return None
-    if text.isdigit():
+    if digits(text):
         ms = int(text)
         when: int | datetime = ms
     else:
@@ -46,7 +55,10 @@ def at_time(text: str | None) -> int | datetime | None:
             ) from None
         if when.tzinfo is None:
             raise CliError(EXIT_USAGE, f"--at needs a time zone (add Z for UTC), got {text!r}")
-        ms = (when - EPOCH) // timedelta(milliseconds=1)
+        try:
+            ms = (when - EPOCH) // timedelta(milliseconds=1)
+        except OverflowError:  # past year 9999 in UTC
+            ms = MAX_WHEN_MS + 1
     if not 0 <= ms <= MAX_WHEN_MS:
         raise CliError(
             EXIT_USAGE,

@@ -8,6 +8,7 @@ import json
 import logging
 import re
 import sys
+import unicodedata
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -33,11 +34,13 @@ from tickwheel.durable.store import (
     Keys,
     connect,
     error_reply,
+    hide_secrets,
     parse_nodes,
     read_layout,
     shown_url,
     split_url,
     unwrap,
+    url_error,
 )
 
 EXIT_OK = 0
@@ -100,8 +103,10 @@ def check_url(url: str) -> str:
             "redis+cluster://host:port,host:port for a Redis Cluster)",
         ) from None
     db = rest.partition("?")[0].strip("/")
-    if db and not db.isdigit():
-        raise CliError(EXIT_USAGE, f"--redis-url database must be a number, got {db!r}")
+    if db and not digits(db):
+        raise CliError(
+            EXIT_USAGE, url_error(f"--redis-url database must be a number, got {db!r}", url)
+        )
     return ",".join(f"{h}:{p}" for h, p in nodes)
 
 
@@ -124,15 +129,35 @@ async def connect_redis(url: str) -> Client:
 
 
 def hide_password(url: str, exc: BaseException) -> str:
-    """An exception's message with ``url`` in it shown without its password."""
-    return str(exc).replace(url, shown_url(url)) if isinstance(url, str) else str(exc)
+    """The message of an error about a malformed ``url`` without its credentials (nor a
+    piece of one: ``store.url_error``)."""
+    return url_error(str(exc), url) if isinstance(url, str) else str(exc)
+
+
+def digits(text: str) -> bool:
+    """Is ``text`` ASCII digits only (``str.isdigit`` also takes "²", which ``int``
+    refuses)."""
+    return text.isascii() and text.isdigit()
+
+
+def terminal(text: object, *, lines: bool = False) -> str:
+    """``text`` safe to print on a terminal: control and format characters (escape
+    sequences, carriage returns, bidi overrides) escaped as ``\\x1b``, ``\\u202e``;
+    newlines too unless ``lines`` (a text of several lines made here)."""
+    out = []
+    for ch in str(text):
+        if (ch == "\n" and lines) or unicodedata.category(ch) not in ("Cc", "Cf", "Zl", "Zp"):
+            out.append(ch)
+        else:
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+    return "".join(out)
 
 
 def unreachable(url: str, exc: BaseException) -> CliError:
     where = check_url(url)
     # The library's message starts "cannot reach Redis at URL: "; said once here.
     reason = re.sub(
-        r"^(redis unavailable: )?cannot reach Redis at \S+: ", "", hide_password(url, exc)
+        r"^(redis unavailable: )?cannot reach Redis at \S+: ", "", hide_secrets(str(exc), url)
     )
     return CliError(
         EXIT_UNREACHABLE,
@@ -163,13 +188,19 @@ def emit(args: argparse.Namespace, data: Any, text: str | Callable[[], str]) -> 
         print(json.dumps(data, default=str), flush=True)
         args.emitted = True  # the one JSON document: an error after it is on stderr only
     else:
-        print(text() if callable(text) else text, flush=True)
+        print(terminal(text() if callable(text) else text, lines=True), flush=True)
 
 
 def fail(args: argparse.Namespace, error: CliError) -> int:
-    print(f"tickwheel {args.command}: {error}", file=sys.stderr)
+    """Report ``error`` on stderr (and as the one JSON document under ``--json``), without
+    a credential of the command's URLs; return its exit code."""
+    message = hide_secrets(
+        str(error), getattr(args, "redis_url", None), getattr(args, "postgres_url", None)
+    )
+    print(f"tickwheel {args.command}: {terminal(message)}", file=sys.stderr)
     if getattr(args, "json", False) and not getattr(args, "emitted", False):
-        print(json.dumps({"error": str(error), "exit_code": error.code}), flush=True)
+        print(json.dumps({"error": message, "exit_code": error.code}), flush=True)
+        args.emitted = True
     return error.code
 
 

@@ -38,6 +38,7 @@ from ._common import (
     iso,
     not_created,
     run,
+    terminal,
     with_scheduler,
 )
 
@@ -183,8 +184,9 @@ def _dead_letters(args: argparse.Namespace) -> int:
 
             def text() -> str:
                 lines = [
-                    f"  {r['id']}  shard {r['shard']}  task {r['task']}  attempt {r['attempt']}/"
-                    f"{r['max_attempts']}  died {iso(r['died_ms'])}  {r['error']}"
+                    f"  {terminal(r['id'])}  shard {r['shard']}  task {terminal(r['task'])}  "
+                    f"attempt {r['attempt']}/{r['max_attempts']}  died {iso(r['died_ms'])}  "
+                    f"{terminal(r['error'])}"
                     for r in rows
                 ]
                 return "\n".join([f"{total} dead letters", *lines])

@@ -12,6 +12,7 @@ from tickwheel.durable.model import (
 from tickwheel.durable.scheduler import (
     Scheduler,
 )
+from tickwheel.durable.store import url_error
 
 from ._args import (
     AddCommand,
@@ -56,7 +57,11 @@ def _pg(args: argparse.Namespace) -> int:
             raise (
                 err
                 if isinstance(err, PostgresUnavailable)
-                else CliError(EXIT_USAGE, f"--postgres-url: {type(exc).__name__}: {exc}")
+                else CliError(
+                    EXIT_USAGE,
+                    f"--postgres-url: {type(exc).__name__}: "
+                    f"{url_error(str(exc), args.postgres_url)}",
+                )
             ) from None
         try:
             if args.action == "prune":

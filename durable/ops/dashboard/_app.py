@@ -22,12 +22,23 @@ from ._config import DashboardConfig
 from ._sessions import SESSION_COOKIE
 from ._web import Web
 
-__all__ = ["SESSION_COOKIE", "DashboardConfig", "create_app"]
+__all__ = [
+    "MAX_BODY_BYTES",
+    "MAX_LOGIN_BODY_BYTES",
+    "SESSION_COOKIE",
+    "DashboardConfig",
+    "create_app",
+]
 
 logger = logging.getLogger("tickwheel.dashboard")
 
 # Seconds a shutdown waits for the sampler to stop, then for the client to close.
 SHUTDOWN_BOUND_S = 5.0
+# The largest request body read (bytes): a write's JSON or form (1,000 ids of 256 bytes,
+# escaped) fits. A bigger one is refused with 413 before any of it is parsed.
+MAX_BODY_BYTES = 2 * 1024 * 1024
+# The largest body of a login or a logout (a token and a path).
+MAX_LOGIN_BODY_BYTES = 8 * 1024
 # The pages, in the order their routes are matched.
 PAGES = (_page_overview, _page_jobs, _page_dead, _page_recurring, _page_login)
 
@@ -61,6 +72,7 @@ def create_app(config: DashboardConfig) -> Starlette:
         lifespan=lifespan,
         middleware=[
             Middleware(_SecurityHeaders),
+            Middleware(_BodyLimit),
             Middleware(TrustedHostMiddleware, allowed_hosts=config.allowed_hosts),
         ],
     )
@@ -93,3 +105,73 @@ class _SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, sending)
+
+
+class _TooLarge(Exception):
+    """The request body passed its limit while it was being read."""
+
+
+class _BodyLimit:
+    """ASGI middleware: a request body larger than :data:`MAX_BODY_BYTES`
+    (:data:`MAX_LOGIN_BODY_BYTES` for ``/login`` and ``/logout``) is refused with 413,
+    from its Content-Length before a byte of it is read, else (a chunked body) as soon
+    as what was read passes the limit; so no form or JSON is parsed from it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    @staticmethod
+    def limit(path: str) -> int:
+        """The largest body a request to ``path`` may carry."""
+        return MAX_LOGIN_BODY_BYTES if path in ("/login", "/logout") else MAX_BODY_BYTES
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit(scope.get("path", ""))
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                if not (value.isdigit() and len(value) < 20):
+                    await _refuse(send, 400, b"malformed Content-Length")
+                    return
+                if int(value) > limit:
+                    await _refuse(send, 413, b"request body too large")
+                    return
+        read = 0
+        started = False
+
+        async def receiving() -> Message:
+            nonlocal read
+            message = await receive()
+            if message["type"] == "http.request":
+                read += len(message.get("body", b""))
+                if read > limit:
+                    raise _TooLarge
+            return message
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receiving, sending)
+        except _TooLarge:
+            if not started:
+                await _refuse(send, 413, b"request body too large")
+
+
+async def _refuse(send: Send, status: int, text: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(text)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": text})

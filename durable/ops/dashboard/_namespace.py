@@ -70,7 +70,7 @@ class Namespace:
         if self._client is None:
             try:
                 self._client = await connect(self.url)
-            except ValueError:  # the message may quote the URL: say less
+            except (TypeError, ValueError):  # it may quote the URL: say less
                 raise ActionError("the Redis URL is malformed (check --redis-url)", 500) from None
         return self._client
 

@@ -27,7 +27,7 @@ from tickwheel.durable.model import MAX_TASK_BYTES, JobInfo
 from tickwheel.durable.scheduler import MAX_ERROR_CHARS
 
 from ._namespace import PAGE, SCAN_LIMIT, Namespace
-from ._refusals import ActionError, checked_id, whole_number
+from ._refusals import ActionError, checked_id, digits, whole_number
 from ._rows import job_row
 from ._web import PAGE_ROWS, Web
 
@@ -56,7 +56,7 @@ class DeadFilter:
             raise ActionError(f"reason must be at most {MAX_ERROR_CHARS} characters")
         number: int | None = None
         if shard:
-            if not shard.isdigit() or int(shard) >= shards:
+            if not digits(shard) or len(shard) > 18 or int(shard) >= shards:
                 raise ActionError(f"shard must be a number from 0 to {shards - 1}, got {shard!r}")
             number = int(shard)
         return cls(task, reason, number)

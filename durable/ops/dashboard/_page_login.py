@@ -2,9 +2,10 @@
 
 The cookie is HttpOnly and SameSite=Strict, Secure when the dashboard is served over
 https, and lives ``session_ttl`` (12 h by default). A login must come from this
-dashboard's own origin; a logout ends the session only with its CSRF token (else it
-just drops the cookie). Routes: ``/login`` (GET: the form; POST: log in) and ``/logout``
-(POST).
+dashboard's own origin, and logins are rate-limited per client address
+(``_sessions.LoginLimiter``: 5 wrong tokens a minute, then 429). A logout ends the
+session on the server (the old cookie no longer works) and drops the cookie. Routes:
+``/login`` (GET: the form; POST: log in) and ``/logout`` (POST).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from ._sessions import SESSION_COOKIE, origin_ok, same
+from ._sessions import SESSION_COOKIE, origin_ok
 from ._web import Web, form, next_path
 
 __all__ = ["routes"]
@@ -26,6 +27,19 @@ async def _login_page(web: Web, request: Request) -> Response:
 
 
 async def _login(web: Web, request: Request) -> Response:
+    address = request.client.host if request.client else ""
+    wait = web.logins.wait(address)
+    if wait:  # before the form is read: a guesser gets nothing for its bytes
+        refused = web.render(
+            request,
+            "login.html",
+            429,
+            title="Log in",
+            next=next_path(request),
+            error=f"too many wrong tokens: try again in {wait} s",
+        )
+        refused.headers["Retry-After"] = str(wait)
+        return refused
     got = await form(request)
     nxt = next_path(request, str(got.get("next", "/")))
     if not origin_ok(request):
@@ -38,7 +52,9 @@ async def _login(web: Web, request: Request) -> Response:
             error="cross-origin login refused",
         )
     if not web.sessions.token_ok(str(got.get("token", ""))):
+        web.logins.failed(address)
         return web.render(request, "login.html", 401, title="Log in", next=nxt, error="wrong token")
+    web.logins.succeeded(address)
     sid, _ = web.sessions.new()
     response = RedirectResponse(nxt, 303)
     # Secure when served over TLS (the browser then never sends it in the clear);
@@ -58,11 +74,10 @@ async def _login(web: Web, request: Request) -> Response:
 
 
 async def _logout(web: Web, request: Request) -> Response:
-    sid = request.cookies.get(SESSION_COOKIE, "")
-    csrf = web.sessions.csrf(sid)
-    got = await form(request)
-    if csrf is not None and origin_ok(request) and same(str(got.get("csrf", "")), csrf):
-        web.sessions.end(sid)
+    # The session named by the cookie ends on the server, whatever else the request
+    # carries: its cookie is SameSite=Strict (no other site makes the browser send it),
+    # and ending it gives nobody anything; a stolen cookie no longer works after it.
+    web.sessions.end(request.cookies.get(SESSION_COOKIE, ""))
     response = RedirectResponse("/", 303)
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response

@@ -110,7 +110,7 @@ async def sample_charts(web: Web) -> None:
         except REDIS_DOWN as exc:
             web.redis_error = web.unreachable(exc)
         except ActionError as exc:
-            web.redis_error = str(exc)
+            web.redis_error = web.hide(str(exc))
         except Exception:  # the sampler must outlive a bad reply
             logger.exception("tickwheel dashboard: chart sample failed")
         await asyncio.sleep(web.config.sample_interval)

@@ -19,6 +19,7 @@ __all__ = [
     "Stale",
     "check_shard",
     "checked_id",
+    "digits",
     "parse_when",
     "seconds",
     "whole_number",
@@ -60,6 +61,12 @@ def checked_id(job_id: str) -> str:
         raise ActionError(str(exc)) from None
 
 
+def digits(text: str) -> bool:
+    """Is ``text`` ASCII digits only (``str.isdigit`` also takes "²", which ``int``
+    refuses)."""
+    return text.isascii() and text.isdigit()
+
+
 def check_shard(shard: int, shards: int) -> None:
     """Refuse (400) a shard number outside ``range(shards)``."""
     if not 0 <= shard < shards:
@@ -73,7 +80,7 @@ def parse_when(text: str) -> int:
         ActionError: (400) naming ``at``.
     """
     text = text.strip()
-    if text.isdigit():
+    if digits(text):
         ms = int(text)
     else:
         try:
@@ -84,7 +91,10 @@ def parse_when(text: str) -> int:
             ) from None
         if when.tzinfo is None:
             raise ActionError(f"at must carry a zone (for example Z), got {text!r}")
-        ms = (when - _EPOCH) // timedelta(milliseconds=1)
+        try:
+            ms = (when - _EPOCH) // timedelta(milliseconds=1)
+        except OverflowError:  # past year 9999 in UTC
+            ms = MAX_WHEN_MS + 1
     if not 0 <= ms <= MAX_WHEN_MS:
         raise ActionError(f"at must be between 1970 and 9999, got {text!r}")
     return ms
@@ -93,7 +103,7 @@ def parse_when(text: str) -> int:
 def whole_number(text: str, name: str) -> int:
     """The integer ``text`` spells (a query parameter), else ActionError naming ``name``."""
     text = text.strip()
-    if not text.lstrip("-").isdigit() or len(text) > 18:
+    if not digits(text.removeprefix("-")) or len(text) > 18:
         raise ActionError(f"{name} must be a whole number, got {text!r}")
     return int(text)
 

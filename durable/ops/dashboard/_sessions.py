@@ -10,22 +10,45 @@ Ground rules:
   :data:`MAX_SESSIONS` at once (the oldest is dropped past it): an operator's browsers,
   not users.
 - Secrets are compared in constant time.
+- Logins are rate-limited per client address (:class:`LoginLimiter`): after
+  :data:`LOGIN_FAILURES` wrong tokens within :data:`LOGIN_WINDOW_S` seconds, every
+  attempt from that address (the right token included) is refused with 429 until the
+  oldest of those failures is :data:`LOGIN_WINDOW_S` old; a login that works forgets the
+  address's failures. At most :data:`MAX_TRACKED_ADDRESSES` addresses are remembered
+  (the least recent is dropped past it).
 """
 
 from __future__ import annotations
 
 import hmac
+import math
 import secrets
 import time
+from collections import OrderedDict, deque
 from urllib.parse import urlsplit
 
 from starlette.requests import Request
 
-__all__ = ["MAX_SESSIONS", "SESSION_COOKIE", "Sessions", "origin_ok", "same"]
+__all__ = [
+    "LOGIN_FAILURES",
+    "LOGIN_WINDOW_S",
+    "MAX_SESSIONS",
+    "MAX_TRACKED_ADDRESSES",
+    "SESSION_COOKIE",
+    "LoginLimiter",
+    "Sessions",
+    "origin_ok",
+    "same",
+]
 
 SESSION_COOKIE = "tw_session"
 # Sessions kept at once (the oldest is dropped past it): an operator's browsers, not users.
 MAX_SESSIONS = 256
+# Wrong tokens an address may give within LOGIN_WINDOW_S seconds; then it waits (429).
+LOGIN_FAILURES = 5
+LOGIN_WINDOW_S = 60.0
+# Client addresses whose failures are remembered at once.
+MAX_TRACKED_ADDRESSES = 4096
 
 
 def same(given: str, expected: str) -> bool:
@@ -99,3 +122,45 @@ class Sessions:
         auth = request.headers.get("authorization", "")
         scheme, _, given = auth.partition(" ")
         return scheme.lower() == "bearer" and self.token_ok(given.strip())
+
+
+class LoginLimiter:
+    """The failed logins of each client address, and how long an address must wait.
+
+    Args:
+        failures: wrong tokens allowed within ``window`` seconds.
+        window: seconds a failure counts.
+    """
+
+    def __init__(self, failures: int = LOGIN_FAILURES, window: float = LOGIN_WINDOW_S) -> None:
+        self._failures = failures
+        self._window = window
+        # address -> time.monotonic() of its recent failures, least recent address first
+        self._failed: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def wait(self, address: str) -> int:
+        """Whole seconds ``address`` must wait before it may try again; 0 if it may now."""
+        times = self._failed.get(address)
+        if times is None:
+            return 0
+        now = time.monotonic()
+        while times and times[0] <= now - self._window:
+            times.popleft()
+        if not times:
+            del self._failed[address]
+            return 0
+        if len(times) < self._failures:
+            return 0
+        return max(1, math.ceil(times[0] + self._window - now))
+
+    def failed(self, address: str) -> None:
+        """Count a wrong token from ``address``."""
+        times = self._failed.pop(address, None) or deque(maxlen=self._failures)
+        times.append(time.monotonic())
+        self._failed[address] = times  # now the most recent
+        while len(self._failed) > MAX_TRACKED_ADDRESSES:
+            self._failed.popitem(last=False)
+
+    def succeeded(self, address: str) -> None:
+        """Forget ``address``'s failures (it gave the token)."""
+        self._failed.pop(address, None)

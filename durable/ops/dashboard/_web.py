@@ -32,14 +32,14 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from tickwheel.durable.model import DurableError, RedisUnavailable
-from tickwheel.durable.store import CLUSTER_ERRORS, NO_REPLY_ERRORS, REDIS_ERRORS
+from tickwheel.durable.store import CLUSTER_ERRORS, NO_REPLY_ERRORS, REDIS_ERRORS, hide_secrets
 
 from ._charts import Charts
 from ._config import DashboardConfig
 from ._namespace import Namespace
 from ._refusals import ActionError
 from ._rows import iso
-from ._sessions import Sessions, origin_ok, same
+from ._sessions import LoginLimiter, Sessions, origin_ok, same
 
 __all__ = ["PAGE_ROWS", "REDIS_DOWN", "Handler", "Refused", "Web", "form", "next_path"]
 
@@ -89,6 +89,7 @@ class Web:
         self.config = config
         self.ns = Namespace(config.redis_url, config.namespace, config.postgres_url)
         self.sessions = Sessions(config.token, config.session_ttl)
+        self.logins = LoginLimiter()
         self.charts = Charts(config.sample_interval)
         self.redis_error = ""  # the last sampler error, shown until a sample works
         self.env = jinja2.Environment(
@@ -200,8 +201,9 @@ class Web:
         elif isinstance(exc, DurableError):
             status, message = 409, f"{type(exc).__name__}: {exc}"
         else:  # an error reply: Redis answered and refused
-            reply = str(exc).replace(self.config.redis_url, "<url>")[:300]
+            reply = self.hide(str(exc))[:300]
             status, message = 502, f"Redis refused the command: {type(exc).__name__}: {reply}"
+        message = self.hide(message)
         if self.wants_json(request):
             return JSONResponse({"error": message, "status": status}, status_code=status)
         return self.render(
@@ -216,9 +218,13 @@ class Web:
             request, "message.html", title="Done", message=message, back=back, ok=True
         )
 
+    def hide(self, text: str) -> str:
+        """``text`` without a credential of the dashboard's URLs (or of any URL in it)."""
+        return hide_secrets(text, self.config.redis_url, self.config.postgres_url)
+
     def unreachable(self, exc: BaseException) -> str:
         """The sentence for Redis out of reach, without the URL's password."""
-        reason = str(exc).replace(self.config.redis_url, "<url>")
+        reason = self.hide(str(exc).replace(self.config.redis_url, "<url>"))
         # Any URL in the message (redis-py's or the library's) goes: `where` says it.
         reason = re.sub(r"(cannot reach Redis at )?[\w+.-]+://\S*\s*", "", reason)
         reason = reason.replace("<url>", "").strip(" :") or type(exc).__name__
