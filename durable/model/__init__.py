@@ -11,7 +11,7 @@ May import: the standard library and ``cronsim``; nothing else from tickwheel.
 
 from __future__ import annotations
 
-from ._checks import finite_seconds_ms, int_between
+from ._checks import async_client, finite_seconds_ms, int_between
 from ._errors import (
     DurableError,
     Fenced,
@@ -27,8 +27,10 @@ from ._errors import (
 )
 from ._jobs import (
     DEFAULT_MAX_ATTEMPTS,
+    ERROR_TRACEBACK_MARK,
     MAX_JOB_ID_BYTES,
     MAX_TASK_BYTES,
+    MIN_AT_MS,
     ClaimBatch,
     DeadPage,
     Job,
@@ -43,6 +45,7 @@ from ._jobs import (
     check_task_name,
     decode_payload,
     encode_payload,
+    split_error,
     when_args,
 )
 from ._recurrence import (
@@ -61,11 +64,13 @@ __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_MAX_CATCH_UP",
     "DEFAULT_MISFIRE_GRACE_MS",
+    "ERROR_TRACEBACK_MARK",
     "KIND_CRON",
     "KIND_INTERVAL",
     "LATENESS_BOUNDS",
     "MAX_JOB_ID_BYTES",
     "MAX_TASK_BYTES",
+    "MIN_AT_MS",
     "POLICY_BY_CODE",
     "POLICY_CODES",
     "ClaimBatch",
@@ -94,6 +99,7 @@ __all__ = [
     "ServerCheckFailed",
     "ShardCountMismatch",
     "ShardInfo",
+    "async_client",
     "check_job_id",
     "check_task_name",
     "count_reap",
@@ -101,5 +107,6 @@ __all__ = [
     "encode_payload",
     "finite_seconds_ms",
     "int_between",
+    "split_error",
     "when_args",
 ]

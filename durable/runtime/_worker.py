@@ -111,6 +111,11 @@ class Worker:
         publisher: Publisher | None = None,
         reconcile_interval: float | timedelta = DEFAULT_RECONCILE_INTERVAL,
     ) -> None:
+        if not isinstance(scheduler, Scheduler):
+            kind = type(scheduler).__name__
+            raise TypeError(
+                f"scheduler must be a Scheduler (made on a redis.asyncio client), got {kind}"
+            )
         if not isinstance(registry, TaskRegistry):
             raise TypeError(f"registry must be a TaskRegistry, got {registry!r}")
         self.scheduler = scheduler  # the namespace

@@ -36,6 +36,7 @@ from tickwheel.durable.model import (
     SchedulerStats,
     ShardCountMismatch,
     ShardInfo,
+    async_client,
     check_job_id,
     finite_seconds_ms,
     int_between,
@@ -143,6 +144,7 @@ class Scheduler(OwnerSide):
         call_timeout: float | timedelta = DEFAULT_CALL_TIMEOUT,
         postgres_url: str | None = None,
     ) -> None:
+        async_client("client", client)  # a sync redis.Redis fails here, not in a call
         self.keys = Keys(namespace, shards, buckets)  # key names
         int_between("replicas", replicas, 0)
         self.store = Store(
