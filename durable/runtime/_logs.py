@@ -61,7 +61,8 @@ def failure_text(exc: BaseException) -> str:
     body = text.removeprefix(header)
     if len(body) > TRACEBACK_CHARS:
         tail = body[-TRACEBACK_CHARS:]
-        tail = tail[tail.find("\n") + 1 :]  # from a whole line
+        cut = tail.find("\n", 0, len(tail) // 2)
+        tail = tail[cut + 1 :]  # from a whole line, unless that line is most of it
         body = f"  [... {len(body) - len(tail)} characters cut ...]\n{tail}"
     return summary + ERROR_TRACEBACK_MARK + body.rstrip("\n")
 

@@ -407,12 +407,18 @@ class Worker:
             (loader.release_all, "releasing loaded jobs"),
             (lambda: loader.drain(self.drain_timeout_ms / 1000), "draining tasks"),
             (lambda: asyncio.gather(*(t for _, t in self._leaving.values())), "give-backs"),
-            (self.ownership.give_back_all, "giving shards back"),
+            (self._give_back_all, "giving shards back"),
             (lambda: self.heartbeat(join=False), "leaving the member set"),
             (self._unpublish, "removing its stats"),
         )
         for step, what in steps:
             await _logged(step(), what)
+
+    async def _give_back_all(self) -> None:
+        shards = sorted(self.ownership.owned)
+        await self.ownership.give_back_all()
+        if shards:
+            logger.info("gave shard(s) %s back at shutdown", ", ".join(map(str, shards)))
 
     async def _unpublish(self) -> None:
         await self.scheduler.workers.unpublish(self.token)

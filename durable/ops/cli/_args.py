@@ -146,7 +146,11 @@ def common_options(*, with_json: bool = True) -> argparse.ArgumentParser:
     if with_json:
         common.add_argument("--json", action="store_true", help="print one JSON document")
     common.add_argument(
-        "-v", "--verbose", action="count", default=0, help="log to stderr (-vv: debug; the worker: -v is debug)"
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log to stderr (-vv: debug; worker -v: debug)",
     )
     return common
 
