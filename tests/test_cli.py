@@ -335,7 +335,7 @@ def test_logging_is_quiet_by_default_and_verbose_on_request(redis_url: str) -> N
     loud = cli("check", "-v", *opts(redis_url, unique_ns()))
     assert loud.returncode == 1
     # On a cluster each master's problem is prefixed with its host:port.
-    assert "WARNING tickwheel.durable: tickwheel.durable server check: " in loud.stderr
+    assert "WARNING tickwheel.durable: server check: " in loud.stderr
     assert "AOF is off" in loud.stderr
 
 

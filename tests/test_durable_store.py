@@ -32,6 +32,7 @@ from tickwheel.durable import (
     Scheduler,
     ScheduleStatus,
 )
+from tickwheel.durable.model import MIN_AT_MS
 from tickwheel.durable.store._codec import DEFAULTS, pack_record
 from tickwheel.durable.store._msgpack import unpack_reply
 
@@ -550,14 +551,15 @@ def test_done_is_trimmed_by_age(redis_url: str) -> None:
     async def main() -> None:
         async with open_scheduler(redis_url, shards=1, dedup_window=10) as s:
             await s.take(0)
-            await s.schedule("a", "t", at=1)
+            await s.schedule("a", "t", at=MIN_AT_MS + 1)
             await s.ack((await s.claim(0)).jobs[0])
             done = s.keys.shard(0).done
             assert await client_of(s).zcard(done) == 1
             await push_clock(s, 0, 10_001)
-            await s.schedule("b", "t", at=2)
+            await s.schedule("b", "t", at=MIN_AT_MS + 2)
             await s.ack((await s.claim(0)).jobs[0])
-            assert [m.decode() for m in await client_of(s).zrange(done, 0, -1)] == ["2:b"]
+            members = [m.decode() for m in await client_of(s).zrange(done, 0, -1)]
+            assert members == [f"{MIN_AT_MS + 2}:b"]
 
     run(main())
 
@@ -566,12 +568,13 @@ def test_release_hands_jobs_back_unrun(redis_url: str) -> None:
     async def main() -> None:
         async with open_scheduler(redis_url, shards=1) as s:
             await s.take(0)
-            await s.schedule("h", "t", at=1234)
+            at = MIN_AT_MS + 1234
+            await s.schedule("h", "t", at=at)
             (job,) = (await s.claim(0)).jobs
             assert await s.release([job]) == [True]
             info = await s.get("h")
             assert info is not None and info.state is JobState.DUE
-            assert (info.when_ms, info.nominal_ms, info.attempt) == (1234, 1234, 1)
+            assert (info.when_ms, info.nominal_ms, info.attempt) == (at, at, 1)
 
     run(main())
 

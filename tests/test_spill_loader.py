@@ -31,6 +31,7 @@ from tickwheel.durable import (
     TaskRegistry,
     Timers,
 )
+from tickwheel.durable.model import split_error
 from tickwheel.durable.store._connect import client_from_url
 from tickwheel.wheel import TimingWheel
 
@@ -125,7 +126,12 @@ def test_failure_is_retried_and_succeeds_on_the_second_attempt(sink_env: str) ->
                 assert w.loader is not None
                 assert await until(lambda: w.loader is not None and w.loader.stats.succeeded, 2)
                 stats = w.loader.stats
-            assert attempts == [(1, ""), (2, "RuntimeError('downstream 503')")]
+            (first, none), (second, kept) = attempts
+            assert (first, none, second) == (1, "", 2)
+            summary, trace = split_error(kept)  # the traceback is kept with the error
+            assert summary == "RuntimeError('downstream 503')"
+            assert trace.startswith("Traceback (most recent call last):\n")
+            assert "in flaky" in trace and trace.endswith("RuntimeError: downstream 503")
             assert (stats.retried, stats.succeeded, stats.dead) == (1, 1, 0)
             assert await s.get("flaky-job") is None  # done
 

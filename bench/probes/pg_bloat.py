@@ -52,7 +52,7 @@ async def run(url: str, tuned: bool, jobs: int, batch: int, prune_every: int) ->
     start = time.monotonic()
     done = 0
     while done < jobs:
-        specs = [JobSpec(f"j{done + k}", "t", b"x" * 16, at=1) for k in range(batch)]
+        specs = [JobSpec(f"j{done + k}", "t", b"x" * 16, at=946_684_800_000) for k in range(batch)]
         pg_jobs = sorted((encode_pg_job(s, k % 8, 1 << 20) for k, s in enumerate(specs)),
                          key=lambda j: j.id)  # fmt: skip
         replies = await store.schedule(pg_jobs)

@@ -41,7 +41,7 @@ async def _reconcile(redis_url: str, pg_url: str, pending: int) -> dict[str, flo
     sched = Scheduler(client, "brec", shards=16, check=False, postgres_url=pg_url)
     try:
         await sched.open()
-        job = encode_pg_job(JobSpec("x", "t", b"payload", at=1), 0, 1 << 16)
+        job = encode_pg_job(JobSpec("x", "t", b"payload", at=946_684_800_000), 0, 1 << 16)
         conn: Any = await asyncpg.connect(pg_url)
         try:
             await conn.execute(

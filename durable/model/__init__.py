@@ -11,7 +11,7 @@ May import: the standard library and ``cronsim``; nothing else from tickwheel.
 
 from __future__ import annotations
 
-from ._args import finite_seconds_ms, int_between
+from ._args import async_client, finite_seconds_ms, int_between
 from ._errors import (
     DurableError,
     Fenced,
@@ -27,8 +27,10 @@ from ._errors import (
 )
 from ._jobs import (
     DEFAULT_MAX_ATTEMPTS,
+    ERROR_TRACEBACK_MARK,
     MAX_JOB_ID_BYTES,
     MAX_TASK_BYTES,
+    MIN_AT_MS,
     ClaimBatch,
     DeadPage,
     Job,
@@ -41,6 +43,7 @@ from ._jobs import (
     ShardInfo,
     check_job_id,
     check_task_name,
+    split_error,
     when_args,
 )
 from ._recurrence import (
@@ -59,11 +62,13 @@ __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_MAX_CATCH_UP",
     "DEFAULT_MISFIRE_GRACE_MS",
+    "ERROR_TRACEBACK_MARK",
     "KIND_CRON",
     "KIND_INTERVAL",
     "LATENESS_BOUNDS",
     "MAX_JOB_ID_BYTES",
     "MAX_TASK_BYTES",
+    "MIN_AT_MS",
     "POLICY_BY_CODE",
     "POLICY_CODES",
     "ClaimBatch",
@@ -92,10 +97,12 @@ __all__ = [
     "ServerCheckFailed",
     "ShardCountMismatch",
     "ShardInfo",
+    "async_client",
     "check_job_id",
     "check_task_name",
     "count_reap",
     "finite_seconds_ms",
     "int_between",
+    "split_error",
     "when_args",
 ]

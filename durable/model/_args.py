@@ -6,10 +6,37 @@ range), with the parameter's name and the value, before anything is sent or writ
 
 from __future__ import annotations
 
+import inspect
 import math
 from datetime import timedelta
 
-__all__ = ["finite_seconds_ms", "int_between"]
+__all__ = ["async_client", "finite_seconds_ms", "int_between"]
+
+
+def async_client(name: str, client: object) -> None:
+    """Refuse a client that is not an asyncio redis-py client (``redis.asyncio.Redis``
+    or ``redis.asyncio.RedisCluster``), before it is used: a sync ``redis.Redis`` would
+    otherwise fail deep inside the first call (``object dict can't be used in 'await'
+    expression``). Told apart by its ``execute_command``: a coroutine function on the
+    asyncio clients (this layer does not import redis-py).
+
+    Raises:
+        TypeError: naming ``name``, for a sync client or something else.
+    """
+    execute = getattr(type(client), "execute_command", None)
+    if execute is not None and inspect.iscoroutinefunction(execute):
+        return
+    kind = f"{type(client).__module__}.{type(client).__qualname__}"
+    hint = (
+        " (a sync client: make it with redis.asyncio.Redis.from_url(...) or"
+        " await tickwheel.durable.connect(url) instead)"
+        if execute is not None
+        else ""
+    )
+    raise TypeError(
+        f"{name} must be an asyncio Redis client (redis.asyncio.Redis or"
+        f" redis.asyncio.RedisCluster), got {kind}{hint}"
+    )
 
 
 def int_between(name: str, value: object, low: int, high: int | None = None) -> int:

@@ -21,8 +21,10 @@ from ._recurrence import Recurrence
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
+    "ERROR_TRACEBACK_MARK",
     "MAX_JOB_ID_BYTES",
     "MAX_TASK_BYTES",
+    "MIN_AT_MS",
     "ClaimBatch",
     "DeadPage",
     "Job",
@@ -33,6 +35,7 @@ __all__ = [
     "ScheduleResult",
     "ScheduleStatus",
     "ShardInfo",
+    "split_error",
 ]
 
 # Enough to ride out a short outage of a downstream service with exponential backoff
@@ -45,6 +48,21 @@ DEFAULT_MAX_ATTEMPTS = 5
 MAX_TASK_BYTES = 128
 # The largest attempt count a record may hold (a msgpack uint32, far beyond any policy).
 MAX_ATTEMPTS_LIMIT = 2**31 - 1
+
+
+# A job's last error text is its summary (the exception's repr, or what retry() was
+# given), then, when the worker kept one, this line and the traceback (its tail). A record
+# written before tracebacks were kept, or a retry() given plain text, has no mark.
+ERROR_TRACEBACK_MARK = "\nTraceback (most recent call last):\n"
+
+
+def split_error(text: str) -> tuple[str, str]:
+    """A job's ``last_error`` as ``(summary, traceback)``; the traceback is ``""`` when
+    none was kept (an older record, or a retry given plain text)."""
+    summary, mark, rest = text.partition(ERROR_TRACEBACK_MARK)
+    if not mark:
+        return text, ""
+    return summary, mark.lstrip("\n") + rest
 
 
 class JobState(IntEnum):
@@ -109,10 +127,18 @@ def check_job_id(job_id: object) -> str:
 # The largest due or delay in ms: the scripts' numbers are Lua doubles, exact to 2**53
 # (a later time would be rounded, and past 2**63 wrap to a negative due).
 MAX_TIME_MS = 2**53 - 1
+# The earliest ``at`` accepted: 2000-01-01T00:00:00Z in epoch ms. An earlier time is a
+# mistake, most often epoch *seconds* where ms are expected (int(time.time()) reads as
+# January 1970 in ms, and ran at once): any time in seconds up to the year 31,000 is
+# below it. A job meant to run at once takes no ``at`` (or ``delay=0``).
+MIN_AT_MS = 946_684_800_000
 
 
 def when_args(delay: float | timedelta | None, at: int | datetime | None) -> tuple[int, int]:
     """Return ``(mode, time)`` for a script: mode 1 a delay in ms, mode 0 an epoch ms.
+
+    ``at`` is epoch ms (int) or an aware datetime, on or after 2000-01-01 (``MIN_AT_MS``):
+    an earlier one, such as epoch seconds given as ms, is refused.
 
     Raises:
         TypeError, ValueError: naming ``delay`` or ``at``.
@@ -127,12 +153,18 @@ def when_args(delay: float | timedelta | None, at: int | datetime | None) -> tup
     if isinstance(at, datetime):
         if at.tzinfo is None:
             raise ValueError(f"at must be timezone-aware, got naive {at!r}")
-        return 0, (at.astimezone(UTC) - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(
-            milliseconds=1
-        )
+        ms = (at.astimezone(UTC) - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+        if ms < MIN_AT_MS:
+            raise ValueError(f"at must be on or after 2000-01-01T00:00:00Z, got {at.isoformat()}")
+        return 0, ms
     if isinstance(at, int) and not isinstance(at, bool):
         if not 0 <= at <= MAX_TIME_MS:
             raise ValueError(f"at must be epoch ms between 0 and {MAX_TIME_MS}, got {at}")
+        if at < MIN_AT_MS:
+            raise ValueError(
+                f"at must be epoch milliseconds on or after 2000-01-01 ({MIN_AT_MS}), got {at}"
+                " (epoch seconds? multiply by 1000)"
+            )
         return 0, at
     raise TypeError(f"at must be epoch ms (int) or a datetime, got {at!r}")
 

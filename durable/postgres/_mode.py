@@ -278,13 +278,9 @@ class PostgresMode:
                     await sched.store.schedule(shard, encoded[i : i + _REDIS_BATCH], False)
             self.store.relayed_later([seq for _, _, seq in created])
         except (RedisUnavailable, PostgresUnavailable) as exc:
-            logger.warning(
-                "tickwheel.durable: %d committed job(s) left to the relay (%s)", len(created), exc
-            )
+            logger.warning("%d committed job(s) left to the relay (%s)", len(created), exc)
         except Exception:  # the jobs are committed: whatever failed, the relay repairs it
-            logger.exception(
-                "tickwheel.durable: %d committed job(s) left to the relay", len(created)
-            )
+            logger.exception("%d committed job(s) left to the relay", len(created))
 
     # -- workers -------------------------------------------------------------------
 
@@ -322,7 +318,7 @@ class PostgresMode:
             await sched.store.cancel(shard, batch.jobs[k].id)
         if gone:
             logger.warning(
-                "tickwheel.durable: %d claimed job(s) without a PostgreSQL row removed unrun "
+                "%d claimed job(s) without a PostgreSQL row removed unrun "
                 "from shard %d (cancelled, or written to Redis by a producer without "
                 "postgres_url)",
                 len(gone),
@@ -434,9 +430,9 @@ class PostgresMode:
             try:
                 await self.relay_all(sched)
             except (RedisUnavailable, PostgresUnavailable) as exc:
-                logger.warning("tickwheel.durable: relay round failed (%s)", exc)
+                logger.warning("relay round failed (%s)", exc)
             except Exception:  # a bug or an unexpected reply: the next round may do better
-                logger.exception("tickwheel.durable: relay round failed")
+                logger.exception("relay round failed")
             wake.clear()
             with contextlib.suppress(TimeoutError):
                 waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())}
@@ -467,7 +463,7 @@ class PostgresMode:
             conn = await asyncpg.connect(self.store.url, timeout=bound)
             await asyncio.wait_for(conn.add_listener(_CHANNEL, notified), bound)
         except Exception as exc:  # the poll goes on without notifications
-            logger.warning("tickwheel.durable: relay cannot listen (%r)", exc)
+            logger.warning("relay cannot listen (%r)", exc)
             if conn is not None:
                 conn.terminate()  # no goodbye to wait on: this connection failed
             return None

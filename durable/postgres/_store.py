@@ -270,9 +270,7 @@ class PgStore:
                 try:
                     await self.relayed(seqs)
                 except Exception as exc:  # the relay deletes them instead
-                    logger.warning(
-                        "tickwheel.durable: %d outbox row(s) left to the relay (%r)", len(seqs), exc
-                    )
+                    logger.warning("%d outbox row(s) left to the relay (%r)", len(seqs), exc)
         finally:
             self._forgetting = None  # in the step that found the list empty
 

@@ -12,6 +12,7 @@ from tickwheel.durable.scheduler import Scheduler
 from tickwheel.wheel import TimingWheel
 
 from ._loader_stats import LoaderStats
+from ._logs import Outages, job_fields
 
 __all__ = ["ACK_RETRY_PAUSES", "UNAVAILABLE", "AckBatcher"]
 
@@ -47,11 +48,18 @@ class AckBatcher:
     job is the reaper's.
     """
 
-    def __init__(self, scheduler: Scheduler, wheel: TimingWheel, stats: LoaderStats) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        wheel: TimingWheel,
+        stats: LoaderStats,
+        outages: Outages | None = None,
+    ) -> None:
         self.scheduler = scheduler
         self.leases = scheduler.leases  # ack_many, without the facade's extra call
         self.wheel = wheel  # its clock is the one lease ends are in
         self.stats = stats  # where outcomes are counted
+        self.outages = outages if outages is not None else Outages()  # logged once each
         # (shard, epoch) -> (job, loop time its lease ends) waiting to be acked, in order
         self._pending: dict[tuple[int, int], list[tuple[Job, float]]] = {}
         self._flushes: dict[tuple[int, int], asyncio.Task[None]] = {}  # one per key at most
@@ -105,6 +113,7 @@ class AckBatcher:
         try:
             results = await self.leases.ack_many([job for job, _ in batch])
         except UNAVAILABLE as exc:
+            self.outages.failed("acks", exc)
             return exc
         except Fenced:
             self.waiting -= len(batch)  # counted, and the shard forgotten, by the loader
@@ -113,16 +122,32 @@ class AckBatcher:
             self.waiting -= len(batch)
             self.stats.errors += len(batch)
             first = batch[0][0].id
-            logger.exception(
-                "tickwheel.durable: %d job(s) left to the reaper (%r, ...)", len(batch), first
-            )
+            logger.exception("%d job(s) left to the reaper (%r, ...)", len(batch), first)
             return None
+        self.outages.ok("acks")
         self.waiting -= len(batch)
-        for ok in results:
+        debug = logger.isEnabledFor(logging.DEBUG)
+        for (job, _), ok in zip(batch, results, strict=True):
             if ok:
                 self.stats.succeeded += 1
+                if debug:
+                    logger.debug(
+                        "job %r acked (task %s, attempt %d)",
+                        job.id,
+                        job.task,
+                        job.attempt,
+                        extra=job_fields(job),
+                    )
             else:
                 self.stats.lease_lost += 1
+                logger.warning(
+                    "lease of job %r (task %s, attempt %d) was lost before its ack: it ran,"
+                    " and may run again",
+                    job.id,
+                    job.task,
+                    job.attempt,
+                    extra=job_fields(job),
+                )
         return None
 
     def _left(self, count: int, error: Exception) -> None:
@@ -130,4 +155,5 @@ class AckBatcher:
         if count:
             self.waiting -= count
             self.stats.unavailable += count
-            logger.warning("tickwheel.durable: %d job(s) left to the reaper (%s)", count, error)
+            # The outage itself was logged once, when it began (Outages).
+            logger.debug("%d ack(s) left to the reaper (%s)", count, error)

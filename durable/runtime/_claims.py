@@ -36,6 +36,7 @@ from tickwheel.durable.scheduler import Scheduler
 from tickwheel.wheel import Timer, TimingWheel
 
 from ._loader_stats import LoaderStats
+from ._logs import Outages, job_fields
 from ._runner import Runner
 
 __all__ = [
@@ -78,6 +79,7 @@ class Claimer:
         limit: jobs per shard per claim.
         poll_ms: ms between claim rounds.
         max_loaded: claim nothing while this many jobs are in memory.
+        outages: where store outages are reported (logged once each).
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class Claimer:
         limit: int,
         poll_ms: int,
         max_loaded: int,
+        outages: Outages | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.leases = scheduler.leases  # claim, without the facade's extra call
@@ -103,6 +106,7 @@ class Claimer:
         self.limit = limit
         self.poll_ms = poll_ms
         self.max_loaded = max_loaded
+        self.outages = outages if outages is not None else Outages()
         # Firing lateness (s): loop time at firing minus the job's due in loop time.
         self.lateness = LatenessHistogram()
         # (shard, job id) -> (job, its wheel timer, loop time its lease runs out, loop
@@ -155,6 +159,8 @@ class Claimer:
                 t_reply = loop.time()
                 self.stats.claimed += len(batch.jobs)
                 full = full or len(batch.jobs) + batch.dropped + batch.moved >= self.limit
+                if batch.jobs and logger.isEnabledFor(logging.DEBUG):
+                    _log_claimed(batch.jobs, batch.now_ms)
                 for job in batch.jobs:
                     self._place(
                         job,
@@ -177,7 +183,7 @@ class Claimer:
             return
         job, _, lease_end, when = entry
         self.lateness.observe(self.wheel.time() - when)
-        self._runner.fire(key, job, lease_end)
+        self._runner.fire(key, job, lease_end, when)
 
     async def run(self) -> None:
         """Claim rounds until :meth:`stop` (see :meth:`Loader.run`)."""
@@ -186,14 +192,15 @@ class Claimer:
                 full = await self.load_once()
             except (RedisUnavailable, PostgresUnavailable) as exc:
                 self.stats.unavailable += 1
-                logger.warning("tickwheel.durable: loader cannot reach its store (%s)", exc)
+                self.outages.failed("loader", exc)
                 await self._pause(UNAVAILABLE_BACKOFF)
                 continue
             except Exception:  # a bug or a server error: keep the other shards going
                 self.stats.errors += 1
-                logger.exception("tickwheel.durable: claim round failed")
+                logger.exception("claim round failed")
                 await self._pause(UNAVAILABLE_BACKOFF)
                 continue
+            self.outages.ok("loader")
             if self._runner.backlogged:
                 # Backpressure: claim again as soon as the queue shortens.
                 with contextlib.suppress(TimeoutError):
@@ -232,3 +239,16 @@ class Claimer:
         for key in keys:
             self._placed.pop(key)[1].cancel()
         return len(keys)
+
+
+def _log_claimed(jobs: list[Job], now_ms: int) -> None:
+    """The DEBUG line of each claimed job (due in how long, by Redis's clock)."""
+    for job in jobs:
+        logger.debug(
+            "job %r claimed (task %s, attempt %d, due in %d ms)",
+            job.id,
+            job.task,
+            job.attempt,
+            job.due_ms - now_ms,
+            extra=job_fields(job),
+        )

@@ -39,6 +39,7 @@ from ._claims import (
     Claimer,
 )
 from ._loader_stats import LoaderStats
+from ._logs import Outages
 from ._runner import DEFAULT_MAX_RUNNING, Runner
 from ._stream import Publisher
 from ._tasks import TaskRegistry
@@ -75,6 +76,8 @@ class Loader:
             due order) for a free slot.
         publisher: hand each due job to this broker instead of running a task (the
             publish handoff, see ``_stream.py``); the registry is then not consulted.
+        outages: where store outages are reported, logged once when each starts and
+            once when it ends (a worker shares one with its other loops).
 
     Raises:
         TypeError, ValueError: naming a bad parameter.
@@ -93,6 +96,7 @@ class Loader:
         max_loaded: int = DEFAULT_MAX_LOADED,
         max_running: int = DEFAULT_MAX_RUNNING,
         publisher: Publisher | None = None,
+        outages: Outages | None = None,
     ) -> None:
         if not isinstance(registry, TaskRegistry):
             raise TypeError(f"registry must be a TaskRegistry, got {registry!r}")
@@ -113,8 +117,9 @@ class Loader:
         self.max_running = max_running  # concurrent tasks
         self.publisher = publisher  # publish handoff instead of tasks, when set
         self.stats = LoaderStats()  # counters, shared by the rooms below
+        self.outages = outages if outages is not None else Outages()  # logged once each
         # Acks that arrive together share a call; it counts their outcomes in stats.
-        self._acks = AckBatcher(scheduler, wheel, self.stats)
+        self._acks = AckBatcher(scheduler, wheel, self.stats, self.outages)
         # Fired jobs' handlers, in max_running slots; sheds through _release.
         self._runner = Runner(
             scheduler,
@@ -126,6 +131,7 @@ class Loader:
             max_running=max_running,
             publisher=publisher,
             release=self._release,
+            outages=self.outages,
         )
         scheduler.ownership.on_fenced(self._on_fenced)
         # The claim rounds, and the jobs they placed in the wheel.
@@ -139,6 +145,7 @@ class Loader:
             limit=limit,
             poll_ms=self.poll_ms,
             max_loaded=max_loaded,
+            outages=self.outages,
         )
         # Firing lateness (s): loop time at firing minus the job's due in loop time.
         self.lateness: LatenessHistogram = self._claims.lateness
@@ -190,7 +197,9 @@ class Loader:
         """The ownership saw a call under ``epoch`` refused (by whichever layer made it):
         count it and forget the shard's loaded jobs of that epoch or older."""
         self.stats.fenced += 1
-        self.drop_shard(shard, epoch)
+        dropped = self.drop_shard(shard, epoch)
+        if dropped:  # the fencing itself is logged once, by the ownership
+            logger.info("forgot %d loaded job(s) of fenced shard %d", dropped, shard)
 
     def drop_shard(self, shard: int, epoch: int | None = None) -> int:
         """Forget the loaded jobs of ``shard`` without a Redis call (it is fenced): all
@@ -229,10 +238,11 @@ class Loader:
             pass  # the ownership dropped the shard and told _on_fenced
         except RedisUnavailable as exc:
             self.stats.unavailable += 1
-            logger.warning("tickwheel.durable: release left to the reaper (%s)", exc)
+            self.outages.failed("release", exc)
+            logger.debug("release left to the reaper (%s)", exc)
         except Exception:
             self.stats.errors += 1
-            logger.exception("tickwheel.durable: release left to the reaper")
+            logger.exception("release left to the reaper")
         return released
 
     async def release_all(self) -> int:

@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable
 
 from tickwheel.durable.model import PostgresUnavailable, RedisUnavailable
 
+from ._logs import Outages
+
 __all__ = ["run_rounds"]
 
 logger = logging.getLogger("tickwheel.durable")
@@ -29,6 +31,7 @@ async def run_rounds(
     stop: asyncio.Event,
     interval: float,
     what: str,
+    outages: Outages | None = None,
 ) -> None:
     """Until ``stop`` is set: await ``body()``, then wait ``interval`` seconds (or until
     ``stop``), or go again at once when the round returned True (more is waiting).
@@ -38,15 +41,22 @@ async def run_rounds(
         stop: ends the loop after the round in flight (and cuts its pause short).
         interval: seconds between rounds.
         what: the loop's name in the log.
+        outages: where an unreachable store is reported (logged once per outage);
+            without it, each failed round logs a warning.
     """
     while not stop.is_set():
         again = False
         try:
             again = bool(await body())
+            if outages is not None:
+                outages.ok(what)
         except (RedisUnavailable, PostgresUnavailable) as exc:
-            logger.warning("tickwheel.durable: %s cannot reach its store (%s)", what, exc)
+            if outages is not None:
+                outages.failed(what, exc)
+            else:
+                logger.warning("%s cannot reach its store (%s)", what, exc)
         except Exception:  # a bug or an unexpected reply: the next round may do better
-            logger.exception("tickwheel.durable: %s round failed", what)
+            logger.exception("%s round failed", what)
         if not again:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)

@@ -34,6 +34,7 @@ from tickwheel.wheel import Timer, TimingWheel
 
 from ._acks import UNAVAILABLE, AckBatcher
 from ._loader_stats import LoaderStats
+from ._logs import Outages, failure_text, job_fields
 from ._stream import Publisher
 from ._tasks import TaskContext, TaskFunc, TaskRegistry, call_task
 
@@ -70,6 +71,7 @@ class Runner:
         max_running: slots.
         publisher: hand each job to this broker instead of running a task.
         release: hands shed jobs back to due (counted and logged there on failure).
+        outages: where store outages are reported (logged once each).
     """
 
     def __init__(
@@ -84,6 +86,7 @@ class Runner:
         max_running: int,
         publisher: Publisher | None,
         release: Release,
+        outages: Outages | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.leases = scheduler.leases  # ack, retry, extend, without the facade's call
@@ -96,6 +99,7 @@ class Runner:
         self.max_running = max_running
         self.publisher = publisher
         self._release = release
+        self.outages = outages if outages is not None else Outages()
         # Task name -> True when its function is a coroutine function (it runs in a task
         # of its own); a plain function runs in the wheel's callback that fires its job.
         # By name, not by function: a registered callable need not be hashable, and a
@@ -105,9 +109,9 @@ class Runner:
         # Of those, the ones whose handler has not returned: the slots max_running counts.
         # A task that only waits for its ack (or retry) left its slot.
         self._busy = 0
-        # (shard, job id) -> (job, lease end, its shed timer): fired while max_running
-        # tasks ran; FIFO
-        self._ready: dict[tuple[int, str], tuple[Job, float, Timer]] = {}
+        # (shard, job id) -> (job, lease end, its shed timer, its due or None): fired
+        # while max_running tasks ran; FIFO
+        self._ready: dict[tuple[int, str], tuple[Job, float, Timer, float | None]] = {}
         self._to_shed: list[Job] = []  # waited too long for a slot: to be released
         self._shedding: set[asyncio.Task[None]] = set()  # their release calls
         self.room = asyncio.Event()  # set when the ready queue fell below max_running
@@ -141,14 +145,19 @@ class Runner:
 
     # -- firing --------------------------------------------------------------------
 
-    def fire(self, key: tuple[int, str], job: Job, lease_end: float) -> None:
+    def fire(
+        self, key: tuple[int, str], job: Job, lease_end: float, due: float | None = None
+    ) -> None:
         """Start a job that fell due (or got its slot), or queue it for a slot until half
-        a lease is left. One function, not two: it runs once per job."""
+        a lease is left. One function, not two: it runs once per job. ``due`` (wheel
+        time) gives the lateness of its start in the DEBUG line."""
         if self._busy >= self.max_running:
             shed = self.wheel.schedule_at(
                 max(self.wheel.time(), lease_end - self._half_lease), self._shed, key
             )
-            self._ready[key] = (job, lease_end, shed)
+            self._ready[key] = (job, lease_end, shed, due)
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("job %r waits for a slot", job.id, extra=job_fields(job))
             return
         if self.scheduler.ownership.owned.get(job.shard) != job.epoch:
             return  # the shard was lost: counted when it was (the loader's on_fenced)
@@ -157,6 +166,8 @@ class Runner:
             self.stats.expired += 1
             return
         self.stats.fired += 1
+        if logger.isEnabledFor(logging.DEBUG):
+            self._log_start(job, due)
         publishing = self.publisher is not None
         fn = None if job.duplicate or publishing else self.registry.get(job.task)
         if fn is not None:
@@ -198,6 +209,23 @@ class Runner:
         else:
             self._acks.submit(job, lease_end)
 
+    def _log_start(self, job: Job, due: float | None) -> None:
+        fields = job_fields(job)
+        if due is None:
+            logger.debug("job %r started (task %s, attempt %d)", job.id, job.task, job.attempt,
+                         extra=fields)  # fmt: skip
+            return
+        late_ms = (self.wheel.time() - due) * 1000
+        fields["lateness_ms"] = round(late_ms, 1)
+        logger.debug(
+            "job %r started (task %s, attempt %d, %.1f ms late)",
+            job.id,
+            job.task,
+            job.attempt,
+            late_ms,
+            extra=fields,
+        )
+
     @staticmethod
     def _context(job: Job) -> TaskContext:
         return TaskContext(
@@ -222,13 +250,13 @@ class Runner:
         ready = self._ready
         while ready and self._busy < self.max_running:
             key = next(iter(ready))
-            job, lease_end, shed = ready.pop(key)
+            job, lease_end, shed, due = ready.pop(key)
             shed.cancel()
             try:
-                self.fire(key, job, lease_end)  # a slot is free: it starts
+                self.fire(key, job, lease_end, due)  # a slot is free: it starts
             except Exception:  # a bug: the job stays leased, for the reaper
                 self.stats.errors += 1
-                logger.exception("tickwheel.durable: job %r left to the reaper", job.id)
+                logger.exception("job %r left to the reaper", job.id, extra=job_fields(job))
         if len(ready) < self.max_running:
             self.room.set()
 
@@ -255,8 +283,10 @@ class Runner:
                     # Dead-lettered at once with the reason: no retry mends a missing task.
                     # A rolling deploy that brings the task requeues it (requeue_dead).
                     self.stats.unknown += 1
-                    state = await leases.retry(job, f"unknown task {job.task!r}", final=True)
+                    reason = f"unknown task {job.task!r}"
+                    state = await leases.retry(job, reason, final=True)
                     self._count_retry(state)
+                    self._log_dead(job, reason)
                     return
                 started = call_task(fn, self._context(job))
             finished = asyncio.Event()  # set when the task returned or raised
@@ -279,8 +309,7 @@ class Runner:
                     busy = False
                     self._free_slot()  # before the retry or the ack: they wait freely
                 if failed is not None:  # the lease is still extended while it is written
-                    logger.info("tickwheel.durable: task %s of job %r failed", job.task, job.id)
-                    self._count_retry(await leases.retry(job, repr(failed)))
+                    await self._failed(job, failed)
                     return
             finally:
                 # Not cancel() of the extender: redis-py may swallow a cancellation that
@@ -290,14 +319,23 @@ class Runner:
             self._acks.submit(job, lease_end)
         except LeaseLost:
             self.stats.lease_lost += 1
+            logger.warning(
+                "lease of job %r (task %s, attempt %d) was lost before its retry was written:"
+                " another worker may run it",
+                job.id,
+                job.task,
+                job.attempt,
+                extra=job_fields(job),
+            )
         except Fenced:
             pass  # counted, and the shard's other jobs forgotten, by the loader's on_fenced
         except UNAVAILABLE as exc:
             self.stats.unavailable += 1
-            logger.warning("tickwheel.durable: job %r left to the reaper (%s)", job.id, exc)
+            self.outages.failed("runner", exc)
+            logger.debug("job %r left to the reaper (%s)", job.id, exc, extra=job_fields(job))
         except Exception:
             self.stats.errors += 1
-            logger.exception("tickwheel.durable: job %r left to the reaper", job.id)
+            logger.exception("job %r left to the reaper", job.id, extra=job_fields(job))
         finally:
             if busy:  # no handler ran (a duplicate, an unknown task, the publisher)
                 self._free_slot()
@@ -309,10 +347,58 @@ class Runner:
             await self.publisher.publish(job)
         except Exception as exc:
             # Published or not, we cannot tell: retry (a duplicate is dropped downstream).
-            logger.info("tickwheel.durable: publishing job %r failed (%r)", job.id, exc)
-            self._count_retry(await self.leases.retry(job, repr(exc)))
+            await self._failed(job, exc, "publishing ")
             return
         self._acks.submit(job, lease_end)
+
+    async def _failed(self, job: Job, exc: Exception, doing: str = "") -> None:
+        """Write the retry (or the dead letter) of a failed run, its traceback kept with
+        the job, then log it: WARNING when it will be retried, ERROR when it is dead,
+        with the exception. If the retry cannot be written, the failure is still logged
+        (WARNING) and the error raised on (the lease expires: the reaper retries it)."""
+        try:
+            state = await self.leases.retry(job, failure_text(exc))
+        except BaseException as unwritten:
+            logger.warning(
+                "%sjob %r (task %s) failed at attempt %d/%d; its retry was not written (%r)",
+                doing,
+                job.id,
+                job.task,
+                job.attempt,
+                job.max_attempts,
+                unwritten,
+                exc_info=exc,
+                extra=job_fields(job),
+            )
+            raise
+        self._count_retry(state)
+        if state is JobState.DEAD:
+            self._log_dead(job, f"{doing}failed: {exc!r}", exc)
+            return
+        logger.warning(
+            "%sjob %r (task %s) failed at attempt %d/%d, will retry: %r",
+            doing,
+            job.id,
+            job.task,
+            job.attempt,
+            job.max_attempts,
+            exc,
+            exc_info=exc,
+            extra=job_fields(job),
+        )
+
+    @staticmethod
+    def _log_dead(job: Job, reason: str, exc: BaseException | None = None) -> None:
+        logger.error(
+            "job %r dead-lettered (task %s, attempt %d/%d): %s",
+            job.id,
+            job.task,
+            job.attempt,
+            job.max_attempts,
+            reason,
+            exc_info=exc,
+            extra={**job_fields(job), "reason": reason},
+        )
 
     def _count_retry(self, state: JobState) -> None:
         if state is JobState.DEAD:
@@ -368,7 +454,7 @@ class Runner:
         to be handed back."""
         jobs = []
         for key in [k for k in self._ready if k[0] == shard]:
-            job, _, shed = self._ready.pop(key)
+            job, _, shed, _ = self._ready.pop(key)
             shed.cancel()
             jobs.append(job)
         return jobs

@@ -172,7 +172,7 @@ class Timers:
         self._memory.pop(ctx.job_id, None)
         fn = self.registry.get(ctx.task)
         if fn is None:  # unregistered after scheduling: nothing to run
-            logger.error("tickwheel.durable: task %r is no longer registered", ctx.task)
+            logger.error("task %r is no longer registered", ctx.task)
             return
         task = asyncio.ensure_future(self._run(fn, ctx))
         self._running.add(task)
@@ -184,7 +184,7 @@ class Timers:
             await call_task(fn, ctx)
         except Exception:
             # In memory there is no retry: the timer is not durable by choice.
-            logger.exception("tickwheel.durable: in-memory task %r failed", ctx.task)
+            logger.exception("in-memory task %r failed", ctx.task)
 
     async def close(self) -> list[str]:
         """Cancel the pending in-memory timers and wait for running in-memory tasks.

@@ -229,7 +229,7 @@ class StreamConsumer:
             try:
                 await handler(entry)
             except Exception:
-                logger.exception("tickwheel.durable: handler failed on entry %s", entry.entry_id)
+                logger.exception("handler failed on entry %s", entry.entry_id)
                 continue
             await self.ack(entry)
             done += 1

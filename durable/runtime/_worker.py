@@ -40,8 +40,10 @@ from typing import Any
 
 from tickwheel.durable.model import (
     Fenced,
+    JobState,
     NotOwner,
     PostgresUnavailable,
+    ReapResult,
     RedisUnavailable,
     finite_seconds_ms,
 )
@@ -57,6 +59,7 @@ from ._loader import (
     Loader,
     LoaderStats,
 )
+from ._logs import Outages
 from ._reaper import DEFAULT_REAP_INTERVAL, Reaper
 from ._rounds import run_rounds
 from ._stream import Publisher
@@ -111,6 +114,12 @@ class Worker:
         publisher: Publisher | None = None,
         reconcile_interval: float | timedelta = DEFAULT_RECONCILE_INTERVAL,
     ) -> None:
+        given: object = scheduler  # typed, but a redis client is a common slip
+        if not isinstance(given, Scheduler):
+            kind = type(given).__name__
+            raise TypeError(
+                f"scheduler must be a Scheduler (made on a redis.asyncio client), got {kind}"
+            )
         if not isinstance(registry, TaskRegistry):
             raise TypeError(f"registry must be a TaskRegistry, got {registry!r}")
         self.scheduler = scheduler  # the namespace
@@ -132,6 +141,9 @@ class Worker:
         self.reconcile_interval_ms = finite_seconds_ms(
             "reconcile_interval", reconcile_interval, minimum_ms=1
         )
+        # Store outages of all its loops: one line when each starts, one when it ends.
+        self.outages = Outages()
+        self._loader_args["outages"] = self.outages
         self.loader: Loader | None = None  # set while running
         self.live = 0  # live workers at the last heartbeat
         self._stop = asyncio.Event()  # set by stop()
@@ -226,7 +238,9 @@ class Worker:
                 break
             shard = (self._offset + i) % shards
             if shard not in own.owned and shard not in self._leaving:
-                await own.take(shard)
+                taken = await own.take(shard)
+                if taken:
+                    logger.info("took shard %d (epoch %d)", shard, taken, extra={"shard": shard})
 
     def _start_give_back(self, shard: int) -> None:
         epoch = self.ownership.owned.get(shard)
@@ -247,9 +261,17 @@ class Worker:
             epoch = own.owned.pop(shard, None)  # and none starts: the loader skips it
             if epoch is None:
                 return
-            await self.loader.release_shard(shard)
+            released = await self.loader.release_shard(shard)
+        logger.info(
+            "giving shard %d back (epoch %d): %d loaded job(s) released, draining its tasks",
+            shard,
+            epoch,
+            released,
+            extra={"shard": shard},
+        )
         await self.loader.drain(self.drain_timeout_ms / 1000, shard=shard)
-        await own.give_back_leaving(shard, epoch)
+        if await own.give_back_leaving(shard, epoch):
+            logger.info("gave shard %d back", shard, extra={"shard": shard})
 
     async def _balance(self) -> None:
         async def round_() -> None:
@@ -257,14 +279,60 @@ class Worker:
             await self.publish_stats()
 
         period = self.ownership.ttl_ms / 1000 / RENEW_FRACTION
-        await run_rounds(round_, stop=self._stop, interval=period, what="balancing")
+        await run_rounds(
+            round_, stop=self._stop, interval=period, what="balancing", outages=self.outages
+        )
 
     async def _reap(self, reaper: Reaper) -> None:
         async def round_() -> None:
-            await reaper.reap_once()
+            for result in await reaper.reap_once():
+                await self._log_reaped(result)
 
         interval = self.reap_interval_ms / 1000
-        await run_rounds(round_, stop=self._stop, interval=interval, what="reaper")
+        await run_rounds(
+            round_, stop=self._stop, interval=interval, what="reaper", outages=self.outages
+        )
+
+    async def _log_reaped(self, result: ReapResult) -> None:
+        """Log what a reap did: one WARNING per shard for the expired leases it returned
+        to due, one ERROR per job it dead-lettered (looked up for its task and attempts;
+        a job changed meanwhile is logged by id)."""
+        shard = result.shard
+        if result.requeued:
+            shown = ", ".join(repr(i) for i in result.requeued[:5])
+            more = f" and {len(result.requeued) - 5} more" if len(result.requeued) > 5 else ""
+            logger.warning(
+                "%d expired lease(s) of shard %d due again (their worker died or stalled): %s%s",
+                len(result.requeued),
+                shard,
+                shown,
+                more,
+                extra={"shard": shard},
+            )
+        for job_id in result.dead:
+            info = await self.scheduler.get(job_id)
+            if info is None or info.state is not JobState.DEAD:
+                logger.error(
+                    "job %r dead-lettered: its lease expired at its last attempt",
+                    job_id,
+                    extra={"job_id": job_id, "shard": shard, "reason": "lease expired"},
+                )
+                continue
+            logger.error(
+                "job %r dead-lettered (task %s, attempt %d/%d): its lease expired at its last"
+                " attempt",
+                job_id,
+                info.task,
+                info.attempt,
+                info.max_attempts,
+                extra={
+                    "job_id": job_id,
+                    "task": info.task,
+                    "attempt": info.attempt,
+                    "shard": shard,
+                    "reason": "lease expired",
+                },
+            )
 
     async def _reconcile(self) -> None:
         """Postgres mode: reconcile at start, then every ``reconcile_interval``."""
@@ -272,14 +340,16 @@ class Worker:
             try:
                 # One worker at a time: the others skip this round (an advisory lock).
                 result = await self.scheduler.reconcile(if_free=True)
+                self.outages.ok("reconcile")
                 if result.skipped:
-                    logger.debug("tickwheel.durable: reconcile skipped (another one runs)")
+                    logger.debug("reconcile skipped (another one runs)")
                 else:
-                    logger.info("tickwheel.durable: reconciled %s", result)
+                    logger.info("reconciled %s", result)
             except (RedisUnavailable, PostgresUnavailable) as exc:
-                logger.warning("tickwheel.durable: reconcile failed (%s)", exc)
+                self.outages.failed("reconcile", exc)
+                logger.debug("reconcile failed (%s)", exc)
             except Exception:  # the next round may do better
-                logger.exception("tickwheel.durable: reconcile failed")
+                logger.exception("reconcile failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self.reconcile_interval_ms / 1000)
 
@@ -337,12 +407,18 @@ class Worker:
             (loader.release_all, "releasing loaded jobs"),
             (lambda: loader.drain(self.drain_timeout_ms / 1000), "draining tasks"),
             (lambda: asyncio.gather(*(t for _, t in self._leaving.values())), "give-backs"),
-            (self.ownership.give_back_all, "giving shards back"),
+            (self._give_back_all, "giving shards back"),
             (lambda: self.heartbeat(join=False), "leaving the member set"),
             (self._unpublish, "removing its stats"),
         )
         for step, what in steps:
             await _logged(step(), what)
+
+    async def _give_back_all(self) -> None:
+        shards = sorted(self.ownership.owned)
+        await self.ownership.give_back_all()
+        if shards:
+            logger.info("gave shard(s) %s back at shutdown", ", ".join(map(str, shards)))
 
     async def _unpublish(self) -> None:
         await self.scheduler.workers.unpublish(self.token)
@@ -359,6 +435,6 @@ async def _logged(step: Awaitable[object], what: str) -> None:
     try:
         await step
     except RedisUnavailable as exc:
-        logger.warning("tickwheel.durable: %s without Redis (%s)", what, exc)
+        logger.warning("%s without Redis (%s)", what, exc)
     except Exception:
-        logger.exception("tickwheel.durable: %s failed", what)
+        logger.exception("%s failed", what)

@@ -46,9 +46,10 @@ DEFAULT_LEASE = 30.0
 # A script blocks Redis while it runs: ~1000 jobs per call keep each call near 2 ms, and
 # bound the Lua stack of the bulk commands.
 MAX_BATCH = 1000
-# Error text kept with a job: enough for a message and a short traceback line, without
-# letting a huge repr() bloat every dead letter.
-MAX_ERROR_CHARS = 1024
+# Error text kept with a job: its summary and the tail of its traceback (the worker
+# keeps at most ~5 KiB, runtime/_logs.py), without letting a huge text bloat every dead
+# letter and every claim of a retried job.
+MAX_ERROR_CHARS = 8192
 
 
 class Leases:
@@ -347,7 +348,7 @@ class Leases:
             await pg.store.skipped(shard, epoch, [(m.id, m.nominal_ms, m.time_ms) for m in moves])
         except (PostgresUnavailable, Fenced) as exc:
             logger.warning(
-                "tickwheel.durable: %d missed-run move(s) not recorded in PostgreSQL (%s)",
+                "%d missed-run move(s) not recorded in PostgreSQL (%s)",
                 len(moves),
                 exc,
             )
@@ -363,9 +364,7 @@ class Leases:
                 job.shard, job.epoch, job.id, job.nominal_ms, attempt=job.attempt + 1, run_ms=when
             )
         except (PostgresUnavailable, Fenced) as exc:
-            logger.warning(
-                "tickwheel.durable: retry of %r not recorded in PostgreSQL (%s)", job.id, exc
-            )
+            logger.warning("retry of %r not recorded in PostgreSQL (%s)", job.id, exc)
 
     async def extend(self, job: Job, lease: float | timedelta = DEFAULT_LEASE) -> int:
         """Extend a lease to Redis's now + ``lease`` for a long handler.

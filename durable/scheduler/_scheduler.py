@@ -29,6 +29,7 @@ from tickwheel.durable.model import (
     ScheduleResult,
     SchedulerStats,
     ShardCountMismatch,
+    async_client,
     finite_seconds_ms,
     int_between,
 )
@@ -150,6 +151,7 @@ class Scheduler:
         call_timeout: float | timedelta = DEFAULT_CALL_TIMEOUT,
         postgres_url: str | None = None,
     ) -> None:
+        async_client("client", client)  # a sync redis.Redis fails here, not in a call
         self.keys = Keys(namespace, shards, buckets)  # key names
         int_between("replicas", replicas, 0)
         self.store = Store(

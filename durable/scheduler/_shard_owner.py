@@ -132,7 +132,9 @@ class Ownership:
         if self.owned.get(shard) == epoch:
             del self.owned[shard]
             self.counters.shards_lost += 1
-            logger.info("tickwheel.durable: dropped shard %d epoch %d (fenced)", shard, epoch)
+            logger.warning(
+                "dropped shard %d epoch %d (fenced)", shard, epoch, extra={"shard": shard}
+            )
         for ref in list(self._on_fenced):  # a subscriber may (un)subscribe meanwhile
             fn = ref()
             if fn is not None:
@@ -149,7 +151,7 @@ class Ownership:
             return epoch
         if self.owned.pop(shard, None) is not None:
             self.counters.shards_lost += 1
-            logger.info("tickwheel.durable: lost shard %d to another owner", shard)
+            logger.warning("lost shard %d to another owner", shard, extra={"shard": shard})
         return None
 
     async def renew(self, shard: int) -> bool:
@@ -233,9 +235,9 @@ class Ownership:
                     if shard not in self.owned:
                         await self.take(shard)
             except RedisUnavailable as exc:  # the next round renews what is still ours
-                logger.warning("tickwheel.durable: owner cannot reach Redis (%s)", exc)
+                logger.warning("owner cannot reach Redis (%s)", exc)
             except Exception:
-                logger.exception("tickwheel.durable: ownership round failed")
+                logger.exception("ownership round failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), period)
 

@@ -45,6 +45,7 @@ from ._keys import DEFAULT_BUCKETS, MAX_JOB_ID_BYTES, Keys, parse_layout
 from ._layout import LayoutUnreadable, read_layout
 from ._msgpack import pack_array
 from ._scripts import register
+from ._secrets import hidden, hide_secrets, shown_url, url_error
 from ._server_check import (
     MIN_REDIS_VERSION,
     ServerConfigWarning,
@@ -52,7 +53,6 @@ from ._server_check import (
     check_server,
     crash_loss,
 )
-from ._secrets import hidden, hide_secrets, shown_url, url_error
 from ._store import Store
 from ._streams import RawEntry, Stream
 from ._transport import DEFAULT_CALL_TIMEOUT, Transport

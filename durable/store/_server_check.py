@@ -223,10 +223,10 @@ def _conclude(report: ServerReport, strict: bool) -> ServerReport:
     if problems and strict:
         raise ServerCheckFailed("; ".join(problems))
     for text in problems:
-        logger.warning("tickwheel.durable server check: %s", text)
+        logger.warning("server check: %s", text)
         warnings.warn(text, ServerConfigWarning, stacklevel=3)
     if unknown:
         text = f"could not read {', '.join(unknown)} (CONFIG disabled?): not checked"
-        logger.warning("tickwheel.durable server check: %s", text)
+        logger.warning("server check: %s", text)
         warnings.warn(text, ServerConfigWarning, stacklevel=3)
     return report

@@ -46,6 +46,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from tickwheel.durable.ops.logs import configure_logging
 from tickwheel.durable.store import URL_ENV, hide_secrets
 
 from . import _demos, _jobs, _pg, _server, _worker
@@ -133,14 +134,17 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _configure_logging(verbose: int) -> None:
-    if verbose <= 0:
+def _configure_logging(args: argparse.Namespace) -> None:
+    """``-v`` logs INFO to stderr, ``-vv`` DEBUG. The worker's ``-v`` is DEBUG already
+    (each job's claim, start and ack), and its ``--log-format json`` alone turns on INFO
+    lines as JSON."""
+    verbose: int = getattr(args, "verbose", 0)
+    fmt: str | None = getattr(args, "log_format", None)
+    if verbose <= 0 and fmt is None:
         return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger("tickwheel")
-    root.addHandler(handler)
-    root.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
+    worker = args.command == "worker"
+    level = logging.DEBUG if verbose > 1 or (worker and verbose) else logging.INFO
+    configure_logging(level, fmt or "text", sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -162,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--shard must be below --shards {args.shards}, got {args.shard}")
     except _UsageError as exc:
         return _usage_error(exc, argv)
-    _configure_logging(getattr(args, "verbose", 0))
+    _configure_logging(args)
     try:
         result: int = args.func(args)
     except CliError as error:

@@ -9,6 +9,7 @@ import time
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
+from tickwheel.durable.model import MIN_AT_MS
 from tickwheel.durable.scheduler import (
     DEFAULT_SHARDS,
     MAX_BATCH,
@@ -39,7 +40,8 @@ def _clip(text: str, limit: int = 80) -> str:
 
 
 def at_time(text: str | None) -> int | datetime | None:
-    """``--at``: epoch ms, or an ISO 8601 time with a zone (``Z`` for UTC)."""
+    """``--at``: epoch ms, or an ISO 8601 time with a zone (``Z`` for UTC), from
+    2000-01-01 on (an earlier time is a mistake, such as epoch seconds)."""
     if text is None:
         return None
     if digits(text):
@@ -64,6 +66,13 @@ def at_time(text: str | None) -> int | datetime | None:
             EXIT_USAGE,
             f"--at must be between 1970-01-01T00:00:00Z and 9999-12-31T23:59:59.999Z "
             f"(epoch ms 0..{MAX_WHEN_MS}), got {text!r}",
+        )
+    if ms < MIN_AT_MS:
+        unit = " (epoch seconds? --at takes milliseconds)" if text.isdigit() else ""
+        raise CliError(
+            EXIT_USAGE,
+            f"--at must be on or after 2000-01-01T00:00:00Z (epoch ms {MIN_AT_MS}), "
+            f"got {text!r}{unit}",
         )
     return when
 
@@ -149,7 +158,11 @@ def common_options(*, with_json: bool = True) -> argparse.ArgumentParser:
     if with_json:
         common.add_argument("--json", action="store_true", help="print one JSON document")
     common.add_argument(
-        "-v", "--verbose", action="count", default=0, help="log to stderr (-vv: debug)"
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="log to stderr (-vv: debug; worker -v: debug)",
     )
     return common
 

@@ -11,6 +11,7 @@ import signal
 import sys
 from typing import Any
 
+from tickwheel.durable.ops.logs import FORMATS
 from tickwheel.durable.runtime import (
     DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_LIMIT,
@@ -174,6 +175,12 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
         help="Postgres mode: seconds between reconciles (one runs at start)",
     )
     work.add_argument("--no-check", action="store_true", help="skip the server config check")
+    work.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        help="log lines to stderr as text or JSON, one object a line (alone: INFO and up;"
+        " -v: also each job's claim, start and ack)",
+    )
     work.add_argument(
         "--metrics-port",
         type=port,
