@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from .model import (
+    MAX_PAYLOAD_DEPTH,
     ClaimBatch,
     DeadPage,
     DurableError,
@@ -37,6 +38,7 @@ from .model import (
     ServerCheckFailed,
     ShardCountMismatch,
     ShardInfo,
+    UndecodablePayload,
 )
 from .runtime import (
     Loader,
@@ -65,6 +67,7 @@ from .store import (
 
 __all__ = [
     "MAX_JOB_ID_BYTES",
+    "MAX_PAYLOAD_DEPTH",
     "ClaimBatch",
     "Client",
     "DeadPage",
@@ -106,6 +109,7 @@ __all__ = [
     "TaskContext",
     "TaskRegistry",
     "Timers",
+    "UndecodablePayload",
     "Worker",
     "check_server",
     "connect",

@@ -46,6 +46,7 @@ from ._jobs import (
     split_error,
     when_args,
 )
+from ._payload import MAX_PAYLOAD_DEPTH, UndecodablePayload, payload_problem
 from ._recurrence import (
     DEFAULT_MAX_CATCH_UP,
     DEFAULT_MISFIRE_GRACE_MS,
@@ -67,6 +68,7 @@ __all__ = [
     "KIND_INTERVAL",
     "LATENESS_BOUNDS",
     "MAX_JOB_ID_BYTES",
+    "MAX_PAYLOAD_DEPTH",
     "MAX_TASK_BYTES",
     "MIN_AT_MS",
     "POLICY_BY_CODE",
@@ -97,12 +99,14 @@ __all__ = [
     "ServerCheckFailed",
     "ShardCountMismatch",
     "ShardInfo",
+    "UndecodablePayload",
     "async_client",
     "check_job_id",
     "check_task_name",
     "count_reap",
     "finite_seconds_ms",
     "int_between",
+    "payload_problem",
     "split_error",
     "when_args",
 ]

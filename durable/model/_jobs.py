@@ -237,7 +237,7 @@ class Job:
     id: str  # job id
     shard: int  # its shard
     task: str  # task name
-    payload: Any  # bytes, or the decoded JSON value
+    payload: Any  # bytes, the decoded JSON value, or an UndecodablePayload
     nominal_ms: int  # nominal due: the occurrence's identity (dedup key with id)
     due_ms: int  # the due score it was claimed at (later than nominal after a retry)
     deadline_ms: int  # lease deadline
@@ -262,7 +262,7 @@ class JobInfo:
     state: JobState  # due, leased or dead
     when_ms: int  # due time, lease deadline or time of death, by state
     task: str  # task name
-    payload: Any  # bytes, or the decoded JSON value
+    payload: Any  # bytes, the decoded JSON value, or an UndecodablePayload
     nominal_ms: int  # nominal due
     attempt: int  # attempt number, from 1
     max_attempts: int  # attempts before it goes dead

@@ -28,7 +28,14 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 
-from tickwheel.durable.model import Fenced, Job, JobState, LeaseLost, RedisUnavailable
+from tickwheel.durable.model import (
+    Fenced,
+    Job,
+    JobState,
+    LeaseLost,
+    RedisUnavailable,
+    UndecodablePayload,
+)
 from tickwheel.durable.scheduler import Scheduler
 from tickwheel.wheel import Timer, TimingWheel
 
@@ -170,7 +177,7 @@ class Runner:
             self._log_start(job, due)
         publishing = self.publisher is not None
         fn = None if job.duplicate or publishing else self.registry.get(job.task)
-        if fn is not None:
+        if fn is not None and type(job.payload) is not UndecodablePayload:
             is_async = self._is_async.get(job.task)
             if is_async is None:
                 is_async = self._is_async[job.task] = inspect.iscoroutinefunction(fn)
@@ -275,6 +282,12 @@ class Runner:
                     self.stats.duplicates += 1
                     await leases.ack(job)
                     return
+                if type(job.payload) is UndecodablePayload:
+                    # Dead-lettered at once with the reason: no retry decodes it.
+                    reason = str(job.payload)
+                    self._count_retry(await leases.retry(job, reason, final=True))
+                    self._log_dead(job, reason)
+                    return
                 if self.publisher is not None:
                     await self._publish(job, lease_end)
                     return
@@ -337,7 +350,7 @@ class Runner:
             self.stats.errors += 1
             logger.exception("job %r left to the reaper", job.id, extra=job_fields(job))
         finally:
-            if busy:  # no handler ran (a duplicate, an unknown task, the publisher)
+            if busy:  # no handler ran (a duplicate, an unknown task or payload, the publisher)
                 self._free_slot()
 
     async def _publish(self, job: Job, lease_end: float) -> None:

@@ -104,7 +104,7 @@ class StreamEntry:
     nominal_ms: int  # nominal due: with job_id, the dedup key
     task: str  # task name
     attempt: int  # the scheduler's attempt that published it
-    payload: Any  # bytes, or the decoded JSON value
+    payload: Any  # bytes, the decoded JSON value, or an UndecodablePayload
 
     @property
     def key(self) -> tuple[str, int]:

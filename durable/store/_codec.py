@@ -7,7 +7,10 @@ Ground rules:
   defaults dropped. ``lua/_lib.lua`` is the other side of the same layout (its ``F_*``
   constants and ``DEFAULTS``); ``tests/test_durable_keys.py`` holds the two equal.
 - A payload is bytes as is (flags 0) or JSON text (:data:`FLAG_JSON`); it is encoded once,
-  when the job is scheduled, and decoded where a reply is read, here.
+  when the job is scheduled (refused then if it would not come back the same), and
+  decoded where a reply is read, here. A payload that cannot be decoded fails its own
+  job only: it decodes to an ``UndecodablePayload`` (``model/_payload.py``), never an
+  exception in a batch's loop.
 - Every reply that carries a record is decoded with what is here: get and listing rows
   into :class:`JobInfo` by :func:`info_rows`; a claim's rows into :class:`Job` by the
   loop in ``Store.claim``, with :data:`CLAIM_SHORT_ROW`, :func:`recurrence_of`,
@@ -23,13 +26,16 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 from tickwheel.durable.model import (
     KIND_CRON,
     KIND_INTERVAL,
+    MAX_PAYLOAD_DEPTH,
     POLICY_BY_CODE,
     POLICY_CODES,
     Job,
@@ -37,6 +43,8 @@ from tickwheel.durable.model import (
     JobSpec,
     JobState,
     Recurrence,
+    UndecodablePayload,
+    payload_problem,
 )
 
 from ._msgpack import FIXINT, pack_str, pack_value
@@ -128,11 +136,16 @@ class ClaimedRef:
 
 
 def encode_payload(payload: object, limit: int) -> tuple[bytes, int]:
-    """Return ``(bytes, flags)`` for a payload: bytes as is, anything else as JSON.
+    """Return ``(bytes, flags)`` for a payload: bytes as is, anything else as JSON that
+    decodes to an equal value (see ``model/_payload.py`` for what a payload may hold).
+
+    Never a RecursionError, however deep the value.
 
     Raises:
-        TypeError: if ``payload`` is neither bytes nor JSON-serialisable.
-        ValueError: if it is over ``limit`` bytes once encoded.
+        TypeError: if ``payload`` is neither bytes nor JSON-serialisable, or holds what
+            would not come back the same (a tuple, a dict key that is not a str).
+        ValueError: if it is over ``limit`` bytes once encoded, nested deeper than
+            :data:`MAX_PAYLOAD_DEPTH`, or holds a str that is not valid Unicode.
     """
     if type(payload) is bytes:  # the common case first; then a tuple, not a union per call
         data, flags = payload, 0
@@ -141,17 +154,60 @@ def encode_payload(payload: object, limit: int) -> tuple[bytes, int]:
     else:
         try:
             text = json.dumps(payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"payload must be bytes or JSON-serialisable: {exc}") from exc
-        data, flags = text.encode(), FLAG_JSON
+            data = text.encode()
+        except (TypeError, ValueError, RecursionError) as exc:  # what it is, by a walk
+            problem = payload_problem(payload)
+            if problem is None:  # not found by the walk: the encoder's own words
+                raise TypeError(f"payload must be bytes or JSON-serialisable: {exc}") from None
+            raise problem[0](problem[1]) from None
+        flags = FLAG_JSON
+        # Refused as it would come back otherwise: decoded, it must be equal (a tuple is
+        # a list then, {1: "a"} is {"1": "a"}); deeper than the limit, it is undecodable.
+        if len(data) <= limit and (_too_deep(data) or json.loads(data) != payload):
+            error, message = payload_problem(payload) or (
+                ValueError,
+                "payload would not come back the same from JSON",
+            )
+            raise error(message)
     if len(data) > limit:
         raise ValueError(f"payload must be at most {limit} bytes encoded, got {len(data)}")
     return data, flags
 
 
+# Depth without decoding: JSON text shorter than this cannot nest deeper than the limit
+# (each level is two bytes at least), nor can text with fewer brackets than the limit.
+_DEPTH_FREE = 2 * MAX_PAYLOAD_DEPTH + 2
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_BRACKET_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def _too_deep(data: bytes) -> bool:
+    """Whether JSON text nests lists and objects deeper than :data:`MAX_PAYLOAD_DEPTH`,
+    found without decoding it (no recursion): its strings cut out, the depth is the
+    highest running count of its brackets. O(n), in C but for one step per bracket."""
+    if len(data) < _DEPTH_FREE or data.count(b"[") + data.count(b"{") <= MAX_PAYLOAD_DEPTH:
+        return False
+    brackets = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKETS)
+    return max(accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0) > (
+        MAX_PAYLOAD_DEPTH
+    )
+
+
 def decode_payload(data: bytes, flags: int) -> Any:
-    """Inverse of :func:`encode_payload`."""
-    return json.loads(data) if flags & FLAG_JSON else data
+    """Inverse of :func:`encode_payload`; never raises: a payload that cannot be decoded
+    (not JSON, nested deeper than :data:`MAX_PAYLOAD_DEPTH`) is returned as an
+    :class:`UndecodablePayload` with the reason, for its job alone to fail."""
+    if not flags & FLAG_JSON:
+        return data
+    if _too_deep(data):
+        return UndecodablePayload(
+            data, f"nested too deep (more than {MAX_PAYLOAD_DEPTH} lists and dicts)"
+        )
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        return UndecodablePayload(data, f"not JSON ({exc})")
 
 
 def pack_record(fields: Sequence[int | bytes]) -> bytes:
@@ -217,7 +273,7 @@ def job_info(job_id: str, shard: int, state: JobState, when: int, f: Sequence[An
         shard=shard,
         state=state,
         when_ms=when,
-        task=task.decode(),
+        task=task.decode(errors="replace"),
         payload=decode_payload(payload, flags),
         nominal_ms=nominal,
         attempt=attempt,

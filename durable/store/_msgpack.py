@@ -203,7 +203,10 @@ def unpack_reply(data: bytes) -> list[Any]:
     """
     try:
         value = msgpack.unpackb(data, raw=True)
-    except (TypeError, ValueError, msgpack.UnpackException) as exc:
+    # Nesting cannot recurse: msgpack's C unpacker and its pure-Python fallback both keep
+    # a stack of their own (too deep: StackError, a ValueError); RecursionError is caught
+    # as well, should a version recurse.
+    except (TypeError, ValueError, RecursionError, msgpack.UnpackException) as exc:
         raise ValueError(f"reply is not msgpack: {exc}") from None
     if not isinstance(value, list):
         raise ValueError(f"reply is not a msgpack array: {type(value).__name__}")

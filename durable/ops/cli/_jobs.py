@@ -11,6 +11,7 @@ from tickwheel.durable.model import (
     MissedRun,
     ScheduleStatus,
     ShardInfo,
+    UndecodablePayload,
 )
 from tickwheel.durable.scheduler import (
     MAX_BATCH,
@@ -140,18 +141,23 @@ def _inspect_text(namespace: str, rows: list[ShardInfo], totals: dict[str, int])
 
 
 def _dead_row(job: JobInfo) -> dict[str, Any]:
-    return {
+    payload = job.payload
+    undecodable = isinstance(payload, UndecodablePayload)
+    if undecodable:  # its bytes as text, and why they did not decode
+        payload = payload.data
+    row = {
         "id": job.id,
         "shard": job.shard,
         "task": job.task,
-        "payload": job.payload.decode(errors="replace")
-        if isinstance(job.payload, bytes)
-        else job.payload,
+        "payload": payload.decode(errors="replace") if isinstance(payload, bytes) else payload,
         "attempt": job.attempt,
         "max_attempts": job.max_attempts,
         "died_ms": job.when_ms,
         "error": job.last_error,
     }
+    if undecodable:
+        row["payload_error"] = str(job.payload)
+    return row
 
 
 def _dead_letters(args: argparse.Namespace) -> int:

@@ -8,7 +8,14 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from tickwheel.durable.model import LATENESS_BOUNDS, JobInfo, JobState, Recurrence, ShardInfo
+from tickwheel.durable.model import (
+    LATENESS_BOUNDS,
+    JobInfo,
+    JobState,
+    Recurrence,
+    ShardInfo,
+    UndecodablePayload,
+)
 
 __all__ = [
     "PAYLOAD_PREVIEW_CHARS",
@@ -50,9 +57,17 @@ def _payload_text(payload: Any) -> tuple[str, int]:
     """A payload as text, and its size in characters before any cut."""
     if isinstance(payload, bytes):
         text = payload.decode("utf-8", errors="backslashreplace")
+    elif isinstance(payload, UndecodablePayload):  # why, then its bytes
+        text = f"{payload}; as stored: {payload.data.decode('utf-8', errors='backslashreplace')}"
     else:
         text = json.dumps(payload, ensure_ascii=False)
     return text, len(text)
+
+
+def _payload_kind(payload: Any) -> str:
+    if isinstance(payload, bytes):
+        return "bytes"
+    return "undecodable" if isinstance(payload, UndecodablePayload) else "json"
 
 
 def seen_of(job: JobInfo) -> str:
@@ -79,7 +94,7 @@ def job_row(job: JobInfo, now_ms: int) -> dict[str, Any]:
         "payload": text[:PAYLOAD_PREVIEW_CHARS],
         "payload_chars": size,
         "payload_truncated": size > PAYLOAD_PREVIEW_CHARS,
-        "payload_kind": "bytes" if isinstance(job.payload, bytes) else "json",
+        "payload_kind": _payload_kind(job.payload),
         "when_ms": job.when_ms,
         "when": iso(job.when_ms),
         "in_ms": job.when_ms - now_ms if now_ms else 0,
