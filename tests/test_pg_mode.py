@@ -409,6 +409,14 @@ def test_an_ack_without_postgres_leaves_the_job_leased_in_redis(
 # -- errors -------------------------------------------------------------------------
 
 
+def _deep(depth: int) -> list[object]:
+    """A list ``depth`` lists deep."""
+    value: list[object] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
 def test_bad_input_writes_nothing_in_either_store(redis_server: RedisServer, pg_url: str) -> None:
     async def main() -> None:
         await migrated(pg_url)
@@ -429,6 +437,20 @@ def test_bad_input_writes_nothing_in_either_store(redis_server: RedisServer, pg_
                 await conn.close()
             with pytest.raises(ValueError, match="delay"):
                 await s.schedule("a", "t", delay=-1)
+            # A NUL cannot go in PostgreSQL's text: refused here as in the Redis mode,
+            # not a raw asyncpg error.
+            with pytest.raises(ValueError, match=r"job_id must not contain NUL"):
+                await s.schedule("a\x00b", "t")
+            with pytest.raises(ValueError, match=r"job_id must not contain NUL"):
+                await s.schedule_many([JobSpec("ok", "t"), JobSpec("a\x00b", "t")])
+            with pytest.raises(ValueError, match=r"task must not contain NUL"):
+                await s.schedule("a", "t\x00")
+            with pytest.raises(ValueError, match=r"job_id must not contain NUL"):
+                await s.cancel("a\x00b")
+            with pytest.raises(ValueError, match=r"nested at most 100"):
+                await s.schedule("a", "t", [[[[]]]] * 2 + [_deep(101)])
+            with pytest.raises(TypeError, match=r"payload\['k'\] is a tuple"):
+                await s.schedule("a", "t", {"k": (1, 2)})
             with pytest.raises(TypeError, match="specs"):
                 await s.schedule_many([JobSpec("ok", "t"), "bad"])  # type: ignore[list-item]
             assert await snapshot(s) == before
