@@ -195,7 +195,8 @@ class JobSpec:
     Args:
         id: the job id (stable; re-scheduling the same id is idempotent).
         task: the task name the handler is registered under.
-        payload: bytes, or any JSON-serialisable value.
+        payload: bytes, or a JSON value that comes back equal (``_payload.py``),
+            checked when it is encoded.
         delay: seconds (or timedelta) from Redis's now; the default is now.
         at: absolute due, epoch ms or an aware datetime (excludes ``delay``). Both are
             at most ``MAX_TIME_MS`` (2**53 - 1 ms, the scripts' exact doubles).

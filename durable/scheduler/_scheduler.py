@@ -272,7 +272,8 @@ class Scheduler:
         Args:
             job_id: stable id (1 to 256 UTF-8 bytes).
             task: task name.
-            payload: bytes, or a JSON-serialisable value.
+            payload: bytes, or a JSON value that comes back equal (str keys, no tuple,
+                at most MAX_PAYLOAD_DEPTH deep: see model/_payload.py).
             delay: seconds from Redis's now (added on the server); default now.
             at: absolute due: epoch ms or an aware datetime.
             replace: overwrite an existing job that is due or dead (never a leased one);
