@@ -131,12 +131,14 @@ async def until(predicate: Any, within: float, step: float = 0.01) -> bool:
 class WorkerProcess:
     """A ``tickwheel worker`` subprocess on the sink registry, stopped by its pid."""
 
-    def __init__(self, url: str, namespace: str, *options: str) -> None:
+    def __init__(
+        self, url: str, namespace: str, *options: str, registry: str = "spill_support:registry"
+    ) -> None:
         env = dict(os.environ, PYTHONPATH=str(TESTS_DIR), **{SINK_ENV: url})
         self.proc = subprocess.Popen(
             [
                 sys.executable, "-m", "tickwheel.durable.ops.cli", "worker",
-                "spill_support:registry", "--redis-url", url, "--namespace", namespace,
+                registry, "--redis-url", url, "--namespace", namespace,
                 "--no-check", *options,
             ],
             stdout=subprocess.PIPE,

@@ -37,14 +37,15 @@ PLANS = [
     (every(HOUR, "once"), 0, 61_000, Plan(True, HOUR, 0)),
     (every(HOUR, "all"), 0, 61_000, Plan(True, HOUR, 0)),
     # Ten minutes down on a minutely job: 10 missed, the 11th (at 10 min) is on time.
-    (every(MIN, "skip"), 0, 10 * MIN + 5_000, Plan(False, 0, 10 * MIN)),
+    # skip: the 11th is current (due, within the grace): it runs now, as itself.
+    (every(MIN, "skip"), 0, 10 * MIN + 5_000, Plan(True, 11 * MIN, 10 * MIN)),
     (every(MIN, "once"), 0, 10 * MIN + 5_000, Plan(True, 11 * MIN, 0)),
     (every(MIN, "all"), 0, 10 * MIN + 5_000, Plan(True, MIN, 0)),
-    # 'all' capped at 3: skip ahead (unrun) to the third-last missed occurrence.
-    (every(MIN, "all", cap=3), 0, 10 * MIN + 5_000, Plan(False, 0, 7 * MIN)),
+    # 'all' capped at 3: skip ahead to the third-last missed occurrence, run now as it.
+    (every(MIN, "all", cap=3), 0, 10 * MIN + 5_000, Plan(True, 8 * MIN, 7 * MIN)),
     (every(MIN, "all", cap=3), 7 * MIN, 10 * MIN + 5_000, Plan(True, 8 * MIN, 0)),
     # Grace above the period: missed once the next occurrence is due.
-    (every(1_000, "skip"), 0, 30_500, Plan(False, 0, 30_000)),
+    (every(1_000, "skip"), 0, 30_500, Plan(True, 31_000, 30_000)),
     (every(1_000, "skip"), 30_000, 30_500, Plan(True, 31_000, 0)),
     # Cron, daily at 09:00 UTC.
     (
@@ -69,7 +70,7 @@ PLANS = [
         Recurrence.cron_expr("0 9 * * *", missed="all", max_catch_up=2),
         _ms(2024, 1, 1, 9),
         _ms(2024, 1, 4, 10),
-        Plan(False, 0, _ms(2024, 1, 3, 9)),
+        Plan(True, _ms(2024, 1, 4, 9), _ms(2024, 1, 3, 9)),
     ),
     (
         Recurrence.cron_expr("0 9 * * *", missed="all", max_catch_up=5),
@@ -81,7 +82,7 @@ PLANS = [
         Recurrence.cron_expr("*/10 * * * * *", missed="skip"),
         _ms(2024, 1, 1, 9),
         _ms(2024, 1, 1, 9, 5, 5),
-        Plan(False, 0, _ms(2024, 1, 1, 9, 5)),
+        Plan(True, _ms(2024, 1, 1, 9, 5, 10), _ms(2024, 1, 1, 9, 5)),
     ),
 ]
 
@@ -205,13 +206,13 @@ def test_cron_job_runs_and_reinserts_next_occurrence(redis_url: str) -> None:
             info = await s.get("cr")
             assert info is not None and info.when_ms == res.when_ms + 10_000
             assert info.recurrence is not None and info.recurrence.cron == "*/10 * * * * *"
-            # Down for a minute and a bit: skip resumes at the next occurrence, unrun.
+            # Down for a minute and a bit: skip drops the missed runs; the current one
+            # (+70 s, 5 s late: within the grace) runs now, as itself.
             await push_clock_to(s, res.when_ms + 75_000)
-            batch = await s.claim(0)
-            assert batch.jobs == [] and batch.moved == 1
+            assert await _claim_all(s) == [("cr", res.when_ms + 70_000)]
             info = await s.get("cr")
-            assert info is not None and info.when_ms == res.when_ms + 70_000
-            assert info.nominal_ms == info.when_ms
+            assert info is not None and info.when_ms == res.when_ms + 80_000
+            assert await check_all(s) == {"cr": JobState.DUE}
 
     run(main())
 

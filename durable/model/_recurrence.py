@@ -26,6 +26,8 @@ from ._args import finite_seconds_ms, int_between
 __all__ = [
     "DEFAULT_MAX_CATCH_UP",
     "DEFAULT_MISFIRE_GRACE_MS",
+    "MAX_CATCH_UP",
+    "MAX_CRON_CHARS",
     "MissedRun",
     "Plan",
     "Recurrence",
@@ -37,6 +39,14 @@ DEFAULT_MISFIRE_GRACE_MS = 60_000
 # 'all' fires at most this many missed runs after a downtime: a minutely job down for a
 # week would otherwise fire ten thousand times.
 DEFAULT_MAX_CATCH_UP = 100
+# The ceiling of max_catch_up. A claim decides 'all' by stepping through at most this
+# many occurrences (cronsim: ~1-25 us a step), on the worker's loop: 10,000 keeps that
+# within ~12 ms for the densest cron (one a second) and the sparse ones stop early.
+MAX_CATCH_UP = 10_000
+# Cron text is stored in every record of its series and parsed at every claim of it.
+MAX_CRON_CHARS = 1_000
+# No cron expression fires more often than once a second (6 fields, with seconds).
+_CRON_MIN_STEP_MS = 1_000
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
@@ -72,7 +82,10 @@ class Plan:
 
     deliver: bool  # run it now
     next_due_ms: int  # when deliver: the next occurrence, re-inserted by ack
-    advance_to_ms: int  # when not deliver: the occurrence to move the job to, unrun
+    # when not deliver: the occurrence to move the job to, unrun; when deliver and not
+    # 0: the occurrence (due already) the claimed job runs as now, in place of the
+    # claimed one (its lease moved to it), the ones between skipped
+    advance_to_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +136,8 @@ class Recurrence:
         """
         if not isinstance(expr, str):
             raise TypeError(f"cron must be a str, got {type(expr).__name__}")
+        if len(expr) > MAX_CRON_CHARS:
+            raise ValueError(f"cron must be at most {MAX_CRON_CHARS} characters, got {len(expr)}")
         try:
             it = CronSim(expr, _EPOCH)
             next(it)
@@ -187,15 +202,35 @@ class Recurrence:
             return Plan(True, self.next_after(nominal, nominal), 0)
         if self.missed is MissedRun.ONCE:
             return Plan(True, self.next_after(max(now, last), nominal), 0)
+        # The runs skipped below are not moved to unrun, to be claimed again: by then
+        # (a claim cycle later) a series faster than the claim cycle has a newer
+        # occurrence due, and would be moved on again, never run. The claimed job runs
+        # now as the occurrence it would have been moved to, already due.
         if self.missed is MissedRun.SKIP:
-            target = self.next_after(last, nominal) if last_missed else last
-            return Plan(False, 0, target)
+            if last_missed:  # resume at the first occurrence to come, unrun
+                return Plan(False, 0, self.next_after(last, nominal))
+            return Plan(True, self.next_after(last, nominal), last)  # the current one
         # ALL: fire every missed run in order, the last max_catch_up of them at most.
         newest_missed = last if last_missed else self.prev(last, 1)
-        cap = self.max_catch_up
-        if self._count(nominal, newest_missed, cap + 1) > cap:
-            return Plan(False, 0, self.prev(newest_missed, cap - 1))
+        cap = min(self.max_catch_up, MAX_CATCH_UP)  # a record may predate the ceiling
+        if self._more_than(nominal, newest_missed, cap):
+            first = self.prev(newest_missed, cap - 1)
+            return Plan(True, self.next_after(first, nominal), first)
         return Plan(True, self.next_after(nominal, nominal), 0)
+
+    def _more_than(self, first: int, last: int, limit: int) -> bool:
+        """Whether [first, last] holds more than ``limit`` occurrences (``first`` being
+        one). O(1) for intervals, and for a cron span too short to hold that many (at
+        most one a second); else at most ``limit`` cron steps, never one per occurrence
+        of a long span: a series far behind is decided in O(max_catch_up), and one
+        within its cap, claimed run after run while it catches up, in O(1) each."""
+        if last < first:
+            return False
+        if self.every_ms:
+            return (last - first) // self.every_ms + 1 > limit
+        if (last - first) // _CRON_MIN_STEP_MS + 1 <= limit:
+            return False
+        return self._count(first, last, limit + 1) > limit
 
     def _count(self, first: int, last: int, limit: int) -> int:
         """Occurrences in [first, last], counting no further than ``limit``."""
@@ -221,5 +256,5 @@ def _policy(
     except ValueError:
         choices = ", ".join(repr(m.value) for m in MissedRun)
         raise ValueError(f"missed must be one of {choices}, got {missed!r}") from None
-    max_catch_up = int_between("max_catch_up", max_catch_up, 1)
+    max_catch_up = int_between("max_catch_up", max_catch_up, 1, MAX_CATCH_UP)
     return policy, max_catch_up, finite_seconds_ms("misfire_grace", misfire_grace)

@@ -205,9 +205,11 @@ class Runner:
         context = contextvars.copy_context()
         try:
             result = context.run(fn, self._context(job))
-        except (Exception, asyncio.CancelledError) as exc:  # a failure of the job's own
+        except BaseException as exc:  # a failure of the job's own, whatever its class
             # Raised again in the task path: it writes the retry (a CancelledError ends
-            # that task cancelled, as it ended a task before: the reaper's job).
+            # that task cancelled, as it ended a task before: the reaper's job). A
+            # SystemExit or KeyboardInterrupt raised by the function is its failure too:
+            # a real signal reaches the worker through the loop's handler, never here.
             result = _raise(exc)
         if inspect.isawaitable(result):
             self._busy += 1
@@ -312,11 +314,14 @@ class Runner:
                 job,
                 finished,
             )
-            failed: Exception | None = None
+            failed: BaseException | None = None
             try:
                 try:
                     await started
-                except Exception as exc:
+                except asyncio.CancelledError:
+                    raise  # the worker's own shutdown (or the task's): left to the reaper
+                except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit
+                    # and the like, raised by the task: its failure, never the worker's end
                     failed = exc
                 finally:
                     busy = False
@@ -364,7 +369,7 @@ class Runner:
             return
         self._acks.submit(job, lease_end)
 
-    async def _failed(self, job: Job, exc: Exception, doing: str = "") -> None:
+    async def _failed(self, job: Job, exc: BaseException, doing: str = "") -> None:
         """Write the retry (or the dead letter) of a failed run, its traceback kept with
         the job, then log it: WARNING when it will be retried, ERROR when it is dead,
         with the exception. If the retry cannot be written, the failure is still logged

@@ -182,7 +182,9 @@ class Timers:
     async def _run(fn: Any, ctx: TaskContext) -> None:
         try:
             await call_task(fn, ctx)
-        except Exception:
+        except asyncio.CancelledError:
+            raise  # close() or the loop's end
+        except BaseException:  # SystemExit, KeyboardInterrupt...: the task's, not ours
             # In memory there is no retry: the timer is not durable by choice.
             logger.exception("in-memory task %r failed", ctx.task)
 

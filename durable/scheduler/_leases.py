@@ -179,6 +179,8 @@ class Leases:
     async def _plan(self, batch: ClaimBatch, epoch: int) -> ClaimBatch:
         jobs: list[Job] = []
         moves: list[ClaimedRef] = []
+        runs_as: list[ClaimedRef] = []  # run now as a later occurrence (plan.advance_to_ms)
+        as_jobs: list[Job] = []  # their jobs, as they run
         dups: list[ClaimedRef] = []
         for job in batch.jobs:
             rec = job.recurrence
@@ -204,7 +206,25 @@ class Leases:
                 )
                 continue
             plan = rec.plan(job.nominal_ms, batch.now_ms)
-            if plan.deliver:
+            if plan.deliver and plan.advance_to_ms:
+                # Runs now as a later occurrence (already due): its lease moves to it
+                # first, so that its ack records that occurrence (and the next from it).
+                runs_as.append(
+                    ClaimedRef(
+                        job.id,
+                        job.attempt,
+                        job.nominal_ms,
+                        plan.advance_to_ms,
+                        renominate=True,
+                        keep_leased=True,
+                    )
+                )
+                as_jobs.append(
+                    dataclasses.replace(
+                        job, nominal_ms=plan.advance_to_ms, next_due_ms=plan.next_due_ms
+                    )
+                )
+            elif plan.deliver:
                 jobs.append(dataclasses.replace(job, next_due_ms=plan.next_due_ms))
             else:
                 moves.append(
@@ -212,6 +232,14 @@ class Leases:
                         job.id, job.attempt, job.nominal_ms, plan.advance_to_ms, renominate=True
                     )
                 )
+        if runs_as:
+            moved = await self.store.release(batch.shard, epoch, runs_as)
+            # A lease lost meanwhile is not run (the reaper's, or another holder's).
+            jobs += [j for j, ok in zip(as_jobs, moved, strict=True) if ok]
+            if self.pg is not None:
+                done = [m for m, ok in zip(runs_as, moved, strict=True) if ok]
+                if done:
+                    await self._pg_skipped(self.pg, batch.shard, epoch, done)
         if moves:
             released = await self.store.release(batch.shard, epoch, moves)
             if self.pg is not None:

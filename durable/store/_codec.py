@@ -130,6 +130,7 @@ class ClaimedRef:
     nominal_ms: int  # the occurrence held
     time_ms: int  # ack: next occurrence (0 none); release: the due to go back to
     renominate: bool = False  # release: time_ms is also the new nominal due
+    keep_leased: bool = False  # release with renominate: stay leased (to run as time_ms)
 
 
 # -- JobSpec -> record ----------------------------------------------------------------

@@ -400,7 +400,8 @@ class Store:
         return int(reply)
 
     async def release(self, shard: int, epoch: int, refs: Sequence[ClaimedRef]) -> list[bool]:
-        """Hand leases back to due unrun, same attempt (release.lua).
+        """Hand leases back to due unrun, same attempt (release.lua); or, for a ref
+        with ``keep_leased``, move the lease to the occurrence ``time_ms`` in place.
 
         Raises:
             Fenced: if ``epoch`` is stale.
@@ -408,7 +409,8 @@ class Store:
         k = self.keys.shard(shard)
         args: list[Any] = [epoch, len(refs)]
         for ref in refs:
-            args += (ref.id, ref.attempt, ref.nominal_ms, ref.time_ms, 1 if ref.renominate else 0)
+            mode = 2 if ref.keep_leased else 1 if ref.renominate else 0
+            args += (ref.id, ref.attempt, ref.nominal_ms, ref.time_ms, mode)
         reply = await self.transport.write(
             self._scripts.release, [k.leased, k.due, k.epoch, k.clock, *k.jobs], args, shard
         )

@@ -6,8 +6,11 @@
 -- ARGV[2]  count      number of jobs that follow
 -- then per job: id, attempt, nominal, due, renominate   (the lease: epoch, attempt, nominal)
 --   due          ms: the due score to go back to
---   renominate   1: due is also the new nominal due (a new occurrence); 0: keep it
--- Returns: {status_1 .. status_n}: 1 released, 0 lease lost.
+--   renominate   1: due is also the new nominal due (a new occurrence); 0: keep it;
+--                2: the lease moves to occurrence `due` in place: the job stays leased
+--                   (same deadline, epoch and attempt) with `due` as its nominal, to
+--                   run now as that occurrence (a missed-run policy's catch-up)
+-- Returns: {status_1 .. status_n}: 1 released (or moved, for 2), 0 lease lost.
 -- Errors: TW_FENCED if ARGV[1] is not the shard's current epoch (nothing written).
 local FIRST = 4
 local leased_key, due_key = KEYS[1], KEYS[2]
@@ -26,11 +29,16 @@ for k = 1, tonumber(ARGV[2]) do
     local r = rec_decode(s)
     if holds(r, epoch, ARGV[base + 1], ARGV[base + 2]) then
       local due = tonumber(ARGV[base + 3])
-      if ARGV[base + 4] == '1' or r[F_NOMINAL] == due then r[F_NOMINAL] = 0 end
-      r[F_EPOCH] = 0
-      redis.call('ZREM', leased_key, id)
-      redis.call('HSET', jobs_key, id, rec_encode(r))
-      redis.call('ZADD', due_key, fmt(due), id)
+      if ARGV[base + 4] == '2' then
+        r[F_NOMINAL] = due
+        redis.call('HSET', jobs_key, id, rec_encode(r))
+      else
+        if ARGV[base + 4] == '1' or r[F_NOMINAL] == due then r[F_NOMINAL] = 0 end
+        r[F_EPOCH] = 0
+        redis.call('ZREM', leased_key, id)
+        redis.call('HSET', jobs_key, id, rec_encode(r))
+        redis.call('ZADD', due_key, fmt(due), id)
+      end
       status = 1
     end
   end
