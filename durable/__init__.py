@@ -51,7 +51,7 @@ from .runtime import (
     Timers,
     Worker,
 )
-from .scheduler import Ownership, Scheduler
+from .scheduler import Ownership, Scheduler, SyncScheduler
 from .store import (
     MAX_JOB_ID_BYTES,
     Client,
@@ -103,6 +103,7 @@ __all__ = [
     "StreamConsumer",
     "StreamEntry",
     "StreamPublisher",
+    "SyncScheduler",
     "TaskContext",
     "TaskRegistry",
     "Timers",

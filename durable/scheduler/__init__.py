@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from ._scheduler import DEFAULT_LEASE, DEFAULT_SHARDS, MAX_BATCH, MAX_ERROR_CHARS, Scheduler
 from ._shard_owner import DEFAULT_OWNER_TTL, RENEW_FRACTION, Ownership
+from ._sync import SyncScheduler
 
 __all__ = [
     "DEFAULT_LEASE",
@@ -31,4 +32,5 @@ __all__ = [
     "RENEW_FRACTION",
     "Ownership",
     "Scheduler",
+    "SyncScheduler",
 ]

@@ -55,6 +55,7 @@ from ._server_check import (
 )
 from ._store import Store
 from ._streams import RawEntry, Stream
+from ._sync import SyncClient, SyncStore, is_sync_client, sync_client_from_url
 from ._transport import DEFAULT_CALL_TIMEOUT, Transport
 from ._workers import STATS_COUNTERS, STATS_VERSION, WorkerBoard, WorkerEntry, parse_stats_document
 
@@ -79,6 +80,8 @@ __all__ = [
     "ServerReport",
     "Store",
     "Stream",
+    "SyncClient",
+    "SyncStore",
     "Transport",
     "WorkerBoard",
     "WorkerEntry",
@@ -93,6 +96,7 @@ __all__ = [
     "hidden",
     "hide_secrets",
     "is_cluster",
+    "is_sync_client",
     "no_retry",
     "pack_array",
     "pack_record",
@@ -104,6 +108,7 @@ __all__ = [
     "script_error_text",
     "shown_url",
     "split_url",
+    "sync_client_from_url",
     "translate",
     "unwrap",
     "url_error",

@@ -64,6 +64,7 @@ from ._transport import DEFAULT_CALL_TIMEOUT, Transport
 
 __all__ = ["Store"]
 
+
 class Store:
     """One awaitable method per script, over one namespace.
 
