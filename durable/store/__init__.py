@@ -8,7 +8,9 @@ Redis or a Redis Cluster (``_connect.py``), the translation of Redis errors
 job lifecycle calls (``_store.py``), shard ownership (``_fencing.py``), the operator's
 calls (``_operator.py``), the startup check of a server (``_server_check.py``), the
 namespace's layout key (``_layout.py``), the workers' member set and stats documents
-(``_workers.py``) and the commands of a Redis Stream (``_streams.py``).
+(``_workers.py``), the commands of a Redis Stream (``_streams.py``), the producer
+scripts' keys, arguments and replies as pure functions (``_calls.py``) and the same
+producer calls over redis-py's sync client (``_sync.py``, :class:`SyncStore`).
 
 Invariants: a :class:`Store` method is one script call (or one pipeline of the same
 script over shards): no loops over time, no sleeping; every call is bounded by
