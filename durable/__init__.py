@@ -53,7 +53,7 @@ from .runtime import (
     Timers,
     Worker,
 )
-from .scheduler import Ownership, Scheduler
+from .scheduler import Ownership, Scheduler, SyncScheduler
 from .store import (
     MAX_JOB_ID_BYTES,
     Client,
@@ -106,6 +106,7 @@ __all__ = [
     "StreamConsumer",
     "StreamEntry",
     "StreamPublisher",
+    "SyncScheduler",
     "TaskContext",
     "TaskRegistry",
     "Timers",

@@ -49,6 +49,7 @@ def test_all_is_pinned() -> None:
             "StreamConsumer",
             "StreamEntry",
             "StreamPublisher",
+            "SyncScheduler",
             "TaskContext",
             "TaskRegistry",
             "Timers",

@@ -235,8 +235,7 @@ class Runner:
             extra=fields,
         )
 
-    @staticmethod
-    def _context(job: Job) -> TaskContext:
+    def _context(self, job: Job) -> TaskContext:
         return TaskContext(
             job_id=job.id,
             task=job.task,
@@ -246,6 +245,7 @@ class Runner:
             epoch=job.epoch,
             durable=True,
             job=job,
+            scheduler=self.scheduler,
         )
 
     def _forget(self, task: asyncio.Task[None]) -> None:

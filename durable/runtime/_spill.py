@@ -142,6 +142,7 @@ class Timers:
             attempt=1,
             epoch=0,
             durable=False,
+            scheduler=self.scheduler,
         )
         seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
         self._memory[job_id] = self.wheel.schedule(seconds, self._fire, ctx)

@@ -10,18 +10,33 @@ Ground rules:
 - A task is called as ``fn(ctx)`` with a :class:`TaskContext`; it may be a coroutine
   function or a plain function. A plain function runs on the event loop thread, so it
   must be short.
+- A task schedules follow-up jobs through its context (``ctx.schedule``, or
+  ``ctx.scheduler``, the worker's own :class:`Scheduler`), never through a global. A
+  chain gives every occurrence an id of its own: the running job's id is leased, so
+  scheduling that id again from inside its run writes nothing (``KEPT``, or ``BUSY``
+  with ``replace=True``) and would end the chain; ``ctx.schedule`` logs that mistake
+  (once per task name).
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
-from tickwheel.durable.model import Job, check_task_name
+from tickwheel.durable.model import Job, ScheduleResult, ScheduleStatus, check_task_name
+
+if TYPE_CHECKING:
+    from tickwheel.durable.scheduler import Scheduler
 
 __all__ = ["TaskContext", "TaskFunc", "TaskRegistry"]
+
+logger = logging.getLogger("tickwheel.durable.tasks")
+
+# Task names already warned about scheduling their own id (the warning is logged once).
+_warned_same_id: set[str] = set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +55,51 @@ class TaskContext:
     epoch: int  # the shard owner's fencing epoch of the lease; 0 in memory
     durable: bool  # True when the job came from Redis
     job: Job | None = None  # the claimed job (durable only)
+    # The producer of the worker (or Timers) that runs the task: for follow-up jobs.
+    scheduler: Scheduler | None = None
 
     @property
     def key(self) -> tuple[str, int]:
         """The idempotency key ``(job_id, nominal_ms)``."""
         return (self.job_id, self.nominal_ms)
+
+    async def schedule(
+        self, job_id: str, task: str, payload: Any = b"", **kwargs: Any
+    ) -> ScheduleResult:
+        """Schedule a follow-up job: :meth:`Scheduler.schedule` on :attr:`scheduler`,
+        with its arguments and result.
+
+        For a chain, give each occurrence its own id (``f"{chain}:{n}"``, or the id
+        with the next due in it): the job running now is leased, so scheduling *its*
+        id again writes nothing (``KEPT``, or ``BUSY`` with ``replace=True``) and the
+        chain would end there. That mistake is logged as a warning (once per task
+        name); the returned status tells it too. A fixed period is simpler with
+        ``every=`` or ``cron=``.
+
+        Raises:
+            RuntimeError: if this context has no scheduler.
+            What :meth:`Scheduler.schedule` raises.
+        """
+        if self.scheduler is None:
+            raise RuntimeError("this TaskContext has no scheduler to schedule with")
+        result = await self.scheduler.schedule(job_id, task, payload, **kwargs)
+        if (
+            job_id == self.job_id
+            and self.durable
+            and result.status in (ScheduleStatus.KEPT, ScheduleStatus.BUSY)
+            and self.task not in _warned_same_id
+        ):
+            _warned_same_id.add(self.task)
+            logger.warning(
+                "task %s scheduled its own job id %r from inside its run: that job is"
+                " running (leased), so nothing was written (%s) and a chain of jobs"
+                " ends here; give each occurrence its own id, e.g. f'{chain}:{n}'"
+                " (logged once per task)",
+                self.task,
+                job_id,
+                result.status.name,
+            )
+        return result
 
 
 # A task: ``fn(ctx)``, returning an awaitable (a coroutine function) or anything else.

@@ -4,7 +4,8 @@ Owns: the public job operations (schedule, cancel, reschedule, get, dead letters
 calls an owner of a shard makes with its epoch (claim, ack, retry, extend, release,
 reap), and :class:`Ownership` (shard tokens and fencing epochs). :class:`Scheduler`
 builds and holds one object per room, and its public methods delegate to them:
-``Producer`` (``_producer.py``, jobs by id), ``Leases`` (``_leases.py``, the owner's
+``Producer`` (``_producer.py``, jobs by id; :class:`SyncScheduler` in ``_sync.py`` is the
+same producer, blocking, over a sync client), ``Leases`` (``_leases.py``, the owner's
 calls; the runtime's hot path calls ``scheduler.leases`` directly), ``Operator``
 (``_operator.py``, inspect and dead letters) and ``Console`` (``_console.py``, the
 dashboard's reads); ``Ownership`` lives in ``_shard_owner.py``.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from ._scheduler import DEFAULT_LEASE, DEFAULT_SHARDS, MAX_BATCH, MAX_ERROR_CHARS, Scheduler
 from ._shard_owner import DEFAULT_OWNER_TTL, RENEW_FRACTION, Ownership
+from ._sync import SyncScheduler
 
 __all__ = [
     "DEFAULT_LEASE",
@@ -31,4 +33,5 @@ __all__ = [
     "RENEW_FRACTION",
     "Ownership",
     "Scheduler",
+    "SyncScheduler",
 ]

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from tickwheel.durable.model import (
+    DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_CATCH_UP,
     DEFAULT_MISFIRE_GRACE_MS,
     JobInfo,
@@ -35,7 +36,16 @@ if TYPE_CHECKING:
     from tickwheel.durable.postgres import PostgresMode
     from tickwheel.durable.postgres._mode import RedisSide
 
-__all__ = ["DEFAULT_GRACE_S", "Producer", "recurrence"]
+__all__ = [
+    "DEFAULT_GRACE_S",
+    "Producer",
+    "build_spec",
+    "chunk_groups",
+    "encode_specs",
+    "first_run_needs_now",
+    "recurrence",
+    "with_first_run",
+]
 
 DEFAULT_GRACE_S = DEFAULT_MISFIRE_GRACE_MS / 1000
 
@@ -74,6 +84,90 @@ def recurrence(
             1, missed=missed, max_catch_up=max_catch_up, misfire_grace=misfire_grace
         )
     return None
+
+
+def build_spec(
+    job_id: str,
+    task: str,
+    payload: Any = b"",
+    *,
+    delay: float | timedelta | None = None,
+    at: int | datetime | None = None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    every: float | timedelta | None = None,
+    cron: str | None = None,
+    missed: MissedRun | str = MissedRun.ONCE,
+    max_catch_up: int = DEFAULT_MAX_CATCH_UP,
+    misfire_grace: float | timedelta = DEFAULT_GRACE_S,
+) -> JobSpec:
+    """The :class:`JobSpec` of ``schedule()``'s keyword arguments (every producer's:
+    ``Scheduler.schedule`` and ``SyncScheduler.schedule`` build theirs here).
+
+    Raises:
+        TypeError, ValueError: naming a bad parameter.
+    """
+    rec = recurrence(
+        every=every,
+        cron=cron,
+        missed=missed,
+        max_catch_up=max_catch_up,
+        misfire_grace=misfire_grace,
+    )
+    return JobSpec(job_id, task, payload, delay, at, max_attempts, rec)
+
+
+def first_run_needs_now(spec: JobSpec) -> bool:
+    """True when :func:`with_first_run` needs Redis's now: a cron job without delay/at."""
+    rec = spec.recurrence
+    return rec is not None and not rec.every_ms and spec.delay is None and spec.at is None
+
+
+def with_first_run(
+    spec: JobSpec, encoded: EncodedJob, limit: int, now_ms: int | None
+) -> EncodedJob:
+    """A recurring job without delay/at starts at its first occurrence after now
+    (``now_ms``: Redis's now, given when :func:`first_run_needs_now`); any other job is
+    ``encoded`` as it is."""
+    rec = spec.recurrence
+    if rec is None or spec.delay is not None or spec.at is not None:
+        return encoded
+    if rec.every_ms:
+        spec = dataclasses.replace(spec, delay=rec.every_ms / 1000)
+    else:
+        assert now_ms is not None  # the caller read it (first_run_needs_now)
+        spec = dataclasses.replace(spec, at=rec.next_after(now_ms, now_ms))
+    return encode_job(spec, limit)
+
+
+def encode_specs(
+    specs: Iterable[JobSpec], keys: Keys, limit: int
+) -> list[tuple[int, JobSpec, EncodedJob]]:
+    """``(shard, spec, encoded)`` per spec of a ``schedule_many``, all validated first.
+
+    Raises:
+        TypeError, ValueError: for a value that is not a JobSpec, or a bad payload.
+    """
+    pending: list[tuple[int, JobSpec, EncodedJob]] = []
+    shard_of = keys.shard_of
+    for spec in specs:
+        if not isinstance(spec, JobSpec):
+            raise TypeError(f"specs must hold JobSpec values, got {spec!r}")
+        pending.append((shard_of(spec.id), spec, encode_job(spec, limit)))
+    return pending
+
+
+def chunk_groups(encoded: Iterable[tuple[int, EncodedJob]]) -> dict[int, list[list[EncodedJob]]]:
+    """Jobs grouped by shard, in chunks of at most ``MAX_BATCH`` (one script call each)."""
+    groups: dict[int, list[EncodedJob]] = {}
+    for shard, job in encoded:
+        group = groups.get(shard)
+        if group is None:
+            group = groups[shard] = []
+        group.append(job)
+    return {
+        shard: [jobs[i : i + MAX_BATCH] for i in range(0, len(jobs), MAX_BATCH)]
+        for shard, jobs in groups.items()
+    }
 
 
 class Producer:
@@ -162,15 +256,8 @@ class Producer:
 
     async def _first_run(self, shard: int, spec: JobSpec, encoded: EncodedJob) -> EncodedJob:
         """A recurring job without delay/at starts at its first occurrence after now."""
-        rec = spec.recurrence
-        if rec is None or spec.delay is not None or spec.at is not None:
-            return encoded
-        if rec.every_ms:
-            spec = dataclasses.replace(spec, delay=rec.every_ms / 1000)
-        else:
-            now = await self.store.now(shard)
-            spec = dataclasses.replace(spec, at=rec.next_after(now, now))
-        return encode_job(spec, self.max_payload_bytes)
+        now = await self.store.now(shard) if first_run_needs_now(spec) else None
+        return with_first_run(spec, encoded, self.max_payload_bytes, now)
 
     async def schedule_many(
         self, specs: Iterable[JobSpec], *, replace: bool = False, conn: Any = None
@@ -189,29 +276,22 @@ class Producer:
         Raises:
             TypeError, ValueError: for an invalid spec or payload (nothing is written).
         """
-        groups: dict[int, list[EncodedJob]] = {}
-        pending: list[tuple[int, JobSpec, EncodedJob]] = []
-        shard_of = self.keys.shard_of
-        limit = self.max_payload_bytes
-        for spec in specs:
-            if not isinstance(spec, JobSpec):
-                raise TypeError(f"specs must hold JobSpec values, got {spec!r}")
-            pending.append((shard_of(spec.id), spec, encode_job(spec, limit)))
+        pending = encode_specs(specs, self.keys, self.max_payload_bytes)
         if self.pg is not None or conn is not None:
             return await self._pg_schedule([spec for _, spec, _ in pending], replace, conn)
         await self._open()
-        for shard, spec, encoded in pending:
-            group = groups.get(shard)
-            if group is None:
-                group = groups[shard] = []
-            if spec.recurrence is None:  # no first run to find (and no await per job)
-                group.append(encoded)
-            else:
-                group.append(await self._first_run(shard, spec, encoded))
-        chunked = {
-            shard: [jobs[i : i + MAX_BATCH] for i in range(0, len(jobs), MAX_BATCH)]
-            for shard, jobs in groups.items()
-        }
+        chunked = chunk_groups(
+            [
+                # no first run to find (and no await) for a one-shot job
+                (
+                    shard,
+                    encoded
+                    if spec.recurrence is None
+                    else await self._first_run(shard, spec, encoded),
+                )
+                for shard, spec, encoded in pending
+            ]
+        )
         if not chunked:
             return []
         return await self.store.schedule_many(chunked, replace)

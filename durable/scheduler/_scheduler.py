@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 from tickwheel.durable.model import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_CATCH_UP,
-    JobSpec,
     MissedRun,
     ScheduleResult,
     SchedulerStats,
@@ -47,7 +46,7 @@ from tickwheel.durable.store import (
 from ._console import Console
 from ._leases import DEFAULT_LEASE, MAX_BATCH, MAX_ERROR_CHARS, Leases
 from ._operator import Operator
-from ._producer import DEFAULT_GRACE_S, Producer, recurrence
+from ._producer import DEFAULT_GRACE_S, Producer, build_spec, recurrence
 from ._shard_owner import DEFAULT_OWNER_TTL, Ownership
 
 if TYPE_CHECKING:
@@ -300,14 +299,19 @@ class Scheduler:
 
         Runtime complexity: O(log N) in the shard's pending jobs.
         """
-        rec = recurrence(
+        spec = build_spec(
+            job_id,
+            task,
+            payload,
+            delay=delay,
+            at=at,
+            max_attempts=max_attempts,
             every=every,
             cron=cron,
             missed=missed,
             max_catch_up=max_catch_up,
             misfire_grace=misfire_grace,
         )
-        spec = JobSpec(job_id, task, payload, delay, at, max_attempts, rec)
         return await self.producer.schedule(spec, replace, conn)
 
     recurrence = staticmethod(recurrence)

@@ -8,7 +8,9 @@ Redis or a Redis Cluster (``_connect.py``), the translation of Redis errors
 job lifecycle calls (``_store.py``), shard ownership (``_fencing.py``), the operator's
 calls (``_operator.py``), the startup check of a server (``_server_check.py``), the
 namespace's layout key (``_layout.py``), the workers' member set and stats documents
-(``_workers.py``) and the commands of a Redis Stream (``_streams.py``).
+(``_workers.py``), the commands of a Redis Stream (``_streams.py``), the producer
+scripts' keys, arguments and replies as pure functions (``_calls.py``) and the same
+producer calls over redis-py's sync client (``_sync.py``, :class:`SyncStore`).
 
 Invariants: a :class:`Store` method is one script call (or one pipeline of the same
 script over shards): no loops over time, no sleeping; every call is bounded by
@@ -55,6 +57,7 @@ from ._server_check import (
 )
 from ._store import Store
 from ._streams import RawEntry, Stream
+from ._sync import SyncClient, SyncStore, is_sync_client, sync_client_from_url
 from ._transport import DEFAULT_CALL_TIMEOUT, Transport
 from ._workers import STATS_COUNTERS, STATS_VERSION, WorkerBoard, WorkerEntry, parse_stats_document
 
@@ -79,6 +82,8 @@ __all__ = [
     "ServerReport",
     "Store",
     "Stream",
+    "SyncClient",
+    "SyncStore",
     "Transport",
     "WorkerBoard",
     "WorkerEntry",
@@ -93,6 +98,7 @@ __all__ = [
     "hidden",
     "hide_secrets",
     "is_cluster",
+    "is_sync_client",
     "no_retry",
     "pack_array",
     "pack_record",
@@ -104,6 +110,7 @@ __all__ = [
     "script_error_text",
     "shown_url",
     "split_url",
+    "sync_client_from_url",
     "translate",
     "unwrap",
     "url_error",

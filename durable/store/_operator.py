@@ -17,6 +17,7 @@ from typing import Any
 
 from tickwheel.durable.model import DeadPage, JobInfo, JobState, ShardInfo
 
+from ._calls import get_call, get_result
 from ._codec import info_rows, job_info
 from ._keys import Keys
 from ._scripts import Scripts
@@ -45,14 +46,9 @@ class OperatorCalls:
 
     async def get(self, shard: int, job_id: str) -> JobInfo | None:
         """One job's state and record (get.lua). O(log N)."""
-        k = self.keys.shard(shard)
-        jobs = self.keys.jobs_key(shard, job_id)
-        reply = await self.transport.run(
-            self._scripts.get, [k.due, k.leased, k.dead, jobs], [job_id], shard
-        )
-        if reply is None:
-            return None
-        return job_info(job_id, shard, JobState(reply[0]), reply[1], reply[2:])
+        keys, args = get_call(self.keys, shard, job_id)
+        reply = await self.transport.run(self._scripts.get, keys, args, shard)
+        return get_result(shard, job_id, reply)
 
     async def get_and_now(self, shard: int, job_id: str) -> tuple[JobInfo | None, int]:
         """:meth:`get` and now.lua of the id's shard in one pipeline (one round trip):

@@ -40,10 +40,10 @@ from tickwheel.durable.model import (
     JobState,
     ReapResult,
     ScheduleResult,
-    ScheduleStatus,
     ShardInfo,
 )
 
+from . import _calls as calls
 from ._codec import (
     CLAIM_SHORT_ROW,
     DUPLICATE,
@@ -56,16 +56,13 @@ from ._codec import (
 )
 from ._connect import Client
 from ._fencing import FencingCalls
-from ._keys import Keys, parse_layout
-from ._msgpack import pack_ack_batch, pack_schedule_batch, unpack_reply
+from ._keys import Keys
+from ._msgpack import pack_ack_batch, unpack_reply
 from ._operator import OperatorCalls
 from ._scripts import Scripts
 from ._transport import DEFAULT_CALL_TIMEOUT, Transport
 
 __all__ = ["Store"]
-
-# Status codes of schedule.lua by value: indexing beats the enum's call in a hot loop.
-_STATUSES: tuple[ScheduleStatus, ...] = (ScheduleStatus.CREATED, *ScheduleStatus)  # [0] unused
 
 
 class Store:
@@ -129,33 +126,24 @@ class Store:
 
     async def init(self) -> tuple[int, int]:
         """Store the shard and bucket counts on first use (init.lua); return the stored."""
-        layout = f"{self.keys.shards}:{self.keys.buckets}"
-        reply = await self.transport.run(self._scripts.init, [self.keys.meta], [layout], shard=-1)
-        return parse_layout(reply)
+        keys, args = calls.init_call(self.keys)
+        return calls.init_result(await self.transport.run(self._scripts.init, keys, args, -1))
 
     async def now(self, shard: int) -> int:
         """Redis's now for ``shard`` in ms: max(TIME, clock) (now.lua)."""
-        k = self.keys.shard(shard)
-        return int(await self.transport.run(self._scripts.now, [k.clock], [], shard))
+        keys, args = calls.now_call(self.keys, shard)
+        return int(await self.transport.run(self._scripts.now, keys, args, shard))
 
     # -- producers -----------------------------------------------------------------
 
     def _schedule_call(
         self, shard: int, jobs: Sequence[EncodedJob], replace: bool
     ) -> tuple[list[str], list[Any]]:
-        k = self.keys.shard(shard)
-        args = [1 if replace else 0, pack_schedule_batch([job.values for job in jobs])]
-        # One job needs its own bucket only (the script then skips hashing the id).
-        buckets = [self.keys.jobs_key(shard, jobs[0].id)] if len(jobs) == 1 else k.jobs
-        return [k.due, k.leased, k.done, k.dead, k.clock, k.far, k.faro, *buckets], args
+        return calls.schedule_call(self.keys, shard, jobs, replace)
 
     @staticmethod
     def _schedule_results(jobs: Sequence[EncodedJob], reply: Sequence[Any]) -> list[ScheduleResult]:
-        statuses = _STATUSES
-        return [
-            ScheduleResult(job.id, statuses[reply[1 + 2 * i]], reply[2 + 2 * i])
-            for i, job in enumerate(jobs)
-        ]
+        return calls.schedule_results(jobs, reply)
 
     async def schedule(
         self, shard: int, jobs: Sequence[EncodedJob], replace: bool
@@ -170,23 +158,9 @@ class Store:
 
     async def schedule_one(self, shard: int, job: EncodedJob, replace: bool) -> ScheduleResult:
         """Create, keep or replace one job (schedule_one.lua). O(log N)."""
-        k = self.keys.shard(shard)
-        ident, mode, time_ms, record = job.values
-        # What pack_schedule_batch checks for a batch: here the values go as text.
-        if mode not in (0, 1):
-            raise ValueError(f"mode must be 0 or 1, got {mode}")
-        if not 0 <= time_ms < 1 << 64:
-            raise ValueError(f"schedule times must be in 0 .. 2**64 - 1, got {time_ms}")
-        reply = await self.transport.write(
-            self._scripts.schedule_one,
-            [
-                *(k.due, k.leased, k.done, k.dead, k.clock, k.far, k.faro),
-                self.keys.jobs_key(shard, job.id),
-            ],
-            [1 if replace else 0, ident, mode, time_ms, record],
-            shard,
-        )
-        return ScheduleResult(job.id, _STATUSES[reply[1]], reply[2])
+        keys, args = calls.schedule_one_call(self.keys, shard, job, replace)
+        reply = await self.transport.write(self._scripts.schedule_one, keys, args, shard)
+        return calls.schedule_one_result(job, reply)
 
     async def schedule_many(
         self, groups: Mapping[int, Sequence[Sequence[EncodedJob]]], replace: bool
@@ -213,26 +187,16 @@ class Store:
 
     async def cancel(self, shard: int, job_id: str) -> JobState | None:
         """Remove a job in any state (cancel.lua); return the state it had. O(log N)."""
-        k = self.keys.shard(shard)
-        jobs = self.keys.jobs_key(shard, job_id)
-        reply = await self.transport.write(
-            self._scripts.cancel, [k.due, k.leased, k.dead, jobs], [job_id], shard
+        keys, args = calls.cancel_call(self.keys, shard, job_id)
+        return calls.cancel_result(
+            await self.transport.write(self._scripts.cancel, keys, args, shard)
         )
-        return JobState(reply) if reply else None
 
     async def reschedule(self, shard: int, job_id: str, mode: int, time_ms: int) -> tuple[int, int]:
         """Move a due job (reschedule.lua); return ``(status, when_ms)``. O(log N)."""
-        k = self.keys.shard(shard)
-        reply = await self.transport.write(
-            self._scripts.reschedule,
-            [
-                *(k.due, k.done, k.clock, k.leased, k.dead, k.far, k.faro),
-                self.keys.jobs_key(shard, job_id),
-            ],
-            [job_id, mode, time_ms],
-            shard,
-        )
-        return int(reply[0]), int(reply[1])
+        keys, args = calls.reschedule_call(self.keys, shard, job_id, mode, time_ms)
+        reply = await self.transport.write(self._scripts.reschedule, keys, args, shard)
+        return calls.reschedule_result(reply)
 
     # -- owners --------------------------------------------------------------------
 

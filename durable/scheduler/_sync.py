@@ -1,0 +1,279 @@
+"""The synchronous producer: :class:`SyncScheduler`, for code without an event loop.
+
+It has the producer methods of :class:`Scheduler` (schedule, schedule_many, cancel,
+reschedule, get, now) with the same arguments, results and errors, and runs the same
+code for everything but the I/O: the arguments become a :class:`JobSpec` by
+``_producer.build_spec``, jobs are encoded by the store's codec, grouped by
+``_producer.chunk_groups``, and each call's keys, arguments and reply come from
+``store/_calls.py``; only the sending (``store/_sync.py``'s :class:`SyncStore`) differs.
+
+Redis only: it has no Postgres mode (no ``postgres_url``, and ``conn`` is refused). A
+namespace run in the Postgres mode must be written through the asyncio
+:class:`Scheduler` with ``postgres_url``: a job the SyncScheduler wrote there would
+exist in Redis only, unknown to PostgreSQL (nothing in Redis tells the two apart, so
+this cannot be checked here).
+
+Thread-safe: one SyncScheduler may be shared by every thread of a process (redis-py's
+pool hands each call a connection); the only state it changes is whether the layout
+was checked, under a lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from tickwheel.durable.model import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_CATCH_UP,
+    JobInfo,
+    JobSpec,
+    MissedRun,
+    ScheduleResult,
+    ShardCountMismatch,
+    check_job_id,
+    finite_seconds_ms,
+    int_between,
+    when_args,
+)
+from tickwheel.durable.store import (
+    DEFAULT_BUCKETS,
+    DEFAULT_CALL_TIMEOUT,
+    Keys,
+    SyncClient,
+    SyncStore,
+    encode_job,
+    sync_client_from_url,
+)
+
+from ._producer import (
+    DEFAULT_GRACE_S,
+    build_spec,
+    chunk_groups,
+    encode_specs,
+    first_run_needs_now,
+    recurrence,
+    with_first_run,
+)
+from ._scheduler import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_SHARDS
+
+__all__ = ["SyncScheduler"]
+
+
+def _no_conn(conn: object) -> None:
+    if conn is not None:
+        raise ValueError(
+            "conn needs the Postgres mode, which SyncScheduler does not have (it writes"
+            " Redis only): use the asyncio Scheduler(..., postgres_url=...)"
+        )
+
+
+class SyncScheduler:
+    """Schedule, cancel, reschedule and read durable jobs from synchronous code.
+
+    The producer half of :class:`Scheduler`, blocking: each method is one Redis round
+    trip (a recurring cron job's first schedule two). Workers still run on asyncio.
+
+    Args:
+        client: a ``redis.Redis`` or ``redis.cluster.RedisCluster`` with
+            ``decode_responses=False`` (see :meth:`from_url`). A plain client's calls go
+            through a pool of the scheduler's own with the same settings, its socket
+            timeouts capped at ``call_timeout``; a cluster client needs a socket timeout.
+        namespace, shards, buckets, max_payload_bytes: as for :class:`Scheduler`; a
+            namespace's shard and bucket counts are checked on first use.
+        call_timeout: seconds one call may wait for Redis before it raises
+            :class:`RedisUnavailable` (default 10).
+
+    Raises:
+        TypeError, ValueError: naming a bad parameter (an asyncio client is a TypeError).
+    """
+
+    def __init__(
+        self,
+        client: SyncClient,
+        namespace: str = "tickwheel",
+        *,
+        shards: int = DEFAULT_SHARDS,
+        buckets: int = DEFAULT_BUCKETS,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        call_timeout: float | timedelta = DEFAULT_CALL_TIMEOUT,
+    ) -> None:
+        self.keys = Keys(namespace, shards, buckets)
+        self.max_payload_bytes = int_between("max_payload_bytes", max_payload_bytes, 1)
+        seconds = finite_seconds_ms("call_timeout", call_timeout, minimum_ms=1) / 1000
+        self.store = SyncStore(client, self.keys, call_timeout=seconds)
+        self._lock = threading.Lock()  # guards _opened
+        self._opened = False
+
+    @classmethod
+    def from_url(cls, url: str, namespace: str = "tickwheel", **kwargs: Any) -> SyncScheduler:
+        """A SyncScheduler on a client of its own for ``url`` (one Redis, or a cluster
+        named as :func:`connect` takes it: ``redis+cluster://`` or several hosts), with
+        socket timeouts and no retries. :meth:`close` closes that client."""
+        seconds = kwargs.get("call_timeout", DEFAULT_CALL_TIMEOUT)
+        if isinstance(seconds, timedelta):
+            seconds = seconds.total_seconds()
+        client = sync_client_from_url(url, socket_timeout=seconds, socket_connect_timeout=seconds)
+        sched = cls(client, namespace, **kwargs)
+        sched._client = client
+        return sched
+
+    _client: SyncClient | None = None  # made by from_url: closed by close()
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def open(self) -> SyncScheduler:
+        """Check the namespace's shard and bucket counts (storing them on first use).
+
+        Called on first use by every method. Unlike :meth:`Scheduler.open` it does not
+        run the server check (``tickwheel check`` does).
+
+        Raises:
+            ShardCountMismatch: if the namespace was created with other counts.
+            RedisUnavailable: if Redis cannot be reached.
+        """
+        if self._opened:
+            return self
+        with self._lock:
+            if not self._opened:
+                stored = self.store.init()
+                wanted = (self.keys.shards, self.keys.buckets)
+                if stored != wanted:
+                    raise ShardCountMismatch(self.keys.namespace, stored, wanted)
+                self._opened = True
+        return self
+
+    def close(self) -> None:
+        """Close the connections this scheduler opened (never the client given)."""
+        self.store.close()
+        if self._client is not None:
+            self._client.close()
+
+    def __enter__(self) -> SyncScheduler:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def now(self, shard: int = 0) -> int:
+        """Redis's now for ``shard`` (ms): max(TIME, the shard's clock)."""
+        self.keys.shard(shard)
+        self.open()
+        return self.store.now(shard)
+
+    # -- producers: the arguments, results and errors of Scheduler's -----------------
+
+    recurrence = staticmethod(recurrence)
+
+    def schedule(
+        self,
+        job_id: str,
+        task: str,
+        payload: Any = b"",
+        *,
+        delay: float | timedelta | None = None,
+        at: int | datetime | None = None,
+        replace: bool = False,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        every: float | timedelta | None = None,
+        cron: str | None = None,
+        missed: MissedRun | str = MissedRun.ONCE,
+        max_catch_up: int = DEFAULT_MAX_CATCH_UP,
+        misfire_grace: float | timedelta = DEFAULT_GRACE_S,
+        conn: Any = None,
+    ) -> ScheduleResult:
+        """Schedule one job by id: :meth:`Scheduler.schedule`, blocking. ``conn`` is
+        refused (no Postgres mode here).
+
+        Raises:
+            TypeError, ValueError: naming a bad parameter (nothing is written).
+            ShardCountMismatch, RedisUnavailable: see :meth:`open`.
+        """
+        spec = build_spec(
+            job_id,
+            task,
+            payload,
+            delay=delay,
+            at=at,
+            max_attempts=max_attempts,
+            every=every,
+            cron=cron,
+            missed=missed,
+            max_catch_up=max_catch_up,
+            misfire_grace=misfire_grace,
+        )
+        _no_conn(conn)
+        encoded = encode_job(spec, self.max_payload_bytes)
+        self.open()
+        shard = self.keys.shard_of(spec.id)
+        if spec.recurrence is not None:
+            now = self.store.now(shard) if first_run_needs_now(spec) else None
+            encoded = with_first_run(spec, encoded, self.max_payload_bytes, now)
+        return self.store.schedule_one(shard, encoded, replace)
+
+    def schedule_many(
+        self, specs: Iterable[JobSpec], *, replace: bool = False, conn: Any = None
+    ) -> list[ScheduleResult]:
+        """Many jobs in one round trip: :meth:`Scheduler.schedule_many`, blocking (on
+        one Redis in one MULTI/EXEC, all or nothing; on a cluster one call per
+        shard chunk, each atomic, safe to retry).
+
+        Raises:
+            TypeError, ValueError: for an invalid spec or payload (nothing is written).
+        """
+        pending = encode_specs(specs, self.keys, self.max_payload_bytes)
+        _no_conn(conn)
+        self.open()
+        limit = self.max_payload_bytes
+        chunked = chunk_groups(
+            [
+                (
+                    shard,
+                    encoded
+                    if spec.recurrence is None
+                    else with_first_run(
+                        spec,
+                        encoded,
+                        limit,
+                        self.store.now(shard) if first_run_needs_now(spec) else None,
+                    ),
+                )
+                for shard, spec, encoded in pending
+            ]
+        )
+        if not chunked:
+            return []
+        return self.store.schedule_many(chunked, replace)
+
+    def cancel(self, job_id: str) -> bool:
+        """Remove a job in any state; True if there was one (:meth:`Scheduler.cancel`)."""
+        check_job_id(job_id)
+        self.open()
+        return self.store.cancel(self.keys.shard_of(job_id), job_id) is not None
+
+    def reschedule(
+        self,
+        job_id: str,
+        *,
+        delay: float | timedelta | None = None,
+        at: int | datetime | None = None,
+    ) -> bool:
+        """Move a due job to a new due time (:meth:`Scheduler.reschedule`).
+
+        Returns:
+            True if moved; False if there is no such job, it is leased or dead, or the
+            new occurrence is done already.
+        """
+        check_job_id(job_id)
+        mode, time_ms = when_args(delay, at)
+        self.open()
+        status, _ = self.store.reschedule(self.keys.shard_of(job_id), job_id, mode, time_ms)
+        return status == 1
+
+    def get(self, job_id: str) -> JobInfo | None:
+        """One job's state and record, or None if it is done or unknown."""
+        check_job_id(job_id)
+        self.open()
+        return self.store.get(self.keys.shard_of(job_id), job_id)

@@ -1,0 +1,135 @@
+"""The producer scripts' calls, as data: the keys and arguments of each, and its reply
+decoded. Pure (no I/O): the asyncio :class:`~._store.Store` and the synchronous
+:class:`~._sync.SyncStore` both send what is built here, so the two cannot drift.
+
+Each ``*_call`` returns ``(keys, args)`` for one script call on one shard; each
+``*_result`` turns that script's reply into the typed value the store returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tickwheel.durable.model import JobInfo, JobState, ScheduleResult, ScheduleStatus
+
+from ._codec import EncodedJob, job_info
+from ._keys import Keys, parse_layout
+from ._msgpack import pack_schedule_batch
+
+__all__ = [
+    "STATUSES",
+    "cancel_call",
+    "cancel_result",
+    "get_call",
+    "get_result",
+    "init_call",
+    "init_result",
+    "now_call",
+    "reschedule_call",
+    "reschedule_result",
+    "schedule_call",
+    "schedule_one_call",
+    "schedule_one_result",
+    "schedule_results",
+]
+
+# Status codes of schedule.lua by value: indexing beats the enum's call in a hot loop.
+STATUSES: tuple[ScheduleStatus, ...] = (ScheduleStatus.CREATED, *ScheduleStatus)  # [0] unused
+
+Call = tuple[list[str], list[Any]]
+
+
+def init_call(keys: Keys) -> Call:
+    """init.lua: store the layout on first use."""
+    return [keys.meta], [f"{keys.shards}:{keys.buckets}"]
+
+
+def init_result(reply: Any) -> tuple[int, int]:
+    """The stored ``(shards, buckets)``."""
+    return parse_layout(reply)
+
+
+def now_call(keys: Keys, shard: int) -> Call:
+    """now.lua: Redis's now for ``shard`` (ms), ``int(reply)``."""
+    return [keys.shard(shard).clock], []
+
+
+def schedule_call(keys: Keys, shard: int, jobs: Sequence[EncodedJob], replace: bool) -> Call:
+    """schedule.lua over ``jobs`` (one shard's, at most ``MAX_BATCH``)."""
+    k = keys.shard(shard)
+    args = [1 if replace else 0, pack_schedule_batch([job.values for job in jobs])]
+    # One job needs its own bucket only (the script then skips hashing the id).
+    buckets = [keys.jobs_key(shard, jobs[0].id)] if len(jobs) == 1 else k.jobs
+    return [k.due, k.leased, k.done, k.dead, k.clock, k.far, k.faro, *buckets], args
+
+
+def schedule_results(jobs: Sequence[EncodedJob], reply: Sequence[Any]) -> list[ScheduleResult]:
+    """schedule.lua's reply: one result per job, in order."""
+    statuses = STATUSES
+    return [
+        ScheduleResult(job.id, statuses[reply[1 + 2 * i]], reply[2 + 2 * i])
+        for i, job in enumerate(jobs)
+    ]
+
+
+def schedule_one_call(keys: Keys, shard: int, job: EncodedJob, replace: bool) -> Call:
+    """schedule_one.lua for one job.
+
+    Raises:
+        ValueError: for a mode or time the batch packer would refuse too.
+    """
+    k = keys.shard(shard)
+    ident, mode, time_ms, record = job.values
+    # What pack_schedule_batch checks for a batch: here the values go as text.
+    if mode not in (0, 1):
+        raise ValueError(f"mode must be 0 or 1, got {mode}")
+    if not 0 <= time_ms < 1 << 64:
+        raise ValueError(f"schedule times must be in 0 .. 2**64 - 1, got {time_ms}")
+    return (
+        [k.due, k.leased, k.done, k.dead, k.clock, k.far, k.faro, keys.jobs_key(shard, job.id)],
+        [1 if replace else 0, ident, mode, time_ms, record],
+    )
+
+
+def schedule_one_result(job: EncodedJob, reply: Sequence[Any]) -> ScheduleResult:
+    """schedule_one.lua's reply."""
+    return ScheduleResult(job.id, STATUSES[reply[1]], reply[2])
+
+
+def cancel_call(keys: Keys, shard: int, job_id: str) -> Call:
+    """cancel.lua."""
+    k = keys.shard(shard)
+    return [k.due, k.leased, k.dead, keys.jobs_key(shard, job_id)], [job_id]
+
+
+def cancel_result(reply: Any) -> JobState | None:
+    """The state the cancelled job had, or None if there was none."""
+    return JobState(reply) if reply else None
+
+
+def reschedule_call(keys: Keys, shard: int, job_id: str, mode: int, time_ms: int) -> Call:
+    """reschedule.lua."""
+    k = keys.shard(shard)
+    return (
+        [k.due, k.done, k.clock, k.leased, k.dead, k.far, k.faro, keys.jobs_key(shard, job_id)],
+        [job_id, mode, time_ms],
+    )
+
+
+def reschedule_result(reply: Sequence[Any]) -> tuple[int, int]:
+    """``(status, when_ms)``: status 1 when moved."""
+    return int(reply[0]), int(reply[1])
+
+
+def get_call(keys: Keys, shard: int, job_id: str) -> Call:
+    """get.lua."""
+    k = keys.shard(shard)
+    return [k.due, k.leased, k.dead, keys.jobs_key(shard, job_id)], [job_id]
+
+
+def get_result(shard: int, job_id: str, reply: Any) -> JobInfo | None:
+    """The job's state and record, or None."""
+    if reply is None:
+        return None
+    return job_info(job_id, shard, JobState(reply[0]), reply[1], reply[2:])
