@@ -256,3 +256,83 @@ def test_a_zone_without_cron_is_refused() -> None:
         Scheduler.recurrence(tz="Europe/Paris")
     with pytest.raises(ValueError, match=r"^tz needs cron"):
         Scheduler.recurrence(every=60, tz="Europe/Paris")
+
+
+# -- end to end, real Redis ---------------------------------------------------------------
+
+
+def test_a_zoned_series_runs_each_occurrence_once_across_a_gap_and_a_zone_change(
+    redis_url: str,
+) -> None:
+    from tests.durable_support import client_of, open_scheduler, run
+
+    # Europe/Paris springs forward at 2030-03-31 01:00Z (02:00 -> 03:00 local); the
+    # shard's clock is placed there (now = max(TIME, clock)).
+    def z(*a: int) -> int:
+        return _ms(datetime(*a, tzinfo=UTC))  # type: ignore[misc]
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            await s.take(0)
+
+            async def at(t: int) -> list[int]:
+                await client_of(s).set(s.keys.shard(0).clock, t)
+                batch = await s.claim(0, limit=100)
+                for job in batch.jobs:
+                    await s.ack(job)
+                return [j.nominal_ms for j in batch.jobs]
+
+            expr = "0,30 1-3 * * *"  # fixed-time: 02:00 and 02:30 fall in the gap
+            await client_of(s).set(s.keys.shard(0).clock, z(2030, 3, 30, 23, 50))
+            first = Recurrence.cron_expr(expr, tz="Europe/Paris").next_after(
+                z(2030, 3, 30, 23, 50), 0
+            )
+            await s.schedule("z", "t", at=first, cron=expr, tz="Europe/Paris", missed="all")
+            runs: list[int] = []
+            for t in range(z(2030, 3, 31, 0), z(2030, 3, 31, 1, 31), 10 * MIN):
+                runs += await at(t)
+            # 01:00+01, 01:30+01, then the gap's 02:00 and 02:30 and 03:00 as one run
+            # at 03:00+02 (01:00Z), then 03:30+02.
+            assert runs == [
+                z(2030, 3, 31, 0),
+                z(2030, 3, 31, 0, 30),
+                z(2030, 3, 31, 1),
+                z(2030, 3, 31, 1, 30),
+            ]
+            info = await s.get("z")
+            assert info is not None and info.recurrence is not None
+            assert info.recurrence.tz == "Europe/Paris"
+            assert info.when_ms == z(2030, 3, 31, 23)  # 01:00+02 the next day
+            # Replace the zone: the next occurrence follows New York (01:00-04 = 05:00Z),
+            # and the one already run is not run again.
+            nxt = Recurrence.cron_expr(expr, tz="America/New_York").next_after(
+                z(2030, 3, 31, 1, 31), 0
+            )
+            res = await s.schedule("z", "t", at=nxt, cron=expr, tz="America/New_York", replace=True)
+            assert res.status.name.lower() == "replaced"
+            later = await at(nxt)
+            assert later == [z(2030, 3, 31, 5)]
+            info = await s.get("z")
+            assert info is not None and info.recurrence is not None
+            assert info.recurrence.tz == "America/New_York"
+            assert info.when_ms == z(2030, 3, 31, 5, 30)
+
+    run(main())
+
+
+def test_bad_zones_write_nothing(redis_url: str) -> None:
+    from tests.durable_support import open_scheduler, run
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            for kwargs in (
+                {"cron": "0 9 * * *", "tz": "Mars/Olympus"},
+                {"cron": "0 9 * * *", "tz": 3},
+                {"tz": "Europe/Paris"},
+                {"every": 60, "tz": "Europe/Paris"},
+            ):
+                with pytest.raises((TypeError, ValueError), match="tz"):
+                    await s.schedule("bad", "t", **kwargs)  # type: ignore[arg-type]
+                assert await s.get("bad") is None
+
+    run(main())
