@@ -10,7 +10,10 @@ Ground rules:
   slow poll, a GC pause) is therefore not a missed run; a downtime is.
 - Lua cannot parse cron, so all of this runs in Python, here, for both kinds; the
   scripts receive the resulting times.
-- Cron expressions are evaluated in UTC, with cronsim (5 fields, or 6 with seconds).
+- Cron expressions are evaluated with cronsim (5 fields, or 6 with seconds), in UTC
+  unless the series has a zone (``tz``, an IANA name): then ``_zoned.py`` maps local
+  wall times to UTC instants by Debian cron's DST rules (docs/timezones.md). Either way
+  an occurrence's identity is its UTC instant.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from enum import StrEnum
 
 from cronsim import CronSim, CronSimError
 
+from . import _zoned
 from ._args import finite_seconds_ms, int_between
 
 __all__ = [
@@ -66,6 +70,9 @@ POLICY_CODES: dict[MissedRun, int] = {MissedRun.ONCE: 0, MissedRun.ALL: 1, Misse
 POLICY_BY_CODE: dict[int, MissedRun] = {v: k for k, v in POLICY_CODES.items()}
 KIND_INTERVAL = 1  # record field 8
 KIND_CRON = 2
+# A zoned cron's record spec (field 9) is this prefix, the zone name, a space, then the
+# expression; a spec without it (every record written before zones existed) is UTC.
+TZ_PREFIX = "TZ="
 
 
 def _to_dt(ms: int) -> datetime:
@@ -100,6 +107,11 @@ class Recurrence:
     missed: MissedRun  # missed-run policy
     max_catch_up: int  # cap on the runs 'all' fires after a downtime
     misfire_grace_ms: int  # lateness (ms) below which an occurrence is not missed
+    tz: str = ""  # cron only: the IANA zone the expression reads in; "" for UTC
+
+    def __post_init__(self) -> None:
+        if self.tz:
+            _zoned.zone(self.tz)  # a record or a caller naming no zone fails here
 
     @classmethod
     def interval(
@@ -125,25 +137,47 @@ class Recurrence:
         cls,
         expr: str,
         *,
+        tz: str | None = None,
         missed: MissedRun | str = MissedRun.ONCE,
         max_catch_up: int = DEFAULT_MAX_CATCH_UP,
         misfire_grace: float | timedelta = DEFAULT_MISFIRE_GRACE_MS / 1000,
     ) -> Recurrence:
-        """The occurrences of cron expression ``expr`` (UTC; 5 fields, or 6 with seconds).
+        """The occurrences of cron expression ``expr`` (5 fields, or 6 with seconds),
+        read in zone ``tz`` (an IANA name such as ``"Europe/Paris"``; None for UTC).
 
         Raises:
-            TypeError, ValueError: naming the bad parameter (a malformed ``cron``).
+            TypeError, ValueError: naming the bad parameter (a malformed ``cron``, an
+                unknown or non-string ``tz``).
         """
         if not isinstance(expr, str):
             raise TypeError(f"cron must be a str, got {type(expr).__name__}")
         if len(expr) > MAX_CRON_CHARS:
             raise ValueError(f"cron must be at most {MAX_CRON_CHARS} characters, got {len(expr)}")
+        if tz is not None:
+            _zoned.zone(tz)
         try:
             it = CronSim(expr, _EPOCH)
             next(it)
         except (CronSimError, StopIteration, ValueError) as exc:
             raise ValueError(f"cron is not a valid cron expression: {expr!r} ({exc})") from exc
-        return cls(0, expr, *_policy(missed, max_catch_up, misfire_grace))
+        return cls(0, expr, *_policy(missed, max_catch_up, misfire_grace), tz or "")
+
+    @property
+    def spec(self) -> str:
+        """The record's spec (field 9): the interval in ms, or the cron expression
+        with its zone as a ``TZ=<zone> `` prefix (none for UTC)."""
+        if self.every_ms:
+            return str(self.every_ms)
+        return f"{TZ_PREFIX}{self.tz} {self.cron}" if self.tz else self.cron
+
+    @staticmethod
+    def split_spec(spec: str) -> tuple[str, str]:
+        """A cron record spec as ``(expression, zone)``; zone ``""`` (UTC) when the
+        spec has no ``TZ=`` prefix, as in every record written before zones."""
+        if spec.startswith(TZ_PREFIX):
+            name, _, expr = spec.partition(" ")
+            return expr, name[len(TZ_PREFIX) :]
+        return spec, ""
 
     # -- occurrences ---------------------------------------------------------------
 
@@ -158,12 +192,16 @@ class Recurrence:
             if t < anchor:
                 return anchor
             return anchor + ((t - anchor) // self.every_ms + 1) * self.every_ms
+        if self.tz:
+            return _zoned.next_after(self.cron, _zoned.zone(self.tz), t)
         return _to_ms(next(CronSim(self.cron, _to_dt(t))))
 
     def last_at_or_before(self, t: int, anchor: int) -> int:
         """The last occurrence at or before ``t``, never earlier than ``anchor``."""
         if self.every_ms:
             return anchor + max(0, (t - anchor) // self.every_ms) * self.every_ms
+        if self.tz:
+            return max(_zoned.last_at_or_before(self.cron, _zoned.zone(self.tz), t), anchor)
         # cronsim's reverse iteration starts strictly before its time, unless that time
         # has microseconds, which it strips as the first candidate: so t + 1 us is
         # "at or before t" (ms times have at most 999000 us, so this never carries).
@@ -175,6 +213,11 @@ class Recurrence:
         if self.every_ms:
             return o - steps * self.every_ms
         if steps == 0:
+            return o
+        if self.tz:
+            zone = _zoned.zone(self.tz)
+            for _ in range(steps):
+                o = _zoned.last_at_or_before(self.cron, zone, o - 1)
             return o
         it = CronSim(self.cron, _to_dt(o), reverse=True)
         for _ in range(steps - 1):
@@ -239,6 +282,14 @@ class Recurrence:
         if self.every_ms:
             return min(limit, (last - first) // self.every_ms + 1)
         n, o = 1, first
+        if self.tz:
+            zone = _zoned.zone(self.tz)
+            while n < limit:
+                o = _zoned.next_after(self.cron, zone, o)
+                if o > last:
+                    break
+                n += 1
+            return n
         it = CronSim(self.cron, _to_dt(first))
         while n < limit:
             o = _to_ms(next(it))

@@ -43,7 +43,8 @@ def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int) -> PgJob:
     rec = spec.recurrence
     rkind, rspec, policy, cap, grace = 0, "", 0, 0, 0
     if rec is not None:
-        rkind, rspec = (KIND_INTERVAL, str(rec.every_ms)) if rec.every_ms else (KIND_CRON, rec.cron)
+        # The zone travels in rspec ("TZ=<zone> <expr>"), as in the Redis record.
+        rkind, rspec = (KIND_INTERVAL if rec.every_ms else KIND_CRON), rec.spec
         policy, cap, grace = POLICY_CODES[rec.missed], rec.max_catch_up, rec.misfire_grace_ms
         fields += [rkind, rspec.encode(), policy, cap, grace]
     record = pack_record(fields)

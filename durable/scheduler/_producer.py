@@ -54,6 +54,7 @@ def recurrence(
     *,
     every: float | timedelta | None = None,
     cron: str | None = None,
+    tz: str | None = None,
     missed: MissedRun | str = MissedRun.ONCE,
     max_catch_up: int = DEFAULT_MAX_CATCH_UP,
     misfire_grace: float | timedelta = DEFAULT_GRACE_S,
@@ -65,13 +66,15 @@ def recurrence(
     """
     if every is not None and cron is not None:
         raise ValueError("give every or cron, not both")
+    if tz is not None and cron is None:
+        raise ValueError("tz needs cron: a zone applies to a cron expression only")
     if every is not None:
         return Recurrence.interval(
             every, missed=missed, max_catch_up=max_catch_up, misfire_grace=misfire_grace
         )
     if cron is not None:
         return Recurrence.cron_expr(
-            cron, missed=missed, max_catch_up=max_catch_up, misfire_grace=misfire_grace
+            cron, tz=tz, missed=missed, max_catch_up=max_catch_up, misfire_grace=misfire_grace
         )
     if (
         missed is not MissedRun.ONCE
@@ -96,6 +99,7 @@ def build_spec(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     every: float | timedelta | None = None,
     cron: str | None = None,
+    tz: str | None = None,
     missed: MissedRun | str = MissedRun.ONCE,
     max_catch_up: int = DEFAULT_MAX_CATCH_UP,
     misfire_grace: float | timedelta = DEFAULT_GRACE_S,
@@ -109,6 +113,7 @@ def build_spec(
     rec = recurrence(
         every=every,
         cron=cron,
+        tz=tz,
         missed=missed,
         max_catch_up=max_catch_up,
         misfire_grace=misfire_grace,

@@ -261,6 +261,7 @@ class Scheduler:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         every: float | timedelta | None = None,
         cron: str | None = None,
+        tz: str | None = None,
         missed: MissedRun | str = MissedRun.ONCE,
         max_catch_up: int = DEFAULT_MAX_CATCH_UP,
         misfire_grace: float | timedelta = DEFAULT_GRACE_S,
@@ -281,7 +282,9 @@ class Scheduler:
                 holding the id) and cannot take ``conn``.
             max_attempts: attempts before the job goes dead.
             every: make it recurring every ``every`` seconds.
-            cron: make it recurring on a cron expression (UTC).
+            cron: make it recurring on a cron expression (UTC unless ``tz``).
+            tz: the IANA zone ``cron`` reads in (``"Europe/Paris"``); DST changes
+                follow Debian cron's rules (docs/timezones.md).
             missed: missed-run policy of a recurring job: once, all or skip.
             max_catch_up: at most this many missed runs under ``all``.
             misfire_grace: seconds late before an occurrence counts as missed.
@@ -308,6 +311,7 @@ class Scheduler:
             max_attempts=max_attempts,
             every=every,
             cron=cron,
+            tz=tz,
             missed=missed,
             max_catch_up=max_catch_up,
             misfire_grace=misfire_grace,

@@ -243,7 +243,7 @@ def encode_job(spec: JobSpec, payload_limit: int) -> EncodedJob:
     if rec is None:  # the common case, without building the field list
         record = pack_oneshot(spec.task.encode(), data, spec.max_attempts, flags)
         return EncodedJob(spec.id, (spec.id.encode(), spec.mode, spec.time_ms, record))
-    kind, spec_text = (KIND_INTERVAL, str(rec.every_ms)) if rec.every_ms else (KIND_CRON, rec.cron)
+    kind, spec_text = (KIND_INTERVAL if rec.every_ms else KIND_CRON), rec.spec
     fields: list[int | bytes] = [
         *(spec.task.encode(), data, spec.max_attempts, flags, 0, 1, 0),
         *(kind, spec_text.encode(), POLICY_CODES[rec.missed], rec.max_catch_up),
@@ -261,8 +261,9 @@ def recurrence_of(kind: int, spec: bytes, policy: int, cap: int, grace: int) -> 
     again and again with the same fields)."""
     if kind == KIND_INTERVAL:
         return Recurrence(int(spec), "", POLICY_BY_CODE[policy], cap, grace)
-    if kind == KIND_CRON:
-        return Recurrence(0, spec.decode(), POLICY_BY_CODE[policy], cap, grace)
+    if kind == KIND_CRON:  # "TZ=<zone> <expr>", or "<expr>" for UTC (older records)
+        expr, tz = Recurrence.split_spec(spec.decode())
+        return Recurrence(0, expr, POLICY_BY_CODE[policy], cap, grace, tz)
     return None
 
 

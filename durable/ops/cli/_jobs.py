@@ -48,6 +48,11 @@ def _schedule(args: argparse.Namespace) -> int:
     try:  # checked before anything is written
         payload, at = json_payload(args.payload), at_time(args.at)
         delay, every = delay_seconds("--delay", args.delay), delay_seconds("--every", args.every)
+        if args.tz is not None:  # a bad zone or a zone without --cron: before connecting
+            try:
+                Scheduler.recurrence(cron=args.cron, tz=args.tz, missed=args.missed)
+            except (TypeError, ValueError) as exc:
+                raise CliError(EXIT_USAGE, f"--{exc}") from exc
     except CliError as error:
         return fail(args, error)
 
@@ -62,6 +67,7 @@ def _schedule(args: argparse.Namespace) -> int:
             max_attempts=args.max_attempts,
             every=every,
             cron=args.cron,
+            tz=args.tz,
             missed=args.missed,
         )
         data = {
@@ -242,7 +248,10 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
     when.add_argument("--at", help="epoch ms, or ISO 8601 with a zone")
     rec = sched.add_mutually_exclusive_group()
     rec.add_argument("--every", type=positive_float, help="recur every this many seconds")
-    rec.add_argument("--cron", help="recur on a cron expression (UTC)")
+    rec.add_argument("--cron", help="recur on a cron expression (UTC unless --tz)")
+    sched.add_argument(
+        "--tz", help="the IANA time zone --cron reads in, e.g. Europe/Paris (default UTC)"
+    )
     sched.add_argument(
         "--missed",
         choices=[m.value for m in MissedRun],
