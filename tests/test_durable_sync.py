@@ -113,6 +113,11 @@ def test_recurring_jobs_start_at_their_first_occurrence(producer: Any) -> None:
     info = producer.get("c")
     assert info is not None and info.recurrence is not None
     assert info.recurrence.cron == "*/5 * * * *"
+    zoned = producer.schedule("z", "t", cron="0 9 * * *", tz="Europe/Paris")
+    assert zoned.when_ms > now
+    info = producer.get("z")
+    assert info is not None and info.recurrence is not None
+    assert info.recurrence.tz == "Europe/Paris"
     many = producer.schedule_many([JobSpec("m", "t", recurrence=producer.recurrence(every=30))])
     assert now + 30_000 <= many[0].when_ms <= now + 32_000
 
@@ -140,6 +145,8 @@ BAD: list[tuple[str, dict[str, Any], type[Exception]]] = [
     ("payload too big", {"payload": b"x" * 70_000}, ValueError),
     ("every and cron", {"every": 1, "cron": "* * * * *"}, ValueError),
     ("bad missed", {"every": 1, "missed": "twice"}, ValueError),
+    ("unknown zone", {"cron": "0 9 * * *", "tz": "Mars/Olympus"}, ValueError),
+    ("zone without cron", {"every": 60, "tz": "Europe/Paris"}, ValueError),
     ("bad max_attempts", {"max_attempts": 0}, ValueError),
     ("conn without postgres", {"conn": object()}, ValueError),
 ]
