@@ -26,8 +26,8 @@ from tickwheel.durable import (
     TaskRegistry,
 )
 from tickwheel.durable.postgres import SCHEMA_VERSION, migrate, schema_version
+from tickwheel.durable.postgres._pg_store import MAX_LOCKED, PgStore
 from tickwheel.durable.postgres._rows import encode_pg_job
-from tickwheel.durable.postgres._store import MAX_LOCKED, PgStore
 from tickwheel.durable.servers._redis import RedisServer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]

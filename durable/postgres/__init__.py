@@ -4,7 +4,7 @@
 The driver (asyncpg, the ``postgres`` extra) is imported only when a store connects.
 
 Owns: the schema and its migrations (``migrations/``, ``_migrate.py``); the PostgreSQL
-store, in rooms: ``_store.py`` (``PgStore``: the pool, each call's connection and
+store, in rooms: ``_pg_store.py`` (``PgStore``: the pool, each call's connection and
 transaction, the advisory locks), ``_errors.py`` (every driver error translated once),
 ``_rows.py`` (a job as rows and back in Redis's form), ``_writes.py`` (the job writes),
 ``_relay.py`` (the outbox and reconcile's reads), ``_prune.py`` (retention); and the mode
@@ -22,8 +22,8 @@ from __future__ import annotations
 from ._errors import translate
 from ._migrate import SCHEMA_VERSION, check_schema, migrate, migrations, schema_version
 from ._mode import PostgresMode, ReconcileResult
+from ._pg_store import PgStore
 from ._prune import prune
-from ._store import PgStore
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -40,8 +40,8 @@ from tickwheel.durable.model import (
 from tickwheel.durable.store import ClaimedRef, EncodedJob, Keys, Store
 
 from ._errors import stored_epoch
+from ._pg_store import MAX_LOCKED, PgStore
 from ._rows import PgJob, encode_pg_job, redis_job
-from ._store import MAX_LOCKED, PgStore
 
 __all__ = ["DEFAULT_RECONCILE_PAGE", "DEFAULT_RELAY_INTERVAL", "PostgresMode", "ReconcileResult"]
 

@@ -1,7 +1,7 @@
 """What goes from PostgreSQL to Redis: the outbox the relay empties, and reconcile's reads.
 
 Like ``_writes.py``, each function runs its SQL on the connection it is given;
-:class:`PgStore` (``_store.py``) picks the connection and the transaction. The rows come
+:class:`PgStore` (``_pg_store.py``) picks the connection and the transaction. The rows come
 back in the schedule.lua form (``_rows.py``), ready for the Redis store.
 """
 

@@ -2,7 +2,7 @@
 
 Each function runs its statements on the connection it is given and returns plain
 values; which connection, which transaction and the translation of the driver's errors
-are :class:`PgStore`'s (``_store.py``). The writes are calls of the functions the
+are :class:`PgStore`'s (``_pg_store.py``). The writes are calls of the functions the
 migrations made (``tickwheel_put``, ``tickwheel_put_many``, ``tickwheel_claim_check``,
 ``tickwheel_ack``, ``tickwheel_moved``, ``tickwheel_dead``, ``tickwheel_retried``): one
 round trip each.

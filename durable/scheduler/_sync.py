@@ -5,7 +5,7 @@ reschedule, get, now) with the same arguments, results and errors, and runs the 
 code for everything but the I/O: the arguments become a :class:`JobSpec` by
 ``_producer.build_spec``, jobs are encoded by the store's codec, grouped by
 ``_producer.chunk_groups``, and each call's keys, arguments and reply come from
-``store/_calls.py``; only the sending (``store/_sync.py``'s :class:`SyncStore`) differs.
+``store/_calls.py``; only the sending (``store/_sync_store.py``'s :class:`SyncStore`) differs.
 
 Redis only: it has no Postgres mode (no ``postgres_url``, and ``conn`` is refused). A
 namespace run in the Postgres mode must be written through the asyncio

@@ -6,11 +6,11 @@ bytes by hand (``_msgpack.py``), script loading (``_scripts.py``), the connectio
 Redis or a Redis Cluster (``_connect.py``), the translation of Redis errors
 (``_errors.py``), the bounded transport of script calls (``_transport.py``), the store's
 job lifecycle calls (``_store.py``), shard ownership (``_fencing.py``), the operator's
-calls (``_operator.py``), the startup check of a server (``_server_check.py``), the
+calls (``_operator_calls.py``), the startup check of a server (``_server_check.py``), the
 namespace's layout key (``_layout.py``), the workers' member set and stats documents
 (``_workers.py``), the commands of a Redis Stream (``_streams.py``), the producer
 scripts' keys, arguments and replies as pure functions (``_calls.py``) and the same
-producer calls over redis-py's sync client (``_sync.py``, :class:`SyncStore`).
+producer calls over redis-py's sync client (``_sync_store.py``, :class:`SyncStore`).
 
 Invariants: a :class:`Store` method is one script call (or one pipeline of the same
 script over shards): no loops over time, no sleeping; every call is bounded by
@@ -57,7 +57,7 @@ from ._server_check import (
 )
 from ._store import Store
 from ._streams import RawEntry, Stream
-from ._sync import SyncClient, SyncStore, is_sync_client, sync_client_from_url
+from ._sync_store import SyncClient, SyncStore, is_sync_client, sync_client_from_url
 from ._transport import DEFAULT_CALL_TIMEOUT, Transport
 from ._workers import STATS_COUNTERS, STATS_VERSION, WorkerBoard, WorkerEntry, parse_stats_document
 

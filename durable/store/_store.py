@@ -12,7 +12,7 @@ Ground rules:
   :class:`Fenced`, or redis-py's own. The store *has* a transport; it is not one.
 - Here: the job's lifecycle (schedule, claim, ack, retry, extend, release, reap). Shard
   ownership is ``_fencing.py``'s and the operator's calls (a job's record, listings,
-  inspection, dead letters) ``_operator.py``'s; the store keeps one method for each,
+  inspection, dead letters) ``_operator_calls.py``'s; the store keeps one method for each,
   which hands it on, so the other layers see one Store.
 - The client must not decode responses: payloads are bytes.
 - The client is one Redis or a Redis Cluster (``_connect.py``). Each script touches
@@ -58,7 +58,7 @@ from ._connect import Client
 from ._fencing import FencingCalls
 from ._keys import Keys
 from ._msgpack import pack_ack_batch, unpack_reply
-from ._operator import OperatorCalls
+from ._operator_calls import OperatorCalls
 from ._scripts import Scripts
 from ._transport import DEFAULT_CALL_TIMEOUT, Transport
 
@@ -105,7 +105,7 @@ class Store:
         self.keys = keys  # key names of the namespace
         # The ownership and operator calls, which the methods at the end hand on to.
         self._fencing = FencingCalls(self.transport, self._scripts, keys)  # _fencing.py
-        self._operator = OperatorCalls(self.transport, self._scripts, keys)  # _operator.py
+        self._operator = OperatorCalls(self.transport, self._scripts, keys)  # _operator_calls.py
 
     @property
     def client(self) -> Client:
@@ -415,7 +415,7 @@ class Store:
         """:meth:`FencingCalls.raise_epoch`: lift the epoch to ``floor + 1`` if below."""
         return await self._fencing.raise_epoch(shard, floor)
 
-    # -- operators: one call each, handed to _operator.py -------------------------
+    # -- operators: one call each, handed to _operator_calls.py -------------------------
 
     async def get(self, shard: int, job_id: str) -> JobInfo | None:
         """:meth:`OperatorCalls.get`: one job's state and record, or None."""
