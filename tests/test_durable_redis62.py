@@ -42,12 +42,17 @@ def test_full_flow_on_redis_62() -> None:
             await s.schedule("cron", "t", cron="0 * * * *", missed="skip")
             assert await s.reschedule("cron", delay=0)
             batch = await s.claim(0, limit=10)
-            assert batch.moved == 1 and len(batch.jobs) == 6
+            # "rec" is far behind under "all" capped at 2: it runs now as the older of
+            # its last two occurrences, its lease moved there in place (release.lua's
+            # in-place mode, on 6.2 too).
+            assert batch.moved == 0 and len(batch.jobs) == 7
+            (rec,) = [j for j in batch.jobs if j.id == "rec"]
+            assert rec.nominal_ms > 946_684_800_000 and rec.nominal_ms % 60_000 == 0
             # A one-shot job of one attempt (by id: the recurring one may come first).
             (one,) = [j for j in batch.jobs if j.id == "j0"]
             await s.extend(one)
             await s.retry(one, "x")
-            assert await s.ack_many([j for j in batch.jobs if j is not one]) == [True] * 5
+            assert await s.ack_many([j for j in batch.jobs if j is not one]) == [True] * 6
             await s.schedule("late", "t")
             (late,) = [j for j in (await s.claim(0)).jobs if j.id == "late"]
             await s.release([late])

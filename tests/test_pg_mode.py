@@ -1028,10 +1028,11 @@ def test_a_retry_survives_a_redis_loss(private_redis: RedisServer, pg_url: str) 
 
 
 def test_a_recurring_row_follows_a_missed_run_skip(private_redis: RedisServer, pg_url: str) -> None:
-    """A recurring job that missed runs is moved on unrun by a claim (policy ``skip``);
-    the claim records the move in PostgreSQL (migration 0003), so the ack of the
-    occurrence that then runs moves the row on, and a Redis loss after it brings back
-    the next occurrence, not the long-past one the row had."""
+    """A recurring job that missed runs skips them (policy ``skip``): the claim runs it
+    now as its current occurrence, its lease moved there in place, and records the move
+    in PostgreSQL (migration 0003), so the ack of that occurrence moves the row on, and
+    a Redis loss after it brings back the next occurrence, not the long-past one the
+    row had."""
 
     async def main() -> None:
         await migrated(pg_url)
@@ -1042,12 +1043,10 @@ def test_a_recurring_row_follows_a_missed_run_skip(private_redis: RedisServer, p
             assert first is not None
             await s.take(0)
             await push_clock(s, 0, 10_500)  # ten runs missed
-            skipped = await s.claim(0)
-            assert skipped.jobs == [] and skipped.moved == 1  # moved on, unrun
+            (job,) = (await s.claim(0)).jobs  # the current occurrence, run now
+            assert job.nominal_ms >= first[1] + 9_000
             moved = await _row(pg_url, ns, "r")
-            assert moved is not None and moved[1] >= first[1] + 9_000  # followed Redis
-            (job,) = (await s.claim(0)).jobs  # the latest occurrence, on time
-            assert job.nominal_ms >= first[1] + 9_000  # Redis's occurrence, ahead of the row
+            assert moved is not None and moved[1] == job.nominal_ms  # followed Redis
             await s.ack(job)
             row = await _row(pg_url, ns, "r")
             assert row is not None and row[0] == 0

@@ -31,7 +31,7 @@ def test_routing_by_threshold_and_flag(redis_url: str) -> None:
             timers = Timers(s, _registry(seen), threshold=2.0)
             # In memory: counted before any Redis round trip (a busy cluster took more
             # than 50 ms for the two below, and a short timer had fired meanwhile).
-            short = await timers.schedule(0.3, "note", {"n": (1, 2)})
+            short = await timers.schedule(0.3, "note", {"n": [1, 2]})
             at_threshold = await timers.schedule(2.0, "note", job_id="edge")
             assert len(timers) == 2  # short and edge are in memory
             long = await timers.schedule(2.5, "note", b"raw")
@@ -49,6 +49,9 @@ def test_routing_by_threshold_and_flag(redis_url: str) -> None:
             assert [c.job_id for c in seen] == [short]
             ctx = seen[0]
             assert ctx.payload == {"n": [1, 2]}  # JSON round trip, as a durable payload
+            # What would not come back the same is refused in memory as in Redis.
+            with pytest.raises(TypeError, match=r"payload\['n'\] is a tuple"):
+                await timers.schedule(0.3, "note", {"n": (1, 2)})
             assert (ctx.attempt, ctx.epoch, ctx.durable, ctx.job) == (1, 0, False, None)
             assert await timers.cancel("edge") is True
             assert await timers.cancel(flagged) is True
