@@ -14,16 +14,17 @@ Ground rules:
 - Every reply that carries a record is decoded with what is here: get and listing rows
   into :class:`JobInfo` by :func:`info_rows`; a claim's rows into :class:`Job` by the
   loop in ``Store.claim``, with :data:`CLAIM_SHORT_ROW`, :func:`recurrence_of`,
-  :func:`decode_payload` and :func:`init_job`. That one loop stays in the frame that
-  awaited the reply: the same loop in a function here, one call away, measured 870
-  more client instructions per job (callgrind durable-client claim_ack: 18,800 against
-  17,900; CPython 3.11).
+  :func:`decode_payload` and :func:`init_job` (by position, in :data:`CLAIM_JOB_FIELDS`
+  order). That one loop stays in the frame that awaited the reply: the same loop in a
+  function here, one call away, measured 870 more client instructions per job
+  (callgrind durable-client claim_ack: 18,800 against 17,900; CPython 3.11).
 
 The bytes themselves are packed by ``_msgpack.py``; nothing there knows a job.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -50,6 +51,7 @@ from tickwheel.durable.model import (
 from ._msgpack import FIXINT, pack_str, pack_value
 
 __all__ = [
+    "CLAIM_JOB_FIELDS",
     "CLAIM_SHORT_ROW",
     "DEFAULTS",
     "DUPLICATE",
@@ -100,13 +102,36 @@ _ROW_STRIDE = 2 + len(FIELDS)
 CLAIM_SHORT_ROW = 6
 DUPLICATE = (False, True)  # a row's tag bit 0 as a bool, indexed (no call of bool())
 
-# A claim builds one Job per row, by keyword, as ``init_job(new_job(Job), id=...)``: the
-# dataclass's own __init__ on a bare instance. ``Job(id=..., ...)`` costs 7,200 more
-# client instructions per claimed job (callgrind durable-client claim_ack: 25,094 against
-# 17,908), as CPython 3.11 turns a class call's keywords into a dict and back; the
-# __init__ binds the same keywords without one.
+# A claim builds one Job per row as ``init_job(new_job(Job), *CLAIM_JOB_FIELDS values)``:
+# the dataclass's own __init__ on a bare instance, its arguments by position in
+# :data:`CLAIM_JOB_FIELDS` order (checked against Job's fields below, at import). Measured
+# per claimed job (callgrind durable-client claim_ack, CPython 3.11, GC off):
+# ``Job(id=..., ...)`` turns a class call's keywords into a dict and back (7,200 more
+# instructions); ``init_job(job, id=..., ...)`` binds 15 keywords by a scan of the
+# parameter names each (initialize_locals, ~1,000 instructions a job; 600 more than
+# main's positional ``Job(...)``); positional ``init_job`` skips both, and type_call's
+# tuple and __init__ look-up: ~650 fewer than ``Job(...)``.
 new_job = object.__new__
 init_job = Job.__init__
+CLAIM_JOB_FIELDS = (
+    "id",
+    "shard",
+    "task",
+    "payload",
+    "nominal_ms",
+    "due_ms",
+    "deadline_ms",
+    "attempt",
+    "max_attempts",
+    "epoch",
+    "recurrence",
+    "next_due_ms",
+    "duplicate",
+    "last_error",
+    "bucket",
+)
+if tuple(f.name for f in dataclasses.fields(Job)) != CLAIM_JOB_FIELDS:  # pragma: no cover
+    raise ImportError("Job's fields changed: update CLAIM_JOB_FIELDS and Store.claim's loop")
 
 # Binary payloads: a tuple for isinstance, built once (``bytes | bytearray | ...``
 # builds a union object on every call: 106 against 13 ns).

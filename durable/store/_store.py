@@ -242,7 +242,8 @@ class Store:
         except ValueError as exc:  # not claim.lua's reply: a script of another version?
             raise DurableError(f"claim on shard {shard}: {exc}") from None
         # The rows, decoded here with _codec.py's pieces (its ground rules say why here):
-        # one slice and one keyword construction per job.
+        # one slice and one construction per job, by position in CLAIM_JOB_FIELDS order
+        # (keywords cost a scan of __init__'s parameter names each: see _codec.py).
         jobs: list[Job] = []
         append = jobs.append
         new, init, duplicate, short = new_job, init_job, DUPLICATE, CLAIM_SHORT_ROW
@@ -261,20 +262,21 @@ class Store:
             job = new(Job)
             init(
                 job,
-                id=ident.decode(),
-                shard=shard,
-                task=task.decode(),
-                payload=data if flags == 0 else decode_payload(data, flags),
-                nominal_ms=nominal,
-                due_ms=due,
-                deadline_ms=deadline,
-                attempt=attempt,
-                max_attempts=mx,
-                epoch=ep,
-                recurrence=recurrence,
-                duplicate=duplicate[tag & 1],
-                last_error=error,
-                bucket=tag >> 1,
+                ident.decode(),  # id
+                shard,  # shard
+                task.decode(),  # task
+                data if flags == 0 else decode_payload(data, flags),  # payload
+                nominal,  # nominal_ms
+                due,  # due_ms
+                deadline,  # deadline_ms
+                attempt,  # attempt
+                mx,  # max_attempts
+                ep,  # epoch
+                recurrence,  # recurrence
+                0,  # next_due_ms
+                duplicate[tag & 1],  # duplicate
+                error,  # last_error
+                tag >> 1,  # bucket
             )
             append(job)
         return ClaimBatch(shard=shard, now_ms=int(reply[0]), jobs=jobs, dropped=int(reply[1]))
