@@ -2,7 +2,8 @@
 
 :class:`Producer` takes :class:`JobSpec` values (``Scheduler.schedule`` turns its keyword
 arguments into one, with :func:`recurrence`), encodes them, finds a recurring job's first
-run, groups them per shard in ``MAX_BATCH`` chunks and makes one store call. In the
+run, groups them per shard in ``MAX_BATCH`` chunks and makes one store call (which
+sends them in bounded rounds: ``Store.schedule_many``). In the
 Postgres mode the job goes to PostgreSQL first (``PostgresMode``), which indexes it in
 Redis. A bad argument raises before anything is written.
 """
@@ -267,8 +268,32 @@ class Producer:
     async def schedule_many(
         self, specs: Iterable[JobSpec], *, replace: bool = False, conn: Any = None
     ) -> list[ScheduleResult]:
-        """Schedule many jobs in one round trip: one script call per shard (per
-        ``MAX_BATCH`` jobs), in one MULTI/EXEC (all or nothing on a single Redis).
+        """Schedule many jobs: one script call per shard chunk (at most ``MAX_BATCH``
+        jobs and 1 MiB), sent in bounded rounds.
+
+        A round holds at most 2,000 jobs and 2 MiB of packed jobs (``ROUND_JOBS``,
+        ``ROUND_BYTES`` in ``store/_calls.py``): about 30 ms of Redis time at most, so
+        no single command or MULTI/EXEC blocks Redis for more than ~50 ms, and other
+        clients' commands run between rounds. A batch that fits one round (1,000
+        small jobs, say) is one round trip, and on a single Redis without ``replicas``
+        one MULTI/EXEC: all or nothing. A bigger batch is one round trip per round, one
+        after the other, each bounded by ``call_timeout`` (the batch as a whole is
+        not: a batch of R rounds may take up to R times it).
+
+        A partly written batch: if a round fails (``RedisUnavailable``, ...), the
+        rounds before it are written, the rounds after it were not sent, and the
+        failed round may be written whole, in part (a cluster, or ``replicas``: per
+        chunk) or not at all: its reply was lost. Rounds go in the order of the
+        results (grouped by shard), not of ``specs``. Retrying the whole call is safe:
+        a job written by the first try comes back ``KEPT`` (its due unchanged) with
+        ``replace=False``; with ``replace=True`` it is ``REPLACED`` by the same job,
+        except that a ``delay=`` (and a recurring job's first run found from now: an
+        ``every=`` series's first run is now + every; a cron one's the next occurrence
+        after now) is counted again from the retry's now. A job already leased comes
+        back ``KEPT`` (``BUSY`` with replace). A job that ran and was acked in
+        between is ``DONE`` if it named its occurrence with ``at=`` (within the dedup
+        window), but created again if it was a one-shot ``delay=`` job: producers
+        that retry should pass ``at=``.
 
         Args:
             specs: the jobs (validated on construction).
@@ -280,6 +305,7 @@ class Producer:
 
         Raises:
             TypeError, ValueError: for an invalid spec or payload (nothing is written).
+            RedisUnavailable, ReplicationTimeout, ...: a round failed (see above).
         """
         pending = encode_specs(specs, self.keys, self.max_payload_bytes)
         if self.pg is not None or conn is not None:

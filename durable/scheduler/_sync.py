@@ -218,9 +218,13 @@ class SyncScheduler:
     def schedule_many(
         self, specs: Iterable[JobSpec], *, replace: bool = False, conn: Any = None
     ) -> list[ScheduleResult]:
-        """Many jobs in one round trip: :meth:`Scheduler.schedule_many`, blocking (on
-        one Redis in one MULTI/EXEC, all or nothing; on a cluster one call per
-        shard chunk, each atomic, safe to retry).
+        """Many jobs: :meth:`Scheduler.schedule_many`, blocking, in the same bounded
+        rounds (at most 2,000 jobs and 2 MiB each, one round trip each, bounded by
+        ``call_timeout``). On one Redis each round is one MULTI/EXEC (a batch that
+        fits one round is all or nothing); on a cluster each shard chunk is one call,
+        atomic on its own. On an error the rounds before the failed one are written,
+        the failed one perhaps, the rest not; retrying the whole call is safe, with
+        the outcomes :meth:`Scheduler.schedule_many` describes.
 
         Raises:
             TypeError, ValueError: for an invalid spec or payload (nothing is written).

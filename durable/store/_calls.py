@@ -8,7 +8,7 @@ Each ``*_call`` returns ``(keys, args)`` for one script call on one shard; each
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tickwheel.durable.model import JobInfo, JobState, ScheduleResult, ScheduleStatus
@@ -18,7 +18,11 @@ from ._keys import Keys, parse_layout
 from ._msgpack import pack_schedule_batch
 
 __all__ = [
+    "ROUND_BYTES",
+    "ROUND_JOBS",
+    "SCHEDULE_CHUNK_BYTES",
     "STATUSES",
+    "ScheduleCall",
     "cancel_call",
     "cancel_result",
     "get_call",
@@ -32,12 +36,86 @@ __all__ = [
     "schedule_one_call",
     "schedule_one_result",
     "schedule_results",
+    "schedule_rounds",
 ]
 
 # Status codes of schedule.lua by value: indexing beats the enum's call in a hot loop.
 STATUSES: tuple[ScheduleStatus, ...] = (ScheduleStatus.CREATED, *ScheduleStatus)  # [0] unused
 
 Call = tuple[list[str], list[Any]]
+
+# How much of a schedule_many Redis runs at once (docs/design.md, "Bounded work per
+# call"). schedule.lua costs about 4-7 us a job plus 4-8 us a KiB of packed jobs inside
+# Redis (SLOWLOG on redis 7.0, 2 shared cores: 1,000 small jobs 4-5 ms; 1,000 jobs of
+# 1 KiB 6-8 ms; 100 jobs of 64 KiB 21-25 ms; 1,000 of 16 KiB 60-130 ms). So:
+# - one script call holds at most MAX_BATCH (1,000) jobs and SCHEDULE_CHUNK_BYTES of
+#   packed jobs (a chunk over it is split; one job is never split): at most ~10 ms;
+# - one round (one MULTI/EXEC on one Redis; one pipeline per master on a cluster or
+#   with replicas) holds at most ROUND_JOBS jobs and ROUND_BYTES packed bytes, whole
+#   chunks, at least one: measured at most ~15 ms each, ~30 ms both at once, within the
+#   50 ms the design allows any single command or transaction. Other clients' commands
+#   run between rounds; each round is one round trip, bounded by call_timeout.
+SCHEDULE_CHUNK_BYTES = 1 << 20
+ROUND_JOBS = 2000
+ROUND_BYTES = 2 << 20
+
+
+class ScheduleCall:
+    """One schedule.lua call of a schedule_many: its shard, jobs, keys and args."""
+
+    __slots__ = ("args", "jobs", "keys", "shard", "size")
+
+    def __init__(self, keys: Keys, shard: int, jobs: Sequence[EncodedJob], replace: bool) -> None:
+        self.shard = shard
+        self.jobs = jobs
+        self.keys, self.args = schedule_call(keys, shard, jobs, replace)
+        self.size: int = len(self.args[1])  # the packed batch (bytes)
+
+
+def _split_by_bytes(jobs: Sequence[EncodedJob]) -> list[Sequence[EncodedJob]]:
+    """``jobs`` in runs of at most about SCHEDULE_CHUNK_BYTES packed (one job at least)."""
+    pieces: list[Sequence[EncodedJob]] = []
+    start, size = 0, 0
+    for i, job in enumerate(jobs):
+        ident, _, _, record = job.values
+        cost = len(ident) + len(record) + 32  # msgpack's headers and the two numbers
+        if size and size + cost > SCHEDULE_CHUNK_BYTES:
+            pieces.append(jobs[start:i])
+            start, size = i, 0
+        size += cost
+    pieces.append(jobs[start:])
+    return pieces
+
+
+def schedule_rounds(
+    keys: Keys, groups: Mapping[int, Sequence[Sequence[EncodedJob]]], replace: bool
+) -> list[list[ScheduleCall]]:
+    """schedule_many's script calls (one per chunk of ``groups``, a chunk over
+    SCHEDULE_CHUNK_BYTES split), in rounds of at most ROUND_JOBS jobs and ROUND_BYTES
+    bytes (whole calls; one call at least), in the order of ``groups``.
+
+    A batch that fits one round is one round: one round trip, as before the bound.
+    """
+    rounds: list[list[ScheduleCall]] = []
+    current: list[ScheduleCall] = []
+    jobs = size = 0
+    for shard, chunks in groups.items():
+        for chunk in chunks:
+            call = ScheduleCall(keys, shard, chunk, replace)
+            todo = [call]
+            if call.size > SCHEDULE_CHUNK_BYTES and len(chunk) > 1:  # rare: big payloads
+                todo = [ScheduleCall(keys, shard, p, replace) for p in _split_by_bytes(chunk)]
+            for call in todo:
+                n = len(call.jobs)
+                if current and (jobs + n > ROUND_JOBS or size + call.size > ROUND_BYTES):
+                    rounds.append(current)
+                    current, jobs, size = [], 0, 0
+                current.append(call)
+                jobs += n
+                size += call.size
+    if current:
+        rounds.append(current)
+    return rounds
 
 
 def init_call(keys: Keys) -> Call:

@@ -17,8 +17,9 @@ Ground rules:
 - The client must not decode responses: payloads are bytes.
 - The client is one Redis or a Redis Cluster (``_connect.py``). Each script touches
   one shard's slot; nothing spans slots, so nothing needs a cross-slot transaction.
-  Only :meth:`Store.schedule_many` on one Redis uses MULTI (all or nothing); on a
-  cluster it is atomic per script call (per shard chunk), and idempotent to retry.
+  Only :meth:`Store.schedule_many` on one Redis uses MULTI, one per bounded round (all
+  or nothing per round); on a cluster it is atomic per script call (per shard chunk).
+  Either way it is safe to retry whole.
 - With ``replicas`` > 0 the writes that must survive a failover (schedule, cancel,
   reschedule, and the end states ack, retry, release) go through ``transport.write``,
   which follows them by ``WAIT`` on the connection that wrote; the rest use
@@ -165,25 +166,29 @@ class Store:
     async def schedule_many(
         self, groups: Mapping[int, Sequence[Sequence[EncodedJob]]], replace: bool
     ) -> list[ScheduleResult]:
-        """Schedule.lua once per chunk, in one round trip per node (``transport.batch``).
+        """Schedule.lua once per chunk, in bounded rounds (``calls.schedule_rounds``):
+        one ``transport.batch`` (one round trip per node) per round, one round after
+        the other. Results in the order of ``groups`` (by shard, then chunk).
 
-        On one Redis without ``replicas`` the batch is applied whole or not at all
-        (MULTI/EXEC). On a cluster, or with ``replicas``, each chunk is atomic on its own;
-        a failure may leave some chunks written, and retrying the batch is safe
-        (idempotent).
+        A round holds at most ``ROUND_JOBS`` jobs and ``ROUND_BYTES`` packed bytes, so
+        no MULTI/EXEC or script call blocks Redis for more than about 50 ms, and
+        ``call_timeout`` bounds each round, not the batch. A batch that fits one round
+        is one round trip, as it always was.
+
+        On one Redis without ``replicas`` each round is one MULTI/EXEC: applied whole
+        or not at all. On a cluster, or with ``replicas``, each chunk is atomic on its
+        own. If a round fails, the rounds before it are written, the ones after it are
+        not sent, and the failed one may be written in part or whole (a lost reply).
+        Retrying the whole batch is safe (``Scheduler.schedule_many``).
         """
-        chunks: list[Sequence[EncodedJob]] = []
-        calls: list[tuple[list[str], list[Any], int]] = []
-        for shard, shard_chunks in groups.items():
-            for chunk in shard_chunks:
-                calls.append((*self._schedule_call(shard, chunk, replace), shard))
-                chunks.append(chunk)
-        replies = await self.transport.batch(self._scripts.schedule, calls)
-        return [
-            result
-            for chunk, reply in zip(chunks, replies, strict=True)
-            for result in self._schedule_results(chunk, reply)
-        ]
+        script = self._scripts.schedule
+        batch = self.transport.batch
+        results: list[ScheduleResult] = []
+        for round_calls in calls.schedule_rounds(self.keys, groups, replace):
+            replies = await batch(script, [(c.keys, c.args, c.shard) for c in round_calls])
+            for call, reply in zip(round_calls, replies, strict=True):
+                results += self._schedule_results(call.jobs, reply)
+        return results
 
     async def cancel(self, shard: int, job_id: str) -> JobState | None:
         """Remove a job in any state (cancel.lua); return the state it had. O(log N)."""

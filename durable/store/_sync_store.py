@@ -206,22 +206,24 @@ class SyncStore:
     def schedule_many(
         self, groups: Mapping[int, Sequence[Sequence[EncodedJob]]], replace: bool
     ) -> list[ScheduleResult]:
-        """schedule.lua once per chunk. On one Redis in one MULTI/EXEC (all or nothing);
-        on a cluster one call per chunk, each atomic (retrying the batch is safe)."""
-        todo = [
-            (shard, chunk, calls.schedule_call(self.keys, shard, chunk, replace))
-            for shard, chunks in groups.items()
-            for chunk in chunks
-        ]
-        if self.cluster:
-            replies = [self._run("schedule", call, shard) for shard, _, call in todo]
-        else:
-            replies = self._transaction([call for _, _, call in todo])
-        return [
-            result
-            for (_, chunk, _), reply in zip(todo, replies, strict=True)
-            for result in calls.schedule_results(chunk, reply)
-        ]
+        """schedule.lua once per chunk, in the bounded rounds of the asyncio store
+        (``calls.schedule_rounds``, :meth:`Store.schedule_many`), one after the other.
+
+        On one Redis each round is one MULTI/EXEC (all or nothing per round); on a
+        cluster each chunk is one call, atomic on its own. A failure leaves the rounds
+        before it written, the failed one written whole, in part or not at all, and
+        the rest unsent: retrying the whole batch is safe. Each round trip is bounded
+        by ``call_timeout`` (the socket timeouts), not the batch.
+        """
+        results: list[ScheduleResult] = []
+        for round_calls in calls.schedule_rounds(self.keys, groups, replace):
+            if self.cluster:
+                replies = [self._run("schedule", (c.keys, c.args), c.shard) for c in round_calls]
+            else:
+                replies = self._transaction([(c.keys, c.args) for c in round_calls])
+            for call, reply in zip(round_calls, replies, strict=True):
+                results += calls.schedule_results(call.jobs, reply)
+        return results
 
     def _transaction(self, todo: Sequence[tuple[list[str], list[Any]]]) -> list[Any]:
         script = self.scripts["schedule"]

@@ -308,7 +308,9 @@ class Transport:
         On one Redis without ``replicas`` the calls go in one MULTI/EXEC: all run or
         none. On a cluster, or with ``replicas`` (WAIT cannot follow EXEC on one
         connection), they are pipelined (:meth:`pipelined`, then WAIT): each is atomic on
-        its own, and a failure may leave some run.
+        its own, and a failure may leave some run. Bounded by ``call_timeout`` as a
+        whole: the caller keeps ``calls`` small enough for one bounded round trip
+        (``Store.schedule_many`` sends one round of ``_calls.schedule_rounds`` a time).
 
         Raises:
             RedisUnavailable, Fenced, ReplicationTimeout, ...: the first error, translated.
