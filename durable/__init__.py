@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from .model import (
+    CancelResult,
     ClaimBatch,
     DeadPage,
     DurableError,
@@ -65,6 +66,7 @@ from .store import (
 
 __all__ = [
     "MAX_JOB_ID_BYTES",
+    "CancelResult",
     "ClaimBatch",
     "Client",
     "DeadPage",

@@ -216,7 +216,10 @@ class Store:
         k = self.keys.shard(shard)
         jobs = self.keys.jobs_key(shard, job_id)
         reply = await self.transport.write(
-            self._scripts.cancel, [k.due, k.leased, k.dead, jobs], [job_id], shard
+            self._scripts.cancel,
+            [k.due, k.leased, k.dead, jobs],
+            [job_id, self.keys.cancels],
+            shard,
         )
         return JobState(reply) if reply else None
 
