@@ -21,7 +21,8 @@ Ground rules:
 - Stopping a running handler (see ``_stops``): a wheel timer at its timeout (the attempt
   fails with the reason ``timeout``: retried or dead), a cancel of its job (the record
   is gone: neither acked nor retried), or a drain past its deadline at shutdown (its
-  job is released unrun, same attempt). Each cancels the handler's task with a reason;
+  job is released unrun, same attempt; a handler that catches that cancellation and
+  returns did run, and is acked). Each cancels the handler's task with a reason;
   the task tells its own cancellation (a reason is set) from one it did not ask for.
 - A plain function of a ``thread=True`` task runs in a thread pool. A timeout or a
   cancel frees its slot and settles its job at once, but the thread cannot be stopped:
@@ -403,9 +404,12 @@ class Runner:
                         del self._handling[job.id]
                     if stopped is None and self._stops and task in self._stops:
                         # Cancelled, but the handler swallowed it and returned (or
-                        # raised): stopped all the same.
+                        # raised): stopped all the same, except at the drain deadline,
+                        # where a handler that returned did run (it is acked).
                         stopped = self._stops.pop(task)
                         task.uncancel()
+                        if stopped == _DRAIN:
+                            stopped = None
                     self._free_slot()  # before the retry or the ack: they wait freely
                 if stopped is not None:
                     await self._stopped(job, stopped, limit)

@@ -391,7 +391,8 @@ class Worker:
         finally:
             await self._shutdown(loader, balance, loading, reaping)
             listening.cancel()
-            await asyncio.wait([listening])
+            # Bounded: redis-py may swallow a cancellation that lands inside a command.
+            await asyncio.wait([listening], timeout=1.0)
             loader.close()
             if extra:  # both end at the stop event; a reconcile part-way is cut short
                 _, late = await asyncio.wait(extra, timeout=self.drain_timeout_ms / 1000)
@@ -410,7 +411,8 @@ class Worker:
         docstring); reconnect after a failure, a second later. Runs until cancelled."""
         client = self.scheduler.store.client
         channel = self.scheduler.keys.cancels
-        while True:
+        # Until cancelled; or, should a cancellation be swallowed, once stopped and idle.
+        while not self._stop.is_set() or (loader.running > 0):
             pubsub = client.pubsub()
             try:
                 await pubsub.subscribe(channel)
