@@ -299,3 +299,74 @@ def test_loader_takes_a_default_timeout(redis_url: str) -> None:
             wheel.close()
 
     run(main())
+
+
+def test_daemon_pool_runs_calls_and_drops_cancelled_outcomes() -> None:
+    from tickwheel.durable.runtime._threads import DaemonPool
+
+    async def main() -> None:
+        pool = DaemonPool(2)
+        gate = threading.Event()
+        assert await pool.submit(lambda x: x * 2, 21) == 42
+        with pytest.raises(KeyError):
+            await pool.submit({}.__getitem__, "k")
+        hung = pool.submit(gate.wait, 30)
+        hung.cancel()  # as a timeout does: the thread runs on
+        results = await asyncio.gather(*(pool.submit(lambda i=i: i) for i in range(20)))
+        assert results == list(range(20))  # the other thread served them all
+        threads = [t for t in threading.enumerate() if t.name.startswith("tickwheel-task")]
+        assert 1 <= len(threads) <= 2 and all(t.daemon for t in threads)
+        gate.set()
+        pool.close()
+        with pytest.raises(RuntimeError):
+            pool.submit(print)
+
+    run(main())
+
+
+_HUNG_THREAD_SCRIPT = """
+import asyncio, sys, threading, time
+from tests.durable_support import open_scheduler
+from tickwheel.durable import TaskRegistry, Worker
+
+reg = TaskRegistry()
+started = threading.Event()
+
+@reg.task(name="hang", timeout=0.5, thread=True)
+def hang(ctx):
+    started.set()
+    time.sleep(120)  # never returns within the test
+
+async def main():
+    async with open_scheduler(sys.argv[1], shards=2) as s:
+        w = Worker(s, reg, lease=2.0, lookahead=0.2, poll_interval=0.05, drain_timeout=0.2)
+        task = asyncio.ensure_future(w.run())
+        await s.schedule("h", "hang")
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.7)  # past its timeout: its slot is free, its thread runs on
+        w.stop()
+        await task
+        print("timeouts", w.loader.stats.timeouts, flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_a_hung_thread_does_not_keep_the_process_alive(redis_url: str) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    t0 = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-c", _HUNG_THREAD_SCRIPT, redis_url],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert "timeouts 1" in out.stdout, out.stderr
+    assert time.monotonic() - t0 < 30  # the thread sleeps 120 s: exit did not wait for it

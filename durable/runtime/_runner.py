@@ -24,9 +24,10 @@ Ground rules:
   job is released unrun, same attempt; a handler that catches that cancellation and
   returns did run, and is acked). Each cancels the handler's task with a reason;
   the task tells its own cancellation (a reason is set) from one it did not ask for.
-- A plain function of a ``thread=True`` task runs in a thread pool. A timeout or a
-  cancel frees its slot and settles its job at once, but the thread cannot be stopped:
-  it runs on until the function returns, holding a thread of the pool meanwhile.
+- A plain function of a ``thread=True`` task runs in a pool of daemon threads
+  (``_threads.py``). A timeout or a cancel frees its slot and settles its job at once,
+  but the thread cannot be stopped: it runs on until the function returns, holding a
+  thread of the pool meanwhile (a daemon thread: it does not keep the process alive).
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ import contextvars
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
 
 from tickwheel.durable.model import Fenced, Job, JobState, LeaseLost, RedisUnavailable
 from tickwheel.durable.scheduler import Scheduler
@@ -48,6 +48,7 @@ from ._loader_stats import LoaderStats
 from ._logs import Outages, failure_text, job_fields
 from ._stream import Publisher
 from ._tasks import TaskContext, TaskFunc, TaskRegistry, call_task
+from ._threads import DaemonPool
 
 __all__ = ["DEFAULT_MAX_RUNNING", "TIMEOUT_GRACE", "Release", "Runner", "TaskTimeout"]
 
@@ -152,7 +153,7 @@ class Runner:
         self._handling: dict[str, asyncio.Task[None]] = {}
         # Tasks this runner cancelled, with the reason (_TIMEOUT, _CANCELLED, _DRAIN).
         self._stops: dict[asyncio.Task[None], str] = {}
-        self._pool: ThreadPoolExecutor | None = None  # made at the first thread task
+        self._pool: DaemonPool | None = None  # made at the first thread task
 
     # -- inspection ----------------------------------------------------------------
 
@@ -236,18 +237,14 @@ class Runner:
         if self._pool is None:
             # Twice the slots: a thread that timed out holds its pool thread until it
             # returns, and the jobs after it should still find one.
-            self._pool = ThreadPoolExecutor(
-                max_workers=2 * self.max_running, thread_name_prefix="tickwheel-task"
-            )
+            self._pool = DaemonPool(2 * self.max_running)
         context = contextvars.copy_context()
-        return asyncio.get_running_loop().run_in_executor(
-            self._pool, context.run, fn, self._context(job)
-        )
+        return self._pool.submit(context.run, fn, self._context(job))
 
     def close(self) -> None:
         """Let go of the thread pool (its threads finish what they run, unwaited)."""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.close()
             self._pool = None
 
     def _spawn(
