@@ -370,3 +370,43 @@ def test_a_hung_thread_does_not_keep_the_process_alive(redis_url: str) -> None:
     )
     assert "timeouts 1" in out.stdout, out.stderr
     assert time.monotonic() - t0 < 30  # the thread sleeps 120 s: exit did not wait for it
+
+
+@pytest.mark.postgres
+def test_cancel_stops_a_running_job_in_the_postgres_mode(private_redis: Any, pg_url: str) -> None:
+    from tests.pg_support import migrated, pg_scheduler
+
+    async def main() -> None:
+        await migrated(pg_url)
+        started = asyncio.Event()
+        stopped_at: list[float] = []
+        reg = TaskRegistry()
+
+        @reg.task(name="long")
+        async def long(ctx: TaskContext) -> None:
+            started.set()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                stopped_at.append(time.monotonic())
+                raise
+
+        async with (
+            pg_scheduler(private_redis.url, pg_url, shards=1) as s,
+            running_worker(s, reg, **{**FAST, "lease": 30.0}) as w,
+        ):
+            await s.schedule("run", "long")
+            await asyncio.wait_for(started.wait(), 10)
+            await asyncio.sleep(0.2)
+            t0 = time.monotonic()
+            assert await s.cancel_job("run") is CancelResult.STOPPED
+            assert await until(lambda: bool(stopped_at), 5)
+            assert stopped_at[0] - t0 < 1.0
+            assert await s.cancel_job("run") is CancelResult.NOT_FOUND
+            await asyncio.sleep(0.3)
+            assert w.loader is not None
+            st = w.loader.stats
+            assert (st.cancelled, st.succeeded, st.retried) == (1, 0, 0)
+            assert await s.get("run") is None
+
+    run(main())
