@@ -152,13 +152,15 @@ def test_lease_is_not_extended_past_timeout_plus_grace(
 
         async with (
             open_scheduler(redis_url, **SCHED) as s,
-            running_worker(s, reg, **{**FAST, "lease": 1.0}) as w,
+            running_worker(s, reg, max_running=1, **{**FAST, "lease": 1.0}) as w,
         ):
             await s.schedule("j", "stubborn", max_attempts=5)
-            # The reaper hands it out again (attempt 2) while the first still runs.
+            # The reaper hands it out again (attempt 2) while the first still runs; the
+            # first's slot was freed at its timeout plus the grace (max_running=1).
             assert await until(lambda: len(starts) >= 2, 10)
             assert starts[1] - starts[0] < 4
             assert w.loader is not None
+            assert w.loader.stats.timeouts == 0  # none settled yet: both still run
 
     run(main())
 

@@ -17,7 +17,8 @@ Ground rules:
   dead letters unrun, an attempt at a time.
 - A handler still running when half a lease is left has its lease extended then and
   every half lease after, until it returns, or until its timeout plus ``TIMEOUT_GRACE``
-  passed (a handler that does not stop when cancelled loses its job to the reaper).
+  passed (a handler that does not stop when cancelled loses its job to the reaper, and
+  its slot is freed then: ``_abandon``).
 - Stopping a running handler (see ``_stops``): a wheel timer at its timeout (the attempt
   fails with the reason ``timeout``: retried or dead), a cancel of its job (the record
   is gone: neither acked nor retried), or a drain past its deadline at shutdown (its
@@ -153,6 +154,9 @@ class Runner:
         self._handling: dict[str, asyncio.Task[None]] = {}
         # Tasks this runner cancelled, with the reason (_TIMEOUT, _CANCELLED, _DRAIN).
         self._stops: dict[asyncio.Task[None], str] = {}
+        # Stopped tasks whose handler ignored the cancellation past TIMEOUT_GRACE: their
+        # slot was freed then, not when (if ever) they return.
+        self._abandoned: set[asyncio.Task[None]] = set()
         self._pool: DaemonPool | None = None  # made at the first thread task
 
     # -- inspection ----------------------------------------------------------------
@@ -399,6 +403,7 @@ class Runner:
                         expiry.cancel()
                     if self._handling.get(job.id) is task:
                         del self._handling[job.id]
+                    abandoned = bool(self._abandoned) and task in self._abandoned
                     if stopped is None and self._stops and task in self._stops:
                         # Cancelled, but the handler swallowed it and returned (or
                         # raised): stopped all the same, except at the drain deadline,
@@ -407,7 +412,10 @@ class Runner:
                         task.uncancel()
                         if stopped == _DRAIN:
                             stopped = None
-                    self._free_slot()  # before the retry or the ack: they wait freely
+                    if abandoned:
+                        self._abandoned.discard(task)  # its slot was freed already
+                    else:
+                        self._free_slot()  # before the retry or the ack: they wait freely
                 if stopped is not None:
                     await self._stopped(job, stopped, limit)
                     return
@@ -450,6 +458,30 @@ class Runner:
         if not task.done():
             self._stops[task] = reason
             task.cancel()
+            if reason != _DRAIN:  # the drain has its own deadline
+                self.wheel.schedule(TIMEOUT_GRACE, self._abandon, task)
+
+    def _abandon(self, task: asyncio.Task[None]) -> None:
+        """A stopped handler still runs ``TIMEOUT_GRACE`` s later (it ignored its
+        cancellation): free its slot now. Its lease is no longer extended, so its job
+        goes to the reaper; if the handler ever returns, its outcome is written then
+        (and most likely refused: the lease is gone)."""
+        job = self._running.get(task)
+        if job is None or self._handling.get(job.id) is not task:
+            return  # it returned
+        del self._handling[job.id]
+        self._abandoned.add(task)
+        self.stats.errors += 1
+        logger.error(
+            "handler of job %r (task %s, attempt %d) ignored its cancellation for %g s:"
+            " its slot is freed, and the job is left to the reaper",
+            job.id,
+            job.task,
+            job.attempt,
+            TIMEOUT_GRACE,
+            extra=job_fields(job),
+        )
+        self._free_slot()
 
     def stop_job(self, job_id: str) -> bool:
         """Stop the handler running job ``job_id`` (its record was removed: a cancel):
