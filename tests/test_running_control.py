@@ -412,3 +412,30 @@ def test_cancel_stops_a_running_job_in_the_postgres_mode(private_redis: Any, pg_
             assert await s.get("run") is None
 
     run(main())
+
+
+def test_cancel_of_a_loaded_job_not_started_yet_keeps_it_from_running(redis_url: str) -> None:
+    async def main() -> None:
+        ran: list[str] = []
+        reg = TaskRegistry()
+
+        @reg.task(name="t")
+        async def t(ctx: TaskContext) -> None:
+            ran.append(ctx.job_id)
+
+        # A 5 s lookahead: the job is claimed and waits in the wheel for its due time.
+        async with (
+            open_scheduler(redis_url, **SCHED) as s,
+            running_worker(s, reg, **{**FAST, "lookahead": 5.0}) as w,
+        ):
+            await s.schedule("soon", "t", delay=2.0)
+            assert w.loader is not None
+            assert await until(lambda: w.loader is not None and w.loader.loaded == 1, 5)
+            await asyncio.sleep(0.2)
+            assert await s.cancel_job("soon") is CancelResult.STOPPED
+            assert await until(lambda: w.loader is not None and w.loader.loaded == 0, 2)
+            await asyncio.sleep(2.5)  # past its due time
+            assert ran == []
+            assert w.loader.stats.cancelled == 1
+
+    run(main())

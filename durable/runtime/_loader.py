@@ -260,9 +260,15 @@ class Loader:
         return sum([await self.release_shard(shard) for shard in shards])
 
     def stop_job(self, job_id: str) -> bool:
-        """Stop the handler of job ``job_id`` if it runs here (its job was cancelled);
-        see :meth:`Runner.stop_job`."""
-        return self._runner.stop_job(job_id)
+        """Stop the handler of job ``job_id`` if it runs here, or forget it if it is
+        loaded here and not started (its job was cancelled); see
+        :meth:`Runner.stop_job`. True if it was here."""
+        if self._runner.stop_job(job_id):
+            return True
+        if self._claims.drop_one((self.scheduler.keys.shard_of(job_id), job_id)):
+            self.stats.cancelled += 1
+            return True
+        return False
 
     def close(self) -> None:
         """Let go of the runner's thread pool (after :meth:`drain`)."""
