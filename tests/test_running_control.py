@@ -194,7 +194,7 @@ def test_cancel_stops_a_running_job_within_the_bound(redis_url: str) -> None:
             assert await s.cancel_job("later") is CancelResult.REMOVED
             await s.schedule("run", "long")
             await asyncio.wait_for(started.wait(), 10)
-            await asyncio.sleep(0.2)  # the listener is subscribed by now
+            await asyncio.wait_for(w.listening.wait(), 10)
             t0 = time.monotonic()
             assert await s.cancel_job("run") is CancelResult.STOPPED
             assert await until(lambda: bool(stopped_at), 5)
@@ -228,6 +228,7 @@ def test_cancel_racing_completion_leaves_one_outcome(redis_url: str) -> None:
             open_scheduler(redis_url, **SCHED) as s,
             running_worker(s, reg, **FAST) as w,
         ):
+            await asyncio.wait_for(w.listening.wait(), 10)
             ids = [f"j{i}" for i in range(n)]
             for job_id in ids:
                 await s.schedule(job_id, "short")
@@ -399,7 +400,7 @@ def test_cancel_stops_a_running_job_in_the_postgres_mode(private_redis: Any, pg_
         ):
             await s.schedule("run", "long")
             await asyncio.wait_for(started.wait(), 10)
-            await asyncio.sleep(0.2)
+            await asyncio.wait_for(w.listening.wait(), 10)
             t0 = time.monotonic()
             assert await s.cancel_job("run") is CancelResult.STOPPED
             assert await until(lambda: bool(stopped_at), 5)
@@ -423,18 +424,19 @@ def test_cancel_of_a_loaded_job_not_started_yet_keeps_it_from_running(redis_url:
         async def t(ctx: TaskContext) -> None:
             ran.append(ctx.job_id)
 
-        # A 5 s lookahead: the job is claimed and waits in the wheel for its due time.
+        # A long lookahead: the job is claimed and waits in the wheel for its due time.
         async with (
             open_scheduler(redis_url, **SCHED) as s,
-            running_worker(s, reg, **{**FAST, "lookahead": 5.0}) as w,
+            running_worker(s, reg, **{**FAST, "lookahead": 10.0}) as w,
         ):
-            await s.schedule("soon", "t", delay=2.0)
+            t0 = time.monotonic()
+            await s.schedule("soon", "t", delay=4.0)
+            assert await until(lambda: w.loader is not None and w.loader.loaded == 1, 3.5)
             assert w.loader is not None
-            assert await until(lambda: w.loader is not None and w.loader.loaded == 1, 5)
-            await asyncio.sleep(0.2)
+            await asyncio.wait_for(w.listening.wait(), 10)
             assert await s.cancel_job("soon") is CancelResult.STOPPED
             assert await until(lambda: w.loader is not None and w.loader.loaded == 0, 2)
-            await asyncio.sleep(2.5)  # past its due time
+            await asyncio.sleep(max(0.0, t0 + 5.0 - time.monotonic()))  # past its due time
             assert ran == []
             assert w.loader.stats.cancelled == 1
 

@@ -158,6 +158,8 @@ class Worker:
         self.loader: Loader | None = None  # set while running
         self.live = 0  # live workers at the last heartbeat
         self._stop = asyncio.Event()  # set by stop()
+        # Set while the cancel listener is subscribed (cleared when it reconnects).
+        self.listening = asyncio.Event()
         # Shards being given back (their tasks drain): shard -> (epoch, the give-back task)
         self._leaving: dict[int, tuple[int, asyncio.Task[None]]] = {}
         # Where to start looking for free shards: spread by token, so workers starting
@@ -416,6 +418,7 @@ class Worker:
             pubsub = client.pubsub()
             try:
                 await pubsub.subscribe(channel)
+                self.listening.set()
                 async for message in pubsub.listen():
                     if message.get("type") == "message":
                         data = message["data"]
@@ -426,6 +429,7 @@ class Worker:
                 logger.debug("cancel listener: %r; listening again in 1 s", exc)
                 await asyncio.sleep(1.0)
             finally:
+                self.listening.clear()
                 with contextlib.suppress(Exception):
                     await asyncio.shield(pubsub.aclose())
 
