@@ -368,22 +368,28 @@ class Runner:
             finished = asyncio.Event()  # set when the task returned or raised
             task = asyncio.current_task()
             assert task is not None
-            expiry: Timer | None = None
-            until = _FOREVER
-            if limit is not None:  # one more wheel timer: O(1), and no task
-                expiry = self.wheel.schedule(limit, self._stop, task, _TIMEOUT)
-                until = self.wheel.time() + limit + TIMEOUT_GRACE
             # Most tasks end well inside their lease: a wheel timer (O(1), no task) starts
             # the extender only for one still running when half a lease is left (at once
-            # for a job that waited for its slot until then).
-            halfway = self.wheel.schedule_at(
-                max(self.wheel.time(), lease_end - self._half_lease),
-                self._spawn_extender,
-                job,
-                finished,
-                task,
-                until,
-            )
+            # for a job that waited for its slot until then). With a timeout, that one
+            # timer is set at whichever comes first, and sets the other when it fires: a
+            # handler that returns before both costs one timer, timeout or not.
+            now = self.wheel.time()
+            halfway_at = max(now, lease_end - self._half_lease)
+            if limit is None:
+                halfway = self.wheel.schedule_at(
+                    halfway_at, self._spawn_extender, job, finished, task, _FOREVER
+                )
+            else:
+                expires = now + limit
+                halfway = self.wheel.schedule_at(
+                    min(expires, halfway_at),
+                    self._first_timer,
+                    job,
+                    finished,
+                    task,
+                    expires,
+                    halfway_at,
+                )
             self._handling[job.id] = task
             failed: Exception | None = None
             stopped: str | None = None
@@ -399,8 +405,6 @@ class Runner:
                     failed = exc
                 finally:
                     busy = False
-                    if expiry is not None:
-                        expiry.cancel()
                     if self._handling.get(job.id) is task:
                         del self._handling[job.id]
                     abandoned = bool(self._abandoned) and task in self._abandoned
@@ -603,6 +607,32 @@ class Runner:
             self.stats.retried += 1
 
     # -- lease extension -----------------------------------------------------------
+
+    def _first_timer(
+        self,
+        job: Job,
+        finished: asyncio.Event,
+        task: asyncio.Task[None],
+        expires: float,
+        halfway_at: float,
+    ) -> None:
+        """The first of a timed handler's two deadlines came: its timeout (stop it) or
+        half its lease (start its extender); set the other one. A timer set here is not
+        cancelled when the handler returns: each callback checks that the handler still
+        runs (a few stay in the wheel until their time, doing nothing then)."""
+        if finished.is_set():
+            return
+        until = expires + TIMEOUT_GRACE
+        if expires <= halfway_at:
+            self._expire(job, task)
+            self.wheel.schedule_at(halfway_at, self._spawn_extender, job, finished, task, until)
+        else:
+            self._spawn_extender(job, finished, task, until)
+            self.wheel.schedule_at(expires, self._expire, job, task)
+
+    def _expire(self, job: Job, task: asyncio.Task[None]) -> None:
+        if self._handling.get(job.id) is task:  # its handler still runs
+            self._stop(task, _TIMEOUT)
 
     def _spawn_extender(
         self, job: Job, finished: asyncio.Event, task: asyncio.Task[None], until: float
