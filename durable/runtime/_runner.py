@@ -73,6 +73,10 @@ _TIMEOUT = "timeout"  # past its timeout: a failed attempt
 _CANCELLED = "cancelled"  # its job was cancelled (record gone): no ack, no retry
 _DRAIN = "drain"  # shutdown past the drain deadline: released unrun, same attempt
 _LOST = "lost"  # an extension found the lease gone: nothing left to ack or retry
+# How a task runs (the first value of Runner._kinds).
+_ASYNC = "async"
+_PLAIN = "plain"
+_THREAD = "thread"
 _FOREVER = float("inf")
 
 
@@ -131,11 +135,12 @@ class Runner:
         self.publisher = publisher
         self._release = release
         self.outages = outages if outages is not None else Outages()
-        # Task name -> True when its function is a coroutine function (it runs in a task
-        # of its own); a plain function runs in the wheel's callback that fires its job.
-        # By name, not by function: a registered callable need not be hashable, and a
-        # name is never registered twice.
-        self._is_async: dict[str, bool] = {}
+        # Task name -> (how it runs, its timeout or None). How: _ASYNC, a coroutine
+        # function (it runs in a task of its own); _PLAIN, a plain function (it runs in
+        # the wheel's callback that fires its job); _THREAD, a plain function in the
+        # thread pool. By name, not by function: a registered callable need not be
+        # hashable, and a name is never registered twice.
+        self._kinds: dict[str, tuple[str, float | None]] = {}
         self._running: dict[asyncio.Task[None], Job] = {}  # tasks of fired jobs
         # Of those, the ones whose handler has not returned: the slots max_running counts.
         # A task that only waits for its ack (or retry) left its slot.
@@ -148,8 +153,6 @@ class Runner:
         self.room = asyncio.Event()  # set when the ready queue fell below max_running
         self._extenders: set[asyncio.Future[None]] = set()  # lease extenders running
         self.default_timeout = default_timeout
-        # Task name -> (timeout or None, in the thread pool), from the registry's options.
-        self._limits: dict[str, tuple[float | None, bool]] = {}
         # Job id -> the task whose handler runs it (until the handler returned).
         self._handling: dict[str, asyncio.Task[None]] = {}
         # Tasks this runner cancelled, with the reason (_TIMEOUT, _CANCELLED, _DRAIN).
@@ -212,29 +215,32 @@ class Runner:
             self._log_start(job, due)
         publishing = self.publisher is not None
         fn = None if job.duplicate or publishing else self.registry.get(job.task)
-        limit = None
         if fn is not None:
-            is_async = self._is_async.get(job.task)
-            if is_async is None:
-                is_async = self._is_async[job.task] = inspect.iscoroutinefunction(fn)
-            limits = self._limits.get(job.task)
-            if limits is None:
-                limits = self._limits[job.task] = self._limits_of(job.task)
-            limit, thread = limits
-            if thread:
-                self._busy += 1
-                self._spawn(self._execute(job, lease_end, self._in_thread(fn, job), limit), job)
+            kind = self._kinds.get(job.task)
+            if kind is None:
+                kind = self._kinds[job.task] = self._kind_of(job.task, fn)
+            how, limit = kind
+            if how is not _ASYNC:
+                if how is _THREAD:
+                    self._busy += 1
+                    started = self._in_thread(fn, job)
+                    self._spawn(self._execute(job, lease_end, started, limit), job)
+                else:
+                    self._run_plain(fn, job, lease_end, limit)
                 return
-            if not is_async:
-                self._run_plain(fn, job, lease_end, limit)
-                return
+            self._busy += 1
+            self._spawn(self._execute(job, lease_end, None, limit), job)
+            return
         self._busy += 1
-        self._spawn(self._execute(job, lease_end, None, limit), job)
+        self._spawn(self._execute(job, lease_end), job)
 
-    def _limits_of(self, task: str) -> tuple[float | None, bool]:
+    def _kind_of(self, task: str, fn: TaskFunc) -> tuple[str, float | None]:
+        """How task ``task`` runs (_ASYNC, _PLAIN or _THREAD), and its timeout."""
         options = self.registry.options(task)
         limit = options.timeout if options.timeout is not None else self.default_timeout
-        return limit, options.thread
+        if options.thread:
+            return _THREAD, limit
+        return (_ASYNC if inspect.iscoroutinefunction(fn) else _PLAIN), limit
 
     def _in_thread(self, fn: TaskFunc, job: Job) -> Awaitable[object]:
         """Start ``fn`` in the thread pool (in a copy of the context); its future."""
