@@ -441,3 +441,39 @@ def test_cancel_of_a_loaded_job_not_started_yet_keeps_it_from_running(redis_url:
             assert w.loader.stats.cancelled == 1
 
     run(main())
+
+
+def test_timeout_after_the_first_extension(redis_url: str) -> None:
+    """A timeout later than half the lease: the lease is extended first, then the
+    handler is stopped at its timeout (never early) and dead-lettered with it."""
+
+    async def main() -> None:
+        starts: list[float] = []
+        stops: list[float] = []
+        reg = TaskRegistry()
+
+        @reg.task(name="slow", timeout=1.5)
+        async def slow(ctx: TaskContext) -> None:
+            starts.append(time.monotonic())
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                stops.append(time.monotonic())
+                raise
+
+        async with (
+            open_scheduler(redis_url, **SCHED) as s,
+            running_worker(s, reg, **{**FAST, "lease": 1.0, "lookahead": 0.0}) as w,
+        ):
+            await s.schedule("x", "slow", max_attempts=1)
+            assert await until(lambda: bool(stops), 10)
+            assert 1.5 <= stops[0] - starts[0] < 5.0
+            assert await until(lambda: w.loader is not None and w.loader.stats.dead == 1, 5)
+            assert w.loader is not None
+            st = w.loader.stats
+            assert st.extended >= 1 and st.timeouts == 1 and st.lease_lost == 0
+            info = await s.get("x")
+            assert info is not None and info.state is JobState.DEAD
+            assert "timeout" in info.last_error
+
+    run(main())
