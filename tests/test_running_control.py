@@ -121,6 +121,8 @@ def test_hung_handler_times_out_retries_then_dead_letters(redis_url: str, thread
                 assert info.attempt == 2
                 assert "TaskTimeout" in info.last_error and "timeout" in info.last_error
                 assert w.loader is not None
+                # Redis shows it dead before the worker's retry call returned and counted.
+                assert await until(lambda: w.loader is not None and w.loader.stats.dead == 1, 5)
                 st = w.loader.stats
                 assert (st.timeouts, st.retried, st.dead, st.succeeded) == (2, 1, 1, 1)
                 assert s.stats().timeouts == 2
