@@ -483,3 +483,18 @@ def test_timeout_after_the_first_extension(redis_url: str) -> None:
             assert "timeout" in info.last_error
 
     run(main())
+
+
+def test_prometheus_shows_timeouts_and_stopped(redis_url: str) -> None:
+    pytest.importorskip("prometheus_client")
+    from tickwheel.durable.ops.metrics import MetricsCollector
+
+    async def main() -> None:
+        async with open_scheduler(redis_url) as s:
+            s.ownership.counters.timeouts += 3
+            s.ownership.counters.stopped += 1
+            families = {f.name: f for f in MetricsCollector(s).collect()}
+            assert families["tickwheel_timeouts"].samples[0].value == 3
+            assert families["tickwheel_stopped"].samples[0].value == 1
+
+    run(main())
