@@ -14,6 +14,7 @@ import logging
 
 from .model import (
     MAX_PAYLOAD_DEPTH,
+    CancelResult,
     ClaimBatch,
     DeadPage,
     DurableError,
@@ -68,6 +69,7 @@ from .store import (
 __all__ = [
     "MAX_JOB_ID_BYTES",
     "MAX_PAYLOAD_DEPTH",
+    "CancelResult",
     "ClaimBatch",
     "Client",
     "DeadPage",

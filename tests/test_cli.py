@@ -72,8 +72,10 @@ def test_schedule_inspect_cancel(redis_url: str) -> None:
     text = cli("inspect", *o)
     assert text.returncode == 0 and "4 due (1 overdue" in text.stdout
 
-    assert cli_json("cancel", "a", *o) == {"id": "a", "cancelled": True}
-    assert cli_json("cancel", "a", *o, code=1) == {"id": "a", "cancelled": False}
+    assert cli_json("cancel", "a", *o) == {"id": "a", "cancelled": True, "result": "removed"}
+    assert cli_json("cancel", "a", *o, code=1) == {
+        "id": "a", "cancelled": False, "result": "not_found",
+    }  # fmt: skip
     assert cli_json("inspect", *o)["due"] == 3
 
 
@@ -433,7 +435,7 @@ def test_read_only_commands_do_not_create_a_namespace(redis_url: str) -> None:
     page = cli_json("dead-letters", "list", *o, code=1)
     assert page == {"namespace": ns, "created": False, "total": 0, "jobs": []}
     assert cli_json("cancel", "x", *o, code=1) == {
-        "namespace": ns, "created": False, "id": "x", "cancelled": False,
+        "namespace": ns, "created": False, "id": "x", "cancelled": False, "result": "not_found",
     }  # fmt: skip
     assert cli_json("dead-letters", "purge", "x", *o, code=1)["missing"] == ["x"]
     assert cli_json("dead-letters", "requeue", "--all", *o, code=1)["requeued"] == []

@@ -10,6 +10,7 @@ def test_all_is_pinned() -> None:
     assert sorted(durable.__all__) == sorted(
         [
             "MAX_JOB_ID_BYTES",
+            "CancelResult",
             "MAX_PAYLOAD_DEPTH",
             "ClaimBatch",
             "Client",

@@ -12,6 +12,7 @@ May import: the standard library and ``cronsim``; nothing else from tickwheel.
 from __future__ import annotations
 
 from ._args import async_client, finite_seconds_ms, int_between
+from ._cancel import CancelResult
 from ._errors import (
     DurableError,
     Fenced,
@@ -73,6 +74,7 @@ __all__ = [
     "MIN_AT_MS",
     "POLICY_BY_CODE",
     "POLICY_CODES",
+    "CancelResult",
     "ClaimBatch",
     "Counters",
     "DeadPage",

@@ -43,6 +43,8 @@ class SchedulerStats:
     shards_taken: int  # shards this owner took
     shards_given_back: int  # shards this owner gave back (shutdown, rebalancing)
     shards_lost: int  # shards this owner lost to another (fenced, or renewal failed)
+    timeouts: int  # handlers stopped past their timeout (the attempt failed: retry or dead)
+    stopped: int  # handlers stopped because their job was cancelled while running
 
     def as_dict(self) -> dict[str, int]:
         """The counters by name."""
@@ -70,6 +72,8 @@ class Counters:
     shards_taken: int
     shards_given_back: int
     shards_lost: int
+    timeouts: int
+    stopped: int
 
     def snapshot(self) -> SchedulerStats:
         """Return the current values. O(fields)."""

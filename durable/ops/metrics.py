@@ -36,6 +36,8 @@ _SCHEDULER_COUNTERS = {
     "tickwheel_reaped": ("reaped", "Expired leases returned to due or to dead."),
     "tickwheel_fenced": ("fenced", "Calls refused because this owner's epoch was stale."),
     "tickwheel_dedup_dropped": ("dedup_dropped", "Occurrences done already, dropped at claim."),
+    "tickwheel_timeouts": ("timeouts", "Handlers stopped past their timeout (a failed attempt)."),
+    "tickwheel_stopped": ("stopped", "Handlers stopped because their job was cancelled."),
 }
 # Shard moves, one counter with a kind label.
 _SHARD_MOVES = {"taken": "shards_taken", "given_back": "shards_given_back", "lost": "shards_lost"}

@@ -25,9 +25,10 @@ from ._loader import (
     LoaderStats,
 )
 from ._reaper import DEFAULT_REAP_INTERVAL, DEFAULT_REAP_LIMIT, Reaper
+from ._runner import TaskTimeout
 from ._spill import DEFAULT_THRESHOLD, Timers
 from ._stream import Publisher, StreamConsumer, StreamEntry, StreamPublisher
-from ._tasks import TaskContext, TaskRegistry
+from ._tasks import TaskContext, TaskOptions, TaskRegistry
 from ._worker import DEFAULT_DRAIN_TIMEOUT, DEFAULT_RECONCILE_INTERVAL, STATS_COUNTERS, Worker
 
 __all__ = [
@@ -50,7 +51,9 @@ __all__ = [
     "StreamEntry",
     "StreamPublisher",
     "TaskContext",
+    "TaskOptions",
     "TaskRegistry",
+    "TaskTimeout",
     "Timers",
     "Worker",
 ]

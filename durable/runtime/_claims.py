@@ -220,6 +220,15 @@ class Claimer:
 
     # -- taking jobs out of the wheel ----------------------------------------------
 
+    def drop_one(self, key: tuple[int, str]) -> bool:
+        """Forget one placed job (its record was cancelled): its timer will not fire.
+        True if it was placed. O(1)."""
+        entry = self._placed.pop(key, None)
+        if entry is None:
+            return False
+        entry[1].cancel()
+        return True
+
     def take_placed(self, shard: int) -> list[Job]:
         """Take the jobs of ``shard`` out of the wheel (in placing order), to be handed
         back."""

@@ -42,7 +42,7 @@ from ._loader_stats import LoaderStats
 from ._logs import Outages
 from ._runner import DEFAULT_MAX_RUNNING, Runner
 from ._stream import Publisher
-from ._tasks import TaskRegistry
+from ._tasks import TaskRegistry, check_timeout
 
 __all__ = [
     "DEFAULT_LIMIT",
@@ -78,6 +78,8 @@ class Loader:
             publish handoff, see ``_stream.py``); the registry is then not consulted.
         outages: where store outages are reported, logged once when each starts and
             once when it ends (a worker shares one with its other loops).
+        default_timeout: seconds a handler may run when its task sets no timeout of
+            its own (None: no limit); a run past it fails with the reason ``timeout``.
 
     Raises:
         TypeError, ValueError: naming a bad parameter.
@@ -97,6 +99,7 @@ class Loader:
         max_running: int = DEFAULT_MAX_RUNNING,
         publisher: Publisher | None = None,
         outages: Outages | None = None,
+        default_timeout: float | None = None,
     ) -> None:
         if not isinstance(registry, TaskRegistry):
             raise TypeError(f"registry must be a TaskRegistry, got {registry!r}")
@@ -106,6 +109,7 @@ class Loader:
             ("max_running", max_running, None),
         ):
             int_between(name, value, 1, top)
+        default_timeout = check_timeout(default_timeout)
         self.scheduler = scheduler  # claims, acks, owned shards
         self.registry = registry  # task name -> function
         self.wheel = wheel  # where loaded jobs wait
@@ -132,6 +136,7 @@ class Loader:
             publisher=publisher,
             release=self._release,
             outages=self.outages,
+            default_timeout=default_timeout,
         )
         scheduler.ownership.on_fenced(self._on_fenced)
         # The claim rounds, and the jobs they placed in the wheel.
@@ -254,6 +259,21 @@ class Loader:
         shards = sorted(self._claims.placed_shards() | self._runner.waiting_shards())
         return sum([await self.release_shard(shard) for shard in shards])
 
+    def stop_job(self, job_id: str) -> bool:
+        """Stop the handler of job ``job_id`` if it runs here, or forget it if it is
+        loaded here and not started (its job was cancelled); see
+        :meth:`Runner.stop_job`. True if it was here."""
+        if self._runner.stop_job(job_id):
+            return True
+        if self._claims.drop_one((self.scheduler.keys.shard_of(job_id), job_id)):
+            self.stats.cancelled += 1
+            return True
+        return False
+
+    def close(self) -> None:
+        """Let go of the runner's thread pool (after :meth:`drain`)."""
+        self._runner.close()
+
     # -- draining ------------------------------------------------------------------
 
     async def drain(self, grace: float | None = None, shard: int | None = None) -> int:
@@ -263,8 +283,11 @@ class Loader:
         that returned at the deadline did run, and its ack is what keeps it from
         running again.
 
-        A cancelled task is neither acked nor retried, and a cancelled ack call leaves
-        its jobs leased: their leases expire and the reaper hands them out again.
+        A task whose handler still runs at ``grace`` has its handler cancelled and its
+        job released unrun (same attempt) for another worker to claim. A task cancelled
+        after its handler returned (its retry being written) is neither acked nor
+        retried, and a cancelled ack call leaves its jobs leased: their leases expire
+        and the reaper hands them out again.
 
         Returns:
             How many tasks and ack calls were cancelled.
@@ -282,7 +305,10 @@ class Loader:
                 tasks, timeout=None if end is None else max(least, end - loop.time())
             )
             for task in pending:
-                task.cancel()
+                if least:
+                    task.cancel()
+                else:
+                    self._runner.stop_for_drain(task)
             if pending:
                 # Bounded: a task may swallow its cancellation (redis-py can, mid-command).
                 await asyncio.wait(pending, timeout=CANCEL_GRACE)

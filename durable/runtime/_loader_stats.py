@@ -24,6 +24,8 @@ class LoaderStats:
     expired: int = 0  # not run: the lease ran out before the job fired (stall)
     shed: int = 0  # released unrun after waiting too long for a task slot (backlog)
     fenced: int = 0  # a call refused for a stale epoch
+    timeouts: int = 0  # handlers stopped past their timeout (then retried or dead)
+    cancelled: int = 0  # handlers stopped (or waiting jobs dropped): their job was cancelled
     lease_lost: int = 0  # ack/retry/extend found the lease gone
     unavailable: int = 0  # Redis unreachable (the reaper recovers the job)
     errors: int = 0  # anything else, logged (the reaper recovers the job)

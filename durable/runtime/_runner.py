@@ -16,7 +16,19 @@ Ground rules:
   claim again. Without that, a backlog outlived its leases in the queue and went to the
   dead letters unrun, an attempt at a time.
 - A handler still running when half a lease is left has its lease extended then and
-  every half lease after, until it returns.
+  every half lease after, until it returns, or until its timeout plus ``TIMEOUT_GRACE``
+  passed (a handler that does not stop when cancelled loses its job to the reaper, and
+  its slot is freed then: ``_abandon``).
+- Stopping a running handler (see ``_stops``): a wheel timer at its timeout (the attempt
+  fails with the reason ``timeout``: retried or dead), a cancel of its job (the record
+  is gone: neither acked nor retried), or a drain past its deadline at shutdown (its
+  job is released unrun, same attempt; a handler that catches that cancellation and
+  returns did run, and is acked). Each cancels the handler's task with a reason;
+  the task tells its own cancellation (a reason is set) from one it did not ask for.
+- A plain function of a ``thread=True`` task runs in a pool of daemon threads
+  (``_threads.py``). A timeout or a cancel frees its slot and settles its job at once,
+  but the thread cannot be stopped: it runs on until the function returns, holding a
+  thread of the pool meanwhile (a daemon thread: it does not keep the process alive).
 """
 
 from __future__ import annotations
@@ -44,8 +56,9 @@ from ._loader_stats import LoaderStats
 from ._logs import Outages, failure_text, job_fields
 from ._stream import Publisher
 from ._tasks import TaskContext, TaskFunc, TaskRegistry, call_task
+from ._threads import DaemonPool
 
-__all__ = ["DEFAULT_MAX_RUNNING", "Release", "Runner"]
+__all__ = ["DEFAULT_MAX_RUNNING", "TIMEOUT_GRACE", "Release", "Runner", "TaskTimeout"]
 
 logger = logging.getLogger("tickwheel.durable")
 
@@ -57,6 +70,25 @@ DEFAULT_MAX_RUNNING = 32
 
 # Hands jobs of one shard and epoch back to due; how many were. Never raises.
 Release = Callable[[int, list[Job]], Awaitable[int]]
+
+# Seconds past a handler's timeout during which its lease is still extended: the time
+# a cancelled handler has to clean up and its retry to be written.
+TIMEOUT_GRACE = 5.0
+
+# Why the runner cancelled a handler's task (the values of Runner._stops).
+_TIMEOUT = "timeout"  # past its timeout: a failed attempt
+_CANCELLED = "cancelled"  # its job was cancelled (record gone): no ack, no retry
+_DRAIN = "drain"  # shutdown past the drain deadline: released unrun, same attempt
+_LOST = "lost"  # an extension found the lease gone: nothing left to ack or retry
+# How a task runs (the first value of Runner._kinds).
+_ASYNC = "async"
+_PLAIN = "plain"
+_THREAD = "thread"
+_FOREVER = float("inf")
+
+
+class TaskTimeout(TimeoutError):
+    """A handler ran past its timeout (the failure kept with its retry or dead letter)."""
 
 
 async def _raise(exc: BaseException) -> None:
@@ -79,6 +111,8 @@ class Runner:
         publisher: hand each job to this broker instead of running a task.
         release: hands shed jobs back to due (counted and logged there on failure).
         outages: where store outages are reported (logged once each).
+        default_timeout: seconds a handler may run when its task has no timeout of its
+            own; None: no limit.
     """
 
     def __init__(
@@ -94,6 +128,7 @@ class Runner:
         publisher: Publisher | None,
         release: Release,
         outages: Outages | None = None,
+        default_timeout: float | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.leases = scheduler.leases  # ack, retry, extend, without the facade's call
@@ -107,11 +142,12 @@ class Runner:
         self.publisher = publisher
         self._release = release
         self.outages = outages if outages is not None else Outages()
-        # Task name -> True when its function is a coroutine function (it runs in a task
-        # of its own); a plain function runs in the wheel's callback that fires its job.
-        # By name, not by function: a registered callable need not be hashable, and a
-        # name is never registered twice.
-        self._is_async: dict[str, bool] = {}
+        # Task name -> (how it runs, its timeout or None). How: _ASYNC, a coroutine
+        # function (it runs in a task of its own); _PLAIN, a plain function (it runs in
+        # the wheel's callback that fires its job); _THREAD, a plain function in the
+        # thread pool. By name, not by function: a registered callable need not be
+        # hashable, and a name is never registered twice.
+        self._kinds: dict[str, tuple[str, float | None]] = {}
         self._running: dict[asyncio.Task[None], Job] = {}  # tasks of fired jobs
         # Of those, the ones whose handler has not returned: the slots max_running counts.
         # A task that only waits for its ack (or retry) left its slot.
@@ -123,6 +159,15 @@ class Runner:
         self._shedding: set[asyncio.Task[None]] = set()  # their release calls
         self.room = asyncio.Event()  # set when the ready queue fell below max_running
         self._extenders: set[asyncio.Future[None]] = set()  # lease extenders running
+        self.default_timeout = default_timeout
+        # Job id -> the task whose handler runs it (until the handler returned).
+        self._handling: dict[str, asyncio.Task[None]] = {}
+        # Tasks this runner cancelled, with the reason (_TIMEOUT, _CANCELLED, _DRAIN).
+        self._stops: dict[asyncio.Task[None], str] = {}
+        # Stopped tasks whose handler ignored the cancellation past TIMEOUT_GRACE: their
+        # slot was freed then, not when (if ever) they return.
+        self._abandoned: set[asyncio.Task[None]] = set()
+        self._pool: DaemonPool | None = None  # made at the first thread task
 
     # -- inspection ----------------------------------------------------------------
 
@@ -178,14 +223,46 @@ class Runner:
         publishing = self.publisher is not None
         fn = None if job.duplicate or publishing else self.registry.get(job.task)
         if fn is not None and type(job.payload) is not UndecodablePayload:
-            is_async = self._is_async.get(job.task)
-            if is_async is None:
-                is_async = self._is_async[job.task] = inspect.iscoroutinefunction(fn)
-            if not is_async:
-                self._run_plain(fn, job, lease_end)
+            kind = self._kinds.get(job.task)
+            if kind is None:
+                kind = self._kinds[job.task] = self._kind_of(job.task, fn)
+            how, limit = kind
+            if how is not _ASYNC:
+                if how is _THREAD:
+                    self._busy += 1
+                    started = self._in_thread(fn, job)
+                    self._spawn(self._execute(job, lease_end, started, limit), job)
+                else:
+                    self._run_plain(fn, job, lease_end, limit)
                 return
+            self._busy += 1
+            self._spawn(self._execute(job, lease_end, None, limit), job)
+            return
         self._busy += 1
         self._spawn(self._execute(job, lease_end), job)
+
+    def _kind_of(self, task: str, fn: TaskFunc) -> tuple[str, float | None]:
+        """How task ``task`` runs (_ASYNC, _PLAIN or _THREAD), and its timeout."""
+        options = self.registry.options(task)
+        limit = options.timeout if options.timeout is not None else self.default_timeout
+        if options.thread:
+            return _THREAD, limit
+        return (_ASYNC if inspect.iscoroutinefunction(fn) else _PLAIN), limit
+
+    def _in_thread(self, fn: TaskFunc, job: Job) -> Awaitable[object]:
+        """Start ``fn`` in the thread pool (in a copy of the context); its future."""
+        if self._pool is None:
+            # Twice the slots: a thread that timed out holds its pool thread until it
+            # returns, and the jobs after it should still find one.
+            self._pool = DaemonPool(2 * self.max_running)
+        context = contextvars.copy_context()
+        return self._pool.submit(context.run, fn, self._context(job))
+
+    def close(self) -> None:
+        """Let go of the thread pool (its threads finish what they run, unwaited)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     def _spawn(
         self,
@@ -197,7 +274,7 @@ class Runner:
         self._running[task] = job
         task.add_done_callback(self._forget)
 
-    def _run_plain(self, fn: TaskFunc, job: Job, lease_end: float) -> None:
+    def _run_plain(self, fn: TaskFunc, job: Job, lease_end: float, limit: float | None) -> None:
         """Run a plain (not async) task function at once, here in the wheel's callback
         and in a copy of its context, as a task would (and it would block the loop as
         long there); no task is made unless it raises or returns an awaitable. Its ack
@@ -214,7 +291,7 @@ class Runner:
         if inspect.isawaitable(result):
             self._busy += 1
             # In the same context: what the function set is seen by what it returned.
-            self._spawn(self._execute(job, lease_end, result), job, context)
+            self._spawn(self._execute(job, lease_end, result, limit), job, context)
         else:
             self._acks.submit(job, lease_end)
 
@@ -272,10 +349,15 @@ class Runner:
     # -- running -------------------------------------------------------------------
 
     async def _execute(
-        self, job: Job, lease_end: float, started: Awaitable[object] | None = None
+        self,
+        job: Job,
+        lease_end: float,
+        started: Awaitable[object] | None = None,
+        limit: float | None = None,
     ) -> None:
         """A fired job's task: its handler (or ``started``, what its plain function
-        returned), then its retry; its ack is left to the batcher."""
+        returned, or its thread's future), stopped after ``limit`` s if given, then its
+        retry; its ack is left to the batcher."""
         leases = self.leases
         busy = True  # holds a slot until its handler returns (then ack or retry wait freely)
         try:
@@ -305,27 +387,64 @@ class Runner:
                     return
                 started = call_task(fn, self._context(job))
             finished = asyncio.Event()  # set when the task returned or raised
+            task = asyncio.current_task()
+            assert task is not None
             # Most tasks end well inside their lease: a wheel timer (O(1), no task) starts
             # the extender only for one still running when half a lease is left (at once
-            # for a job that waited for its slot until then).
-            halfway = self.wheel.schedule_at(
-                max(self.wheel.time(), lease_end - self._half_lease),
-                self._spawn_extender,
-                job,
-                finished,
-            )
+            # for a job that waited for its slot until then). With a timeout, that one
+            # timer is set at whichever comes first, and sets the other when it fires: a
+            # handler that returns before both costs one timer, timeout or not.
+            now = self.wheel.time()
+            halfway_at = max(now, lease_end - self._half_lease)
+            if limit is None:
+                halfway = self.wheel.schedule_at(
+                    halfway_at, self._spawn_extender, job, finished, task, _FOREVER
+                )
+            else:
+                expires = now + limit
+                halfway = self.wheel.schedule_at(
+                    min(expires, halfway_at),
+                    self._first_timer,
+                    job,
+                    finished,
+                    task,
+                    expires,
+                    halfway_at,
+                )
+            self._handling[job.id] = task
             failed: BaseException | None = None
+            stopped: str | None = None
             try:
                 try:
                     await started
                 except asyncio.CancelledError:
-                    raise  # the worker's own shutdown (or the task's): left to the reaper
+                    stopped = self._stops.pop(task, None)
+                    if stopped is None:
+                        raise  # not ours to stop: the task ends cancelled, as before
+                    task.uncancel()
                 except BaseException as exc:  # SystemExit, KeyboardInterrupt, GeneratorExit
                     # and the like, raised by the task: its failure, never the worker's end
                     failed = exc
                 finally:
                     busy = False
-                    self._free_slot()  # before the retry or the ack: they wait freely
+                    if self._handling.get(job.id) is task:
+                        del self._handling[job.id]
+                    abandoned = bool(self._abandoned) and task in self._abandoned
+                    if stopped is None and self._stops and task in self._stops:
+                        # Cancelled, but the handler swallowed it and returned (or
+                        # raised): stopped all the same, except at the drain deadline,
+                        # where a handler that returned did run (it is acked).
+                        stopped = self._stops.pop(task)
+                        task.uncancel()
+                        if stopped == _DRAIN:
+                            stopped = None
+                    if abandoned:
+                        self._abandoned.discard(task)  # its slot was freed already
+                    else:
+                        self._free_slot()  # before the retry or the ack: they wait freely
+                if stopped is not None:
+                    await self._stopped(job, stopped, limit)
+                    return
                 if failed is not None:  # the lease is still extended while it is written
                     await self._failed(job, failed)
                     return
@@ -357,6 +476,91 @@ class Runner:
         finally:
             if busy:  # no handler ran (a duplicate, an unknown task or payload, the publisher)
                 self._free_slot()
+
+    # -- stopping running handlers ------------------------------------------------
+
+    def _stop(self, task: asyncio.Task[None], reason: str) -> None:
+        """Cancel a handler's task, telling it why (a wheel callback, or a stop)."""
+        if not task.done():
+            self._stops[task] = reason
+            task.cancel()
+            if reason != _DRAIN:  # the drain has its own deadline
+                self.wheel.schedule(TIMEOUT_GRACE, self._abandon, task)
+
+    def _abandon(self, task: asyncio.Task[None]) -> None:
+        """A stopped handler still runs ``TIMEOUT_GRACE`` s later (it ignored its
+        cancellation): free its slot now. Its lease is no longer extended, so its job
+        goes to the reaper; if the handler ever returns, its outcome is written then
+        (and most likely refused: the lease is gone)."""
+        job = self._running.get(task)
+        if job is None or self._handling.get(job.id) is not task:
+            return  # it returned
+        del self._handling[job.id]
+        self._abandoned.add(task)
+        self.stats.errors += 1
+        logger.error(
+            "handler of job %r (task %s, attempt %d) ignored its cancellation for %g s:"
+            " its slot is freed, and the job is left to the reaper",
+            job.id,
+            job.task,
+            job.attempt,
+            TIMEOUT_GRACE,
+            extra=job_fields(job),
+        )
+        self._free_slot()
+
+    def stop_job(self, job_id: str) -> bool:
+        """Stop the handler running job ``job_id`` (its record was removed: a cancel):
+        it sees ``CancelledError``, and its run ends neither acked nor retried. A job
+        that waits for a slot is forgotten. True if there was such a job here. O(1)."""
+        task = self._handling.get(job_id)
+        if task is not None:
+            self._stop(task, _CANCELLED)
+            return True
+        entry = self._ready.pop((self.scheduler.keys.shard_of(job_id), job_id), None)
+        if entry is None:
+            return False
+        entry[2].cancel()
+        self.stats.cancelled += 1
+        return True
+
+    def stop_for_drain(self, task: asyncio.Task[None]) -> None:
+        """Cancel a task at the drain deadline: one whose handler runs releases its job
+        unrun (same attempt) for another worker; any other is cancelled plainly."""
+        job = self._running.get(task)
+        if job is not None and self._handling.get(job.id) is task:
+            self._stop(task, _DRAIN)
+        else:
+            task.cancel()
+
+    async def _stopped(self, job: Job, reason: str, limit: float | None) -> None:
+        """Settle a handler this runner stopped, by the reason it was stopped."""
+        if reason == _TIMEOUT:
+            self.stats.timeouts += 1
+            self.scheduler.ownership.counters.timeouts += 1
+            await self._failed(job, TaskTimeout(f"timeout: ran past its {limit:g} s timeout"))
+        elif reason == _CANCELLED:
+            self.stats.cancelled += 1
+            self.scheduler.ownership.counters.stopped += 1
+            logger.info(
+                "job %r (task %s, attempt %d) stopped: it was cancelled while running",
+                job.id,
+                job.task,
+                job.attempt,
+                extra=job_fields(job),
+            )
+        elif reason == _LOST:
+            self.stats.lease_lost += 1
+            logger.warning(
+                "lease of job %r (task %s, attempt %d) was lost while it ran (cancelled, or"
+                " expired and reaped): its handler was stopped",
+                job.id,
+                job.task,
+                job.attempt,
+                extra=job_fields(job),
+            )
+        else:  # _DRAIN
+            self.stats.released += await self._release(job.shard, [job])
 
     async def _publish(self, job: Job, lease_end: float) -> None:
         """Publish, then ack: the lease is cleared only after the broker confirmed."""
@@ -426,18 +630,54 @@ class Runner:
 
     # -- lease extension -----------------------------------------------------------
 
-    def _spawn_extender(self, job: Job, finished: asyncio.Event) -> None:
+    def _first_timer(
+        self,
+        job: Job,
+        finished: asyncio.Event,
+        task: asyncio.Task[None],
+        expires: float,
+        halfway_at: float,
+    ) -> None:
+        """The first of a timed handler's two deadlines came: its timeout (stop it) or
+        half its lease (start its extender); set the other one. A timer set here is not
+        cancelled when the handler returns: each callback checks that the handler still
+        runs (a few stay in the wheel until their time, doing nothing then)."""
+        if finished.is_set():
+            return
+        until = expires + TIMEOUT_GRACE
+        if expires <= halfway_at:
+            self._expire(job, task)
+            self.wheel.schedule_at(halfway_at, self._spawn_extender, job, finished, task, until)
+        else:
+            self._spawn_extender(job, finished, task, until)
+            self.wheel.schedule_at(expires, self._expire, job, task)
+
+    def _expire(self, job: Job, task: asyncio.Task[None]) -> None:
+        if self._handling.get(job.id) is task:  # its handler still runs
+            self._stop(task, _TIMEOUT)
+
+    def _spawn_extender(
+        self, job: Job, finished: asyncio.Event, task: asyncio.Task[None], until: float
+    ) -> None:
         if not finished.is_set():
-            extender = asyncio.ensure_future(self._extend(job, finished))
+            extender = asyncio.ensure_future(self._extend(job, finished, task, until))
             self._extenders.add(extender)
             extender.add_done_callback(self._extenders.discard)
 
-    async def _extend(self, job: Job, finished: asyncio.Event) -> None:
-        """Extend a running job's lease now and every half lease until ``finished``."""
-        while not finished.is_set():
+    async def _extend(
+        self, job: Job, finished: asyncio.Event, task: asyncio.Task[None], until: float
+    ) -> None:
+        """Extend a running job's lease now and every half lease until ``finished``, or
+        until ``until`` (wheel time: its timeout plus the grace) passed. A lease found
+        lost (the job was cancelled, or the reaper took it) stops the handler."""
+        while not finished.is_set() and self.wheel.time() < until:
             try:
                 await self.leases.extend(job, self.lease_ms / 1000)
-            except (LeaseLost, Fenced):
+            except LeaseLost:
+                if self._handling.get(job.id) is task:  # nothing to ack or retry now
+                    self._stop(task, _LOST)
+                return
+            except Fenced:
                 return  # the ack will say so and count it
             except RedisUnavailable:
                 pass

@@ -9,7 +9,10 @@ Ground rules:
   silent replacement (two modules claiming one name is a bug to see at import time).
 - A task is called as ``fn(ctx)`` with a :class:`TaskContext`; it may be a coroutine
   function or a plain function. A plain function runs on the event loop thread, so it
-  must be short.
+  must be short, unless it is registered with ``thread=True`` (it then runs in the
+  worker's thread pool).
+- A task may carry a ``timeout`` (seconds): a run past it is stopped and counts as a
+  failed attempt with the reason ``timeout`` (see ``_runner.py``).
 - A task schedules follow-up jobs through its context (``ctx.schedule``, or
   ``ctx.scheduler``, the worker's own :class:`Scheduler`), never through a global. A
   chain gives every occurrence an id of its own: the running job's id is leased, so
@@ -26,12 +29,40 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
-from tickwheel.durable.model import Job, ScheduleResult, ScheduleStatus, check_task_name
+from tickwheel.durable.model import (
+    Job,
+    ScheduleResult,
+    ScheduleStatus,
+    check_task_name,
+    finite_seconds_ms,
+)
 
 if TYPE_CHECKING:
     from tickwheel.durable.scheduler import Scheduler
 
-__all__ = ["TaskContext", "TaskFunc", "TaskRegistry"]
+__all__ = ["TaskContext", "TaskFunc", "TaskOptions", "TaskRegistry", "check_timeout"]
+
+
+def check_timeout(timeout: float | None) -> float | None:
+    """A task timeout in seconds (whole ms, rounded up), or None for none.
+
+    Raises:
+        TypeError: if it is not a number.
+        ValueError: naming ``timeout`` if it is zero, negative, NaN or infinite.
+    """
+    if timeout is None:
+        return None
+    return finite_seconds_ms("timeout", timeout, minimum_ms=1) / 1000
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOptions:
+    """How a worker runs a task: its timeout (s; None: the worker's default) and
+    whether a plain function runs in the worker's thread pool."""
+
+    timeout: float | None = None
+    thread: bool = False
+
 
 logger = logging.getLogger("tickwheel.durable.tasks")
 
@@ -118,6 +149,9 @@ async def call_task(fn: TaskFunc, ctx: TaskContext) -> object:
     return result
 
 
+_NO_OPTIONS = TaskOptions()
+
+
 class TaskRegistry:
     """Task names mapped to functions.
 
@@ -139,19 +173,36 @@ class TaskRegistry:
 
     def __init__(self) -> None:
         self._tasks: dict[str, TaskFunc] = {}  # name -> function
+        self._options: dict[str, TaskOptions] = {}  # name -> options, when not the defaults
 
     @overload
     def task(self, fn: TaskFunc, /) -> TaskFunc: ...
 
     @overload
-    def task(self, *, name: str | None = None) -> Callable[[TaskFunc], TaskFunc]: ...
+    def task(
+        self,
+        *,
+        name: str | None = None,
+        timeout: float | None = None,
+        thread: bool = False,
+    ) -> Callable[[TaskFunc], TaskFunc]: ...
 
     def task(
-        self, fn: TaskFunc | None = None, *, name: str | None = None
+        self,
+        fn: TaskFunc | None = None,
+        *,
+        name: str | None = None,
+        timeout: float | None = None,
+        thread: bool = False,
     ) -> TaskFunc | Callable[[TaskFunc], TaskFunc]:
-        """Register a function as a task; usable bare or with ``name=``.
+        """Register a function as a task; usable bare or with options.
 
-        The default name is the function's ``__qualname__``.
+        The default name is the function's ``__qualname__``. ``timeout`` (seconds) stops
+        a run that takes longer: an ``async def`` is cancelled, and the attempt fails
+        with the reason ``timeout`` (retried with backoff, dead after ``max_attempts``).
+        ``thread=True`` runs a plain function in the worker's thread pool, where a
+        timeout frees its slot and its lease; the thread itself cannot be stopped and
+        runs on until the function returns (its result is then ignored).
 
         Returns:
             The function itself (unchanged), or a decorator when called with ``name=``.
@@ -161,23 +212,38 @@ class TaskRegistry:
             ValueError: if the name is taken or malformed.
         """
         if fn is None:
+            check_timeout(timeout)  # at the decorator's call, not at the function's
 
             def decorate(f: TaskFunc) -> TaskFunc:
-                return self.register(f, name=name)
+                return self.register(f, name=name, timeout=timeout, thread=thread)
 
             return decorate
-        return self.register(fn, name=name)
+        return self.register(fn, name=name, timeout=timeout, thread=thread)
 
-    def register(self, fn: TaskFunc, *, name: str | None = None) -> TaskFunc:
+    def register(
+        self,
+        fn: TaskFunc,
+        *,
+        name: str | None = None,
+        timeout: float | None = None,
+        thread: bool = False,
+    ) -> TaskFunc:
         """Register ``fn`` under ``name`` (default: its ``__qualname__``). O(1).
 
         Returns:
             ``fn``.
 
         Raises:
-            TypeError: if ``fn`` is not callable, or ``name`` is not a str.
-            ValueError: if the name is already registered or malformed.
+            TypeError: if ``fn`` is not callable, or ``name`` is not a str, or ``thread``
+                is given for a coroutine function.
+            ValueError: if the name is already registered or malformed, or ``timeout``
+                is not a positive finite number of seconds.
         """
+        limit = check_timeout(timeout)
+        if not isinstance(thread, bool):
+            raise TypeError(f"thread must be a bool, got {thread!r}")
+        if thread and inspect.iscoroutinefunction(fn):
+            raise TypeError(f"thread=True is for plain functions, not coroutine function {fn!r}")
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
         if name is None:
@@ -188,7 +254,13 @@ class TaskRegistry:
         if name in self._tasks:
             raise ValueError(f"task name {name!r} is already registered to {self._tasks[name]!r}")
         self._tasks[name] = fn
+        if limit is not None or thread:
+            self._options[name] = TaskOptions(limit, thread)
         return fn
+
+    def options(self, name: str) -> TaskOptions:
+        """How the task ``name`` runs (defaults for an unknown name). O(1)."""
+        return self._options.get(name, _NO_OPTIONS)
 
     def get(self, name: str) -> TaskFunc | None:
         """The function registered under ``name``, or None. O(1)."""

@@ -21,7 +21,12 @@ Ground rules:
   member set and the document's shape are the store's (``store/_workers.py``).
 - Shutdown (:meth:`Worker.stop`, SIGTERM in the CLI): stop claiming, release what is
   loaded but not fired at once, let running tasks finish (up to the drain timeout),
-  give every shard back, leave the member set.
+  then cancel the handlers still running and release their jobs unrun (same attempt)
+  for another worker, give every shard back, leave the member set.
+- A cancel of a leased job publishes its id (cancel.lua, on ``Keys.cancels``); each
+  worker listens on one pub/sub connection and stops that job's handler if it runs
+  there. A message missed (the connection was down) is made up for by the handler's
+  next lease extension, which finds the lease gone and stops it too.
 """
 
 from __future__ import annotations
@@ -63,7 +68,7 @@ from ._logs import Outages
 from ._reaper import DEFAULT_REAP_INTERVAL, Reaper
 from ._rounds import run_rounds
 from ._stream import Publisher
-from ._tasks import TaskRegistry
+from ._tasks import TaskRegistry, check_timeout
 
 __all__ = ["DEFAULT_DRAIN_TIMEOUT", "STATS_COUNTERS", "STATS_VERSION", "Worker"]
 
@@ -87,7 +92,11 @@ class Worker:
         registry: the tasks, by name.
         lookahead, lease, limit, poll_interval, max_running: as :class:`Loader`.
         reap_interval: seconds between reaper rounds.
-        drain_timeout: seconds running tasks get at shutdown.
+        drain_timeout: seconds running tasks get at shutdown; then their handlers are
+            cancelled and their jobs released unrun (same attempt).
+        default_timeout: seconds a handler may run when its task sets no ``timeout``
+            of its own (None: no limit); a run past it fails with the reason
+            ``timeout`` (retried with backoff, dead after ``max_attempts``).
         publisher: publish due jobs to this broker instead of running tasks.
         reconcile_interval: Postgres mode: seconds between reconciles of the Redis
             index from PostgreSQL (one also runs at start). Only one worker of the
@@ -113,6 +122,7 @@ class Worker:
         drain_timeout: float | timedelta = DEFAULT_DRAIN_TIMEOUT,
         publisher: Publisher | None = None,
         reconcile_interval: float | timedelta = DEFAULT_RECONCILE_INTERVAL,
+        default_timeout: float | None = None,
     ) -> None:
         given: object = scheduler  # typed, but a redis client is a common slip
         if not isinstance(given, Scheduler):
@@ -135,6 +145,7 @@ class Worker:
             "poll_interval": poll_interval,
             "publisher": publisher,
             "max_running": max_running,
+            "default_timeout": check_timeout(default_timeout),
         }
         self.reap_interval_ms = finite_seconds_ms("reap_interval", reap_interval, minimum_ms=1)
         self.drain_timeout_ms = finite_seconds_ms("drain_timeout", drain_timeout)
@@ -147,6 +158,8 @@ class Worker:
         self.loader: Loader | None = None  # set while running
         self.live = 0  # live workers at the last heartbeat
         self._stop = asyncio.Event()  # set by stop()
+        # Set while the cancel listener is subscribed (cleared when it reconnects).
+        self.listening = asyncio.Event()
         # Shards being given back (their tasks drain): shard -> (epoch, the give-back task)
         self._leaving: dict[int, tuple[int, asyncio.Task[None]]] = {}
         # Where to start looking for free shards: spread by token, so workers starting
@@ -369,6 +382,7 @@ class Worker:
         balance = asyncio.ensure_future(self._balance())
         loading = asyncio.ensure_future(loader.run())
         reaping = asyncio.ensure_future(self._reap(reaper))
+        listening = asyncio.ensure_future(self._listen_cancels(loader))
         pg = self.scheduler.pg
         extra: list[asyncio.Future[None]] = []
         if pg is not None:  # Postgres mode: the outbox relay, and reconcile
@@ -378,6 +392,10 @@ class Worker:
             await self._stop.wait()
         finally:
             await self._shutdown(loader, balance, loading, reaping)
+            listening.cancel()
+            # Bounded: redis-py may swallow a cancellation that lands inside a command.
+            await asyncio.wait([listening], timeout=1.0)
+            loader.close()
             if extra:  # both end at the stop event; a reconcile part-way is cut short
                 _, late = await asyncio.wait(extra, timeout=self.drain_timeout_ms / 1000)
                 for task in late:
@@ -389,6 +407,31 @@ class Worker:
                     await _logged(task, "postgres relay and reconcile")
             wheel.close()
         return loader.stats
+
+    async def _listen_cancels(self, loader: Loader) -> None:
+        """Stop the handler of each job a cancel removed while leased (see the module
+        docstring); reconnect after a failure, a second later. Runs until cancelled."""
+        client = self.scheduler.store.client
+        channel = self.scheduler.keys.cancels
+        # Until cancelled; or, should a cancellation be swallowed, once stopped and idle.
+        while not self._stop.is_set() or (loader.running > 0):
+            pubsub = client.pubsub()
+            try:
+                await pubsub.subscribe(channel)
+                self.listening.set()
+                async for message in pubsub.listen():
+                    if message.get("type") == "message":
+                        data = message["data"]
+                        loader.stop_job(data.decode() if isinstance(data, bytes) else data)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the lease extension covers what is missed
+                logger.debug("cancel listener: %r; listening again in 1 s", exc)
+                await asyncio.sleep(1.0)
+            finally:
+                self.listening.clear()
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(pubsub.aclose())
 
     async def _shutdown(
         self,

@@ -20,8 +20,10 @@ from tickwheel.durable.model import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_CATCH_UP,
     DEFAULT_MISFIRE_GRACE_MS,
+    CancelResult,
     JobInfo,
     JobSpec,
+    JobState,
     MissedRun,
     Recurrence,
     RedisUnavailable,
@@ -336,6 +338,27 @@ class Producer:
             return state is not None or found
         await self._open()
         return await self.store.cancel(self.keys.shard_of(job_id), job_id) is not None
+
+    async def cancel_job(self, job_id: str) -> CancelResult:
+        """Remove a job in any state, and say what that did: ``NOT_FOUND``,
+        ``REMOVED`` (it had not run: due, or dead), or ``STOPPED`` (it was leased: the
+        worker running it is told to stop its handler, which then ends neither acked
+        nor retried; a recurring series is cancelled whole). O(log N).
+
+        Raises:
+            TypeError, ValueError: naming a bad id.
+        """
+        check_job_id(job_id)
+        if self.pg is not None:
+            found, state = await self.pg.cancel(self._side, job_id)
+        else:
+            await self._open()
+            found, state = False, await self.store.cancel(self.keys.shard_of(job_id), job_id)
+        if state is JobState.LEASED:
+            return CancelResult.STOPPED
+        if state is not None or found:
+            return CancelResult.REMOVED
+        return CancelResult.NOT_FOUND
 
     async def reschedule(
         self,

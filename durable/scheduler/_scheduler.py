@@ -321,6 +321,7 @@ class Scheduler:
     recurrence = staticmethod(recurrence)
     schedule_many = _forward("producer", Producer.schedule_many)
     cancel = _forward("producer", Producer.cancel)
+    cancel_job = _forward("producer", Producer.cancel_job)
     reschedule = _forward("producer", Producer.reschedule)
     get = _forward("producer", Producer.get)
 

@@ -176,9 +176,10 @@ def schedule_one_result(job: EncodedJob, reply: Sequence[Any]) -> ScheduleResult
 
 
 def cancel_call(keys: Keys, shard: int, job_id: str) -> Call:
-    """cancel.lua."""
+    """cancel.lua (it publishes a removed leased job's id on the namespace's cancels
+    channel, so the worker running it stops its handler)."""
     k = keys.shard(shard)
-    return [k.due, k.leased, k.dead, keys.jobs_key(shard, job_id)], [job_id]
+    return [k.due, k.leased, k.dead, keys.jobs_key(shard, job_id)], [job_id, keys.cancels]
 
 
 def cancel_result(reply: Any) -> JobState | None:

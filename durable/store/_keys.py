@@ -79,7 +79,7 @@ class Keys:
         ValueError: if one is out of range.
     """
 
-    __slots__ = ("_shards", "buckets", "meta", "namespace", "shards", "workers")
+    __slots__ = ("_shards", "buckets", "cancels", "meta", "namespace", "shards", "workers")
 
     def __init__(self, namespace: str, shards: int, buckets: int = DEFAULT_BUCKETS) -> None:
         if not isinstance(namespace, str):
@@ -98,6 +98,9 @@ class Keys:
         self.buckets = buckets  # record hashes per shard
         self.meta = f"{{{namespace}}}:meta"  # STRING "shards:buckets", set on first use
         self.workers = f"{{{namespace}}}:workers"  # ZSET worker token -> last heartbeat (ms)
+        # Pub/sub channel: cancel.lua publishes the id of a leased job it removed, and
+        # each worker listens, to stop that job's handler if it runs there.
+        self.cancels = f"{{{namespace}}}:cancels"
         self._shards = tuple(self._build(s) for s in range(shards))  # ShardKeys by shard
 
     def _build(self, shard: int) -> ShardKeys:

@@ -7,6 +7,7 @@ from typing import Any
 
 from tickwheel.durable.model import (
     DEFAULT_MAX_ATTEMPTS,
+    CancelResult,
     JobInfo,
     MissedRun,
     ScheduleStatus,
@@ -90,13 +91,18 @@ def _schedule(args: argparse.Namespace) -> int:
 
 def _cancel(args: argparse.Namespace) -> int:
     async def body(scheduler: Scheduler) -> int:
-        found = await scheduler.cancel(args.id)
-        text = f"cancelled job {args.id!r}" if found else f"no job {args.id!r}"
-        emit(args, {"id": args.id, "cancelled": found}, text)
+        result = await scheduler.cancel_job(args.id)
+        found = result is not CancelResult.NOT_FOUND
+        if result is CancelResult.STOPPED:
+            text = f"cancelled job {args.id!r} (it was running: its worker stops it)"
+        else:
+            text = f"cancelled job {args.id!r}" if found else f"no job {args.id!r}"
+        emit(args, {"id": args.id, "cancelled": found, "result": result.value}, text)
         return EXIT_OK if found else EXIT_FAILED
 
     def absent() -> int:
-        return not_created(args, {"id": args.id, "cancelled": False}, f"no job {args.id!r}: ")
+        doc = {"id": args.id, "cancelled": False, "result": CancelResult.NOT_FOUND.value}
+        return not_created(args, doc, f"no job {args.id!r}: ")
 
     return run(args, lambda: with_scheduler(args, body, absent=absent))
 

@@ -93,6 +93,7 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
             reap_interval=args.reap_interval,
             drain_timeout=args.drain_timeout,
             reconcile_interval=args.reconcile_interval,
+            default_timeout=args.task_timeout,
         )
         await scheduler.open()  # fail early: unreachable, shard count mismatch
         if args.metrics_port is not None:
@@ -168,6 +169,12 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
     work.add_argument("--poll-interval", type=positive_float, default=DEFAULT_POLL_INTERVAL)
     work.add_argument("--reap-interval", type=positive_float, default=DEFAULT_REAP_INTERVAL)
     work.add_argument("--drain-timeout", type=non_negative_float, default=DEFAULT_DRAIN_TIMEOUT)
+    work.add_argument(
+        "--task-timeout",
+        type=positive_float,
+        default=None,
+        help="seconds a handler may run when its task sets no timeout (default: no limit)",
+    )
     work.add_argument(
         "--reconcile-interval",
         type=positive_float,

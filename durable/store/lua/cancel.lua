@@ -1,6 +1,8 @@
 -- cancel.lua: remove a job, whatever its state.
 -- KEYS[1] due  KEYS[2] leased  KEYS[3] dead  KEYS[4] the job's jobs bucket
 -- ARGV[1]  id
+-- ARGV[2]  channel (optional): where a removed leased job's id is published, so that the
+--   worker running it stops its handler
 -- Returns: the state it was removed from: 1 due (in due or far: a far entry is left
 --   behind, and skipped when its slot is promoted), 2 leased (its holder's ack will get
 --   LeaseLost), 3 dead; 0 if there was no such job.
@@ -8,6 +10,9 @@
 local id = ARGV[1]
 if redis.call('HDEL', KEYS[4], id) == 0 then return 0 end
 if redis.call('ZREM', KEYS[1], id) == 1 then return 1 end
-if redis.call('ZREM', KEYS[2], id) == 1 then return 2 end
+if redis.call('ZREM', KEYS[2], id) == 1 then
+  if ARGV[2] then redis.call('PUBLISH', ARGV[2], id) end
+  return 2
+end
 if redis.call('ZREM', KEYS[3], id) == 1 then return 3 end
 return 1
