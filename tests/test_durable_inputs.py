@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -123,6 +123,20 @@ CASES: list[tuple[str, Call, type[Exception], str]] = [
         lambda s: s.schedule("j", "t", every=0),
         ValueError,
         "every must be at least 1 ms",
+    ),
+    (
+        "interval below 1 ms",
+        lambda s: s.schedule("j", "t", every=1e-9),
+        ValueError,
+        "every must be at least 1 ms",
+    ),
+    (
+        "at past year 9999 in UTC",
+        lambda s: s.schedule(
+            "j", "t", at=datetime(9999, 12, 31, 23, 59, tzinfo=timezone(timedelta(hours=-14)))
+        ),
+        ValueError,
+        "at must be before year 10000",
     ),
     (
         "cap zero",

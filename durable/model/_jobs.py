@@ -153,6 +153,9 @@ MAX_TIME_MS = 2**53 - 1
 MIN_AT_MS = 946_684_800_000
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def when_args(delay: float | timedelta | None, at: int | datetime | None) -> tuple[int, int]:
     """Return ``(mode, time)`` for a script: mode 1 a delay in ms, mode 0 an epoch ms.
 
@@ -172,7 +175,10 @@ def when_args(delay: float | timedelta | None, at: int | datetime | None) -> tup
     if isinstance(at, datetime):
         if at.tzinfo is None:
             raise ValueError(f"at must be timezone-aware, got naive {at!r}")
-        ms = (at.astimezone(UTC) - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+        try:
+            ms = (at.astimezone(UTC) - _EPOCH) // timedelta(milliseconds=1)
+        except OverflowError:  # e.g. 9999-12-31T23:59-14:00 is in year 10000 in UTC
+            raise ValueError(f"at must be before year 10000 in UTC, got {at.isoformat()}") from None
         if ms < MIN_AT_MS:
             raise ValueError(f"at must be on or after 2000-01-01T00:00:00Z, got {at.isoformat()}")
         return 0, ms

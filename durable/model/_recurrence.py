@@ -128,8 +128,9 @@ class Recurrence:
             TypeError, ValueError: naming the bad parameter.
         """
         every_ms = finite_seconds_ms("every", every)
-        if every_ms < 1:
-            raise ValueError(f"every must be at least 1 ms, got {every!r}")
+        seconds = every.total_seconds() if isinstance(every, timedelta) else every
+        if every_ms < 1 or seconds < 0.001:  # not rounded up to 1 ms in silence
+            raise ValueError(f"every must be at least 1 ms (0.001 s), got {every!r}")
         return cls(every_ms, "", *_policy(missed, max_catch_up, misfire_grace))
 
     @classmethod
