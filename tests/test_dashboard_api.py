@@ -4,6 +4,7 @@ real Redis and a real Redis Cluster with real jobs."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from typing import Any
@@ -93,7 +94,9 @@ async def _members(url: str, ns: str, ages: dict[str, int]) -> None:
         await sched.store.client.zadd(sched.keys.workers, {t: now + a for t, a in ages.items()})
 
 
-def test_a_malformed_stats_document_is_skipped_not_a_failure(redis_url: str) -> None:
+def test_a_malformed_stats_document_is_skipped_not_a_failure(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     ns = unique_ns()
     run(_schedule(redis_url, ns, [JobSpec("j", "t", delay=60)]))
     bad = {
@@ -113,8 +116,18 @@ def test_a_malformed_stats_document_is_skipped_not_a_failure(redis_url: str) -> 
             assert got == {}  # nobody beat yet: the documents alone are no members
             for token in [*bad, "fine"]:
                 await sched.workers.heartbeat(token, 10_000, True)
-            got = {m.token: m.stats for m in await sched.workers.members()}
+            with caplog.at_level(logging.WARNING, logger="tickwheel.durable"):
+                got = {m.token: m.stats for m in await sched.workers.members()}
             assert got == {**dict.fromkeys(bad), "fine": good}
+            warned = [r.getMessage() for r in caplog.records if "malformed" in r.getMessage()]
+            assert sorted(warned) == sorted(
+                f"worker {t!r}: its stats document is malformed; skipped" for t in bad
+            )
+            # A heartbeat score that is no finite ms (written by hand) reads as none.
+            await sched.store.client.zadd(sched.keys.workers, {"inf-beat": float("inf")})
+            beats = {m.token: m.beat_ms for m in await sched.workers.members()}
+            assert beats["inf-beat"] == 0
+            await sched.store.client.zrem(sched.keys.workers, "inf-beat")
 
     run(publish())
     with api_client(redis_url, ns) as client:

@@ -19,6 +19,8 @@ Ground rules:
 from __future__ import annotations
 
 import json
+import logging
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -56,6 +58,10 @@ _OPTIONAL: dict[str, Callable[[Any], bool]] = {
     "running": _int,
     "lat": _ints,
 }
+
+
+logger = logging.getLogger("tickwheel.durable")
+_warned: set[str] = set()  # tokens whose malformed document was logged
 
 
 def parse_stats_document(raw: bytes | str | None) -> dict[str, Any] | None:
@@ -139,7 +145,14 @@ class WorkerBoard:
         docs: Any = await store.transport.bounded(
             lambda: store.client.mget([keys.worker_stats(t) for t in tokens])
         )
-        return [
-            WorkerEntry(token, int(beat), parse_stats_document(raw))
-            for token, (_, beat), raw in zip(tokens, entries, docs, strict=True)
-        ]
+        out = []
+        for token, (_, beat), raw in zip(tokens, entries, docs, strict=True):
+            doc = parse_stats_document(raw)
+            if doc is None and raw is not None and token not in _warned:
+                if len(_warned) < 1024:  # once per token (the dashboard reads every poll)
+                    _warned.add(token)
+                logger.warning("worker %r: its stats document is malformed; skipped", token)
+            # A score that is not a finite ms (written by hand) reads as no heartbeat.
+            beat_ms = int(beat) if math.isfinite(beat) else 0
+            out.append(WorkerEntry(token, beat_ms, doc))
+        return out
