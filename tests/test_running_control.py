@@ -138,7 +138,7 @@ def test_lease_is_not_extended_past_timeout_plus_grace(
 ) -> None:
     """A handler that swallows its cancellation runs on; its lease is extended only
     until its timeout plus the grace, then the reaper takes the job."""
-    monkeypatch.setattr("tickwheel.durable.runtime._runner.TIMEOUT_GRACE", 0.5)
+    monkeypatch.setattr("tickwheel.durable.runtime._stopping.TIMEOUT_GRACE", 0.5)
 
     async def main() -> None:
         starts: list[float] = []

@@ -1,10 +1,12 @@
 """The loops that run jobs: loader, task runner, worker, reaper, spill and stream handoff.
 
 Owns: the :class:`Loader` (``_loader.py``), composed of the claim rounds that place due
-jobs in a wheel (``_claims.py``), the runner of their handlers with its slots, shedding
-and lease extension (``_runner.py``) and the ack batcher (``_acks.py``); the
-:class:`Worker` that holds shards and runs the rest, the reaper round, :class:`Timers`
-(the spill), the task registry and the Redis Streams handoff.
+jobs in a wheel (``_claims.py``), the runner of their handlers with its slots
+(``_runner.py``; the jobs waiting for a slot and their shedding in ``_waiting.py``, lease
+extension in ``_extending.py``, stopping running handlers in ``_stopping.py``, failed
+attempts in ``_failures.py``) and the ack batcher (``_acks.py``); the :class:`Worker`
+that holds shards and runs the rest, the reaper round, :class:`Timers` (the spill), the
+task registry and the Redis Streams handoff.
 
 Invariants: a loop only sets the pace; every decision about time is taken by a script
 on Redis's clock; a round that fails is logged and retried after a pause, never fatal.
@@ -25,8 +27,8 @@ from ._loader import (
     LoaderStats,
 )
 from ._reaper import DEFAULT_REAP_INTERVAL, DEFAULT_REAP_LIMIT, Reaper
-from ._runner import TaskTimeout
 from ._spill import DEFAULT_THRESHOLD, Timers
+from ._stopping import TaskTimeout
 from ._stream import Publisher, StreamConsumer, StreamEntry, StreamPublisher
 from ._tasks import TaskContext, TaskOptions, TaskRegistry
 from ._worker import DEFAULT_DRAIN_TIMEOUT, DEFAULT_RECONCILE_INTERVAL, STATS_COUNTERS, Worker

@@ -31,6 +31,7 @@ __all__ = [
     "Outages",
     "failure_text",
     "job_fields",
+    "log_start",
     "logger",
 ]
 
@@ -47,6 +48,24 @@ TRACEBACK_CHARS = 4096
 def job_fields(job: Job) -> dict[str, Any]:
     """The structured fields of a line about ``job`` (``extra=``)."""
     return {"job_id": job.id, "task": job.task, "attempt": job.attempt, "shard": job.shard}
+
+
+def log_start(job: Job, late_ms: float | None) -> None:
+    """The DEBUG line of a job's start, with its lateness (ms) if known."""
+    fields = job_fields(job)
+    if late_ms is None:
+        logger.debug("job %r started (task %s, attempt %d)", job.id, job.task, job.attempt,
+                     extra=fields)  # fmt: skip
+        return
+    fields["lateness_ms"] = round(late_ms, 1)
+    logger.debug(
+        "job %r started (task %s, attempt %d, %.1f ms late)",
+        job.id,
+        job.task,
+        job.attempt,
+        late_ms,
+        extra=fields,
+    )
 
 
 def failure_text(exc: BaseException) -> str:

@@ -12,19 +12,15 @@ Ground rules:
   Postgres mode that write is a commit, and holding the slot through it capped a worker
   at ``max_running`` commits' worth of jobs per second.
 - A job that fires while every slot is taken waits, in due order, until half a lease
-  is left; then it is shed: released (same attempt) for this or another worker to
-  claim again. Without that, a backlog outlived its leases in the queue and went to the
-  dead letters unrun, an attempt at a time.
+  is left; then it is shed (:class:`Waiting`, ``_waiting.py``).
 - A handler still running when half a lease is left has its lease extended then and
-  every half lease after, until it returns, or until its timeout plus ``TIMEOUT_GRACE``
-  passed (a handler that does not stop when cancelled loses its job to the reaper, and
-  its slot is freed then: ``_abandon``).
-- Stopping a running handler (see ``_stops``): a wheel timer at its timeout (the attempt
-  fails with the reason ``timeout``: retried or dead), a cancel of its job (the record
-  is gone: neither acked nor retried), or a drain past its deadline at shutdown (its
-  job is released unrun, same attempt; a handler that catches that cancellation and
-  returns did run, and is acked). Each cancels the handler's task with a reason;
-  the task tells its own cancellation (a reason is set) from one it did not ask for.
+  every half lease after (:class:`LeaseExtender`, ``_extending.py``), until it returns,
+  or until its timeout plus ``TIMEOUT_GRACE`` passed (a handler that does not stop
+  when cancelled loses its job to the reaper, and its slot is freed then).
+- Stopping a running handler (a wheel timer at its timeout, a cancel of its job, a drain
+  past its deadline at shutdown, a lease found lost) and settling it is the
+  :class:`Stopper`'s (``_stopping.py``); a failed attempt's retry or dead letter, and
+  its log line, the :class:`Failures`' (``_failures.py``).
 - A plain function of a ``thread=True`` task runs in a pool of daemon threads
   (``_threads.py``). A timeout or a cancel frees its slot and settles its job at once,
   but the thread cannot be stopped: it runs on until the function returns, holding a
@@ -34,33 +30,27 @@ Ground rules:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 
-from tickwheel.durable.model import (
-    Fenced,
-    Job,
-    JobState,
-    LeaseLost,
-    RedisUnavailable,
-    UndecodablePayload,
-)
+from tickwheel.durable.model import Fenced, Job, LeaseLost, UndecodablePayload
 from tickwheel.durable.scheduler import Scheduler
-from tickwheel.wheel import Timer, TimingWheel
+from tickwheel.wheel import TimingWheel
 
 from ._acks import UNAVAILABLE, AckBatcher
+from ._extending import LeaseExtender
+from ._failures import Failures
 from ._loader_stats import LoaderStats
-from ._logs import Outages, failure_text, job_fields
+from ._logs import Outages, job_fields, log_start, logger
+from ._stopping import Stopper
 from ._stream import Publisher
 from ._tasks import TaskContext, TaskFunc, TaskRegistry, call_task
 from ._threads import DaemonPool
+from ._waiting import Waiting
 
-__all__ = ["DEFAULT_MAX_RUNNING", "TIMEOUT_GRACE", "Release", "Runner", "TaskTimeout"]
-
-logger = logging.getLogger("tickwheel.durable")
+__all__ = ["DEFAULT_MAX_RUNNING", "Release", "Runner"]
 
 # Tasks running at once. Each may hold two Redis connections (its ack and its lease
 # extension), and redis-py's asyncio pool refuses more than 100 by default
@@ -71,24 +61,11 @@ DEFAULT_MAX_RUNNING = 32
 # Hands jobs of one shard and epoch back to due; how many were. Never raises.
 Release = Callable[[int, list[Job]], Awaitable[int]]
 
-# Seconds past a handler's timeout during which its lease is still extended: the time
-# a cancelled handler has to clean up and its retry to be written.
-TIMEOUT_GRACE = 5.0
-
-# Why the runner cancelled a handler's task (the values of Runner._stops).
-_TIMEOUT = "timeout"  # past its timeout: a failed attempt
-_CANCELLED = "cancelled"  # its job was cancelled (record gone): no ack, no retry
-_DRAIN = "drain"  # shutdown past the drain deadline: released unrun, same attempt
-_LOST = "lost"  # an extension found the lease gone: nothing left to ack or retry
 # How a task runs (the first value of Runner._kinds).
 _ASYNC = "async"
 _PLAIN = "plain"
 _THREAD = "thread"
 _FOREVER = float("inf")
-
-
-class TaskTimeout(TimeoutError):
-    """A handler ran past its timeout (the failure kept with its retry or dead letter)."""
 
 
 async def _raise(exc: BaseException) -> None:
@@ -140,7 +117,6 @@ class Runner:
         self._half_lease = lease_ms / 2000  # s: a waiting job's limit, an extender's pace
         self.max_running = max_running
         self.publisher = publisher
-        self._release = release
         self.outages = outages if outages is not None else Outages()
         # Task name -> (how it runs, its timeout or None). How: _ASYNC, a coroutine
         # function (it runs in a task of its own); _PLAIN, a plain function (it runs in
@@ -152,21 +128,21 @@ class Runner:
         # Of those, the ones whose handler has not returned: the slots max_running counts.
         # A task that only waits for its ack (or retry) left its slot.
         self._busy = 0
-        # (shard, job id) -> (job, lease end, its shed timer, its due or None): fired
-        # while max_running tasks ran; FIFO
-        self._ready: dict[tuple[int, str], tuple[Job, float, Timer, float | None]] = {}
-        self._to_shed: list[Job] = []  # waited too long for a slot: to be released
-        self._shedding: set[asyncio.Task[None]] = set()  # their release calls
+        self._waiting = Waiting(stats, release)  # fired while max_running tasks ran
         self.room = asyncio.Event()  # set when the ready queue fell below max_running
-        self._extenders: set[asyncio.Future[None]] = set()  # lease extenders running
         self.default_timeout = default_timeout
-        # Job id -> the task whose handler runs it (until the handler returned).
-        self._handling: dict[str, asyncio.Task[None]] = {}
-        # Tasks this runner cancelled, with the reason (_TIMEOUT, _CANCELLED, _DRAIN).
-        self._stops: dict[asyncio.Task[None], str] = {}
-        # Stopped tasks whose handler ignored the cancellation past TIMEOUT_GRACE: their
-        # slot was freed then, not when (if ever) they return.
-        self._abandoned: set[asyncio.Task[None]] = set()
+        self._failures = Failures(scheduler, stats)  # retries and dead letters, logged
+        # Stops running handlers (timeout, cancel, drain, lost lease) and settles them.
+        self._stopper = Stopper(
+            scheduler,
+            wheel,
+            stats,
+            self._running,
+            free_slot=self._free_slot,
+            release=release,
+            failures=self._failures,
+        )
+        self._extender = LeaseExtender(scheduler, wheel, stats, self._stopper, lease_ms=lease_ms)
         self._pool: DaemonPool | None = None  # made at the first thread task
 
     # -- inspection ----------------------------------------------------------------
@@ -174,7 +150,7 @@ class Runner:
     @property
     def waiting(self) -> int:
         """Jobs fired and waiting for a slot."""
-        return len(self._ready)
+        return len(self._waiting.ready)
 
     @property
     def running(self) -> int:
@@ -185,7 +161,7 @@ class Runner:
     @property
     def backlogged(self) -> bool:
         """A slot's worth of jobs waits per slot: claim nothing more until :attr:`room`."""
-        return len(self._ready) >= self.max_running
+        return len(self._waiting.ready) >= self.max_running
 
     def tasks(self, shard: int | None = None) -> set[asyncio.Task[None]]:
         """The tasks of fired jobs (of ``shard``, or all) not finished yet."""
@@ -193,7 +169,7 @@ class Runner:
 
     def waiting_shards(self) -> set[int]:
         """The shards that have a job waiting for a slot."""
-        return {shard for shard, _ in self._ready}
+        return self._waiting.shards()
 
     # -- firing --------------------------------------------------------------------
 
@@ -204,10 +180,11 @@ class Runner:
         a lease is left. One function, not two: it runs once per job. ``due`` (wheel
         time) gives the lateness of its start in the DEBUG line."""
         if self._busy >= self.max_running:
+            waiting = self._waiting
             shed = self.wheel.schedule_at(
-                max(self.wheel.time(), lease_end - self._half_lease), self._shed, key
+                max(self.wheel.time(), lease_end - self._half_lease), waiting.shed, key
             )
-            self._ready[key] = (job, lease_end, shed, due)
+            waiting.ready[key] = (job, lease_end, shed, due)
             if logger.isEnabledFor(logging.DEBUG):
                 logger.debug("job %r waits for a slot", job.id, extra=job_fields(job))
             return
@@ -219,7 +196,7 @@ class Runner:
             return
         self.stats.fired += 1
         if logger.isEnabledFor(logging.DEBUG):
-            self._log_start(job, due)
+            log_start(job, None if due is None else (self.wheel.time() - due) * 1000)
         publishing = self.publisher is not None
         fn = None if job.duplicate or publishing else self.registry.get(job.task)
         if fn is not None and type(job.payload) is not UndecodablePayload:
@@ -295,23 +272,6 @@ class Runner:
         else:
             self._acks.submit(job, lease_end)
 
-    def _log_start(self, job: Job, due: float | None) -> None:
-        fields = job_fields(job)
-        if due is None:
-            logger.debug("job %r started (task %s, attempt %d)", job.id, job.task, job.attempt,
-                         extra=fields)  # fmt: skip
-            return
-        late_ms = (self.wheel.time() - due) * 1000
-        fields["lateness_ms"] = round(late_ms, 1)
-        logger.debug(
-            "job %r started (task %s, attempt %d, %.1f ms late)",
-            job.id,
-            job.task,
-            job.attempt,
-            late_ms,
-            extra=fields,
-        )
-
     def _context(self, job: Job) -> TaskContext:
         return TaskContext(
             job_id=job.id,
@@ -333,7 +293,7 @@ class Runner:
         runs inside the task that freed the slot: a failure to start another job (a
         plain function runs right here) must not end that task before its ack."""
         self._busy -= 1
-        ready = self._ready
+        ready = self._waiting.ready
         while ready and self._busy < self.max_running:
             key = next(iter(ready))
             job, lease_end, shed, due = ready.pop(key)
@@ -359,6 +319,7 @@ class Runner:
         returned, or its thread's future), stopped after ``limit`` s if given, then its
         retry; its ack is left to the batcher."""
         leases = self.leases
+        failures = self._failures
         busy = True  # holds a slot until its handler returns (then ack or retry wait freely)
         try:
             if started is None:
@@ -368,9 +329,7 @@ class Runner:
                     return
                 if type(job.payload) is UndecodablePayload:
                     # Dead-lettered at once with the reason: no retry decodes it.
-                    reason = str(job.payload)
-                    self._count_retry(await leases.retry(job, reason, final=True))
-                    self._log_dead(job, reason)
+                    await failures.dead(job, str(job.payload))
                     return
                 if self.publisher is not None:
                     await self._publish(job, lease_end)
@@ -380,10 +339,7 @@ class Runner:
                     # Dead-lettered at once with the reason: no retry mends a missing task.
                     # A rolling deploy that brings the task requeues it (requeue_dead).
                     self.stats.unknown += 1
-                    reason = f"unknown task {job.task!r}"
-                    state = await leases.retry(job, reason, final=True)
-                    self._count_retry(state)
-                    self._log_dead(job, reason)
+                    await failures.dead(job, f"unknown task {job.task!r}")
                     return
                 started = call_task(fn, self._context(job))
             finished = asyncio.Event()  # set when the task returned or raised
@@ -398,7 +354,7 @@ class Runner:
             halfway_at = max(now, lease_end - self._half_lease)
             if limit is None:
                 halfway = self.wheel.schedule_at(
-                    halfway_at, self._spawn_extender, job, finished, task, _FOREVER
+                    halfway_at, self._extender.spawn, job, finished, task, _FOREVER
                 )
             else:
                 expires = now + limit
@@ -411,14 +367,16 @@ class Runner:
                     expires,
                     halfway_at,
                 )
-            self._handling[job.id] = task
+            stopper = self._stopper
+            handling = stopper.handling
+            handling[job.id] = task
             failed: BaseException | None = None
             stopped: str | None = None
             try:
                 try:
                     await started
                 except asyncio.CancelledError:
-                    stopped = self._stops.pop(task, None)
+                    stopped = stopper.stops.pop(task, None)
                     if stopped is None:
                         raise  # not ours to stop: the task ends cancelled, as before
                     task.uncancel()
@@ -427,26 +385,19 @@ class Runner:
                     failed = exc
                 finally:
                     busy = False
-                    if self._handling.get(job.id) is task:
-                        del self._handling[job.id]
-                    abandoned = bool(self._abandoned) and task in self._abandoned
-                    if stopped is None and self._stops and task in self._stops:
-                        # Cancelled, but the handler swallowed it and returned (or
-                        # raised): stopped all the same, except at the drain deadline,
-                        # where a handler that returned did run (it is acked).
-                        stopped = self._stops.pop(task)
-                        task.uncancel()
-                        if stopped == _DRAIN:
-                            stopped = None
-                    if abandoned:
-                        self._abandoned.discard(task)  # its slot was freed already
-                    else:
+                    if handling.get(job.id) is task:
+                        del handling[job.id]
+                    # Only while some handler is stopped or abandoned: was it this one?
+                    freed = False  # its slot, already (abandoned)
+                    if stopper.stops or stopper.abandoned:
+                        stopped, freed = stopper.returned(task, stopped)
+                    if not freed:
                         self._free_slot()  # before the retry or the ack: they wait freely
                 if stopped is not None:
-                    await self._stopped(job, stopped, limit)
+                    await stopper.settle(job, stopped, limit)
                     return
                 if failed is not None:  # the lease is still extended while it is written
-                    await self._failed(job, failed)
+                    await failures.failed(job, failed)
                     return
             finally:
                 # Not cancel() of the extender: redis-py may swallow a cancellation that
@@ -477,90 +428,23 @@ class Runner:
             if busy:  # no handler ran (a duplicate, an unknown task or payload, the publisher)
                 self._free_slot()
 
-    # -- stopping running handlers ------------------------------------------------
-
-    def _stop(self, task: asyncio.Task[None], reason: str) -> None:
-        """Cancel a handler's task, telling it why (a wheel callback, or a stop)."""
-        if not task.done():
-            self._stops[task] = reason
-            task.cancel()
-            if reason != _DRAIN:  # the drain has its own deadline
-                self.wheel.schedule(TIMEOUT_GRACE, self._abandon, task)
-
-    def _abandon(self, task: asyncio.Task[None]) -> None:
-        """A stopped handler still runs ``TIMEOUT_GRACE`` s later (it ignored its
-        cancellation): free its slot now. Its lease is no longer extended, so its job
-        goes to the reaper; if the handler ever returns, its outcome is written then
-        (and most likely refused: the lease is gone)."""
-        job = self._running.get(task)
-        if job is None or self._handling.get(job.id) is not task:
-            return  # it returned
-        del self._handling[job.id]
-        self._abandoned.add(task)
-        self.stats.errors += 1
-        logger.error(
-            "handler of job %r (task %s, attempt %d) ignored its cancellation for %g s:"
-            " its slot is freed, and the job is left to the reaper",
-            job.id,
-            job.task,
-            job.attempt,
-            TIMEOUT_GRACE,
-            extra=job_fields(job),
-        )
-        self._free_slot()
+    # -- stopping running handlers (the Stopper's) ----------------------------------
 
     def stop_job(self, job_id: str) -> bool:
         """Stop the handler running job ``job_id`` (its record was removed: a cancel):
         it sees ``CancelledError``, and its run ends neither acked nor retried. A job
         that waits for a slot is forgotten. True if there was such a job here. O(1)."""
-        task = self._handling.get(job_id)
-        if task is not None:
-            self._stop(task, _CANCELLED)
+        if self._stopper.cancel(job_id):
             return True
-        entry = self._ready.pop((self.scheduler.keys.shard_of(job_id), job_id), None)
-        if entry is None:
+        if not self._waiting.forget((self.scheduler.keys.shard_of(job_id), job_id)):
             return False
-        entry[2].cancel()
         self.stats.cancelled += 1
         return True
 
     def stop_for_drain(self, task: asyncio.Task[None]) -> None:
         """Cancel a task at the drain deadline: one whose handler runs releases its job
         unrun (same attempt) for another worker; any other is cancelled plainly."""
-        job = self._running.get(task)
-        if job is not None and self._handling.get(job.id) is task:
-            self._stop(task, _DRAIN)
-        else:
-            task.cancel()
-
-    async def _stopped(self, job: Job, reason: str, limit: float | None) -> None:
-        """Settle a handler this runner stopped, by the reason it was stopped."""
-        if reason == _TIMEOUT:
-            self.stats.timeouts += 1
-            self.scheduler.ownership.counters.timeouts += 1
-            await self._failed(job, TaskTimeout(f"timeout: ran past its {limit:g} s timeout"))
-        elif reason == _CANCELLED:
-            self.stats.cancelled += 1
-            self.scheduler.ownership.counters.stopped += 1
-            logger.info(
-                "job %r (task %s, attempt %d) stopped: it was cancelled while running",
-                job.id,
-                job.task,
-                job.attempt,
-                extra=job_fields(job),
-            )
-        elif reason == _LOST:
-            self.stats.lease_lost += 1
-            logger.warning(
-                "lease of job %r (task %s, attempt %d) was lost while it ran (cancelled, or"
-                " expired and reaped): its handler was stopped",
-                job.id,
-                job.task,
-                job.attempt,
-                extra=job_fields(job),
-            )
-        else:  # _DRAIN
-            self.stats.released += await self._release(job.shard, [job])
+        self._stopper.drain(task)
 
     async def _publish(self, job: Job, lease_end: float) -> None:
         """Publish, then ack: the lease is cleared only after the broker confirmed."""
@@ -569,64 +453,9 @@ class Runner:
             await self.publisher.publish(job)
         except Exception as exc:
             # Published or not, we cannot tell: retry (a duplicate is dropped downstream).
-            await self._failed(job, exc, "publishing ")
+            await self._failures.failed(job, exc, "publishing ")
             return
         self._acks.submit(job, lease_end)
-
-    async def _failed(self, job: Job, exc: BaseException, doing: str = "") -> None:
-        """Write the retry (or the dead letter) of a failed run, its traceback kept with
-        the job, then log it: WARNING when it will be retried, ERROR when it is dead,
-        with the exception. If the retry cannot be written, the failure is still logged
-        (WARNING) and the error raised on (the lease expires: the reaper retries it)."""
-        try:
-            state = await self.leases.retry(job, failure_text(exc))
-        except BaseException as unwritten:
-            logger.warning(
-                "%sjob %r (task %s) failed at attempt %d/%d; its retry was not written (%r)",
-                doing,
-                job.id,
-                job.task,
-                job.attempt,
-                job.max_attempts,
-                unwritten,
-                exc_info=exc,
-                extra=job_fields(job),
-            )
-            raise
-        self._count_retry(state)
-        if state is JobState.DEAD:
-            self._log_dead(job, f"{doing}failed: {exc!r}", exc)
-            return
-        logger.warning(
-            "%sjob %r (task %s) failed at attempt %d/%d, will retry: %r",
-            doing,
-            job.id,
-            job.task,
-            job.attempt,
-            job.max_attempts,
-            exc,
-            exc_info=exc,
-            extra=job_fields(job),
-        )
-
-    @staticmethod
-    def _log_dead(job: Job, reason: str, exc: BaseException | None = None) -> None:
-        logger.error(
-            "job %r dead-lettered (task %s, attempt %d/%d): %s",
-            job.id,
-            job.task,
-            job.attempt,
-            job.max_attempts,
-            reason,
-            exc_info=exc,
-            extra={**job_fields(job), "reason": reason},
-        )
-
-    def _count_retry(self, state: JobState) -> None:
-        if state is JobState.DEAD:
-            self.stats.dead += 1
-        else:
-            self.stats.retried += 1
 
     # -- lease extension -----------------------------------------------------------
 
@@ -644,87 +473,22 @@ class Runner:
         runs (a few stay in the wheel until their time, doing nothing then)."""
         if finished.is_set():
             return
-        until = expires + TIMEOUT_GRACE
+        until = expires + self._stopper.grace
         if expires <= halfway_at:
-            self._expire(job, task)
-            self.wheel.schedule_at(halfway_at, self._spawn_extender, job, finished, task, until)
+            self._stopper.expire(job, task)
+            self.wheel.schedule_at(halfway_at, self._extender.spawn, job, finished, task, until)
         else:
-            self._spawn_extender(job, finished, task, until)
-            self.wheel.schedule_at(expires, self._expire, job, task)
+            self._extender.spawn(job, finished, task, until)
+            self.wheel.schedule_at(expires, self._stopper.expire, job, task)
 
-    def _expire(self, job: Job, task: asyncio.Task[None]) -> None:
-        if self._handling.get(job.id) is task:  # its handler still runs
-            self._stop(task, _TIMEOUT)
-
-    def _spawn_extender(
-        self, job: Job, finished: asyncio.Event, task: asyncio.Task[None], until: float
-    ) -> None:
-        if not finished.is_set():
-            extender = asyncio.ensure_future(self._extend(job, finished, task, until))
-            self._extenders.add(extender)
-            extender.add_done_callback(self._extenders.discard)
-
-    async def _extend(
-        self, job: Job, finished: asyncio.Event, task: asyncio.Task[None], until: float
-    ) -> None:
-        """Extend a running job's lease now and every half lease until ``finished``, or
-        until ``until`` (wheel time: its timeout plus the grace) passed. A lease found
-        lost (the job was cancelled, or the reaper took it) stops the handler."""
-        while not finished.is_set() and self.wheel.time() < until:
-            try:
-                await self.leases.extend(job, self.lease_ms / 1000)
-            except LeaseLost:
-                if self._handling.get(job.id) is task:  # nothing to ack or retry now
-                    self._stop(task, _LOST)
-                return
-            except Fenced:
-                return  # the ack will say so and count it
-            except RedisUnavailable:
-                pass
-            else:
-                self.stats.extended += 1
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(finished.wait(), self._half_lease)
-
-    # -- shedding and handing back -------------------------------------------------
-
-    def _shed(self, key: tuple[int, str]) -> None:
-        entry = self._ready.pop(key, None)
-        if entry is None:
-            return
-        self._to_shed.append(entry[0])
-        if len(self._to_shed) == 1:  # the first of this loop turn: one release call
-            task = asyncio.ensure_future(self._release_shed())
-            self._shedding.add(task)
-            task.add_done_callback(self._shedding.discard)
-
-    async def _release_shed(self) -> None:
-        await asyncio.sleep(0)  # one loop turn: the jobs of a batch shed together
-        jobs, self._to_shed = self._to_shed, []
-        groups: dict[tuple[int, int], list[Job]] = {}
-        for job in jobs:
-            groups.setdefault((job.shard, job.epoch), []).append(job)
-        for (shard, _), group in groups.items():
-            self.stats.shed += await self._release(shard, group)
+    # -- the jobs waiting for a slot (the Waiting's) ------------------------------
 
     def take_waiting(self, shard: int) -> list[Job]:
         """Take the jobs of ``shard`` that wait for a slot out of the queue (in order),
         to be handed back."""
-        jobs = []
-        for key in [k for k in self._ready if k[0] == shard]:
-            job, _, shed, _ = self._ready.pop(key)
-            shed.cancel()
-            jobs.append(job)
-        return jobs
+        return self._waiting.take(shard)
 
     def drop_waiting(self, shard: int, epoch: int | None) -> int:
         """Forget the jobs of ``shard`` waiting for a slot (all, or those leased under
         ``epoch`` or before); how many."""
-        ready = [
-            key
-            for key, (job, *_) in self._ready.items()
-            if key[0] == shard and (epoch is None or job.epoch <= epoch)
-        ]
-        for key in ready:
-            self._ready.pop(key)[2].cancel()
-        return len(ready)
+        return self._waiting.drop(shard, epoch)

@@ -12,7 +12,7 @@ Ground rules:
   must be short, unless it is registered with ``thread=True`` (it then runs in the
   worker's thread pool).
 - A task may carry a ``timeout`` (seconds): a run past it is stopped and counts as a
-  failed attempt with the reason ``timeout`` (see ``_runner.py``).
+  failed attempt with the reason ``timeout`` (see ``_stopping.py``).
 - A task schedules follow-up jobs through its context (``ctx.schedule``, or
   ``ctx.scheduler``, the worker's own :class:`Scheduler`), never through a global. A
   chain gives every occurrence an id of its own: the running job's id is leased, so

@@ -1,0 +1,79 @@
+"""The lease extension of a handler that runs long: started by a wheel timer when half
+its lease is left (most handlers end before: no task is made for them), then every
+half lease until it returns, or until its timeout plus the grace passed. A lease found
+lost (the job was cancelled, or the reaper took it) stops the handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from tickwheel.durable.model import Fenced, Job, LeaseLost, RedisUnavailable
+from tickwheel.durable.scheduler import Scheduler
+from tickwheel.wheel import TimingWheel
+
+from ._loader_stats import LoaderStats
+from ._stopping import Stopper
+
+__all__ = ["LeaseExtender"]
+
+
+class LeaseExtender:
+    """Extend the leases of running handlers.
+
+    Args:
+        scheduler: its leases are extended.
+        wheel: the clock the ``until`` limits are in.
+        stats: where extensions are counted.
+        stopper: stops a handler whose lease was found lost.
+        lease_ms: the run time a lease covers; extended every half of it.
+    """
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        wheel: TimingWheel,
+        stats: LoaderStats,
+        stopper: Stopper,
+        *,
+        lease_ms: int,
+    ) -> None:
+        self.leases = scheduler.leases
+        self.wheel = wheel
+        self.stats = stats
+        self._stopper = stopper
+        self.lease_ms = lease_ms
+        self._half_lease = lease_ms / 2000
+        self._extenders: set[asyncio.Future[None]] = set()  # running
+
+    def spawn(
+        self, job: Job, finished: asyncio.Event, task: asyncio.Task[None], until: float
+    ) -> None:
+        """Start extending the lease of ``job`` (a wheel callback), unless its handler
+        is ``finished``."""
+        if not finished.is_set():
+            extender = asyncio.ensure_future(self._extend(job, finished, task, until))
+            self._extenders.add(extender)
+            extender.add_done_callback(self._extenders.discard)
+
+    async def _extend(
+        self, job: Job, finished: asyncio.Event, task: asyncio.Task[None], until: float
+    ) -> None:
+        """Extend a running job's lease now and every half lease until ``finished``, or
+        until ``until`` (wheel time: its timeout plus the grace) passed. A lease found
+        lost (the job was cancelled, or the reaper took it) stops the handler."""
+        while not finished.is_set() and self.wheel.time() < until:
+            try:
+                await self.leases.extend(job, self.lease_ms / 1000)
+            except LeaseLost:
+                self._stopper.lost(job, task)  # nothing to ack or retry now
+                return
+            except Fenced:
+                return  # the ack will say so and count it
+            except RedisUnavailable:
+                pass
+            else:
+                self.stats.extended += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(finished.wait(), self._half_lease)

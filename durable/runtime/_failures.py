@@ -1,0 +1,96 @@
+"""A failed attempt: its retry (or its dead letter) written with the failure, counted,
+then logged.
+
+Ground rules:
+
+- The failure kept with the job is :func:`failure_text` (its repr and the tail of its
+  traceback); the line is a WARNING when the job will be retried, an ERROR when it is
+  dead, both with the exception.
+- A retry that cannot be written is still logged (WARNING), and its error raised on:
+  the lease expires and the reaper retries the job.
+- A job no retry can mend (an undecodable payload, an unknown task) is dead-lettered at
+  once, with the reason.
+"""
+
+from __future__ import annotations
+
+from tickwheel.durable.model import Job, JobState
+from tickwheel.durable.scheduler import Scheduler
+
+from ._loader_stats import LoaderStats
+from ._logs import failure_text, job_fields, logger
+
+__all__ = ["Failures"]
+
+
+class Failures:
+    """Write and log the retries and dead letters of failed runs.
+
+    Args:
+        scheduler: its leases write the retries.
+        stats: where the retried and dead jobs are counted.
+    """
+
+    def __init__(self, scheduler: Scheduler, stats: LoaderStats) -> None:
+        self.leases = scheduler.leases
+        self.stats = stats
+
+    async def failed(self, job: Job, exc: BaseException, doing: str = "") -> None:
+        """Write the retry (or the dead letter) of a failed run, its traceback kept with
+        the job, then log it: WARNING when it will be retried, ERROR when it is dead,
+        with the exception. If the retry cannot be written, the failure is still logged
+        (WARNING) and the error raised on (the lease expires: the reaper retries it)."""
+        try:
+            state = await self.leases.retry(job, failure_text(exc))
+        except BaseException as unwritten:
+            logger.warning(
+                "%sjob %r (task %s) failed at attempt %d/%d; its retry was not written (%r)",
+                doing,
+                job.id,
+                job.task,
+                job.attempt,
+                job.max_attempts,
+                unwritten,
+                exc_info=exc,
+                extra=job_fields(job),
+            )
+            raise
+        self.count(state)
+        if state is JobState.DEAD:
+            self.log_dead(job, f"{doing}failed: {exc!r}", exc)
+            return
+        logger.warning(
+            "%sjob %r (task %s) failed at attempt %d/%d, will retry: %r",
+            doing,
+            job.id,
+            job.task,
+            job.attempt,
+            job.max_attempts,
+            exc,
+            exc_info=exc,
+            extra=job_fields(job),
+        )
+
+    async def dead(self, job: Job, reason: str) -> None:
+        """Dead-letter ``job`` at once with ``reason`` (no retry would mend it)."""
+        self.count(await self.leases.retry(job, reason, final=True))
+        self.log_dead(job, reason)
+
+    def count(self, state: JobState) -> None:
+        if state is JobState.DEAD:
+            self.stats.dead += 1
+        else:
+            self.stats.retried += 1
+
+    @staticmethod
+    def log_dead(job: Job, reason: str, exc: BaseException | None = None) -> None:
+        logger.error(
+            "job %r dead-lettered (task %s, attempt %d/%d): %s",
+            job.id,
+            job.task,
+            job.attempt,
+            job.max_attempts,
+            reason,
+            exc_info=exc,
+            extra={**job_fields(job), "reason": reason},
+        )
