@@ -43,7 +43,7 @@ def test_schedule_and_reconcile(redis_server: RedisServer, pg_url: str) -> None:
     second = cli_json("reconcile", *o)
     assert second["pending"] == 1 and second["restored"] == 1
     assert cli_json("inspect", "--redis-url", redis_server.url, "--namespace", ns)["due"] == 1
-    assert cli_json("cancel", "a", *o) == {"id": "a", "cancelled": True}
+    assert cli_json("cancel", "a", *o) == {"id": "a", "cancelled": True, "result": "removed"}
     assert run(rows(pg_url, "SELECT id FROM tickwheel_jobs")) == []
     assert cli_json("reconcile", *o)["pending"] == 0
 
