@@ -61,7 +61,7 @@ _OPTIONAL: dict[str, Callable[[Any], bool]] = {
 
 
 logger = logging.getLogger("tickwheel.durable")
-_warned: set[str] = set()  # tokens whose malformed document was logged
+_warned: set[tuple[str, str]] = set()  # (namespace, token) of a malformed document logged
 
 
 def parse_stats_document(raw: bytes | str | None) -> dict[str, Any] | None:
@@ -148,9 +148,10 @@ class WorkerBoard:
         out = []
         for token, (_, beat), raw in zip(tokens, entries, docs, strict=True):
             doc = parse_stats_document(raw)
-            if doc is None and raw is not None and token not in _warned:
-                if len(_warned) < 1024:  # once per token (the dashboard reads every poll)
-                    _warned.add(token)
+            seen = (keys.namespace, token)
+            if doc is None and raw is not None and seen not in _warned:
+                if len(_warned) < 1024:  # once per worker (the dashboard reads every poll)
+                    _warned.add(seen)
                 logger.warning("worker %r: its stats document is malformed; skipped", token)
             # A score that is not a finite ms (written by hand) reads as no heartbeat.
             beat_ms = int(beat) if math.isfinite(beat) else 0
