@@ -486,7 +486,6 @@ def test_timeout_after_the_first_extension(redis_url: str) -> None:
 
 
 def test_prometheus_shows_timeouts_and_stopped(redis_url: str) -> None:
-    pytest.importorskip("prometheus_client")
     from tickwheel.durable.ops.metrics import MetricsCollector
 
     async def main() -> None:
