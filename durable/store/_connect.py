@@ -40,6 +40,7 @@ __all__ = [
     "DEFAULT_SOCKET_TIMEOUT",
     "Client",
     "client_from_url",
+    "cluster_target",
     "connect",
     "is_cluster",
     "no_retry",
@@ -124,22 +125,34 @@ def split_url(url: str) -> tuple[str, str, str, str]:
     return scheme, userinfo, hosts, slash + rest
 
 
-def _cluster_client(
-    scheme: str, userinfo: str, hosts: str, rest: str, kwargs: dict[str, Any]
-) -> RedisCluster:
+def cluster_target(url: str, cluster: bool = False) -> tuple[str, list[tuple[str, int]]] | None:
+    """What a client needs of ``url`` when it names a cluster (by its scheme, several
+    hosts, or ``cluster``): the URL of its first node (credentials, TLS and query
+    options, parsed by redis-py from it) and every node; None for one server. Shared by
+    the async and the sync clients; no I/O.
+
+    Raises:
+        TypeError, ValueError: for a malformed URL, a unix socket or a database other
+            than 0 for a cluster.
+    """
+    scheme, userinfo, hosts, rest = split_url(url)
+    if scheme in _CLUSTER_SCHEMES:
+        scheme, cluster = _CLUSTER_SCHEMES[scheme], True
+    elif "," in hosts:
+        cluster = True
+    if not cluster:
+        return None
+    if scheme == "unix":
+        raise ValueError("url: a Redis Cluster cannot be reached over a unix socket")
     path, _, query = rest.partition("?")
     db = path.strip("/")
     if db not in ("", "0"):
         raise ValueError(f"url: a Redis Cluster has database 0 only, got /{db}")
     nodes = parse_nodes(hosts)
-    # Credentials, TLS and query options are parsed by redis-py from a one-node URL.
     first = f"{scheme}://{userinfo + '@' if userinfo else ''}{nodes[0][0]}:{nodes[0][1]}"
     if query:
         first += f"/0?{query}"
-    options = dict(kwargs)
-    if len(nodes) > 1:
-        options["startup_nodes"] = [ClusterNode(h, p) for h, p in nodes]
-    return RedisCluster.from_url(first, **options)
+    return first, nodes
 
 
 def client_from_url(url: str, *, cluster: bool = False, **kwargs: Any) -> Client:
@@ -156,16 +169,13 @@ def client_from_url(url: str, *, cluster: bool = False, **kwargs: Any) -> Client
         raise ValueError("decode_responses must be False: payloads are bytes")
     kwargs = _bounded(kwargs)
     with _no_secrets(url):
-        scheme, userinfo, hosts, rest = split_url(url)
-        if scheme in _CLUSTER_SCHEMES:
-            scheme, cluster = _CLUSTER_SCHEMES[scheme], True
-        elif "," in hosts:
-            cluster = True
-        if not cluster:
+        target = cluster_target(url, cluster)
+        if target is None:
             return redis.asyncio.Redis.from_url(url, **kwargs)
-        if scheme == "unix":
-            raise ValueError("url: a Redis Cluster cannot be reached over a unix socket")
-        return _cluster_client(scheme, userinfo, hosts, rest, kwargs)
+        first, nodes = target
+        if len(nodes) > 1:
+            kwargs["startup_nodes"] = [ClusterNode(h, p) for h, p in nodes]
+        return RedisCluster.from_url(first, **kwargs)
 
 
 @contextlib.contextmanager

@@ -38,12 +38,10 @@ from tickwheel.durable.model import JobInfo, JobState, ScheduleResult
 from . import _calls as calls
 from ._codec import EncodedJob
 from ._connect import (
-    _CLUSTER_SCHEMES,
     DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_SOCKET_TIMEOUT,
     _no_secrets,
-    parse_nodes,
-    split_url,
+    cluster_target,
 )
 from ._errors import REDIS_ERRORS, translate
 from ._keys import Keys
@@ -78,22 +76,10 @@ def sync_client_from_url(url: str, *, cluster: bool = False, **kwargs: Any) -> S
     kwargs.setdefault("socket_connect_timeout", DEFAULT_CONNECT_TIMEOUT)
     kwargs.setdefault("retry", _never())
     with _no_secrets(url):
-        scheme, userinfo, hosts, rest = split_url(url)
-        if scheme in _CLUSTER_SCHEMES:
-            scheme, cluster = _CLUSTER_SCHEMES[scheme], True
-        elif "," in hosts:
-            cluster = True
-        if not cluster:
+        target = cluster_target(url, cluster)
+        if target is None:
             return redis.Redis.from_url(url, **kwargs)
-        if scheme == "unix":
-            raise ValueError("url: a Redis Cluster cannot be reached over a unix socket")
-        path, _, query = rest.partition("?")
-        if path.strip("/") not in ("", "0"):
-            raise ValueError(f"url: a Redis Cluster has database 0 only, got {path}")
-        nodes = parse_nodes(hosts)
-        first = f"{scheme}://{userinfo + '@' if userinfo else ''}{nodes[0][0]}:{nodes[0][1]}"
-        if query:
-            first += f"/0?{query}"
+        first, nodes = target
         if len(nodes) > 1:
             node: Any = redis.cluster.ClusterNode  # untyped in redis-py
             kwargs["startup_nodes"] = [node(h, p) for h, p in nodes]
