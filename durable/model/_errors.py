@@ -15,7 +15,9 @@ __all__ = [
     "LeaseLost",
     "ListingTooLong",
     "NotOwner",
+    "PostgresModeRequired",
     "PostgresUnavailable",
+    "RedisConfigError",
     "RedisUnavailable",
     "ReplicationTimeout",
     "SchemaNotReady",
@@ -39,6 +41,37 @@ class RedisUnavailable(DurableError):
     """
 
     transient = True
+
+
+class RedisConfigError(DurableError):
+    """Redis answered, and refused the connection's configuration: wrong credentials
+    (``WRONGPASS``, ``NOAUTH``: a password is needed, or the URL's is wrong), a user
+    without the permission for a command (``NOPERM``), or a database index the server
+    does not have (``DB index is out of range``). Permanent: retrying the same URL
+    fails the same way until the URL (or the server's ACL) is changed.
+
+    A port where nothing listens is not one of these: the server may be starting, so
+    it stays :class:`RedisUnavailable` (its message names the host and port).
+    """
+
+
+class PostgresModeRequired(DurableError):
+    """The namespace is in the Postgres mode (a scheduler with ``postgres_url`` first
+    opened it), and the caller has no ``postgres_url``. Permanent: pass the same
+    ``postgres_url`` (``--postgres-url`` on the command line). Nothing was written.
+
+    Without it a job would be written to Redis only, and a Postgres-mode worker would
+    find no row for it and drop it unrun; a worker without it would run jobs whose
+    completion PostgreSQL never learns.
+    """
+
+    def __init__(self, namespace: str, detail: str = "") -> None:
+        super().__init__(
+            f"namespace {namespace!r} is in the Postgres mode: pass postgres_url "
+            "(--postgres-url on the command line) with the namespace's PostgreSQL URL"
+            + (f"; {detail}" if detail else "")
+        )
+        self.namespace = namespace
 
 
 class ReplicationTimeout(DurableError):

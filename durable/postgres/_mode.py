@@ -398,7 +398,7 @@ class PostgresMode:
     async def _reconcile(self, sched: RedisSide, page: int) -> ReconcileResult:
         start = time.monotonic()
         await sched.open()
-        await sched.store.init()  # the namespace's layout, if Redis lost it (SET NX)
+        await sched.store.init(postgres=True)  # the layout and mode, if Redis lost them
         raised = 0
         for shard, epoch in sorted((await self.store.shard_epochs()).items()):
             if shard < sched.keys.shards:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -43,9 +43,11 @@ __all__ = [
     "DEFAULT_GRACE_S",
     "Producer",
     "build_spec",
+    "check_tasks",
     "chunk_groups",
     "encode_specs",
     "first_run_needs_now",
+    "known_task",
     "recurrence",
     "with_first_run",
 ]
@@ -90,6 +92,36 @@ def recurrence(
             1, missed=missed, max_catch_up=max_catch_up, misfire_grace=misfire_grace
         )
     return None
+
+
+def check_tasks(tasks: object) -> Collection[str] | None:
+    """The ``tasks=`` of a producer: None (any name is scheduled), or a collection of
+    task names (a ``TaskRegistry``, a set, ...), kept by reference (tasks registered
+    later are known).
+
+    Raises:
+        TypeError: naming ``tasks``.
+    """
+    if tasks is None:
+        return None
+    if isinstance(tasks, (str, bytes)) or not isinstance(tasks, Collection):
+        raise TypeError(
+            "tasks must be a collection of task names (a TaskRegistry, a set), "
+            f"got {type(tasks).__name__}"
+        )
+    return tasks
+
+
+def known_task(tasks: Collection[str] | None, task: str) -> None:
+    """Refuse a task name that ``tasks`` (when given) does not hold.
+
+    Raises:
+        ValueError: naming ``task`` and the registered names.
+    """
+    if tasks is not None and task not in tasks:
+        names = sorted(tasks)
+        shown = ", ".join(map(repr, names[:20])) + (", ..." if len(names) > 20 else "")
+        raise ValueError(f"task {task!r} is not registered (tasks= holds {shown or 'none'})")
 
 
 def build_spec(
@@ -189,9 +221,19 @@ class Producer:
         redis_side: what the Postgres mode is handed as the Redis side (the
             scheduler: ``RedisSide``, its store, keys and ``open``).
         pg: the Postgres mode, or None (Redis only).
+        tasks: the task names a schedule may name (``Scheduler(tasks=...)``), or None.
     """
 
-    __slots__ = ("_open", "_opened", "_side", "keys", "max_payload_bytes", "pg", "store")
+    __slots__ = (
+        "_open",
+        "_opened",
+        "_side",
+        "keys",
+        "max_payload_bytes",
+        "pg",
+        "store",
+        "tasks",
+    )
 
     def __init__(
         self,
@@ -202,8 +244,10 @@ class Producer:
         max_payload_bytes: int,
         redis_side: RedisSide,
         pg: PostgresMode | None = None,
+        tasks: Collection[str] | None = None,
     ) -> None:
         self.store = store
+        self.tasks = tasks  # the known task names, or None: any
         self.keys = keys
         self._open = open
         self._opened = False  # open() returned once here: the layout is checked
@@ -221,6 +265,8 @@ class Producer:
         a single schedule costs no extra frame on its way to Redis and back. A bad
         spec or payload raises here, before anything is sent.
         """
+        if self.tasks is not None:
+            known_task(self.tasks, spec.task)
         if self.pg is not None or conn is not None:
             return self._pg_schedule_one(spec, replace, conn)
         encoded = encode_job(spec, self.max_payload_bytes)
@@ -309,6 +355,10 @@ class Producer:
             TypeError, ValueError: for an invalid spec or payload (nothing is written).
             RedisUnavailable, ReplicationTimeout, ...: a round failed (see above).
         """
+        if self.tasks is not None:
+            specs = list(specs)
+            for spec in specs:
+                known_task(self.tasks, spec.task)
         pending = encode_specs(specs, self.keys, self.max_payload_bytes)
         if self.pg is not None or conn is not None:
             return await self._pg_schedule([spec for _, spec, _ in pending], replace, conn)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Collection, Coroutine
 from datetime import datetime, timedelta
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
@@ -46,7 +46,7 @@ from tickwheel.durable.store import (
 from ._console import Console
 from ._leases import DEFAULT_LEASE, MAX_BATCH, MAX_ERROR_CHARS, Leases
 from ._operator import Operator
-from ._producer import DEFAULT_GRACE_S, Producer, build_spec, recurrence
+from ._producer import DEFAULT_GRACE_S, Producer, build_spec, check_tasks, recurrence
 from ._shard_owner import DEFAULT_OWNER_TTL, Ownership
 
 if TYPE_CHECKING:
@@ -125,6 +125,11 @@ class Scheduler:
             Jobs and completed occurrences live in PostgreSQL, Redis indexes them;
             ``schedule`` takes ``conn=`` (the application's asyncpg connection). None
             (the default): Redis only, and the PostgreSQL code is never imported.
+        tasks: opt-in check of task names: a collection of the names a worker runs
+            (the worker's ``TaskRegistry``, or a set of names). A schedule naming
+            another task is a ``ValueError`` naming it, and nothing is written. Kept by
+            reference: tasks registered later are known. None (the default): any
+            name is scheduled (a producer need not import the worker's code).
 
     Raises:
         TypeError, ValueError: naming a bad parameter.
@@ -149,6 +154,7 @@ class Scheduler:
         replica_timeout: float | timedelta = DEFAULT_REPLICA_TIMEOUT,
         call_timeout: float | timedelta = DEFAULT_CALL_TIMEOUT,
         postgres_url: str | None = None,
+        tasks: Collection[str] | None = None,
     ) -> None:
         async_client("client", client)  # a sync redis.Redis fails here, not in a call
         self.keys = Keys(namespace, shards, buckets)  # key names
@@ -185,6 +191,7 @@ class Scheduler:
             max_payload_bytes=self.max_payload_bytes,
             redis_side=self,
             pg=self.pg,
+            tasks=check_tasks(tasks),
         )
         # The calls a shard's owner makes under its epoch (the worker calls it directly).
         self.leases = Leases(
@@ -208,6 +215,9 @@ class Scheduler:
 
         Raises:
             ShardCountMismatch: if the namespace was created with another count.
+            PostgresModeRequired: if the namespace is in the Postgres mode and this
+                scheduler has no ``postgres_url`` (the Postgres mode records it on
+                its first open). Nothing is written.
             ServerCheckFailed: in strict mode, for a server that may lose jobs.
             RedisUnavailable: if Redis cannot be reached.
             SchemaNotReady, PostgresUnavailable: Postgres mode, checked first.
@@ -218,7 +228,7 @@ class Scheduler:
             await self.pg.store.open()
         if self.check:
             self.server_report = await check_server(self.store.client, strict=self.strict)
-        shards, buckets = await self.store.init()
+        shards, buckets = await self.store.init(postgres=self.pg is not None)
         if (shards, buckets) != (self.keys.shards, self.keys.buckets):
             raise ShardCountMismatch(
                 self.keys.namespace, (shards, buckets), (self.keys.shards, self.keys.buckets)

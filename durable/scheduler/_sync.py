@@ -21,7 +21,7 @@ was checked, under a lock.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -51,9 +51,11 @@ from tickwheel.durable.store import (
 from ._producer import (
     DEFAULT_GRACE_S,
     build_spec,
+    check_tasks,
     chunk_groups,
     encode_specs,
     first_run_needs_now,
+    known_task,
     recurrence,
     with_first_run,
 )
@@ -85,6 +87,8 @@ class SyncScheduler:
             namespace's shard and bucket counts are checked on first use.
         call_timeout: seconds one call may wait for Redis before it raises
             :class:`RedisUnavailable` (default 10).
+        tasks: as for :class:`Scheduler`: the task names a schedule may name (a
+            ``TaskRegistry`` or a set), or None for any.
 
     Raises:
         TypeError, ValueError: naming a bad parameter (an asyncio client is a TypeError).
@@ -99,8 +103,10 @@ class SyncScheduler:
         buckets: int = DEFAULT_BUCKETS,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         call_timeout: float | timedelta = DEFAULT_CALL_TIMEOUT,
+        tasks: Collection[str] | None = None,
     ) -> None:
         self.keys = Keys(namespace, shards, buckets)
+        self.tasks = check_tasks(tasks)  # the known task names, or None: any
         self.max_payload_bytes = int_between("max_payload_bytes", max_payload_bytes, 1)
         seconds = finite_seconds_ms("call_timeout", call_timeout, minimum_ms=1) / 1000
         self.store = SyncStore(client, self.keys, call_timeout=seconds)
@@ -207,6 +213,7 @@ class SyncScheduler:
             misfire_grace=misfire_grace,
         )
         _no_conn(conn)
+        known_task(self.tasks, spec.task)
         encoded = encode_job(spec, self.max_payload_bytes)
         self.open()
         shard = self.keys.shard_of(spec.id)
@@ -229,6 +236,10 @@ class SyncScheduler:
         Raises:
             TypeError, ValueError: for an invalid spec or payload (nothing is written).
         """
+        if self.tasks is not None:
+            specs = list(specs)
+            for spec in specs:
+                known_task(self.tasks, spec.task)
         pending = encode_specs(specs, self.keys, self.max_payload_bytes)
         _no_conn(conn)
         self.open()

@@ -111,6 +111,8 @@ class RedisServer:
         appendfsync: ``always``, ``everysec`` or ``no``.
         extra_args: further ``--name value`` arguments for redis-server.
         binary: path of redis-server; found with :func:`find_redis_server` when None.
+        password: the server's ``requirepass``: clients must authenticate with it
+            (:attr:`url` carries it). None: no password.
     """
 
     def __init__(
@@ -122,8 +124,10 @@ class RedisServer:
         appendfsync: str = "everysec",
         extra_args: Sequence[str] = (),
         binary: str | None = None,
+        password: str | None = None,
     ) -> None:
         self.binary = binary or find_redis_server()
+        self.password = password
         self.port = port if port is not None else free_port()
         self._own_dir = data_dir is None
         self.data_dir = (
@@ -138,8 +142,9 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        """The ``redis://`` URL of this server."""
-        return f"redis://127.0.0.1:{self.port}/0"
+        """The ``redis://`` URL of this server (with its password, if it has one)."""
+        auth = f":{self.password}@" if self.password is not None else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     @property
     def pid(self) -> int | None:
@@ -160,6 +165,7 @@ class RedisServer:
             "--protected-mode", "no",
             "--daemonize", "no",
             "--logfile", str(self.data_dir / "redis.log"),
+            *(["--requirepass", self.password] if self.password is not None else []),
             *self.extra_args,
         ]  # fmt: skip
 
@@ -240,6 +246,11 @@ class RedisServer:
         """True once this server (not another on the port) answers, with its data loaded."""
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                if self.password is not None:  # one RESP array: AUTH <password>
+                    pw = self.password.encode()
+                    s.sendall(b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(pw), pw))
+                    if not s.recv(65536).startswith(b"+OK"):
+                        return False
                 s.sendall(b"INFO\r\n")
                 data = b""
                 while b"\r\n" not in data:

@@ -11,7 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tickwheel.durable.model import JobInfo, JobState, ScheduleResult, ScheduleStatus
+from tickwheel.durable.model import (
+    JobInfo,
+    JobState,
+    PostgresModeRequired,
+    ScheduleResult,
+    ScheduleStatus,
+)
 
 from ._codec import EncodedJob, job_info
 from ._keys import Keys, parse_layout
@@ -118,14 +124,22 @@ def schedule_rounds(
     return rounds
 
 
-def init_call(keys: Keys) -> Call:
-    """init.lua: store the layout on first use."""
-    return [keys.meta], [f"{keys.shards}:{keys.buckets}"]
+def init_call(keys: Keys, postgres: bool = False) -> Call:
+    """init.lua: store the layout on first use (and the Postgres mode, ``postgres``)."""
+    return [keys.meta, keys.mode], [f"{keys.shards}:{keys.buckets}", "1" if postgres else ""]
 
 
-def init_result(reply: Any) -> tuple[int, int]:
-    """The stored ``(shards, buckets)``."""
-    return parse_layout(reply)
+def init_result(keys: Keys, reply: Any, postgres: bool = False) -> tuple[int, int]:
+    """The stored ``(shards, buckets)``.
+
+    Raises:
+        PostgresModeRequired: if the namespace is in the Postgres mode and the caller
+            (``postgres`` False) is not.
+    """
+    layout, mode = reply
+    if mode and not postgres:
+        raise PostgresModeRequired(keys.namespace)
+    return parse_layout(layout)
 
 
 def now_call(keys: Keys, shard: int) -> Call:

@@ -31,8 +31,9 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from tickwheel.durable.model import RedisUnavailable
+from tickwheel.durable.model import RedisConfigError, RedisUnavailable
 
+from ._errors import config_error
 from ._secrets import hidden, hide_secrets, shown_url
 
 __all__ = [
@@ -213,8 +214,12 @@ async def connect(
         A ``redis.asyncio.Redis``, or a ``RedisCluster`` whose slot map is loaded.
 
     Raises:
-        TypeError, ValueError: for a malformed URL (naming what is wrong).
-        RedisUnavailable: if no node answers (the message names the address).
+        TypeError, ValueError: for a malformed URL (naming what is wrong), a port out
+            of range among them.
+        RedisConfigError: if the server refuses the URL's credentials or database
+            index (permanent: fix the URL).
+        RedisUnavailable: if no node answers (the message names the address and why:
+            a refused connection stays transient, a server may be starting).
     """
     with _no_secrets(url):
         scheme, _, hosts, _ = split_url(url)
@@ -255,5 +260,10 @@ async def _reports_cluster(url: str, kwargs: dict[str, Any]) -> bool:
     return str(info.get("cluster_enabled", "0")) == "1"
 
 
-def _unavailable(url: str, exc: BaseException) -> RedisUnavailable:
+def _unavailable(url: str, exc: BaseException) -> RedisUnavailable | RedisConfigError:
+    """What a failed first contact is: a refusal of the URL's configuration
+    (permanent), else the server unreachable (transient), naming the URL's address."""
+    config = config_error(exc, shown_url(url))
+    if config is not None:
+        return RedisConfigError(hide_secrets(str(config), url))
     return RedisUnavailable(hide_secrets(f"cannot reach Redis at {shown_url(url)}: {exc}", url))

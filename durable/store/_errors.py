@@ -21,12 +21,19 @@ import re
 
 import redis.exceptions
 
-from tickwheel.durable.model import DurableError, Fenced, ListingTooLong, RedisUnavailable
+from tickwheel.durable.model import (
+    DurableError,
+    Fenced,
+    ListingTooLong,
+    RedisConfigError,
+    RedisUnavailable,
+)
 
 __all__ = [
     "CLUSTER_ERRORS",
     "NO_REPLY_ERRORS",
     "REDIS_ERRORS",
+    "config_error",
     "error_reply",
     "script_error_text",
     "translate",
@@ -72,6 +79,44 @@ NO_REPLY_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutErr
 CLUSTER_ERRORS = (redis.exceptions.RedisClusterException,)
 
 
+# Refusals of the connection's configuration (model/_errors.py, RedisConfigError): the
+# first word of the reply, or its text for "ERR DB index is out of range" (SELECT).
+# AuthenticationError is a ConnectionError in redis-py: it is told apart first.
+_CONFIG_CODES = frozenset({"NOAUTH", "WRONGPASS", "NOPERM"})
+_CONFIG_TEXTS = ("DB index is out of range", "invalid DB index")
+_CONFIG_HINT = {
+    "NOAUTH": "the server needs a password: put it in the URL, as user:password before the host",
+    "WRONGPASS": "check the user and password in the URL",
+    "NOPERM": "the URL's user lacks a permission (check the server's ACL)",
+    "DB": "the URL names a database the server does not have (check /db, and 'databases')",
+}
+
+
+def config_error(exc: BaseException, where: str = "") -> RedisConfigError | None:
+    """A :class:`RedisConfigError` for a refusal of the connection's configuration
+    (wrong or missing credentials, a permission the user lacks, a database index out of
+    range); None for anything else. ``where`` (a URL without secrets, or host:port)
+    is named in the message."""
+    if not isinstance(exc, redis.exceptions.RedisError):
+        return None
+    text = script_error_text(str(exc))
+    code = text.partition(" ")[0]
+    if isinstance(exc, redis.exceptions.AuthenticationError) or code in ("NOAUTH", "WRONGPASS"):
+        low = text.lower()  # no password sent: NOAUTH, "Authentication required", HELLO's
+        missing = code == "NOAUTH" or "required" in low or "already authenticated" in low
+        code = "NOAUTH" if missing else "WRONGPASS"
+    elif isinstance(exc, redis.exceptions.NoPermissionError) or code == "NOPERM":
+        code = "NOPERM"
+    elif isinstance(exc, redis.exceptions.ResponseError) and any(t in text for t in _CONFIG_TEXTS):
+        code = "DB"
+    else:
+        return None
+    at = f" at {where}" if where else ""
+    return RedisConfigError(
+        f"Redis{at} refused the connection's configuration: {text} ({_CONFIG_HINT[code]})"
+    )
+
+
 def script_error_text(text: str) -> str:
     """The error a script raised or was refused with, without the server's wrapper
     (see the module's docstring); ``text`` itself when it has none.
@@ -111,11 +156,16 @@ def translate(
         shard: the shard the call was for, attached to :class:`Fenced`.
 
     Returns:
-        A :class:`RedisUnavailable` for connection errors, timeouts and the refusals a
+        A :class:`RedisConfigError` for wrong credentials, a missing permission or a
+        database index out of range (permanent); a :class:`RedisUnavailable` for
+        connection errors, timeouts and the refusals a
         server recovers from (OOM, LOADING, BUSY, NOREPLICAS), the class of a
         script's ``TW_*`` code, or ``exc`` itself when it adds nothing to know.
     """
     exc = unwrap(exc)
+    config = config_error(exc)
+    if config is not None:
+        return config
     if isinstance(exc, _UNAVAILABLE):
         return RedisUnavailable(f"redis unavailable: {exc}")
     if isinstance(exc, redis.exceptions.ResponseError):

@@ -79,7 +79,7 @@ class Keys:
         ValueError: if one is out of range.
     """
 
-    __slots__ = ("_shards", "buckets", "cancels", "meta", "namespace", "shards", "workers")
+    __slots__ = ("_shards", "buckets", "cancels", "meta", "mode", "namespace", "shards", "workers")
 
     def __init__(self, namespace: str, shards: int, buckets: int = DEFAULT_BUCKETS) -> None:
         if not isinstance(namespace, str):
@@ -97,6 +97,9 @@ class Keys:
         self.shards = shards  # shard count N
         self.buckets = buckets  # record hashes per shard
         self.meta = f"{{{namespace}}}:meta"  # STRING "shards:buckets", set on first use
+        # STRING "postgres" once a Postgres-mode scheduler opened the namespace (init.lua):
+        # anything without postgres_url is refused on it (PostgresModeRequired).
+        self.mode = f"{{{namespace}}}:mode"
         self.workers = f"{{{namespace}}}:workers"  # ZSET worker token -> last heartbeat (ms)
         # Pub/sub channel: cancel.lua publishes the id of a leased job it removed, and
         # each worker listens, to stop that job's handler if it runs there.

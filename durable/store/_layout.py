@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tickwheel.durable.model import DurableError, RedisUnavailable
+from tickwheel.durable.model import DurableError, PostgresModeRequired, RedisUnavailable
 from tickwheel.wheel import timeout
 
 from ._connect import Client
@@ -32,26 +32,38 @@ class LayoutUnreadable(DurableError):
 
 
 async def read_layout(
-    client: Client, namespace: str, *, call_timeout: float = DEFAULT_CALL_TIMEOUT
+    client: Client,
+    namespace: str,
+    *,
+    call_timeout: float = DEFAULT_CALL_TIMEOUT,
+    postgres: bool | None = None,
 ) -> tuple[int, int] | None:
     """The ``(shards, buckets)`` stored for ``namespace`` (buckets 0 for a layout stored
     before buckets existed); None if it was never created. Nothing is written.
 
+    With ``postgres`` False, the namespace's mode is read too (a second GET, of
+    ``Keys.mode``), and a namespace in the Postgres mode is refused.
+
     Raises:
+        PostgresModeRequired: ``postgres`` is False and the namespace is in the
+            Postgres mode.
         LayoutUnreadable: if the key holds something else.
         RedisUnavailable: if Redis cannot be reached within ``call_timeout``.
         TypeError, ValueError: for a malformed namespace.
     """
-    key = Keys(namespace, 1).meta
+    keys = Keys(namespace, 1)
     try:
         async with timeout(call_timeout):
-            stored: Any = await client.get(key)
+            stored: Any = await client.get(keys.meta)
+            mode: Any = await client.get(keys.mode) if postgres is False else None
     except REDIS_ERRORS as exc:
         raise translate(exc) from exc
     except TimeoutError:
         raise RedisUnavailable(f"redis unavailable: no reply within {call_timeout:g} s") from None
     if stored is None:
         return None
+    if mode:
+        raise PostgresModeRequired(namespace)
     try:
         return parse_layout(stored)
     except ValueError:

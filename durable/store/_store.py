@@ -125,10 +125,17 @@ class Store:
 
     # -- namespace -----------------------------------------------------------------
 
-    async def init(self) -> tuple[int, int]:
-        """Store the shard and bucket counts on first use (init.lua); return the stored."""
-        keys, args = calls.init_call(self.keys)
-        return calls.init_result(await self.transport.run(self._scripts.init, keys, args, -1))
+    async def init(self, postgres: bool = False) -> tuple[int, int]:
+        """Store the shard and bucket counts on first use (init.lua), and the Postgres
+        mode when ``postgres``; return the stored counts.
+
+        Raises:
+            PostgresModeRequired: the namespace is in the Postgres mode and ``postgres``
+                is False (nothing was written).
+        """
+        keys, args = calls.init_call(self.keys, postgres)
+        reply = await self.transport.run(self._scripts.init, keys, args, -1)
+        return calls.init_result(self.keys, reply, postgres)
 
     async def now(self, shard: int) -> int:
         """Redis's now for ``shard`` in ms: max(TIME, clock) (now.lua)."""

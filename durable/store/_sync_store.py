@@ -33,7 +33,7 @@ import redis.exceptions
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from tickwheel.durable.model import JobInfo, JobState, ScheduleResult
+from tickwheel.durable.model import JobInfo, JobState, PostgresModeRequired, ScheduleResult
 
 from . import _calls as calls
 from ._codec import EncodedJob
@@ -177,8 +177,18 @@ class SyncStore:
     # -- the calls, one script each (what Store's methods of the same names do) --------
 
     def init(self) -> tuple[int, int]:
-        """Store the layout on first use (init.lua); return the stored one."""
-        return calls.init_result(self._run("init", calls.init_call(self.keys), -1))
+        """Store the layout on first use (init.lua); return the stored one.
+
+        Raises:
+            PostgresModeRequired: the namespace is in the Postgres mode, which a sync
+                producer does not have (nothing was written).
+        """
+        reply = self._run("init", calls.init_call(self.keys), -1)
+        try:
+            return calls.init_result(self.keys, reply)
+        except PostgresModeRequired:
+            detail = "a SyncScheduler has no Postgres mode: use Scheduler(..., postgres_url=...)"
+            raise PostgresModeRequired(self.keys.namespace, detail) from None
 
     def now(self, shard: int) -> int:
         """Redis's now for ``shard`` in ms (now.lua)."""

@@ -16,7 +16,9 @@ from typing import Any
 
 from tickwheel.durable.model import (
     DurableError,
+    PostgresModeRequired,
     PostgresUnavailable,
+    RedisConfigError,
     RedisUnavailable,
     SchemaNotReady,
     ServerCheckFailed,
@@ -228,6 +230,8 @@ async def _guarded(args: argparse.Namespace, body: Callable[[], Awaitable[int]])
         raise unreachable(url or "", e) from None
     except ServerCheckFailed as exc:
         raise CliError(EXIT_FAILED, f"the server may lose jobs: {exc}") from None
+    except (RedisConfigError, PostgresModeRequired) as exc:  # permanent: fix the command
+        raise CliError(EXIT_USAGE, str(exc)) from None
     except PostgresUnavailable as exc:
         raise CliError(
             EXIT_PG_UNREACHABLE,
@@ -273,7 +277,8 @@ async def with_scheduler(
     client = await connect_redis(args.redis_url)
     try:
         Keys(args.namespace, args.shards)  # a bad name or count is refused before a read
-        stored = await read_layout(client, args.namespace)
+        postgres = getattr(args, "postgres_url", None) is not None
+        stored = await read_layout(client, args.namespace, postgres=postgres)
         if stored is None and absent is not None:
             return absent()
         buckets = stored[1] if stored else DEFAULT_BUCKETS

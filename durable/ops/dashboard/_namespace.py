@@ -15,6 +15,7 @@ Ground rules:
 
 from __future__ import annotations
 
+from tickwheel.durable.model import PostgresModeRequired
 from tickwheel.durable.scheduler import MAX_BATCH, Scheduler
 from tickwheel.durable.store import Client, Keys, LayoutUnreadable, connect, read_layout, shown_url
 
@@ -86,9 +87,13 @@ class Namespace:
             return self._scheduler
         client = await self.client()
         try:
-            layout = await read_layout(client, self.namespace)
+            layout = await read_layout(
+                client, self.namespace, postgres=self.postgres_url is not None
+            )
         except LayoutUnreadable as exc:
             raise ActionError(str(exc), 500) from None
+        except PostgresModeRequired as exc:  # a plain dashboard would show it wrong
+            raise ActionError(str(exc), 409) from None
         if layout is None:
             return None
         shards, buckets = layout
