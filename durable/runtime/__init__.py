@@ -23,6 +23,7 @@ from ._loader import (
     DEFAULT_MAX_LOADED,
     DEFAULT_MAX_RUNNING,
     DEFAULT_POLL_INTERVAL,
+    DEFAULT_START_MARGIN,
     Loader,
     LoaderStats,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "DEFAULT_REAP_INTERVAL",
     "DEFAULT_REAP_LIMIT",
     "DEFAULT_RECONCILE_INTERVAL",
+    "DEFAULT_START_MARGIN",
     "DEFAULT_THRESHOLD",
     "STATS_COUNTERS",
     "Loader",

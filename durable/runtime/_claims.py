@@ -44,6 +44,7 @@ __all__ = [
     "DEFAULT_LOOKAHEAD",
     "DEFAULT_MAX_LOADED",
     "DEFAULT_POLL_INTERVAL",
+    "DEFAULT_START_MARGIN",
     "UNAVAILABLE_BACKOFF",
     "Claimer",
 ]
@@ -53,6 +54,12 @@ logger = logging.getLogger("tickwheel.durable")
 # How far ahead jobs are claimed (s). Long enough to hide a claim round trip and a poll
 # interval, short enough that a crash strands few jobs until their lease expires.
 DEFAULT_LOOKAHEAD = 1.0
+# The pre-start lease past the lookahead (s): a claimed job's lease until its run starts
+# (then it is extended to the whole lease). It bounds how long the jobs a dead worker
+# had claimed but not started wait for the reaper, and the start of a job that waits for
+# a slot (shed at half of it). Seconds, not ms: a loop stalled that long loses jobs to
+# the reaper (at no attempt), which then run elsewhere.
+DEFAULT_START_MARGIN = 5.0
 # Pause between claim rounds (s) when no shard had a full batch: jobs are claimed
 # `lookahead` early, so a poll of a tenth of it never makes one late.
 DEFAULT_POLL_INTERVAL = 0.1
@@ -76,6 +83,9 @@ class Claimer:
         runner: what fired jobs are handed to; its queue is the backpressure.
         lookahead_ms: claim jobs due within this many ms.
         lease_ms: run time a lease covers (the claim leases ``lookahead_ms`` more).
+        start_ms: the pre-start margin: claims take pre-start leases of
+            ``lookahead_ms + start_ms`` (extended to ``lease_ms`` when a run starts);
+            None: claims lease ``lookahead_ms + lease_ms`` outright.
         limit: jobs per shard per claim.
         poll_ms: ms between claim rounds.
         max_loaded: claim nothing while this many jobs are in memory.
@@ -95,6 +105,7 @@ class Claimer:
         poll_ms: int,
         max_loaded: int,
         outages: Outages | None = None,
+        start_ms: int | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.leases = scheduler.leases  # claim, without the facade's extra call
@@ -103,6 +114,7 @@ class Claimer:
         self._runner = runner
         self.lookahead_ms = lookahead_ms
         self.lease_ms = lease_ms
+        self.start_ms = start_ms  # pre-start margin, or None
         self.limit = limit
         self.poll_ms = poll_ms
         self.max_loaded = max_loaded
@@ -134,7 +146,10 @@ class Claimer:
         batch (see :meth:`Loader.load_once`)."""
         full = False
         loop = asyncio.get_running_loop()
-        lease_ms = self.lookahead_ms + self.lease_ms
+        prestart = self.start_ms is not None
+        lease_ms = self.lookahead_ms + (
+            self.start_ms if self.start_ms is not None else self.lease_ms
+        )
         runner = self._runner
         for shard in list(self.scheduler.ownership.owned):
             in_memory = len(self._placed) + runner.waiting + runner.running
@@ -151,6 +166,7 @@ class Claimer:
                         limit=self.limit,
                         lookahead=self.lookahead_ms / 1000,
                         lease=lease_ms / 1000,
+                        prestart=prestart,
                     )
                 except Fenced:  # counted, and the shard forgotten, by the loader's on_fenced
                     continue

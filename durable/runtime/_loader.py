@@ -36,6 +36,7 @@ from ._claims import (
     DEFAULT_LOOKAHEAD,
     DEFAULT_MAX_LOADED,
     DEFAULT_POLL_INTERVAL,
+    DEFAULT_START_MARGIN,
     Claimer,
 )
 from ._loader_stats import LoaderStats
@@ -50,6 +51,7 @@ __all__ = [
     "DEFAULT_MAX_LOADED",
     "DEFAULT_MAX_RUNNING",
     "DEFAULT_POLL_INTERVAL",
+    "DEFAULT_START_MARGIN",
     "Loader",
     "LoaderStats",
 ]
@@ -80,6 +82,13 @@ class Loader:
             once when it ends (a worker shares one with its other loops).
         default_timeout: seconds a handler may run when its task sets no timeout of
             its own (None: no limit); a run past it fails with the reason ``timeout``.
+        start_margin: seconds of the pre-start lease past the lookahead (default
+            :data:`DEFAULT_START_MARGIN`): a claim leases its jobs for
+            ``lookahead + start_margin`` only, and a run's start extends its lease to
+            ``lease`` (and marks it started). A worker that dies with jobs claimed but
+            not started leaves them to the reaper within that, not a whole lease, and
+            at the same attempt. A job that waits for a slot is shed when half the
+            margin is left. None: claims lease ``lookahead + lease`` (no pre-start).
 
     Raises:
         TypeError, ValueError: naming a bad parameter.
@@ -100,6 +109,7 @@ class Loader:
         publisher: Publisher | None = None,
         outages: Outages | None = None,
         default_timeout: float | None = None,
+        start_margin: float | timedelta | None = DEFAULT_START_MARGIN,
     ) -> None:
         if not isinstance(registry, TaskRegistry):
             raise TypeError(f"registry must be a TaskRegistry, got {registry!r}")
@@ -115,6 +125,12 @@ class Loader:
         self.wheel = wheel  # where loaded jobs wait
         self.lookahead_ms = finite_seconds_ms("lookahead", lookahead)
         self.lease_ms = finite_seconds_ms("lease", lease, minimum_ms=2)
+        # The pre-start margin (ms), at most a lease; None: no pre-start leases.
+        self.start_ms = (
+            None
+            if start_margin is None
+            else min(self.lease_ms, finite_seconds_ms("start_margin", start_margin, minimum_ms=1))
+        )
         self.limit = limit  # per shard per claim
         self.poll_ms = finite_seconds_ms("poll_interval", poll_interval, minimum_ms=1)
         self.max_loaded = max_loaded  # loaded + running cap
@@ -137,6 +153,7 @@ class Loader:
             release=self._release,
             outages=self.outages,
             default_timeout=default_timeout,
+            start_ms=self.start_ms,
         )
         scheduler.ownership.on_fenced(self._on_fenced)
         # The claim rounds, and the jobs they placed in the wheel.
@@ -151,6 +168,7 @@ class Loader:
             poll_ms=self.poll_ms,
             max_loaded=max_loaded,
             outages=self.outages,
+            start_ms=self.start_ms,
         )
         # Firing lateness (s): loop time at firing minus the job's due in loop time.
         self.lateness: LatenessHistogram = self._claims.lateness

@@ -90,6 +90,8 @@ class Runner:
         outages: where store outages are reported (logged once each).
         default_timeout: seconds a handler may run when its task has no timeout of its
             own; None: no limit.
+        start_ms: the claims' pre-start margin (``Loader.start_ms``), or None: a run's
+            lease is extended at its start, and a job waits for a slot half the margin.
     """
 
     def __init__(
@@ -106,6 +108,7 @@ class Runner:
         release: Release,
         outages: Outages | None = None,
         default_timeout: float | None = None,
+        start_ms: int | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.leases = scheduler.leases  # ack, retry, extend, without the facade's call
@@ -114,7 +117,9 @@ class Runner:
         self.stats = stats
         self._acks = acks
         self.lease_ms = lease_ms
-        self._half_lease = lease_ms / 2000  # s: a waiting job's limit, an extender's pace
+        self._half_lease = half = lease_ms / 2000  # s: an extender's pace
+        self._prestart = start_ms is not None  # pre-start leases: extended at the start
+        self._shed_lead = min(half, start_ms / 2000) if start_ms else half  # s: shed then
         self.max_running = max_running
         self.publisher = publisher
         self.outages = outages if outages is not None else Outages()
@@ -182,7 +187,7 @@ class Runner:
         if self._busy >= self.max_running:
             waiting = self._waiting
             shed = self.wheel.schedule_at(
-                max(self.wheel.time(), lease_end - self._half_lease), waiting.shed, key
+                max(self.wheel.time(), lease_end - self._shed_lead), waiting.shed, key
             )
             waiting.ready[key] = (job, lease_end, shed, due)
             if logger.isEnabledFor(logging.DEBUG):
@@ -349,9 +354,10 @@ class Runner:
             # the extender only for one still running when half a lease is left (at once
             # for a job that waited for its slot until then). With a timeout, that one
             # timer is set at whichever comes first, and sets the other when it fires: a
-            # handler that returns before both costs one timer, timeout or not.
+            # handler that returns before both costs one timer, timeout or not. A
+            # pre-start lease is extended at once: the extension marks the run started.
             now = self.wheel.time()
-            halfway_at = max(now, lease_end - self._half_lease)
+            halfway_at = now if self._prestart else max(now, lease_end - self._half_lease)
             if limit is None:
                 halfway = self.wheel.schedule_at(
                     halfway_at, self._extender.spawn, job, finished, task, _FOREVER

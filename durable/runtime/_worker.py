@@ -61,6 +61,7 @@ from ._loader import (
     DEFAULT_LOOKAHEAD,
     DEFAULT_MAX_RUNNING,
     DEFAULT_POLL_INTERVAL,
+    DEFAULT_START_MARGIN,
     Loader,
     LoaderStats,
 )
@@ -90,7 +91,8 @@ class Worker:
     Args:
         scheduler: the namespace; its ``ownership`` TTL is also the member TTL.
         registry: the tasks, by name.
-        lookahead, lease, limit, poll_interval, max_running: as :class:`Loader`.
+        lookahead, lease, limit, poll_interval, max_running, start_margin: as
+            :class:`Loader` (``start_margin``: the pre-start lease past the lookahead).
         reap_interval: seconds between reaper rounds.
         drain_timeout: seconds running tasks get at shutdown; then their handlers are
             cancelled and their jobs released unrun (same attempt).
@@ -123,6 +125,7 @@ class Worker:
         publisher: Publisher | None = None,
         reconcile_interval: float | timedelta = DEFAULT_RECONCILE_INTERVAL,
         default_timeout: float | None = None,
+        start_margin: float | timedelta | None = DEFAULT_START_MARGIN,
     ) -> None:
         given: object = scheduler  # typed, but a redis client is a common slip
         if not isinstance(given, Scheduler):
@@ -146,6 +149,7 @@ class Worker:
             "publisher": publisher,
             "max_running": max_running,
             "default_timeout": check_timeout(default_timeout),
+            "start_margin": start_margin,
         }
         self.reap_interval_ms = finite_seconds_ms("reap_interval", reap_interval, minimum_ms=1)
         self.drain_timeout_ms = finite_seconds_ms("drain_timeout", drain_timeout)

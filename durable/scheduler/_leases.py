@@ -117,8 +117,16 @@ class Leases:
         limit: int = 100,
         lookahead: float | timedelta = 0.0,
         lease: float | timedelta = DEFAULT_LEASE,
+        prestart: bool = False,
     ) -> ClaimBatch:
         """Lease the owned shard's jobs due by now + lookahead (at most ``limit``).
+
+        With ``prestart`` the leases are pre-start leases: ``lease`` is short (the
+        worker's lookahead plus its start margin), and the run's start extends each
+        (:meth:`extend`, which marks it started). The reaper returns an expired
+        pre-start lease to due at the same attempt: a worker that died with jobs
+        claimed but not started costs them no attempt, and they are back within
+        ``lease``, not a whole run's lease.
 
         Recurring jobs get their missed-run policy applied here, with the claim's Redis
         time: a job the policy does not run now is moved (unrun) to its next occurrence.
@@ -137,7 +145,14 @@ class Leases:
         token, forget = self._claim_token(shard, epoch)
         with self.ownership.guard(shard, epoch):
             batch = await self.store.claim(
-                shard, epoch, lookahead_ms, limit, lease_ms, token=token, forget=forget
+                shard,
+                epoch,
+                lookahead_ms,
+                limit,
+                lease_ms,
+                token=token,
+                forget=forget,
+                prestart=prestart,
             )
             received = time.monotonic()
             counters.claim_calls += 1

@@ -222,6 +222,7 @@ class Store:
         *,
         token: str,
         forget: str | None = None,
+        prestart: bool = False,
     ) -> ClaimBatch:
         """Lease jobs due by now + lookahead (claim.lua). O(limit log N).
 
@@ -232,6 +233,9 @@ class Store:
             token: names this claim; reuse it only to recover a claim that failed.
             forget: the token of the caller's previous claim on this shard, whose reply
                 arrived: its kept reply is deleted.
+            prestart: the leases are pre-start leases (``lease_ms`` short): the reaper
+                returns one whose run never started (no :meth:`extend` since) without
+                charging an attempt.
 
         Raises:
             Fenced: if ``epoch`` is stale.
@@ -246,7 +250,7 @@ class Store:
                 *(k.due, k.leased, k.done, k.epoch, k.clock, reply_key, forget_key),
                 *(k.dead, k.far, k.faro, *k.jobs),
             ],
-            [epoch, lookahead_ms, limit, lease_ms],
+            [epoch, lookahead_ms, limit, lease_ms, "1" if prestart else ""],
             shard,
         )
         try:

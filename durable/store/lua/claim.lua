@@ -9,6 +9,11 @@
 -- ARGV[2]  lookahead  ms: claim jobs due by now + lookahead
 -- ARGV[3]  limit      at most this many jobs
 -- ARGV[4]  lease      ms: each lease ends at max(now, due) + lease
+-- ARGV[5]  prestart   '1': the leases are pre-start leases, stored at deadline + 0.5 (a
+--                     score with a half ms): the worker's extension when the run starts
+--                     (extend.lua) stores a whole ms, and the reaper (reap.lua) returns
+--                     an expired lease with the half ms without charging an attempt.
+--                     '' or absent: whole ms (a started run's lease).
 -- Returns: a msgpack array (one bulk string: it is kept as it is sent, below, and the
 --   client decodes it faster than Redis converts a Lua table of it to RESP):
 --   {now, dropped, then per job: id, due, deadline, tag, count, field_1 ..
@@ -40,6 +45,7 @@ if kept then return kept end
 local epoch = tonumber(ARGV[1])
 local now = clock_now(KEYS[5], true)
 local lease = tonumber(ARGV[4])
+local half = ARGV[5] == '1' and '.5' or ''
 local horizon = now + tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
 local left = far_promote(due_key, leased_key, KEYS[8], KEYS[9], KEYS[10], FIRST,
@@ -109,7 +115,7 @@ for k = 1, count do
     local due = dues[k]
     local deadline = (due > now and due or now) + lease
     if deadline ~= last_deadline then
-      last_deadline, sdeadline = deadline, fmt(deadline)
+      last_deadline, sdeadline = deadline, fmt(deadline) .. half
     end
     zadd[nz + 1], zadd[nz + 2] = sdeadline, id
     nz = nz + 2

@@ -1,4 +1,7 @@
 -- reap.lua: return expired leases to due (attempt + 1), or to dead after max attempts.
+--   A pre-start lease (its score has a half ms: claim.lua; the run never started, since
+--   extend.lua marks a start with a whole ms) goes back to due at the same attempt,
+--   its record otherwise unchanged: a worker that died before the run cost no attempt.
 -- KEYS[1] leased  KEYS[2] due  KEYS[3] dead  KEYS[4] epoch  KEYS[5] clock
 -- KEYS[6..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  epoch   the caller's fencing epoch for this shard
@@ -10,16 +13,23 @@ local leased_key, due_key, dead_key = KEYS[1], KEYS[2], KEYS[3]
 local err = fence(KEYS[4], ARGV[1])
 if err then return err end
 local now = clock_now(KEYS[5], true)
-local ids = redis.call('ZRANGEBYSCORE', leased_key, '-inf', fmt(now), 'LIMIT', 0, tonumber(ARGV[2]))
+local hits = redis.call('ZRANGEBYSCORE', leased_key, '-inf', fmt(now),
+  'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[2]))
 local requeued, dead = {}, {}
-for _, id in ipairs(ids) do
+for k = 1, #hits, 2 do
+  local id = hits[k]
+  local started = tonumber(hits[k + 1]) % 1 == 0
   redis.call('ZREM', leased_key, id)
   local jobs_key = bucket_key(id, FIRST)
   local s = redis.call('HGET', jobs_key, id)
   if s then
     local r = rec_decode(s)
-    r[F_EPOCH], r[F_ERROR] = 0, 'lease expired'
-    if r[F_ATTEMPT] >= r[F_MAX] then
+    r[F_EPOCH] = 0
+    if started then r[F_ERROR] = 'lease expired' end
+    if not started then
+      redis.call('ZADD', due_key, fmt(now), id)
+      requeued[#requeued + 1] = id
+    elseif r[F_ATTEMPT] >= r[F_MAX] then
       redis.call('ZADD', dead_key, fmt(now), id)
       dead[#dead + 1] = id
     else
