@@ -103,7 +103,16 @@ class Scheduler:
             checked like ``shards``.
         max_payload_bytes: largest encoded payload accepted.
         dedup_window: seconds a completed occurrence stays in done.
-        owner_ttl: seconds a shard owner's token lives without renewal.
+        owner_ttl: seconds a shard owner's token lives without renewal (renewed every
+            fifth of it): a dead worker's shards are taken over within ``owner_ttl``
+            plus a fifth of it.
+        worker_id: a stable owner token (and worker id) for this process, e.g. the
+            name of its deployment slot; None (the default): a random one. A process
+            restarted with the same ``worker_id`` takes its predecessor's shards at
+            once (each under a new epoch, so the predecessor is fenced), instead of
+            waiting ``owner_ttl`` for its tokens to expire. Give each process running
+            at the same time its own: two live processes with one id keep taking
+            shards from each other (fenced, so no job is lost, but nothing runs well).
         check: run :func:`check_server` on :meth:`open`.
         strict: make the server check raise instead of warn.
         retry_base: first retry delay (s); doubles per attempt.
@@ -155,6 +164,7 @@ class Scheduler:
         call_timeout: float | timedelta = DEFAULT_CALL_TIMEOUT,
         postgres_url: str | None = None,
         tasks: Collection[str] | None = None,
+        worker_id: str | None = None,
     ) -> None:
         async_client("client", client)  # a sync redis.Redis fails here, not in a call
         self.keys = Keys(namespace, shards, buckets)  # key names
@@ -166,7 +176,7 @@ class Scheduler:
             replica_timeout_ms=finite_seconds_ms("replica_timeout", replica_timeout),
             call_timeout=finite_seconds_ms("call_timeout", call_timeout, minimum_ms=1) / 1000,
         )  # one method per script
-        self.ownership = Ownership(self.store, ttl=owner_ttl)  # shards owned here
+        self.ownership = Ownership(self.store, token=worker_id, ttl=owner_ttl)  # shards owned here
         self.max_payload_bytes = int_between("max_payload_bytes", max_payload_bytes, 1)
         self.dedup_window_ms = finite_seconds_ms("dedup_window", dedup_window, minimum_ms=1)
         retry_base_ms = finite_seconds_ms("retry_base", retry_base)

@@ -8,7 +8,14 @@ Ground rules:
   refuse them (:class:`Fenced`).
 - An owner that sees :class:`Fenced` drops the shard at once: ``owned`` never holds an
   epoch the owner knows to be stale.
-- Renewal runs every ``ttl / RENEW_FRACTION``, so a token survives two missed renewals.
+- Renewal runs every ``ttl / RENEW_FRACTION``, so a token survives four missed renewals.
+- A dead owner's shards are free once its token expires (at most ``ttl`` after its last
+  renewal) and taken at the next round of another owner: within ``ttl + ttl /
+  RENEW_FRACTION`` of the death (6 s by default).
+- A process restarted with the same token (a stable worker id, ``Scheduler(worker_id=
+  ...)``) takes its previous shards at once: a take of a shard this process does not
+  hold in memory bumps the epoch even when the token found is its own, so the previous
+  process, were it still alive, is fenced as by any other taker.
 """
 
 from __future__ import annotations
@@ -36,11 +43,15 @@ __all__ = ["DEFAULT_OWNER_TTL", "RENEW_FRACTION", "Ownership"]
 
 logger = logging.getLogger("tickwheel.durable")
 
-# Long enough to ride out a GC pause or a slow renewal round trip; short enough that a
-# crashed owner's shards are taken over within seconds.
-DEFAULT_OWNER_TTL = 10.0
-# Renew three times per TTL: two renewals may fail (a blip) before the token expires.
-RENEW_FRACTION = 3
+# Long enough to ride out a GC pause or a slow renewal round trip (and a plain task
+# function that blocks the loop for a while: longer ones belong in thread=True); short
+# enough that a crashed owner's shards are taken over within seconds: within ttl + ttl /
+# RENEW_FRACTION = 6 s (docs/reliability.md has the measured figures). 10 s before
+# issue 40, when a dead owner's shards waited up to 13 s.
+DEFAULT_OWNER_TTL = 5.0
+# Renew five times per TTL (every second by default): four renewals may fail (a blip)
+# before the token expires, and a free shard is found within a fifth of the TTL.
+RENEW_FRACTION = 5
 
 
 class Ownership:
@@ -142,8 +153,12 @@ class Ownership:
         self._on_fenced[:] = [ref for ref in self._on_fenced if ref() is not None]
 
     async def take(self, shard: int) -> int | None:
-        """Take ``shard`` if it is free (or already ours); return the epoch, or None."""
-        epoch = await self.store.take(shard, self.token, self.ttl_ms)
+        """Take ``shard`` if it is free (or already ours); return the epoch, or None.
+        A shard not held here whose token is this owner's own (a previous process with
+        the same token) is taken under a new epoch."""
+        # Fresh unless held here: a token of ours found set is a previous process's.
+        fresh = shard not in self.owned
+        epoch = await self.store.take(shard, self.token, self.ttl_ms, fresh)
         if epoch:
             if self.owned.get(shard) != epoch:
                 self.counters.shards_taken += 1

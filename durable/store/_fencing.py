@@ -34,11 +34,13 @@ class FencingCalls:
         self._scripts = scripts  # the registered scripts
         self.keys = keys  # key names of the namespace
 
-    async def take(self, shard: int, token: str, ttl_ms: int) -> int:
-        """Take a shard (take.lua); return its new epoch, or 0 if another owner holds it."""
+    async def take(self, shard: int, token: str, ttl_ms: int, fresh: bool = False) -> int:
+        """Take a shard (take.lua); return its new epoch, or 0 if another owner holds it.
+        ``fresh``: the caller does not hold it, so its own token found set (a previous
+        process with the same token) is taken over at once, under a new epoch."""
         k = self.keys.shard(shard)
         reply = await self.transport.run(
-            self._scripts.take, [k.owner, k.epoch], [token, ttl_ms], shard
+            self._scripts.take, [k.owner, k.epoch], [token, ttl_ms, "1" if fresh else ""], shard
         )
         return int(reply[0])
 

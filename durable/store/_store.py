@@ -417,9 +417,9 @@ class Store:
 
     # -- ownership: one call each, handed to _fencing.py ---------------------------
 
-    async def take(self, shard: int, token: str, ttl_ms: int) -> int:
+    async def take(self, shard: int, token: str, ttl_ms: int, fresh: bool = False) -> int:
         """:meth:`FencingCalls.take`: the new epoch, or 0 if another owner holds it."""
-        return await self._fencing.take(shard, token, ttl_ms)
+        return await self._fencing.take(shard, token, ttl_ms, fresh)
 
     async def renew(self, shard: int, token: str, epoch: int, ttl_ms: int) -> None:
         """:meth:`FencingCalls.renew` (raises :class:`Fenced` if the shard moved on)."""

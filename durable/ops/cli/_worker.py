@@ -20,6 +20,7 @@ from tickwheel.durable.runtime import (
     DEFAULT_POLL_INTERVAL,
     DEFAULT_REAP_INTERVAL,
     DEFAULT_RECONCILE_INTERVAL,
+    DEFAULT_START_MARGIN,
     TaskRegistry,
     Worker,
 )
@@ -81,6 +82,7 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
             owner_ttl=args.owner_ttl,
             check=not args.no_check,
             postgres_url=args.postgres_url,
+            worker_id=args.worker_id,
         )
         worker = Worker(
             scheduler,
@@ -94,6 +96,7 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
             drain_timeout=args.drain_timeout,
             reconcile_interval=args.reconcile_interval,
             default_timeout=args.task_timeout,
+            start_margin=args.start_margin,
         )
         await scheduler.open()  # fail early: unreachable, shard count mismatch
         if args.metrics_port is not None:
@@ -187,6 +190,20 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
         choices=FORMATS,
         help="log lines to stderr as text or JSON, one object a line (alone: INFO and up;"
         " -v: also each job's claim, start and ack)",
+    )
+    work.add_argument(
+        "--worker-id",
+        help="a stable id for this worker process (one per process running at once): a"
+        " worker restarted with the same id takes its shards back at once, instead of"
+        " waiting --owner-ttl for the old tokens to expire",
+    )
+    work.add_argument(
+        "--start-margin",
+        type=positive_float,
+        default=DEFAULT_START_MARGIN,
+        help="seconds a claimed job's lease lasts past the lookahead until its run starts"
+        " (then it is extended to --lease): a killed worker's unstarted jobs are back"
+        " within --lookahead plus this, at the same attempt",
     )
     work.add_argument(
         "--metrics-port",
