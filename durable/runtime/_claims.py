@@ -186,6 +186,8 @@ class Claimer:
         return full
 
     def _place(self, job: Job, when: float, lease_end: float) -> None:
+        if self.start_ms is not None and self._runner.runs(job):
+            return  # its run's start extension holds this lease too (Runner.runs)
         key = (job.shard, job.id)
         old = self._placed.pop(key, None)
         if old is not None:  # a stale copy (its lease was lost): forget it

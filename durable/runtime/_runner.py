@@ -90,8 +90,7 @@ class Runner:
         outages: where store outages are reported (logged once each).
         default_timeout: seconds a handler may run when its task has no timeout of its
             own; None: no limit.
-        start_ms: the claims' pre-start margin (``Loader.start_ms``), or None: a run's
-            lease is extended at its start, and a job waits for a slot half the margin.
+        start_ms: the pre-start margin (``Loader.start_ms``; extended at a run's start).
     """
 
     def __init__(
@@ -147,6 +146,7 @@ class Runner:
             release=release,
             failures=self._failures,
         )
+        self.runs = self._stopper.runs  # does a handler here run this job's lease?
         self._extender = LeaseExtender(scheduler, wheel, stats, self._stopper, lease_ms=lease_ms)
         self._pool: DaemonPool | None = None  # made at the first thread task
 

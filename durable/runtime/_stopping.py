@@ -86,6 +86,17 @@ class Stopper:
         # slot was freed then, not when (if ever) they return.
         self.abandoned: set[asyncio.Task[None]] = set()
 
+    def runs(self, job: Job) -> bool:
+        """Does a handler here run ``job``'s lease (id, epoch, attempt, occurrence)? A
+        claim returns it again when its start's extension came after its pre-start
+        lease expired: that extension, and the run's ack, hold the new lease too."""
+        task = self.handling.get(job.id)
+        held = None if task is None else self._running.get(task)
+        if held is None:
+            return False
+        mine = (held.shard, held.epoch, held.attempt, held.nominal_ms)
+        return mine == (job.shard, job.epoch, job.attempt, job.nominal_ms)
+
     def stop(self, task: asyncio.Task[None], reason: str) -> None:
         """Cancel a handler's task, telling it why (a wheel callback, or a stop)."""
         if not task.done():
