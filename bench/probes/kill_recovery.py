@@ -163,9 +163,8 @@ async def main(repeats: int) -> None:
             same.append(await takeover(url, ns(), True, 5.0))
             other.append(await takeover(url, ns(), False, 5.0))
             old_ttl.append(await takeover(url, ns(), False, 10.0))
-            print(
-                f"takeover #{r}: same id {same[-1]:.2f}, other {other[-1]:.2f}, ttl 10 {old_ttl[-1]:.2f}"
-            )
+            print(f"takeover #{r}: same id {same[-1]:.2f}, other {other[-1]:.2f}", end="")
+            print(f", TTL 10 s {old_ttl[-1]:.2f}")
         base = _median(old_ttl)
         print(
             f"takeover median: same id {_median(same):.2f} s ({_median(same) / base:.2f}),"
