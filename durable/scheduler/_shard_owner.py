@@ -75,6 +75,9 @@ class Ownership:
         self.token = token or uuid.uuid4().hex  # this owner's token
         self.ttl_ms = finite_seconds_ms("ttl", ttl, minimum_ms=1)  # token TTL in ms
         self.owned: dict[int, int] = {}  # shard -> epoch taken
+        # Shards whose take's reply was lost (it may have taken them): taken again
+        # without a new epoch, so a re-sent take is idempotent.
+        self._sent: set[int] = set()
         self._stop = asyncio.Event()  # set by stop(): run() returns
         # Counters of this owner's calls; the Scheduler and Reaper built on it count here.
         self.counters = Counters()
@@ -156,9 +159,12 @@ class Ownership:
         """Take ``shard`` if it is free (or already ours); return the epoch, or None.
         A shard not held here whose token is this owner's own (a previous process with
         the same token) is taken under a new epoch."""
-        # Fresh unless held here: a token of ours found set is a previous process's.
-        fresh = shard not in self.owned
+        # Fresh unless held here (or maybe taken by a take whose reply was lost): a
+        # token of ours found set is then a previous process's.
+        fresh = shard not in self.owned and shard not in self._sent
+        self._sent.add(shard)
         epoch = await self.store.take(shard, self.token, self.ttl_ms, fresh)
+        self._sent.discard(shard)
         if epoch:
             if self.owned.get(shard) != epoch:
                 self.counters.shards_taken += 1
