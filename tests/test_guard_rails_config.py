@@ -13,6 +13,7 @@ import sys
 import pytest
 import redis
 import redis.asyncio
+from dashboard_support import api_client
 from durable_support import client_of, open_scheduler, run, unique_ns
 from pg_support import migrated, pg_scheduler, table_counts
 
@@ -60,11 +61,13 @@ def test_a_postgres_namespace_refuses_producers_cli_dashboard_and_workers_withou
     redis_server: RedisServer, pg_url: str
 ) -> None:
     ns = unique_ns()
+    before_keys: list[bytes] = []
 
     async def main() -> None:
         await migrated(pg_url)
         async with pg_scheduler(redis_server.url, pg_url, ns, shards=2) as pg:
             await pg.schedule("a", "t", delay=3600)  # the first open records the mode
+        nonlocal before_keys
         before_keys = await _keys(redis_server.url, ns)
         before_rows = await table_counts(pg_url)
         assert f"{{{ns}}}:mode".encode() in before_keys
@@ -99,6 +102,11 @@ def test_a_postgres_namespace_refuses_producers_cli_dashboard_and_workers_withou
     assert "Traceback" not in out.stderr
     out = _cli("cancel", "a", *o)
     assert out.returncode == 2 and "--postgres-url" in out.stderr
+    with api_client(redis_server.url, ns) as web:  # a dashboard without it: refused
+        r = web.get("/api/overview")
+        assert r.status_code == 409 and "postgres_url" in r.text, r.text
+        assert "Postgres mode" in web.get("/").text
+    assert run(_keys(redis_server.url, ns)) == before_keys
     out = _cli("schedule", "e", "t", "--delay", "60", "--postgres-url", pg_url, *o)
     assert out.returncode == 0, out.stderr  # with the URL it is written
     assert run(_keys(redis_server.url, ns)) != []
