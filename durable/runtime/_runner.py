@@ -410,7 +410,7 @@ class Runner:
                 # lands inside a command, which would leave the extender running on.
                 finished.set()
                 halfway.cancel()
-            self._acks.submit(job, lease_end)
+            self._acks.submit(job, max(lease_end, now + 2 * self._half_lease))  # since extended
         except LeaseLost:
             self.stats.lease_lost += 1
             logger.warning(
