@@ -16,7 +16,18 @@ from tickwheel.wheel import TimingWheel
 from ._loader_stats import LoaderStats
 from ._stopping import Stopper
 
-__all__ = ["LeaseExtender"]
+__all__ = ["LeaseExtender", "first_extension"]
+
+
+def first_extension(now: float, lease_end: float, half_lease: float, lead: float | None) -> float:
+    """When a started handler's lease is first extended (wheel time): when half a lease
+    is left; or, for a pre-start lease (``lead``: a quarter of the start margin), within
+    ``lead`` of the start and ``lead`` before the pre-start lease ends. That extension
+    marks the run started (reap.lua then charges an attempt); a handler that returned
+    before it was acked without one, and costs no extension (nor a task)."""
+    if lead is None:
+        return max(now, lease_end - half_lease)
+    return max(now, min(now + lead, lease_end - lead))
 
 
 class LeaseExtender:

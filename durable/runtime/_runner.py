@@ -40,7 +40,7 @@ from tickwheel.durable.scheduler import Scheduler
 from tickwheel.wheel import TimingWheel
 
 from ._acks import UNAVAILABLE, AckBatcher
-from ._extending import LeaseExtender
+from ._extending import LeaseExtender, first_extension
 from ._failures import Failures
 from ._loader_stats import LoaderStats
 from ._logs import Outages, job_fields, log_start, logger
@@ -117,8 +117,9 @@ class Runner:
         self._acks = acks
         self.lease_ms = lease_ms
         self._half_lease = half = lease_ms / 2000  # s: an extender's pace
-        self._prestart = start_ms is not None  # pre-start leases: extended at the start
         self._shed_lead = min(half, start_ms / 2000) if start_ms else half  # s: shed then
+        # Pre-start leases: a run's start is marked (extended) within this many s.
+        self._mark_lead = self._shed_lead / 2 if start_ms else None
         self.max_running = max_running
         self.publisher = publisher
         self.outages = outages if outages is not None else Outages()
@@ -354,10 +355,9 @@ class Runner:
             # the extender only for one still running when half a lease is left (at once
             # for a job that waited for its slot until then). With a timeout, that one
             # timer is set at whichever comes first, and sets the other when it fires: a
-            # handler that returns before both costs one timer, timeout or not. A
-            # pre-start lease is extended at once: the extension marks the run started.
+            # handler that returns before both costs one timer, timeout or not.
             now = self.wheel.time()
-            halfway_at = now if self._prestart else max(now, lease_end - self._half_lease)
+            halfway_at = first_extension(now, lease_end, self._half_lease, self._mark_lead)
             if limit is None:
                 halfway = self.wheel.schedule_at(
                     halfway_at, self._extender.spawn, job, finished, task, _FOREVER
