@@ -64,11 +64,13 @@ class AckBatcher:
         self._pending: dict[tuple[int, int], list[tuple[Job, float]]] = {}
         self._flushes: dict[tuple[int, int], asyncio.Task[None]] = {}  # one per key at most
         self.waiting = 0  # jobs submitted whose outcome is not counted yet
+        self._acking: dict[str, Job] = {}  # job id -> the job, submitted and not settled
 
     def submit(self, job: Job, lease_end: float) -> None:
         """Ack ``job`` with whatever else is acked before its batch goes out. O(1)."""
         key = (job.shard, job.epoch)
         self.waiting += 1
+        self._acking[job.id] = job
         pending = self._pending.get(key)
         if pending is None:
             self._pending[key] = [(job, lease_end)]
@@ -76,6 +78,21 @@ class AckBatcher:
             pending.append((job, lease_end))
         if key not in self._flushes:
             self._flushes[key] = asyncio.ensure_future(self._flush(key))
+
+    def holds(self, job: Job) -> bool:
+        """Is an ack of ``job``'s lease (id, epoch, attempt, occurrence) waiting here? A
+        claim returns it again when its pre-start lease ran out before the ack: this
+        ack settles the new lease as well (a run must not start for it)."""
+        held = self._acking.get(job.id)
+        if held is None:
+            return False
+        mine = (held.shard, held.epoch, held.attempt, held.nominal_ms)
+        return mine == (job.shard, job.epoch, job.attempt, job.nominal_ms)
+
+    def _settled(self, entries: list[tuple[Job, float]]) -> None:
+        for job, _ in entries:
+            if self._acking.get(job.id) is job:
+                del self._acking[job.id]
 
     def flushes(self, shard: int | None = None) -> set[asyncio.Task[None]]:
         """The calls in flight or about to be made (of ``shard``, or all)."""
@@ -90,18 +107,22 @@ class AckBatcher:
             while batch := self._pending.pop(key, []):
                 error = await self._send(batch)
                 if error is None:
+                    self._settled(batch)
                     pauses = iter(ACK_RETRY_PAUSES)
                     continue
                 pause = next(pauses, ACK_RETRY_PAUSES[-1])
                 end = self.wheel.time() + pause
                 kept = [entry for entry in batch if end < entry[1]]
+                self._settled([entry for entry in batch if not end < entry[1]])
                 self._left(len(batch) - len(kept), error)
                 if kept:  # first in the next batch, with those that came meanwhile
                     self._pending[key] = kept + self._pending.get(key, [])
                     batch = []
                     await asyncio.sleep(pause)
         except BaseException:  # cancelled (a drain's grace ran out): left to the reaper
-            self.waiting -= len(batch) + len(self._pending.pop(key, []))
+            left = batch + self._pending.pop(key, [])
+            self._settled(left)
+            self.waiting -= len(left)
             raise
         finally:
             # In the same step as the last look at _pending: a later ack starts a flush.

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from tickwheel.durable.model import (
     Fenced,
@@ -86,6 +87,8 @@ class Claimer:
         start_ms: the pre-start margin: claims take pre-start leases of
             ``lookahead_ms + start_ms`` (extended to ``lease_ms`` when a run starts);
             None: claims lease ``lookahead_ms + lease_ms`` outright.
+        held: with ``start_ms``, is this job's very lease still run or acked here (a
+            claim returned it again: its pre-start lease ran out first)? Not placed.
         limit: jobs per shard per claim.
         poll_ms: ms between claim rounds.
         max_loaded: claim nothing while this many jobs are in memory.
@@ -106,6 +109,7 @@ class Claimer:
         max_loaded: int,
         outages: Outages | None = None,
         start_ms: int | None = None,
+        held: Callable[[Job], bool] | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.leases = scheduler.leases  # claim, without the facade's extra call
@@ -115,6 +119,7 @@ class Claimer:
         self.lookahead_ms = lookahead_ms
         self.lease_ms = lease_ms
         self.start_ms = start_ms  # pre-start margin, or None
+        self._held = held  # is a job's lease run or acked here already?
         self.limit = limit
         self.poll_ms = poll_ms
         self.max_loaded = max_loaded
@@ -186,8 +191,8 @@ class Claimer:
         return full
 
     def _place(self, job: Job, when: float, lease_end: float) -> None:
-        if self.start_ms is not None and self._runner.runs(job):
-            return  # its run's start extension holds this lease too (Runner.runs)
+        if self._held is not None and self._held(job):
+            return  # the run here (its start's extension, its ack) holds this lease too
         key = (job.shard, job.id)
         old = self._placed.pop(key, None)
         if old is not None:  # a stale copy (its lease was lost): forget it

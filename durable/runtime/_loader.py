@@ -169,6 +169,7 @@ class Loader:
             max_loaded=max_loaded,
             outages=self.outages,
             start_ms=self.start_ms,
+            held=None if self.start_ms is None else self._held,
         )
         # Firing lateness (s): loop time at firing minus the job's due in loop time.
         self.lateness: LatenessHistogram = self._claims.lateness
@@ -234,6 +235,10 @@ class Loader:
         """
         placed = self._claims.drop_placed(shard, epoch)
         return placed + self._runner.drop_waiting(shard, epoch)
+
+    def _held(self, job: Job) -> bool:
+        """Is ``job``'s very lease run (its handler) or acked (waiting) here?"""
+        return self._runner.runs(job) or self._acks.holds(job)
 
     async def release_shard(self, shard: int) -> int:
         """Hand the loaded, unfired jobs of ``shard`` back to due at once.
