@@ -42,7 +42,10 @@ def test_schedule_and_reconcile(redis_server: RedisServer, pg_url: str) -> None:
     redis_lose(redis_server, ns)
     second = cli_json("reconcile", *o)
     assert second["pending"] == 1 and second["restored"] == 1
-    assert cli_json("inspect", "--redis-url", redis_server.url, "--namespace", ns)["due"] == 1
+    assert cli_json("inspect", *o)["due"] == 1
+    # Without --postgres-url the namespace's mode is refused (issue 40), nothing written.
+    out = cli("inspect", "--redis-url", redis_server.url, "--namespace", ns)
+    assert out.returncode == 2 and "--postgres-url" in out.stderr
     assert cli_json("cancel", "a", *o) == {"id": "a", "cancelled": True, "result": "removed"}
     assert run(rows(pg_url, "SELECT id FROM tickwheel_jobs")) == []
     assert cli_json("reconcile", *o)["pending"] == 0
