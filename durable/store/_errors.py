@@ -79,10 +79,10 @@ NO_REPLY_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutErr
 CLUSTER_ERRORS = (redis.exceptions.RedisClusterException,)
 
 
-# Refusals of the connection's configuration (model/_errors.py, RedisConfigError): the
-# first word of the reply, or its text for "ERR DB index is out of range" (SELECT).
-# AuthenticationError is a ConnectionError in redis-py: it is told apart first.
-_CONFIG_CODES = frozenset({"NOAUTH", "WRONGPASS", "NOPERM"})
+# Refusals of the connection's configuration (model/_errors.py, RedisConfigError): by
+# redis-py's class or the first word of the reply (NOAUTH, WRONGPASS, NOPERM), or its
+# text for "ERR DB index is out of range" (SELECT). AuthenticationError is a
+# ConnectionError in redis-py: it is told apart before the transient ones.
 _CONFIG_TEXTS = ("DB index is out of range", "invalid DB index")
 _CONFIG_HINT = {
     "NOAUTH": "the server needs a password: put it in the URL, as user:password before the host",
