@@ -58,8 +58,8 @@ DEFAULT_LOOKAHEAD = 1.0
 # The pre-start lease past the lookahead (s): a claimed job's lease until its run starts
 # (then it is extended to the whole lease). It bounds how long the jobs a dead worker
 # had claimed but not started wait for the reaper, and the start of a job that waits for
-# a slot (shed at half of it). Seconds, not ms: a loop stalled that long loses jobs to
-# the reaper (at no attempt), which then run elsewhere.
+# a slot (shed at half of it). Seconds, not less: a worker whose loop stalls longer has
+# its unstarted jobs returned by its reaper (at no attempt) and claimed again.
 DEFAULT_START_MARGIN = 5.0
 # Pause between claim rounds (s) when no shard had a full batch: jobs are claimed
 # `lookahead` early, so a poll of a tenth of it never makes one late.
