@@ -17,7 +17,7 @@ import time
 
 import pytest
 import redis.asyncio
-from durable_support import client_of, open_scheduler, run, unique_ns
+from durable_support import client_of, open_scheduler, push_clock, run, unique_ns
 from recovery_support import runs
 from spill_support import WorkerProcess
 
@@ -179,5 +179,38 @@ def test_a_restart_with_the_same_id_fences_the_previous_process(redis_server: ob
                 with pytest.raises(Fenced):  # its token renewal is refused too
                     await old.ownership.renew_leaving(0, first)
                 assert await new.take(0) == second  # held here: no new epoch
+
+    run(main())
+
+
+def test_the_reaper_charges_an_attempt_only_to_a_lease_whose_run_started(
+    redis_server: object,
+) -> None:
+    url = redis_server.url  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        async with open_scheduler(url, shards=1) as s:
+            await s.take(0)
+            for name in ("unstarted", "started", "plain"):
+                await s.schedule(name, "t", max_attempts=1)
+            batch = await s.claim(0, lookahead=0, lease=1, prestart=True)
+            started = next(j for j in batch.jobs if j.id == "started")
+            await s.extend(started, lease=2)  # the run's start: a whole-ms deadline
+            leased = await client_of(s).zrange(s.keys.shard(0).leased, 0, -1, withscores=True)
+            scores = {m.decode(): score for m, score in leased}
+            assert scores["unstarted"] % 1 == 0.5 and scores["started"] % 1 == 0
+            await push_clock(s, 0, 60_000)
+            await s.reap(0)
+            unstarted, ran = await s.get("unstarted"), await s.get("started")
+            assert unstarted is not None and unstarted.state is JobState.DUE
+            assert unstarted.attempt == 1 and unstarted.last_error == ""  # not charged
+            assert ran is not None and ran.state is JobState.DEAD  # its one attempt spent
+            assert ran.last_error == "lease expired"
+            # A claim without prestart leases whole ms: charged as before.
+            batch = await s.claim(0, lookahead=0, lease=1)
+            assert {j.id for j in batch.jobs} == {"unstarted", "plain"}
+            await push_clock(s, 0, 60_000)
+            await s.reap(0)
+            assert (await s.get("plain")).state is JobState.DEAD  # type: ignore[union-attr]
 
     run(main())
