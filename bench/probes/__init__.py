@@ -8,7 +8,7 @@ Comparisons: ``durable_compare`` (tickwheel, arq and BullMQ in interleaved round
 timeouts reset per request), ``pg_mode`` and ``pg_driver`` (the Postgres mode; its
 driver). Scale and failure: ``scale`` (the worked example up to 1e7 pending),
 ``cluster_failover`` (what a master's death loses), ``kill_recovery`` (how soon a
-SIGKILLed worker's unstarted jobs and shards are taken over), ``pg_bloat`` (table bloat under
-autovacuum). The dashboard: ``dashboard_latency``, ``dashboard_screenshot``.
+SIGKILLed worker's unstarted jobs and shards are taken over), ``prestart_cost`` (what
+pre-start leases cost a worker), ``pg_bloat`` (table bloat under autovacuum). The dashboard: ``dashboard_latency``, ``dashboard_screenshot``.
 bench/README.md says what each measured, and when.
 """
