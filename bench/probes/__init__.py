@@ -9,6 +9,7 @@ timeouts reset per request), ``pg_mode`` and ``pg_driver`` (the Postgres mode; i
 driver). Scale and failure: ``scale`` (the worked example up to 1e7 pending),
 ``cluster_failover`` (what a master's death loses), ``kill_recovery`` (how soon a
 SIGKILLed worker's unstarted jobs and shards are taken over), ``prestart_cost`` (what
-pre-start leases cost a worker), ``pg_bloat`` (table bloat under autovacuum). The dashboard: ``dashboard_latency``, ``dashboard_screenshot``.
+pre-start leases cost a worker), ``pg_bloat`` (table bloat under autovacuum). The
+dashboard: ``dashboard_latency``, ``dashboard_screenshot``.
 bench/README.md says what each measured, and when.
 """
