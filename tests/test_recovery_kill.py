@@ -203,14 +203,20 @@ def test_the_reaper_charges_an_attempt_only_to_a_lease_whose_run_started(
             await s.reap(0)
             unstarted, ran = await s.get("unstarted"), await s.get("started")
             assert unstarted is not None and unstarted.state is JobState.DUE
-            assert unstarted.attempt == 1 and unstarted.last_error == ""  # not charged
+            assert unstarted.attempt == 1  # not charged
+            assert unstarted.last_error == "lease expired before the run started"
             assert ran is not None and ran.state is JobState.DEAD  # its one attempt spent
             assert ran.last_error == "lease expired"
-            # A claim without prestart leases whole ms: charged as before.
-            batch = await s.claim(0, lookahead=0, lease=1)
+            # A second return in a row before any run started is charged: a job that
+            # kills its worker before its start is marked still runs out of attempts.
+            batch = await s.claim(0, lookahead=0, lease=1, prestart=True)
             assert {j.id for j in batch.jobs} == {"unstarted", "plain"}
+            assert {j.attempt for j in batch.jobs} == {1}
             await push_clock(s, 0, 60_000)
             await s.reap(0)
-            assert (await s.get("plain")).state is JobState.DEAD  # type: ignore[union-attr]
+            for name in ("unstarted", "plain"):
+                info = await s.get(name)
+                assert info is not None and info.state is JobState.DEAD, info
+                assert info.last_error == "lease expired"
 
     run(main())

@@ -1,7 +1,10 @@
 -- reap.lua: return expired leases to due (attempt + 1), or to dead after max attempts.
 --   A pre-start lease (its score has a half ms: claim.lua; the run never started, since
 --   extend.lua marks a start with a whole ms) goes back to due at the same attempt,
---   its record otherwise unchanged: a worker that died before the run cost no attempt.
+--   its error set to UNSTARTED: a worker that died before the run cost no attempt. A
+--   second such return in a row (the error still UNSTARTED: no run started or failed
+--   in between) is charged as a started one, so a job that kills its worker before its
+--   start is marked still runs out of attempts (at half the pace).
 -- KEYS[1] leased  KEYS[2] due  KEYS[3] dead  KEYS[4] epoch  KEYS[5] clock
 -- KEYS[6..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  epoch   the caller's fencing epoch for this shard
@@ -9,6 +12,7 @@
 -- Returns: {now, n_requeued, id_1 .. id_n (requeued), then the ids of dead jobs}
 -- Errors: TW_FENCED if ARGV[1] is not the shard's current epoch (nothing written).
 local FIRST = 5
+local UNSTARTED = 'lease expired before the run started'
 local leased_key, due_key, dead_key = KEYS[1], KEYS[2], KEYS[3]
 local err = fence(KEYS[4], ARGV[1])
 if err then return err end
@@ -25,14 +29,16 @@ for k = 1, #hits, 2 do
   if s then
     local r = rec_decode(s)
     r[F_EPOCH] = 0
-    if started then r[F_ERROR] = 'lease expired' end
-    if not started then
+    if not started and r[F_ERROR] ~= UNSTARTED then
+      r[F_ERROR] = UNSTARTED
       redis.call('ZADD', due_key, fmt(now), id)
       requeued[#requeued + 1] = id
     elseif r[F_ATTEMPT] >= r[F_MAX] then
+      r[F_ERROR] = 'lease expired'
       redis.call('ZADD', dead_key, fmt(now), id)
       dead[#dead + 1] = id
     else
+      r[F_ERROR] = 'lease expired'
       r[F_ATTEMPT] = r[F_ATTEMPT] + 1
       redis.call('ZADD', due_key, fmt(now), id)
       requeued[#requeued + 1] = id
