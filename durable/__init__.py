@@ -14,6 +14,8 @@ import logging
 
 from .model import (
     MAX_PAYLOAD_DEPTH,
+    BrokerMisconfigured,
+    BrokerUnavailable,
     CancelResult,
     ClaimBatch,
     DeadPage,
@@ -69,6 +71,8 @@ from .store import (
 __all__ = [
     "MAX_JOB_ID_BYTES",
     "MAX_PAYLOAD_DEPTH",
+    "BrokerMisconfigured",
+    "BrokerUnavailable",
     "CancelResult",
     "ClaimBatch",
     "Client",

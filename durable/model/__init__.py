@@ -14,6 +14,8 @@ from __future__ import annotations
 from ._args import async_client, finite_seconds_ms, int_between
 from ._cancel import CancelResult
 from ._errors import (
+    BrokerMisconfigured,
+    BrokerUnavailable,
     DurableError,
     Fenced,
     LeaseLost,
@@ -74,6 +76,8 @@ __all__ = [
     "MIN_AT_MS",
     "POLICY_BY_CODE",
     "POLICY_CODES",
+    "BrokerMisconfigured",
+    "BrokerUnavailable",
     "CancelResult",
     "ClaimBatch",
     "Counters",

@@ -35,7 +35,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 
-from tickwheel.durable.model import Fenced, Job, LeaseLost, UndecodablePayload
+from tickwheel.durable.model import BrokerUnavailable, Fenced, Job, LeaseLost, UndecodablePayload
 from tickwheel.durable.scheduler import Scheduler
 from tickwheel.wheel import TimingWheel
 
@@ -417,7 +417,7 @@ class Runner:
             )
         except Fenced:
             pass  # counted, and the shard's other jobs forgotten, by the loader's on_fenced
-        except UNAVAILABLE as exc:
+        except (*UNAVAILABLE, BrokerUnavailable) as exc:
             self.stats.unavailable += 1
             self.outages.failed("runner", exc)
             logger.debug("job %r left to the reaper (%s)", job.id, exc, extra=job_fields(job))
@@ -447,10 +447,14 @@ class Runner:
         self._stopper.drain(task)
 
     async def _publish(self, job: Job, lease_end: float) -> None:
-        """Publish, then ack: the lease is cleared only after the broker confirmed."""
+        """Publish, then ack: the lease is cleared only after the broker confirmed. A
+        broker that did not confirm (BrokerUnavailable) leaves the lease to the reaper:
+        an outage costs no attempt."""
         assert self.publisher is not None
         try:
             await self.publisher.publish(job)
+        except BrokerUnavailable:
+            raise  # counted as unavailable by _execute; the reaper publishes it again
         except Exception as exc:
             # Published or not, we cannot tell: retry (a duplicate is dropped downstream).
             await self._failures.failed(job, exc, "publishing ")
