@@ -56,14 +56,16 @@ async def _connect(url: str, wait: float) -> NatsClient:
         BrokerMisconfigured: if the server refused the credentials.
     """
     try:
-        return await nats.connect(
-            url,
-            connect_timeout=wait,
-            allow_reconnect=True,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.25,
-            error_cb=_quiet,
-        )
+        # Its reconnect loop would retry the first connect for ever too: bounded here.
+        async with asyncio.timeout(wait):
+            return await nats.connect(
+                url,
+                connect_timeout=wait,
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.25,
+                error_cb=_quiet,
+            )
     except (nats.errors.AuthorizationError, nats.errors.InvalidUserCredentialsError) as exc:
         raise BrokerMisconfigured(f"nats {url}: credentials refused ({exc})") from None
     except (nats.errors.Error, OSError, TimeoutError) as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from ._nats import NatsServer, NatsServerError, find_nats_server
 from ._postgres import PostgresServer, PostgresServerError, find_postgres_bin
+from ._rabbitmq import RabbitServer, RabbitServerError, find_rabbitmq_server
 from ._redis import (
     CLUSTER_SLOTS,
     RedisClusterServer,
@@ -22,7 +23,6 @@ from ._redis import (
     find_redis_server,
     free_port,
 )
-from ._rabbitmq import RabbitServer, RabbitServerError, find_rabbitmq_server
 
 __all__ = [
     "CLUSTER_SLOTS",

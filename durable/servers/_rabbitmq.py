@@ -55,9 +55,7 @@ def find_rabbitmq_server() -> str:
     env = os.environ.get("TICKWHEEL_RABBITMQ_SERVER")
     if env:
         if not os.access(env, os.X_OK):
-            raise RabbitServerError(
-                f"TICKWHEEL_RABBITMQ_SERVER={env!r} is not an executable file"
-            )
+            raise RabbitServerError(f"TICKWHEEL_RABBITMQ_SERVER={env!r} is not an executable file")
         return env
     if os.access(_DEBIAN, os.X_OK):
         return _DEBIAN

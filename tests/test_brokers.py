@@ -1,0 +1,113 @@
+"""The publish handoff to NATS JetStream and RabbitMQ: every due job is published with
+its id and nominal due, the lease is cleared only after the broker's confirm, and the
+consumer runs each occurrence's task once with a worker's TaskContext."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.broker_support import (
+    FAST,
+    Recorder,
+    consuming,
+    nats_stream,
+    rabbit_queue,
+    schedule_batch,
+    unique,
+)
+from tests.durable_support import check_all, open_scheduler, run
+from tests.spill_support import running_worker, until
+from tickwheel.durable import BrokerMisconfigured, BrokerUnavailable, TaskRegistry
+from tickwheel.durable.runtime.amqp import RabbitConsumer, RabbitPublisher
+from tickwheel.durable.runtime.jetstream import NatsConsumer, NatsPublisher
+from tickwheel.durable.servers import NatsServer, RabbitServer, RedisServer, free_port
+
+pytestmark = pytest.mark.redis
+
+N = 200
+
+
+def _check_contexts(rec: Recorder) -> None:
+    for ctx in rec.contexts:
+        assert ctx.task == "t" and ctx.durable and ctx.attempt == 1 and ctx.epoch >= 1
+        assert ctx.payload == {"i": int(ctx.job_id[1:])}
+
+
+def test_nats_every_job_published_once_and_run_once(
+    redis_server: RedisServer, nats_server: NatsServer
+) -> None:
+    async def main() -> None:
+        _, subject = await nats_stream(nats_server.url)
+        async with open_scheduler(redis_server.url, shards=2, owner_ttl=1.0) as s:
+            await schedule_batch(s, N)
+            publisher = NatsPublisher(nats_server.url, subject)
+            await publisher.open()
+            rec = Recorder()
+            consumer = NatsConsumer(nats_server.url, subject, unique("c"), rec.registry)
+            async with (
+                consuming(consumer),
+                running_worker(s, TaskRegistry(), publisher=publisher, **FAST),
+            ):
+                assert await until(lambda: len(rec.runs) == N, 15), len(rec.runs)
+            await publisher.close()
+            assert rec.ids() == {f"j{i}" for i in range(N)} and rec.repeats() == 0
+            assert publisher.published == N and publisher.duplicates == 0
+            assert await check_all(s) == {}  # every lease cleared after its ack
+            _check_contexts(rec)
+
+    run(main())
+
+
+def test_rabbitmq_every_job_published_once_and_run_once(
+    redis_server: RedisServer, rabbit_server: RabbitServer
+) -> None:
+    async def main() -> None:
+        exchange, queue = await rabbit_queue(rabbit_server.url)
+        async with open_scheduler(redis_server.url, shards=2, owner_ttl=1.0) as s:
+            await schedule_batch(s, N)
+            publisher = RabbitPublisher(rabbit_server.url, exchange)
+            await publisher.open()
+            rec = Recorder()
+            consumer = RabbitConsumer(rabbit_server.url, queue, rec.registry)
+            async with (
+                consuming(consumer),
+                running_worker(s, TaskRegistry(), publisher=publisher, **FAST),
+            ):
+                assert await until(lambda: len(rec.runs) == N, 15), len(rec.runs)
+            await publisher.close()
+            assert rec.ids() == {f"j{i}" for i in range(N)} and rec.repeats() == 0
+            assert publisher.published == N
+            assert await check_all(s) == {}
+            _check_contexts(rec)
+
+    run(main())
+
+
+def test_misconfiguration_is_a_clear_error_at_open(
+    nats_server: NatsServer, rabbit_server: RabbitServer
+) -> None:
+    async def main() -> None:
+        with pytest.raises(BrokerMisconfigured, match="no JetStream stream"):
+            await NatsPublisher(nats_server.url, unique("nostream.")).open()
+        with pytest.raises(BrokerMisconfigured, match="no exchange"):
+            await RabbitPublisher(rabbit_server.url, unique("nox")).open()
+        with pytest.raises(BrokerMisconfigured, match="no queue"):
+            await RabbitConsumer(rabbit_server.url, unique("noq"), TaskRegistry()).open()
+        bad = rabbit_server.url.replace("guest:guest", "guest:wrong")
+        with pytest.raises(BrokerMisconfigured, match="credentials"):
+            await RabbitPublisher(bad, "amq.topic").open()
+        with pytest.raises(ValueError, match="subject"):
+            NatsPublisher(nats_server.url, "")
+
+    run(main())
+
+
+def test_a_broker_that_is_down_is_broker_unavailable() -> None:
+    async def main() -> None:
+        port = free_port()  # nothing listens there
+        with pytest.raises(BrokerUnavailable):
+            await NatsPublisher(f"nats://127.0.0.1:{port}", "a.b", timeout=1).open()
+        with pytest.raises(BrokerUnavailable):
+            await RabbitPublisher(f"amqp://guest:guest@127.0.0.1:{port}/", "x", timeout=1).open()
+
+    run(main())
