@@ -11,8 +11,11 @@ Ground rules:
   records, per occurrence ``(job id, nominal ms)``, the token of the message that owns
   it: a redelivery of that message (its consumer died) is processed again, another
   message of the same occurrence (a re-publish past the broker's window, or from a
-  broker with no dedup) is dropped. The record is the Redis Streams consumer's
-  (``store/_streams.py``: ``lua/dedup.lua``), or a bounded map in memory.
+  broker with no dedup) is dropped. Once the task returned, the occurrence is marked
+  done: a redelivery whose ack was lost is dropped too. (A consumer that dies between
+  the task's return and that mark runs it again on redelivery: at least once.) The
+  record is the Redis Streams consumer's (``store/_streams.py``: ``lua/dedup.lua``),
+  or a bounded map in memory.
 - The broker modules (``jetstream.py``, ``amqp.py``) import their client; this one
   imports none, so the format can be used and tested without them.
 """
@@ -69,6 +72,8 @@ HEADERS = (
     "tickwheel-flags",  # 1: the body is UTF-8 JSON; 0: raw bytes
     "tickwheel-publish",  # a token unique to this publish (the consumers' dedup)
 )
+# The owner recorded for an occurrence whose task ran (no publish token is this).
+DONE_MARK = "done"
 # Occurrences an in-memory dedup remembers (the oldest are forgotten first).
 DEFAULT_DEDUP_KEEP = 100_000
 # Payloads of published jobs were accepted by the scheduler already; no second limit.
@@ -208,6 +213,20 @@ class Dedup:
             owners.popitem(last=False)
         return owner
 
+    async def done(self, message: BrokerMessage) -> None:
+        """Record that ``message``'s occurrence ran: any message of it is a duplicate
+        from now on, a redelivery of this one too (its ack may have been lost).
+
+        Raises:
+            RedisUnavailable: if the Redis record cannot be reached.
+        """
+        if self._stream is not None:
+            await self._stream.set_owner(
+                self.group, message.job_id, message.nominal_ms, DONE_MARK, self.ttl_ms
+            )
+        elif message.key in self._owners:
+            self._owners[message.key] = DONE_MARK
+
 
 # What a consumer does with one message (consume_one's outcome).
 DONE = "done"  # the task ran: ack
@@ -248,6 +267,7 @@ async def consume_one(
     except Exception:
         logger.exception("task %s failed on job %r", message.task, message.job_id)
         return FAILED
+    await dedup.done(message)
     return DONE
 
 

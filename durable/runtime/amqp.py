@@ -125,10 +125,16 @@ class RabbitPublisher:
                 raise BrokerUnavailable(f"amqp broker unavailable: {exc!r}") from None
             self._conn, self._exchange = conn, ex
 
+            def lost(*_: object) -> None:
+                if self._conn is conn:  # the next publish reconnects
+                    self._exchange = None
+
+            conn.close_callbacks.add(lost)
+
     async def _ready(self) -> aio_pika.abc.AbstractExchange:
         ex, conn = self._exchange, self._conn
         if ex is not None and conn is not None and not conn.is_closed:
-            return ex
+            return ex  # (a lost connection's callback cleared _exchange)
         loop = asyncio.get_running_loop()
         if loop.time() < self._next_try:
             raise BrokerUnavailable("amqp broker unavailable (reconnecting)")
@@ -159,6 +165,8 @@ class RabbitPublisher:
         try:
             result: Any = await exchange.publish(message, key, mandatory=True, timeout=self.timeout)
         except _DOWN as exc:
+            if self._exchange is exchange:
+                self._exchange = None  # whatever broke, the next publish reconnects
             raise BrokerUnavailable(f"amqp publish of {job.id!r} not confirmed: {exc!r}") from None
         if isinstance(result, Basic.Ack):
             self.published += 1
@@ -174,7 +182,8 @@ class RabbitPublisher:
         conn, self._conn, self._exchange = self._conn, None, None
         if conn is not None:
             with contextlib.suppress(*_DOWN):
-                await conn.close()
+                async with asyncio.timeout(self.timeout):
+                    await conn.close()
 
     async def close(self) -> None:
         """Close the connection (an unconfirmed job keeps its lease)."""
@@ -223,6 +232,7 @@ class RabbitConsumer(HandoffConsumer):
         self.timeout = timeout
         self._conn: aio_pika.abc.AbstractConnection | None = None
         self._inbox: asyncio.Queue[aio_pika.abc.AbstractIncomingMessage] = asyncio.Queue()
+        self._lost = False  # the connection closed under us: reopen on next process()
 
     async def open(self) -> None:
         """Connect and start consuming the queue.
@@ -232,8 +242,9 @@ class RabbitConsumer(HandoffConsumer):
             BrokerMisconfigured: if the queue does not exist or the credentials are
                 refused.
         """
-        if self._conn is not None and not self._conn.is_closed:
+        if self._conn is not None and not self._conn.is_closed and not self._lost:
             return
+        await self.close()
         self._inbox = asyncio.Queue()  # what a dead channel delivered is redelivered
         conn = await _connect(self.url, self.timeout)
         try:
@@ -241,13 +252,18 @@ class RabbitConsumer(HandoffConsumer):
             await channel.set_qos(prefetch_count=self.batch)
             queue = await channel.get_queue(self.queue, ensure=True)
             await queue.consume(self._inbox.put)
+
+            def lost(*_: object) -> None:
+                self._lost = True
+
+            conn.close_callbacks.add(lost)
         except aiormq.exceptions.ChannelNotFoundEntity:
             await conn.close()
             raise BrokerMisconfigured(f"amqp: no queue {self.queue!r} (declare it first)") from None
         except _DOWN as exc:
             await conn.close()
             raise BrokerUnavailable(f"amqp broker unavailable: {exc!r}") from None
-        self._conn = conn
+        self._conn, self._lost = conn, False
 
     async def process(self, block: float | None = None) -> int:
         """Take up to ``batch`` delivered messages (waiting up to ``block`` s for the
@@ -257,7 +273,7 @@ class RabbitConsumer(HandoffConsumer):
             BrokerUnavailable: if the broker cannot be reached.
             RedisUnavailable: if the dedup Redis cannot be reached (nothing acked).
         """
-        if self._conn is None or self._conn.is_closed:
+        if self._conn is None or self._conn.is_closed or self._lost:
             await self.open()
         inbox = self._inbox
         msgs: list[aio_pika.abc.AbstractIncomingMessage] = []
@@ -291,4 +307,5 @@ class RabbitConsumer(HandoffConsumer):
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(*_DOWN):
-                await conn.close()
+                async with asyncio.timeout(self.timeout):
+                    await conn.close()

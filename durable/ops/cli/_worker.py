@@ -47,6 +47,7 @@ from ._common import (
     fail,
     run,
 )
+from ._publish import add_publish_options, open_publisher
 
 
 def _load_registry(path: str) -> TaskRegistry:
@@ -73,7 +74,9 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
     client = await connect_redis(args.redis_url)
     metrics = None
     scheduler: Scheduler | None = None
+    close_publisher = None
     try:
+        publisher, close_publisher = await open_publisher(args)
         scheduler = Scheduler(
             client,
             args.namespace,
@@ -94,6 +97,7 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
             drain_timeout=args.drain_timeout,
             reconcile_interval=args.reconcile_interval,
             default_timeout=args.task_timeout,
+            publisher=publisher,
         )
         await scheduler.open()  # fail early: unreachable, shard count mismatch
         if args.metrics_port is not None:
@@ -139,6 +143,8 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
     finally:
         if metrics is not None:
             metrics.stop()
+        if close_publisher is not None:
+            await close_publisher()
         if scheduler is not None:
             await scheduler.close_connections()  # its own (the Postgres pool), not client
         await client.aclose()
@@ -193,4 +199,5 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
         type=port,
         help="serve Prometheus metrics on 127.0.0.1:PORT (needs tickwheel[prometheus])",
     )
+    add_publish_options(work)
     work.set_defaults(func=_worker)
