@@ -111,3 +111,33 @@ def test_a_broker_that_is_down_is_broker_unavailable() -> None:
             await RabbitPublisher(f"amqp://guest:guest@127.0.0.1:{port}/", "x", timeout=1).open()
 
     run(main())
+
+
+def test_cli_publish_options_are_checked(
+    redis_server: RedisServer, nats_server: NatsServer
+) -> None:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent))
+
+    def worker(*options: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable, "-m", "tickwheel.durable.ops.cli", "worker",
+                "spill_support:registry", "--redis-url", redis_server.url,
+                "--no-check", *options,
+            ],
+            capture_output=True, text=True, timeout=60, check=False, env=env,
+        )  # fmt: skip
+
+    got = worker("--publish", nats_server.url)
+    assert got.returncode == 2 and "needs --subject" in got.stderr, got.stderr
+    got = worker("--subject", "a.b")
+    assert got.returncode == 2 and "--subject needs --publish" in got.stderr, got.stderr
+    got = worker("--publish", nats_server.url, "--subject", unique("none."))
+    assert got.returncode == 2 and "no JetStream stream" in got.stderr, got.stderr
+    got = worker("--publish", "kafka://127.0.0.1:1", "--subject", "x")
+    assert got.returncode == 2 and "unknown scheme" in got.stderr, got.stderr

@@ -6,7 +6,10 @@ jobs in a wheel (``_claims.py``), the runner of their handlers with its slots
 extension in ``_extending.py``, stopping running handlers in ``_stopping.py``, failed
 attempts in ``_failures.py``) and the ack batcher (``_acks.py``); the :class:`Worker`
 that holds shards and runs the rest, the reaper round, :class:`Timers` (the spill), the
-task registry and the Redis Streams handoff.
+task registry and the Redis Streams handoff; the handoff's message format and broker
+consumers' dedup (``_handoff.py``), and its brokers in modules of their own, imported
+only when used: ``jetstream`` (NATS, ``tickwheel[nats]``) and ``amqp`` (RabbitMQ,
+``tickwheel[rabbitmq]``).
 
 Invariants: a loop only sets the pace; every decision about time is taken by a script
 on Redis's clock; a round that fails is logged and retried after a pause, never fatal.
