@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -56,10 +57,12 @@ class Recorder:
     def __init__(self) -> None:
         self.runs: collections.Counter[tuple[str, int]] = collections.Counter()
         self.contexts: list[TaskContext] = []
+        self.started_at: dict[tuple[str, int], float] = {}  # first start, epoch ms
         self.registry = TaskRegistry()
 
         @self.registry.task(name="t")
         async def record(ctx: TaskContext) -> None:
+            self.started_at.setdefault(ctx.key, time.time() * 1000)
             self.runs[ctx.key] += 1
             self.contexts.append(ctx)
 
