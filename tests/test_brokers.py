@@ -141,3 +141,55 @@ def test_cli_publish_options_are_checked(
     assert got.returncode == 2 and "no JetStream stream" in got.stderr, got.stderr
     got = worker("--publish", "kafka://127.0.0.1:1", "--subject", "x")
     assert got.returncode == 2 and "unknown scheme" in got.stderr, got.stderr
+
+
+def test_unroutable_message_is_not_confirmed(rabbit_server: RabbitServer) -> None:
+    """A message no queue takes (mandatory, returned) is BrokerUnavailable: the lease
+    stays, the job is published again once a queue is bound."""
+    import aio_pika
+
+    from tickwheel.durable import Job
+
+    async def main() -> None:
+        conn = await aio_pika.connect(rabbit_server.url)
+        ch = await conn.channel()
+        name = unique("x")
+        await ch.declare_exchange(name, aio_pika.ExchangeType.DIRECT, durable=True)
+        await conn.close()
+        publisher = RabbitPublisher(rabbit_server.url, name)
+        await publisher.open()
+        job = Job(
+            id="u1", shard=0, task="t", payload=b"x", nominal_ms=1, due_ms=1,
+            deadline_ms=2, attempt=1, max_attempts=5, epoch=1, recurrence=None,
+        )  # fmt: skip
+        with pytest.raises(BrokerUnavailable, match="no queue bound"):
+            await publisher.publish(job)
+        assert publisher.published == 0
+        await publisher.close()
+
+    run(main())
+
+
+def test_message_format_round_trip_and_version_check() -> None:
+    from tickwheel.durable.runtime._handoff import decode_message, message_id
+
+    body = b'{"a": 1}'
+    headers = {
+        "tickwheel-version": "1", "tickwheel-id": "j", "tickwheel-nominal": "1700000000000",
+        "tickwheel-task": "t", "tickwheel-attempt": "2", "tickwheel-epoch": "3",
+        "tickwheel-flags": "1", "tickwheel-publish": "ab",
+    }  # fmt: skip
+    m = decode_message(body, headers)
+    assert (m.key, m.task, m.attempt, m.epoch, m.payload) == (
+        ("j", 1700000000000),
+        "t",
+        2,
+        3,
+        {"a": 1},
+    )
+    assert message_id("j", 1700000000000) == "j:1700000000000"
+    assert decode_message(b"raw", {**headers, "tickwheel-flags": "0"}).payload == b"raw"
+    with pytest.raises(ValueError, match="format '2'"):
+        decode_message(body, {**headers, "tickwheel-version": "2"})
+    with pytest.raises(ValueError, match="no header tickwheel-id"):
+        decode_message(body, {k: v for k, v in headers.items() if k != "tickwheel-id"})
