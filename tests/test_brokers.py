@@ -193,3 +193,17 @@ def test_message_format_round_trip_and_version_check() -> None:
         decode_message(body, {**headers, "tickwheel-version": "2"})
     with pytest.raises(ValueError, match="no header tickwheel-id"):
         decode_message(body, {k: v for k, v in headers.items() if k != "tickwheel-id"})
+
+
+def test_the_broker_clients_are_imported_only_when_used() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, tickwheel.durable, tickwheel.durable.ops.cli;"
+        "print(sorted(m for m in ('nats', 'aio_pika') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]"

@@ -20,6 +20,14 @@ May import: ``tickwheel.durable.scheduler``, ``.postgres``, ``.store``, ``.model
 
 from __future__ import annotations
 
+from ._handoff import (
+    FORMAT_VERSION,
+    BrokerMessage,
+    HandoffConsumer,
+    decode_message,
+    encode_message,
+    message_id,
+)
 from ._loader import (
     DEFAULT_LIMIT,
     DEFAULT_LOOKAHEAD,
@@ -47,7 +55,10 @@ __all__ = [
     "DEFAULT_REAP_LIMIT",
     "DEFAULT_RECONCILE_INTERVAL",
     "DEFAULT_THRESHOLD",
+    "FORMAT_VERSION",
     "STATS_COUNTERS",
+    "BrokerMessage",
+    "HandoffConsumer",
     "Loader",
     "LoaderStats",
     "Publisher",
@@ -61,4 +72,7 @@ __all__ = [
     "TaskTimeout",
     "Timers",
     "Worker",
+    "decode_message",
+    "encode_message",
+    "message_id",
 ]
