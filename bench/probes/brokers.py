@@ -71,7 +71,9 @@ async def _setup(broker: str, urls: dict[str, str], sink: Sink) -> tuple[Any, An
         sink.saw(ctx.job_id, ctx.nominal_ms)
 
     if broker == "redis-stream":
-        client = client_from_url(urls["redis"])
+        # A pool above max_running: redis-py's default cap (100 connections) would
+        # refuse publishes ("Too many connections") and turn them into retries.
+        client = client_from_url(urls["redis"], max_connections=1024)
         publisher: Any = StreamPublisher(client, name)
         consumer: Any = StreamConsumer(client, name, "g", "c", count=500)
 
