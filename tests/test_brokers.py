@@ -207,3 +207,38 @@ def test_the_broker_clients_are_imported_only_when_used() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_a_nack_is_not_confirmed(rabbit_server: RabbitServer) -> None:
+    """A queue that is full and rejects publishes makes the broker nack: the publish
+    raises BrokerUnavailable (the lease stays, the job is published again)."""
+    import aio_pika
+
+    from tickwheel.durable import Job
+
+    async def main() -> None:
+        conn = await aio_pika.connect(rabbit_server.url)
+        ch = await conn.channel()
+        name = unique("x")
+        ex = await ch.declare_exchange(name, aio_pika.ExchangeType.FANOUT, durable=True)
+        q = await ch.declare_queue(
+            unique("q"), durable=True, arguments={"x-max-length": 1, "x-overflow": "reject-publish"}
+        )
+        await q.bind(ex)
+        await conn.close()
+        publisher = RabbitPublisher(rabbit_server.url, name)
+        await publisher.open()
+
+        def job(i: int) -> Job:
+            return Job(
+                id=f"n{i}", shard=0, task="t", payload=b"x", nominal_ms=1, due_ms=1,
+                deadline_ms=2, attempt=1, max_attempts=5, epoch=1, recurrence=None,
+            )  # fmt: skip
+
+        await publisher.publish(job(1))
+        with pytest.raises(BrokerUnavailable, match="nacked"):
+            await publisher.publish(job(2))
+        assert publisher.published == 1
+        await publisher.close()
+
+    run(main())

@@ -164,6 +164,8 @@ class RabbitPublisher:
         key = self.routing_key if self.routing_key is not None else job.task
         try:
             result: Any = await exchange.publish(message, key, mandatory=True, timeout=self.timeout)
+        except aiormq.exceptions.DeliveryError as exc:  # a basic.nack: the channel is fine
+            raise BrokerUnavailable(f"amqp publish of {job.id!r} nacked: {exc!r}") from None
         except _DOWN as exc:
             if self._exchange is exchange:
                 self._exchange = None  # whatever broke, the next publish reconnects
