@@ -218,6 +218,11 @@ class NatsConsumer(HandoffConsumer):
             raise BrokerMisconfigured(
                 f"nats {self.url}: no JetStream stream captures subject {self.subject!r}"
             ) from None
+        except nats.js.errors.BadRequestError as exc:  # e.g. the durable has another filter
+            await nc.close()
+            raise BrokerMisconfigured(
+                f"nats {self.url}: consumer {self.durable!r} refused: {exc.description}"
+            ) from None
         except (nats.errors.Error, OSError) as exc:
             await nc.close()
             raise BrokerUnavailable(f"nats {self.url} unavailable: {exc!r}") from None
