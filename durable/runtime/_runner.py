@@ -447,9 +447,8 @@ class Runner:
         self._stopper.drain(task)
 
     async def _publish(self, job: Job, lease_end: float) -> None:
-        """Publish, then ack: the lease is cleared only after the broker confirmed. A
-        broker that did not confirm (BrokerUnavailable) leaves the lease to the reaper:
-        an outage costs no attempt."""
+        """Publish, then ack: the lease is cleared only after the broker confirmed; no
+        confirm (BrokerUnavailable) leaves the lease to the reaper (docs/brokers.md)."""
         assert self.publisher is not None
         try:
             await self.publisher.publish(job)
