@@ -90,7 +90,11 @@ class Worker:
     Args:
         scheduler: the namespace; its ``ownership`` TTL is also the member TTL.
         registry: the tasks, by name.
-        lookahead, lease, limit, poll_interval, max_running: as :class:`Loader`.
+        lookahead: as for :class:`Loader`.
+        lease: as for :class:`Loader`.
+        limit: as for :class:`Loader`.
+        poll_interval: as for :class:`Loader`.
+        max_running: as for :class:`Loader`.
         reap_interval: seconds between reaper rounds.
         drain_timeout: seconds running tasks get at shutdown; then their handlers are
             cancelled and their jobs released unrun (same attempt).

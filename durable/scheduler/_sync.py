@@ -81,8 +81,11 @@ class SyncScheduler:
             ``decode_responses=False`` (see :meth:`from_url`). A plain client's calls go
             through a pool of the scheduler's own with the same settings, its socket
             timeouts capped at ``call_timeout``; a cluster client needs a socket timeout.
-        namespace, shards, buckets, max_payload_bytes: as for :class:`Scheduler`; a
-            namespace's shard and bucket counts are checked on first use.
+        namespace: as for :class:`Scheduler`.
+        shards: as for :class:`Scheduler`; a namespace's shard count is checked on
+            first use.
+        buckets: as for :class:`Scheduler`; checked on first use as the shard count is.
+        max_payload_bytes: as for :class:`Scheduler`.
         call_timeout: seconds one call may wait for Redis before it raises
             :class:`RedisUnavailable` (default 10).
 
