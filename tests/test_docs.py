@@ -95,3 +95,29 @@ def test_runnable_examples_run(
         monkeypatch.setenv("POSTGRES_URL", request.getfixturevalue("pg_url"))
     # Each block is a script of its own: a fresh namespace, as `python file.py` gets.
     exec(compile(block.code, _id(block), "exec"), {"__name__": "__main__"})
+
+
+def test_the_home_page_has_the_readmes_quick_start() -> None:
+    def commands(text: str) -> list[str]:
+        section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+        return [c.strip() for c in re.findall(r"```sh\n(.*?)```", section, re.S)]
+
+    readme = commands((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert commands((DOCS / "index.md").read_text(encoding="utf-8")) == readme
+
+
+def test_every_cited_test_exists() -> None:
+    """A page that cites ``tests/test_x.py`` or ``tests/test_x.py::test_name`` (the
+    "how it works" page does, for every guarantee) names a file and a test that exist."""
+    cited = 0
+    for path in sorted(DOCS.rglob("*.md")):
+        text = path.read_text(encoding="utf-8")
+        for file, name in re.findall(r"\b(tests/[\w/]+\.py)(?:::(\w+))?", text):
+            assert (ROOT / file).is_file(), f"{path.name} cites {file}"
+            if name:
+                source = (ROOT / file).read_text(encoding="utf-8")
+                assert re.search(rf"^(async )?def {name}\(", source, re.M), (
+                    f"{path.name} cites {file}::{name}"
+                )
+                cited += 1
+    assert cited >= 30  # how-it-works.md's table
