@@ -8,12 +8,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 
 import pytest
 from durable_support import check_all, client_of, open_scheduler, run
-from spill_support import worker_processes
+from spill_support import WorkerProcess
 
 from tickwheel.durable import JobState, MissedRun, Recurrence, Scheduler, ScheduleStatus
 
@@ -145,5 +145,110 @@ def test_replace_takes_effect_from_the_next_occurrence_without_a_second_run(
             info = await s.get("r")
             assert info is not None and info.recurrence is not None
             assert (info.recurrence.tz, info.when_ms) == ("Asia/Kolkata", z(2030, 3, 31, 1, 45))
+
+    run(main())
+
+
+# -- worker processes killed across a transition --------------------------------------------
+
+# Small TTLs: a dead owner's shard moves within ~1.5 s, its leases are reaped soon after.
+OPTIONS = (
+    "--shards", "1", "--owner-ttl", "1.0", "--lease", "1.5", "--lookahead", "0.5",
+    "--reap-interval", "0.2", "--poll-interval", "0.05", "--drain-timeout", "2",
+)  # fmt: skip
+# Every 2 s of minute 59 of hour 1 and minute 0 of hour 3, Paris: 01:59:xx+01 then, after
+# the jump, 03:00:xx+02, one series every 2 s of real time through 2030-03-31 01:00Z. Read
+# in UTC, it would not fire before 01:00Z at all.
+SECONDS_EXPR = "*/2 0,59 1,3 * * *"
+
+
+@contextlib.asynccontextmanager
+async def virtual_clock(s: Scheduler, start: int) -> AsyncIterator[Callable[[], int]]:
+    """Run shard 0's clock from ``start`` at the speed of real time (now = max(TIME,
+    clock): set every 10 ms); yields the clock's reading."""
+    t0 = time.monotonic()
+
+    def read() -> int:
+        return start + int((time.monotonic() - t0) * 1000)
+
+    async def drive() -> None:
+        while True:
+            await _set_clock(s, read())
+            await asyncio.sleep(0.01)
+
+    await _set_clock(s, start)
+    task = asyncio.ensure_future(drive())
+    try:
+        yield read
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@contextlib.asynccontextmanager
+async def zsink_workers(url: str, namespace: str, count: int) -> AsyncIterator[list[WorkerProcess]]:
+    """``count`` started worker processes on ``tz_support``'s registry; any still running
+    at exit is killed (by pid)."""
+    workers = [
+        WorkerProcess(url, namespace, *OPTIONS, registry="tz_support:registry")
+        for _ in range(count)
+    ]
+    try:
+        for w in workers:
+            w.wait_started()
+        yield workers
+    finally:
+        for w in workers:
+            if w.proc.poll() is None:
+                w.kill()
+
+
+async def _runs(s: Scheduler, prefix: str) -> list[tuple[int, int]]:
+    got = await client_of(s).lrange(f"{prefix}:runs", 0, -1)
+    return [(int(n), int(p)) for n, p in (x.decode().split(":") for x in got)]
+
+
+def test_killed_owner_across_a_transition_runs_each_occurrence_once(redis_server) -> None:  # type: ignore[no-untyped-def]
+    start, end = z(2030, 3, 31, 0, 59, 58), z(2030, 3, 31, 1, 0, 4)
+    want = list(range(start, end + 1, 2_000))
+    rec = Recurrence.cron_expr(SECONDS_EXPR, tz=PARIS)
+    assert [rec.next_after(t - 1, 0) for t in want] == want
+    assert Recurrence.cron_expr(SECONDS_EXPR).next_after(start, 0) == z(2030, 3, 31, 1)
+
+    async def main() -> None:
+        url = redis_server.url
+        async with open_scheduler(url, shards=1, owner_ttl=1.0) as s:
+            ns = prefix = s.keys.namespace
+            async with zsink_workers(url, ns, 2) as workers:
+                client = client_of(s)
+                deadline = time.monotonic() + 15
+                while not await client.get(s.keys.shard(0).owner):
+                    assert time.monotonic() < deadline, "shard 0 never owned"
+                    await asyncio.sleep(0.05)
+                async with virtual_clock(s, start - 500) as now:
+                    await s.schedule(
+                        "zk", "zsink", {"sink": prefix}, at=start, cron=SECONDS_EXPR,
+                        tz=PARIS, missed="all",
+                    )  # fmt: skip
+                    # The owner runs 00:59:58 (01:59:58+01); it is killed (kill -9) once it
+                    # holds 01:00:00 (the lookahead claims it 0.5 s ahead), before it runs.
+                    while not await _runs(s, prefix):
+                        assert time.monotonic() < deadline + 10, await _runs(s, prefix)
+                        await asyncio.sleep(0.02)
+                    victim_pid = (await _runs(s, prefix))[0][1]
+                    await asyncio.sleep(max(0, z(2030, 3, 31, 0, 59, 59, 800_000) - now()) / 1000)
+                    victim = next(w for w in workers if w.pid == victim_pid)
+                    victim.kill()
+                    while max((n for n, _ in await _runs(s, prefix)), default=0) < end:
+                        assert time.monotonic() < deadline + 25, await _runs(s, prefix)
+                        await asyncio.sleep(0.05)
+                    runs = await _runs(s, prefix)
+        got = sorted({n for n, _ in runs if n <= end})
+        assert got == want, runs  # none skipped
+        for n in want:  # once each: a second call only of a run the victim had begun
+            pids = [p for m, p in runs if m == n]
+            assert len(pids) == 1 or (len(pids) == 2 and victim_pid in pids), (n, runs)
+        assert {p for n, p in runs if n > z(2030, 3, 31, 1)} - {victim_pid}, runs
 
     run(main())
