@@ -225,6 +225,24 @@ class Recurrence:
             next(it)
         return _to_ms(next(it))
 
+    def upcoming(self, first_ms: int, count: int) -> list[int]:
+        """Occurrence ``first_ms`` and the ``count - 1`` after it (UTC instants, ms);
+        ``[]`` when ``count`` < 1. What a page or ``tickwheel inspect --job`` shows."""
+        out: list[int] = []
+        t = first_ms
+        for _ in range(count):
+            out.append(t)
+            try:
+                t = self.next_after(t, first_ms)
+            except (StopIteration, ValueError, OverflowError):  # no later one (cronsim)
+                break
+        return out
+
+    def local(self, ms: int) -> datetime:
+        """Instant ``ms`` as an aware datetime in the series' zone (UTC without one)."""
+        dt = _to_dt(ms)
+        return dt.astimezone(_zoned.zone(self.tz)) if self.tz else dt
+
     # -- missed runs ---------------------------------------------------------------
 
     def plan(self, nominal: int, now: int) -> Plan:

@@ -25,6 +25,7 @@ __all__ = [
     "lateness_quantile",
     "seen_of",
     "shard_row",
+    "upcoming_rows",
 ]
 
 # Characters of a payload a page shows; the rest is cut (and said to be).
@@ -47,6 +48,8 @@ def describe_recurrence(rec: Recurrence | None) -> str:
     if rec is None:
         return ""
     what = f"every {rec.every_ms / 1000:g}s" if rec.every_ms else f"cron {rec.cron}"
+    if rec.tz:
+        what += f" ({rec.tz})"
     policy = f"missed: {rec.missed.value}"
     if rec.missed.value == "all":
         policy += f" (at most {rec.max_catch_up})"
@@ -68,6 +71,25 @@ def _payload_kind(payload: Any) -> str:
     if isinstance(payload, bytes):
         return "bytes"
     return "undecodable" if isinstance(payload, UndecodablePayload) else "json"
+
+
+# Occurrences a page shows of a recurring series, from its next one.
+UPCOMING = 5
+
+
+def upcoming_rows(job: JobInfo, count: int = UPCOMING) -> list[dict[str, Any]]:
+    """A recurring job's next occurrences, each in UTC and in the series' zone."""
+    rec = job.recurrence
+    if rec is None:
+        return []
+    out = []
+    for ms in job.upcoming(count):
+        try:
+            local = rec.local(ms).isoformat(timespec="seconds")
+        except (OverflowError, OSError, ValueError):
+            local = iso(ms)
+        out.append({"ms": ms, "utc": iso(ms), "local": local})
+    return out
 
 
 def seen_of(job: JobInfo) -> str:
@@ -104,6 +126,9 @@ def job_row(job: JobInfo, now_ms: int) -> dict[str, Any]:
         "max_attempts": job.max_attempts,
         "epoch": job.epoch,
         "recurring": describe_recurrence(rec),
+        # cron: the zone it reads in ("UTC" without one); "" for an interval or one-shot
+        "tz": (rec.tz or "UTC") if rec is not None and rec.cron else "",
+        "upcoming": upcoming_rows(job),
         "next_ms": next_ms,
         "next": iso(next_ms),
         "last_error": job.last_error,
