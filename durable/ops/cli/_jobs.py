@@ -49,9 +49,10 @@ def _schedule(args: argparse.Namespace) -> int:
     try:  # checked before anything is written
         payload, at = json_payload(args.payload), at_time(args.at)
         delay, every = delay_seconds("--delay", args.delay), delay_seconds("--every", args.every)
-        if args.tz is not None:  # a bad zone or a zone without --cron: before connecting
+        if args.tz is not None or args.jitter is not None:
+            # A bad zone or jitter, or one without --cron/--every: before connecting.
             try:
-                Scheduler.recurrence(cron=args.cron, tz=args.tz, missed=args.missed)
+                Scheduler.recurrence(every=every, cron=args.cron, tz=args.tz, jitter=args.jitter)
             except (TypeError, ValueError) as exc:
                 raise CliError(EXIT_USAGE, f"--{exc}") from exc
     except CliError as error:
@@ -70,6 +71,7 @@ def _schedule(args: argparse.Namespace) -> int:
             cron=args.cron,
             tz=args.tz,
             missed=args.missed,
+            jitter=args.jitter,
         )
         data = {
             "id": result.id,
@@ -165,6 +167,7 @@ def _inspect_job(args: argparse.Namespace) -> int:
             "cron": rec.cron if rec is not None else "",
             "tz": (rec.tz or "UTC") if rec is not None and rec.cron else "",
             "missed": rec.missed.value if rec is not None else "",
+            "jitter_ms": rec.jitter_ms if rec is not None else 0,
             "upcoming": upcoming,
             "last_error": info.last_error,
         }
@@ -320,6 +323,11 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
     rec.add_argument("--cron", help="recur on a cron expression (UTC unless --tz)")
     sched.add_argument(
         "--tz", help="the IANA time zone --cron reads in, e.g. Europe/Paris (default UTC)"
+    )
+    sched.add_argument(
+        "--jitter",
+        type=non_negative_float,
+        help="recurring only: run each occurrence up to this many seconds after it",
     )
     sched.add_argument(
         "--missed",

@@ -53,7 +53,8 @@ def describe_recurrence(rec: Recurrence | None) -> str:
     policy = f"missed: {rec.missed.value}"
     if rec.missed.value == "all":
         policy += f" (at most {rec.max_catch_up})"
-    return f"{what}, {policy}, grace {rec.misfire_grace_ms / 1000:g}s"
+    jitter = f", jitter {rec.jitter_ms / 1000:g}s" if rec.jitter_ms else ""
+    return f"{what}, {policy}, grace {rec.misfire_grace_ms / 1000:g}s{jitter}"
 
 
 def _payload_text(payload: Any) -> tuple[str, int]:
