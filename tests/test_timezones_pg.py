@@ -85,3 +85,26 @@ def test_the_zone_survives_a_redis_loss_and_a_reconcile(
             assert rec.next_after(z(2030, 3, 31, 1, 30), 0) == z(2030, 3, 31, 23)
 
     run(main())
+
+
+def test_a_jittered_zoned_series_keeps_both_through_a_redis_loss(
+    private_redis: RedisServer, pg_url: str
+) -> None:
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            ns = s.keys.namespace
+            await client_of(s).set(s.keys.shard(0).clock, z(2030, 3, 31, 0, 30))
+            await s.schedule("j", "t", at=z(2030, 3, 31, 1), cron=EXPR, tz=ZONE, jitter=90)
+            (stored,) = await rows(pg_url, "SELECT rspec FROM tickwheel_jobs WHERE id = 'j'")
+            assert stored[0] == f"J=90000 TZ={ZONE} {EXPR}"
+            await client_of(s).flushall()
+        async with pg_scheduler(private_redis.url, pg_url, ns, shards=1) as s:
+            await client_of(s).set(s.keys.shard(0).clock, z(2030, 3, 31, 0, 30))
+            assert (await s.reconcile()).restored == 1
+            info = await s.get("j")
+            assert info is not None and info.recurrence is not None
+            assert (info.recurrence.tz, info.recurrence.jitter_ms) == (ZONE, 90_000)
+            assert info.nominal_ms == z(2030, 3, 31, 1)
+
+    run(main())
