@@ -19,6 +19,8 @@ from tickwheel.durable.model import (
 
 __all__ = [
     "PAYLOAD_PREVIEW_CHARS",
+    "UPCOMING",
+    "UPCOMING_ROWS",
     "describe_recurrence",
     "iso",
     "job_row",
@@ -76,6 +78,8 @@ def _payload_kind(payload: Any) -> str:
 
 # Occurrences a page shows of a recurring series, from its next one.
 UPCOMING = 5
+# The recurring page lists them for its first this many series (by next occurrence).
+UPCOMING_ROWS = 200
 
 
 def upcoming_rows(job: JobInfo, count: int = UPCOMING) -> list[dict[str, Any]]:
@@ -98,8 +102,10 @@ def seen_of(job: JobInfo) -> str:
     return f"{job.state.value}:{job.nominal_ms}:{job.attempt}"
 
 
-def job_row(job: JobInfo, now_ms: int) -> dict[str, Any]:
-    """A job as the pages and the JSON API show it (the payload cut to a preview)."""
+def job_row(job: JobInfo, now_ms: int, upcoming: int = 0) -> dict[str, Any]:
+    """A job as the pages and the JSON API show it (the payload cut to a preview), with
+    its next ``upcoming`` occurrences when recurring (~40 us each for a zoned cron:
+    the listings ask for them on the rows they show first only)."""
     text, size = _payload_text(job.payload)
     rec = job.recurrence
     next_ms = 0
@@ -129,7 +135,7 @@ def job_row(job: JobInfo, now_ms: int) -> dict[str, Any]:
         "recurring": describe_recurrence(rec),
         # cron: the zone it reads in ("UTC" without one); "" for an interval or one-shot
         "tz": (rec.tz or "UTC") if rec is not None and rec.cron else "",
-        "upcoming": upcoming_rows(job),
+        "upcoming": upcoming_rows(job, upcoming) if upcoming else [],
         "next_ms": next_ms,
         "next": iso(next_ms),
         "last_error": job.last_error,
