@@ -301,6 +301,19 @@ class JobInfo:
     recurrence: Recurrence | None  # set for recurring jobs
     last_error: str  # error of the last failed attempt
 
+    def upcoming(self, count: int = 5) -> list[int]:
+        """A recurring job's next ``count`` occurrences (UTC instants, ms), from the one
+        it runs next: its current one while due, the one after while leased; ``[]``
+        for a one-shot or a dead job. ``recurrence.local(ms)`` reads one in the
+        series' zone."""
+        rec = self.recurrence
+        if rec is None or self.state is JobState.DEAD:
+            return []
+        first = self.nominal_ms
+        if self.state is JobState.LEASED:
+            first = rec.next_after(self.nominal_ms, self.nominal_ms)
+        return rec.upcoming(first, count)
+
 
 @dataclass(frozen=True, slots=True)
 class ClaimBatch:

@@ -61,6 +61,7 @@ def recurrence(
     missed: MissedRun | str = MissedRun.ONCE,
     max_catch_up: int = DEFAULT_MAX_CATCH_UP,
     misfire_grace: float | timedelta = DEFAULT_GRACE_S,
+    jitter: float | timedelta | None = None,
 ) -> Recurrence | None:
     """Build the recurrence of ``every`` or ``cron`` (None when neither is given).
 
@@ -71,13 +72,25 @@ def recurrence(
         raise ValueError("give every or cron, not both")
     if tz is not None and cron is None:
         raise ValueError("tz needs cron: a zone applies to a cron expression only")
+    if jitter is not None and every is None and cron is None:
+        raise ValueError("jitter needs every or cron: it spreads a recurring series' runs")
+    spread = 0 if jitter is None else jitter
     if every is not None:
         return Recurrence.interval(
-            every, missed=missed, max_catch_up=max_catch_up, misfire_grace=misfire_grace
+            every,
+            missed=missed,
+            max_catch_up=max_catch_up,
+            misfire_grace=misfire_grace,
+            jitter=spread,
         )
     if cron is not None:
         return Recurrence.cron_expr(
-            cron, tz=tz, missed=missed, max_catch_up=max_catch_up, misfire_grace=misfire_grace
+            cron,
+            tz=tz,
+            missed=missed,
+            max_catch_up=max_catch_up,
+            misfire_grace=misfire_grace,
+            jitter=spread,
         )
     if (
         missed is not MissedRun.ONCE
@@ -106,6 +119,7 @@ def build_spec(
     missed: MissedRun | str = MissedRun.ONCE,
     max_catch_up: int = DEFAULT_MAX_CATCH_UP,
     misfire_grace: float | timedelta = DEFAULT_GRACE_S,
+    jitter: float | timedelta | None = None,
 ) -> JobSpec:
     """The :class:`JobSpec` of ``schedule()``'s keyword arguments (every producer's:
     ``Scheduler.schedule`` and ``SyncScheduler.schedule`` build theirs here).
@@ -120,6 +134,7 @@ def build_spec(
         missed=missed,
         max_catch_up=max_catch_up,
         misfire_grace=misfire_grace,
+        jitter=jitter,
     )
     return JobSpec(job_id, task, payload, delay, at, max_attempts, rec)
 

@@ -265,6 +265,7 @@ class Scheduler:
         missed: MissedRun | str = MissedRun.ONCE,
         max_catch_up: int = DEFAULT_MAX_CATCH_UP,
         misfire_grace: float | timedelta = DEFAULT_GRACE_S,
+        jitter: float | timedelta | None = None,
         conn: Any = None,
     ) -> ScheduleResult:
         """Schedule one job by id. One script call.
@@ -288,6 +289,10 @@ class Scheduler:
             missed: missed-run policy of a recurring job: once, all or skip.
             max_catch_up: at most this many missed runs under ``all``.
             misfire_grace: seconds late before an occurrence counts as missed.
+            jitter: a recurring job only (else a ValueError): each run is up to this
+                many seconds after its occurrence, by a hash of (id, occurrence), never
+                before it; the occurrence stays the nominal instant (dedup, missed-run
+                policy). At most a week. docs/timezones.md, "Jitter".
             conn: Postgres mode only: the application's open asyncpg connection. The
                 job is written in its current transaction and exists iff that commits;
                 the relay indexes it in Redis after the commit.
@@ -315,6 +320,7 @@ class Scheduler:
             missed=missed,
             max_catch_up=max_catch_up,
             misfire_grace=misfire_grace,
+            jitter=jitter,
         )
         return await self.producer.schedule(spec, replace, conn)
 

@@ -284,11 +284,17 @@ def encode_job(spec: JobSpec, payload_limit: int) -> EncodedJob:
 def recurrence_of(kind: int, spec: bytes, policy: int, cap: int, grace: int) -> Recurrence | None:
     """The record's recurrence fields as a Recurrence (cached: a recurring job is claimed
     again and again with the same fields)."""
+    # A jitter is a "J=<ms> " prefix of the spec; none (older records) reads as 0.
     if kind == KIND_INTERVAL:
+        if spec[:2] == b"J=":
+            rest, jitter = Recurrence.split_jitter(spec.decode())
+            return Recurrence(int(rest), "", POLICY_BY_CODE[policy], cap, grace, "", jitter)
         return Recurrence(int(spec), "", POLICY_BY_CODE[policy], cap, grace)
     if kind == KIND_CRON:  # "TZ=<zone> <expr>", or "<expr>" for UTC (older records)
-        expr, tz = Recurrence.split_spec(spec.decode())
-        return Recurrence(0, expr, POLICY_BY_CODE[policy], cap, grace, tz)
+        text = spec.decode()
+        expr, tz = Recurrence.split_spec(text)
+        jitter = Recurrence.split_jitter(text)[1]
+        return Recurrence(0, expr, POLICY_BY_CODE[policy], cap, grace, tz, jitter)
     return None
 
 
