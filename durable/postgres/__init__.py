@@ -19,6 +19,7 @@ scheduler above it (``RedisSide``) instead of importing it.
 
 from __future__ import annotations
 
+from ._drivers import enqueue_sync
 from ._errors import translate
 from ._migrate import SCHEMA_VERSION, check_schema, migrate, migrations, schema_version
 from ._mode import PostgresMode, ReconcileResult
@@ -31,6 +32,7 @@ __all__ = [
     "PostgresMode",
     "ReconcileResult",
     "check_schema",
+    "enqueue_sync",
     "migrate",
     "migrations",
     "prune",

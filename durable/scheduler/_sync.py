@@ -7,11 +7,14 @@ code for everything but the I/O: the arguments become a :class:`JobSpec` by
 ``_producer.chunk_groups``, and each call's keys, arguments and reply come from
 ``store/_calls.py``; only the sending (``store/_sync_store.py``'s :class:`SyncStore`) differs.
 
-Redis only: it has no Postgres mode (no ``postgres_url``, and ``conn`` is refused). A
-namespace run in the Postgres mode must be written through the asyncio
-:class:`Scheduler` with ``postgres_url``: a job the SyncScheduler wrote there would
-exist in Redis only, unknown to PostgreSQL (nothing in Redis tells the two apart, so
-this cannot be checked here).
+The Postgres mode (``postgres_url=``, docs/postgres.md) covers enqueue only:
+``schedule`` and ``schedule_many`` write the job rows and outbox rows in the
+application's transaction (``conn=``: a psycopg 3 ``Connection``, a SQLAlchemy
+``Connection`` or ``Session``, Django's connection inside ``transaction.atomic()``), or in
+a transaction of their own on a psycopg connection. The job exists iff that transaction
+commits; the workers' relays write it to Redis (the commit notifies them). ``cancel``
+and ``reschedule`` there need the asyncio :class:`Scheduler` (they hold the id in
+PostgreSQL while Redis moves the job) and are refused.
 
 Thread-safe: one SyncScheduler may be shared by every thread of a process (redis-py's
 pool hands each call a connection); the only state it changes is whether the layout
@@ -64,10 +67,7 @@ __all__ = ["SyncScheduler"]
 
 def _no_conn(conn: object) -> None:
     if conn is not None:
-        raise ValueError(
-            "conn needs the Postgres mode, which SyncScheduler does not have (it writes"
-            " Redis only): use the asyncio Scheduler(..., postgres_url=...)"
-        )
+        raise ValueError("conn needs the Postgres mode (SyncScheduler(..., postgres_url=...))")
 
 
 class SyncScheduler:
@@ -85,6 +85,8 @@ class SyncScheduler:
             namespace's shard and bucket counts are checked on first use.
         call_timeout: seconds one call may wait for Redis before it raises
             :class:`RedisUnavailable` (default 10).
+        postgres_url: a ``postgresql://`` DSN: the Postgres mode's enqueue (see above);
+            ``schedule`` and ``schedule_many`` then take ``conn=``.
 
     Raises:
         TypeError, ValueError: naming a bad parameter (an asyncio client is a TypeError).
@@ -99,7 +101,13 @@ class SyncScheduler:
         buckets: int = DEFAULT_BUCKETS,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         call_timeout: float | timedelta = DEFAULT_CALL_TIMEOUT,
+        postgres_url: str | None = None,
     ) -> None:
+        if postgres_url is not None:
+            from tickwheel.durable.postgres import PgStore  # noqa: PLC0415
+
+            PgStore(postgres_url, namespace)  # checks the URL; opens nothing
+        self.postgres_url = postgres_url
         self.keys = Keys(namespace, shards, buckets)
         self.max_payload_bytes = int_between("max_payload_bytes", max_payload_bytes, 1)
         seconds = finite_seconds_ms("call_timeout", call_timeout, minimum_ms=1) / 1000
@@ -185,8 +193,8 @@ class SyncScheduler:
         misfire_grace: float | timedelta = DEFAULT_GRACE_S,
         conn: Any = None,
     ) -> ScheduleResult:
-        """Schedule one job by id: :meth:`Scheduler.schedule`, blocking. ``conn`` is
-        refused (no Postgres mode here).
+        """Schedule one job by id: :meth:`Scheduler.schedule`, blocking. ``conn``: the
+        application's connection in its transaction (Postgres mode only, see the class).
 
         Raises:
             TypeError, ValueError: naming a bad parameter (nothing is written).
@@ -206,6 +214,8 @@ class SyncScheduler:
             max_catch_up=max_catch_up,
             misfire_grace=misfire_grace,
         )
+        if self.postgres_url is not None:
+            return self._pg_schedule([spec], replace, conn)[0]
         _no_conn(conn)
         encoded = encode_job(spec, self.max_payload_bytes)
         self.open()
@@ -230,6 +240,8 @@ class SyncScheduler:
             TypeError, ValueError: for an invalid spec or payload (nothing is written).
         """
         pending = encode_specs(specs, self.keys, self.max_payload_bytes)
+        if self.postgres_url is not None:
+            return self._pg_schedule([spec for _, spec, _ in pending], replace, conn)
         _no_conn(conn)
         self.open()
         limit = self.max_payload_bytes
@@ -253,9 +265,40 @@ class SyncScheduler:
             return []
         return self.store.schedule_many(chunked, replace)
 
+    def _pg_schedule(self, specs: list[JobSpec], replace: bool, conn: Any) -> list[ScheduleResult]:
+        if replace:
+            raise ValueError(
+                "replace=True needs the asyncio Scheduler in the Postgres mode (Redis decides"
+                " a replace inside a PostgreSQL transaction holding the id)"
+            )
+        from tickwheel.durable.postgres import enqueue_sync  # noqa: PLC0415
+
+        assert self.postgres_url is not None
+        return enqueue_sync(
+            conn,
+            self.postgres_url,
+            self.keys.namespace,
+            specs,
+            shard_of=self.keys.shard_of,
+            limit=self.max_payload_bytes,
+            call_timeout=self.store.call_timeout,
+        )
+
+    def _redis_only(self, what: str) -> None:
+        if self.postgres_url is not None:
+            raise ValueError(
+                f"{what} in the Postgres mode needs the asyncio Scheduler(...,"
+                " postgres_url=...): it holds the id in PostgreSQL while Redis moves the job"
+            )
+
     def cancel(self, job_id: str) -> bool:
-        """Remove a job in any state; True if there was one (:meth:`Scheduler.cancel`)."""
+        """Remove a job in any state; True if there was one (:meth:`Scheduler.cancel`).
+
+        Raises:
+            ValueError: in the Postgres mode (see the class).
+        """
         check_job_id(job_id)
+        self._redis_only("cancel")
         self.open()
         return self.store.cancel(self.keys.shard_of(job_id), job_id) is not None
 
@@ -273,6 +316,7 @@ class SyncScheduler:
             new occurrence is done already.
         """
         check_job_id(job_id)
+        self._redis_only("reschedule")
         mode, time_ms = when_args(delay, at)
         self.open()
         status, _ = self.store.reschedule(self.keys.shard_of(job_id), job_id, mode, time_ms)
