@@ -200,6 +200,8 @@ async def async_connection(conn: Any) -> Any:
         TypeError: for a connection of an unknown type or a synchronous one.
         ValueError: for a closed connection, or one outside a transaction.
     """
+    if isinstance(conn, _PsycopgAsync | _AlchemyAsync):
+        return conn  # checked already
     family = _family(conn)
     if family == "asyncpg":
         import asyncpg  # noqa: PLC0415
@@ -286,8 +288,8 @@ def sync_connection(conn: Any) -> SyncDb:
         if isinstance(conn, Connection):
             return _AlchemySync(conn)
         raise TypeError(
-            "conn is an asyncio SQLAlchemy connection or not a connection: SyncScheduler"
-            " takes Connection or Session (use Scheduler for AsyncConnection/AsyncSession)"
+            "conn must be a SQLAlchemy Connection or Session for SyncScheduler, got"
+            f" {type(conn).__name__} (an AsyncConnection or AsyncSession goes to Scheduler)"
         )
     if family == "django":
         return _django(conn)

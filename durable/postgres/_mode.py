@@ -140,6 +140,16 @@ class PostgresMode:
                 await self._index(sched, created)
         return [result for _, result, _ in done]
 
+    @staticmethod
+    async def connection(conn: Any) -> Any:
+        """The application's connection, checked and ready for :meth:`schedule` (asyncpg's
+        as it is, another driver's behind a facade); see ``_drivers.async_connection``.
+
+        Raises:
+            TypeError, ValueError: for a connection :meth:`schedule` cannot take.
+        """
+        return await async_connection(conn)
+
     async def replace(self, sched: RedisSide, specs: Sequence[JobSpec]) -> list[ScheduleResult]:
         """``schedule(..., replace=True)``: overwrite jobs that are due or dead, never
         a leased one. Only Redis knows a lease, so Redis decides, inside a PostgreSQL
