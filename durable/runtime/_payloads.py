@@ -63,12 +63,17 @@ def _check(value: Any, tp: Any, path: str) -> None:
         return
     origin, args = get_origin(tp), get_args(tp)
     if origin is Union or origin is types.UnionType:
+        errors: list[Exception] = []
         for arm in args:
             try:
                 _check(value, arm, path)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError) as exc:
+                if _shallow(value, arm):  # the arm it is meant for: its error is the one
+                    errors.append(exc)
                 continue
             return
+        if len(errors) == 1:
+            raise errors[0]
         raise TypeError(
             f"{path} must be {' | '.join(_name(a) for a in args)}, got {type(value).__name__}"
         )
@@ -106,6 +111,14 @@ def _check(value: Any, tp: Any, path: str) -> None:
             hints = _hints(tp)
             for f in dataclasses.fields(tp):
                 _check(getattr(value, f.name), hints.get(f.name, Any), f"{path}.{f.name}")
+
+
+def _shallow(value: Any, tp: Any) -> bool:
+    """Whether ``value`` is of ``tp``'s outer class (not looking inside)."""
+    outer = get_origin(tp) or tp
+    if is_typeddict(tp):
+        return isinstance(value, dict)
+    return isinstance(outer, type) and isinstance(value, outer)
 
 
 def _check_typeddict(value: Any, tp: Any, path: str) -> None:
