@@ -189,7 +189,7 @@ def test_mypy_strict_catches_a_wrong_payload() -> None:
     marked ``# type: ignore[<code>]``: --strict (warn_unused_ignores) fails on an ignore
     whose line is not that error, so each marked mistake is one mypy catches."""
     app = ROOT / "tests" / "typing" / "typed_app.py"
-    assert app.read_text().count("# type: ignore[") == 5
+    assert app.read_text().count("  # type: ignore[") == 5
     with tempfile.TemporaryDirectory() as tmp:
         # mypy cannot follow the editable install's import hook (.ci/typecheck): the
         # sources under their import names, by symlinks.
