@@ -421,3 +421,45 @@ def test_django_bad_input_writes_nothing(
                     sync.schedule("a", "charge", conn=connection)
 
         _bad_input(redis_server.url, pg_url, attempts)
+
+
+# -- the pieces without servers -----------------------------------------------------
+
+
+def test_render_turns_dollar_placeholders_into_each_paramstyle() -> None:
+    from tickwheel.durable.postgres._drivers import render
+
+    sql = "SELECT $2::text, $1, 5 % 2, $2"
+    assert render(sql, ["a", "b"], "numeric_dollar") == (sql, ("a", "b"))
+    assert render(sql, ["a", "b"], "pyformat") == (
+        "SELECT %(p2)s::text, %(p1)s, 5 %% 2, %(p2)s",
+        {"p1": "a", "p2": "b"},
+    )
+    assert render(sql, ["a", "b"], "format") == (
+        "SELECT %s::text, %s, 5 %% 2, %s",
+        ("b", "a", "b"),
+    )
+    with pytest.raises(TypeError, match="paramstyle 'qmark'"):
+        render(sql, [], "qmark")
+
+
+def test_other_drivers_errors_translate_by_sqlstate() -> None:
+    from tickwheel.durable import Fenced, PostgresUnavailable
+    from tickwheel.durable.postgres import translate
+
+    lost = psycopg.OperationalError("server closed the connection unexpectedly")
+    assert isinstance(translate(lost), PostgresUnavailable)
+    deadlock = psycopg.errors.DeadlockDetected("deadlock detected")
+    assert isinstance(translate(deadlock), PostgresUnavailable)
+    bug = psycopg.errors.UndefinedFunction("function tickwheel_put does not exist")
+    assert translate(bug) is bug
+
+    class Wrapped(Exception):  # SQLAlchemy's DBAPIError keeps the driver's in .orig
+        orig = deadlock
+
+    assert isinstance(translate(Wrapped("x")), PostgresUnavailable)
+
+    class Refused(Exception):
+        sqlstate = "TWFEN"
+
+    assert isinstance(translate(Refused("stale epoch"), 3), Fenced)

@@ -33,6 +33,7 @@ Django      --                                               ``django.db.connect
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -70,18 +71,26 @@ def render(sql: str, args: Sequence[Any], style: str) -> tuple[str, Any]:
     """
     if style == "numeric_dollar":
         return sql, tuple(args)
+    text, order = _rendered(sql, style)
     if style == "pyformat":
-        text = _PARAM.sub(lambda m: f"%(p{m.group(1)})s", sql.replace("%", "%%"))
         return text, {f"p{k + 1}": v for k, v in enumerate(args)}
+    return text, tuple(args[n - 1] for n in order)
+
+
+@functools.lru_cache(maxsize=64)
+def _rendered(sql: str, style: str) -> tuple[str, tuple[int, ...]]:
+    """The text of ``sql`` in ``style``, and the parameter numbers in their order
+    (a handful of statements: cached)."""
+    order: list[int] = []
+    if style == "pyformat":
+        return _PARAM.sub(lambda m: f"%(p{m.group(1)})s", sql.replace("%", "%%")), ()
     if style == "format":
-        order: list[int] = []
 
         def positional(m: re.Match[str]) -> str:
             order.append(int(m.group(1)))
             return "%s"
 
-        text = _PARAM.sub(positional, sql.replace("%", "%%"))
-        return text, tuple(args[n - 1] for n in order)
+        return _PARAM.sub(positional, sql.replace("%", "%%")), tuple(order)
     raise TypeError(f"conn: the driver's paramstyle {style!r} is not supported")
 
 
