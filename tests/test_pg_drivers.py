@@ -341,6 +341,13 @@ def test_sqlalchemy_bad_input_writes_nothing(redis_server: RedisServer, pg_url: 
                 sync.schedule("a", "charge", conn=other)
             with pytest.raises(TypeError, match="conn must be a SQLAlchemy Connection"):
                 sync.schedule("a", "charge", conn=engine)  # an Engine is not a connection
+            auto = engine.execution_options(isolation_level="AUTOCOMMIT")
+            with auto.connect() as conn3, pytest.raises(ValueError, match="AUTOCOMMIT"):
+                sync.schedule("a", "charge", conn=conn3)
+            aauto = aengine.execution_options(isolation_level="AUTOCOMMIT")
+            async with aauto.connect() as aconn3:
+                with pytest.raises(ValueError, match="AUTOCOMMIT"):
+                    await s.schedule("a", "charge", conn=aconn3)
         finally:
             engine.dispose()
             lite.dispose()

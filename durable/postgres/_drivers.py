@@ -159,9 +159,18 @@ class _PsycopgSync:
 # -- SQLAlchemy 2 ------------------------------------------------------------------
 
 
-def _alchemy_style(dialect: Any) -> str:
+def _alchemy_style(conn: Any) -> str:
+    """The DB-API paramstyle of a SQLAlchemy ``Connection``, after checking that it is
+    PostgreSQL's and that its DB-API connection is not in autocommit mode (an
+    ``isolation_level="AUTOCOMMIT"`` engine: each statement would commit on its own)."""
+    dialect = conn.dialect
     if dialect.name != "postgresql":
         raise TypeError(f"conn must be a PostgreSQL connection, got SQLAlchemy's {dialect.name}")
+    if getattr(conn.connection.dbapi_connection, "autocommit", False) is True:
+        raise ValueError(
+            "conn is in AUTOCOMMIT isolation: the job would commit on its own; use a"
+            " connection in a transaction (or drop conn=)"
+        )
     return str(dialect.paramstyle)
 
 
@@ -175,7 +184,7 @@ class _AlchemyAsync:
         if conn.closed or conn.invalidated:
             raise ValueError("conn is closed")
         self.conn = conn
-        self.style = _alchemy_style(conn.dialect)
+        self.style = _alchemy_style(conn.sync_connection)
 
     async def fetch(self, sql: str, *args: Any) -> list[Any]:
         text, params = render(sql, args, self.style)
@@ -191,7 +200,7 @@ class _AlchemySync:
         if conn.closed or conn.invalidated:
             raise ValueError("conn is closed")
         self.conn = conn
-        self.style = _alchemy_style(conn.dialect)
+        self.style = _alchemy_style(conn)
 
     def fetch(self, sql: str, *args: Any) -> list[Any]:
         text, params = render(sql, args, self.style)
