@@ -9,6 +9,8 @@ alternating rounds so every row sees the same machine load:
   conn=)`` (the job row and its outbox row), committed; through asyncpg (the baseline),
   psycopg 3 async, psycopg 3 sync (``SyncScheduler``) and SQLAlchemy 2 sync over
   psycopg (``engine.begin()``);
+- the enqueue statement alone: N ``schedule(..., conn=)`` in one transaction rolled
+  back (no commit, so no flush: what the driver path itself costs);
 - single schedule, Redis only: ``Scheduler.schedule`` (the baseline) against
   ``SyncScheduler.schedule``, one job per call.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import time
 import uuid
@@ -33,7 +36,7 @@ from tickwheel.durable.store._connect import client_from_url
 Round = Callable[[int], Awaitable[float]]  # jobs -> seconds
 
 
-async def _pg_rows(redis_url: str, pg_url: str) -> dict[str, Round]:
+async def _pg_rows(redis_url: str, pg_url: str, statements_only: bool) -> dict[str, Round]:
     import asyncpg
     import psycopg
     import sqlalchemy as sa
@@ -41,7 +44,8 @@ async def _pg_rows(redis_url: str, pg_url: str) -> dict[str, Round]:
     from tickwheel.durable.postgres import migrate
 
     conn = await asyncpg.connect(pg_url)
-    await migrate(conn)
+    if not statements_only:
+        await migrate(conn)
     ns = f"b{uuid.uuid4().hex[:8]}"
     sched = Scheduler(client_from_url(redis_url), ns, postgres_url=pg_url, check=False)
     sync = SyncScheduler.from_url(redis_url, ns, postgres_url=pg_url)
@@ -78,6 +82,50 @@ async def _pg_rows(redis_url: str, pg_url: str) -> dict[str, Round]:
                 sync.schedule(uuid.uuid4().hex, "t", b"x", delay=60, conn=c)
         return time.perf_counter() - t
 
+    class Rollback(Exception):
+        pass
+
+    async def in_one_tx_asyncpg(n: int) -> float:
+        t = time.perf_counter()
+        with contextlib.suppress(Rollback):
+            async with conn.transaction():
+                for _ in range(n):
+                    await sched.schedule(uuid.uuid4().hex, "t", b"x", delay=60, conn=conn)
+                raise Rollback
+        return time.perf_counter() - t
+
+    async def in_one_tx_psycopg_async(n: int) -> float:
+        t = time.perf_counter()
+        with contextlib.suppress(Rollback):
+            async with aconn.transaction():
+                for _ in range(n):
+                    await sched.schedule(uuid.uuid4().hex, "t", b"x", delay=60, conn=aconn)
+                raise Rollback
+        return time.perf_counter() - t
+
+    async def in_one_tx_psycopg_sync(n: int) -> float:
+        t = time.perf_counter()
+        with contextlib.suppress(Rollback), sconn.transaction():
+            for _ in range(n):
+                sync.schedule(uuid.uuid4().hex, "t", b"x", delay=60, conn=sconn)
+            raise Rollback
+        return time.perf_counter() - t
+
+    async def in_one_tx_sqlalchemy(n: int) -> float:
+        t = time.perf_counter()
+        with contextlib.suppress(Rollback), engine.begin() as c:
+            for _ in range(n):
+                sync.schedule(uuid.uuid4().hex, "t", b"x", delay=60, conn=c)
+            raise Rollback
+        return time.perf_counter() - t
+
+    if statements_only:
+        return {
+            "statement asyncpg": in_one_tx_asyncpg,
+            "statement psycopg async": in_one_tx_psycopg_async,
+            "statement psycopg sync": in_one_tx_psycopg_sync,
+            "statement sqlalchemy sync": in_one_tx_sqlalchemy,
+        }
     return {
         "enqueue asyncpg": with_asyncpg,
         "enqueue psycopg async": with_psycopg_async,
@@ -136,15 +184,18 @@ def main(argv: list[str] | None = None) -> None:
     with RedisServer() as redis_server, PostgresServer() as pg:
 
         async def go() -> tuple[dict[str, Any], dict[str, Any]]:
-            pg_rows = await _pg_rows(redis_server.url, pg.url)
+            pg_rows = await _pg_rows(redis_server.url, pg.url, False)
+            statement_rows = await _pg_rows(redis_server.url, pg.url, True)
             redis_rows = await _redis_rows(redis_server.url)
             return (
                 await _measure(pg_rows, args.rounds, args.n),
+                await _measure(statement_rows, args.rounds, args.n),
                 await _measure(redis_rows, args.rounds, args.n * 4),
             )
 
-        pg_results, redis_results = asyncio.run(go())
+        pg_results, statement_results, redis_results = asyncio.run(go())
     _report("Transactional enqueue, one job per committed transaction", pg_results)
+    _report("The enqueue statement alone, N in one transaction (rolled back)", statement_results)
     _report("Single schedule, Redis only", redis_results)
 
 
