@@ -199,10 +199,6 @@ def test_psycopg_bad_input_writes_nothing(redis_server: RedisServer, pg_url: str
                 sync.schedule("a", "charge", conn=bad)
             with pytest.raises(TypeError, match="conn must be"):
                 await s.schedule("a", "charge", conn=bad)
-        with pytest.raises(ValueError, match="asyncio Scheduler"):
-            sync.cancel("a")
-        with pytest.raises(ValueError, match="asyncio Scheduler"):
-            sync.reschedule("a", delay=1)
         # asyncpg's own connection outside a transaction: the same rule.
         conn2 = await asyncpg.connect(pg_url)
         try:
@@ -229,6 +225,37 @@ def test_sync_scheduler_own_transaction_is_relayed(redis_server: RedisServer, pg
         assert result.status.name == "CREATED"
 
     _check_transactional(redis_server.url, pg_url, produce)
+
+
+def test_sync_scheduler_cancels_and_reschedules_in_both_stores(
+    redis_server: RedisServer, pg_url: str
+) -> None:
+    async def main() -> None:
+        await _orders(pg_url)
+        async with _schedulers(redis_server.url, pg_url) as (s, sync):
+            with psycopg.connect(pg_url) as conn, conn.transaction():
+                sync.schedule_many([_spec("m"), _spec("c")], conn=conn)
+            assert await s.relay() == 2  # in Redis now, as a worker's relay would do
+            before = await s.get("m")
+            assert before is not None
+            assert sync.reschedule("m", delay=3600)
+            after = await s.get("m")
+            assert after is not None and after.nominal_ms > before.nominal_ms + 3_000_000
+            conn2 = await asyncpg.connect(pg_url)
+            try:
+                due = await conn2.fetchval("SELECT due_ms FROM tickwheel_jobs WHERE id = 'm'")
+                assert due == after.nominal_ms  # the row followed Redis
+            finally:
+                await conn2.close()
+            assert sync.cancel("c")
+            assert not sync.cancel("c")
+            assert await s.get("c") is None
+            counts = await table_counts(pg_url)
+            assert counts == {"tickwheel_jobs": 1, "tickwheel_done": 0, "tickwheel_outbox": 0}
+            assert not sync.reschedule("c", delay=5)  # gone from both
+            assert not sync.cancel("never") and not sync.reschedule("never", at=10**12)
+
+    run(main())
 
 
 def _spec(job: str) -> Any:

@@ -25,17 +25,20 @@ from ._migrate import SCHEMA_VERSION, check_schema, migrate, migrations, schema_
 from ._mode import PostgresMode, ReconcileResult
 from ._pg_store import PgStore
 from ._prune import prune
+from ._sync_ops import cancel_sync, reschedule_sync
 
 __all__ = [
     "SCHEMA_VERSION",
     "PgStore",
     "PostgresMode",
     "ReconcileResult",
+    "cancel_sync",
     "check_schema",
     "enqueue_sync",
     "migrate",
     "migrations",
     "prune",
+    "reschedule_sync",
     "schema_version",
     "translate",
 ]

@@ -33,10 +33,11 @@ Django      --                                               ``django.db.connect
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from tickwheel.durable.model import JobSpec, ScheduleResult
@@ -51,6 +52,7 @@ __all__ = [
     "async_connection",
     "enqueue_sync",
     "now_sync",
+    "own_connection",
     "render",
     "schedule_sync",
     "sync_connection",
@@ -155,6 +157,11 @@ class _PsycopgSync:
             cur.execute(text, params)
             return list(cur.fetchall())
 
+    def execute(self, sql: str, *args: Any) -> None:
+        text, params = render(sql, args, self.style)
+        with self.conn.cursor() as cur:
+            cur.execute(text, params)
+
 
 # -- SQLAlchemy 2 ------------------------------------------------------------------
 
@@ -205,6 +212,10 @@ class _AlchemySync:
     def fetch(self, sql: str, *args: Any) -> list[Any]:
         text, params = render(sql, args, self.style)
         return list(self.conn.exec_driver_sql(text, params).fetchall())
+
+    def execute(self, sql: str, *args: Any) -> None:
+        text, params = render(sql, args, self.style)
+        self.conn.exec_driver_sql(text, params)
 
 
 # -- the entry points --------------------------------------------------------------
@@ -275,6 +286,8 @@ class SyncDb(Protocol):
     """What the synchronous enqueue runs its statements on."""
 
     def fetch(self, sql: str, *args: Any) -> list[Any]: ...
+
+    def execute(self, sql: str, *args: Any) -> None: ...
 
 
 def sync_connection(conn: Any) -> SyncDb:
@@ -373,6 +386,19 @@ def enqueue_sync(
         return _enqueue_on(
             sync_connection(conn), namespace, specs, jobs, shard_of=shard_of, limit=limit
         )
+    with own_connection(url, call_timeout) as db:
+        return _enqueue_on(db, namespace, specs, jobs, shard_of=shard_of, limit=limit)
+
+
+@contextlib.contextmanager
+def own_connection(url: str, call_timeout: float) -> Iterator[SyncDb]:
+    """A psycopg connection of its own to ``url`` in a transaction for the body
+    (committed when it returns, rolled back if it raises), closed after; the driver's
+    errors translated (``PostgresUnavailable``).
+
+    Raises:
+        ImportError: without psycopg (the ``psycopg`` extra).
+    """
     try:
         import psycopg  # noqa: PLC0415
     except ImportError as exc:  # pragma: no cover - the extra is missing
@@ -383,9 +409,7 @@ def enqueue_sync(
         own = psycopg.connect(url, connect_timeout=max(1, math.ceil(call_timeout)))
     try:
         with translated(None), own.transaction():
-            return _enqueue_on(
-                _PsycopgSync(own), namespace, specs, jobs, shard_of=shard_of, limit=limit
-            )
+            yield _PsycopgSync(own)
     finally:
         own.close()
 

@@ -22,6 +22,12 @@ from tickwheel.durable.store import ClaimedRef
 from ._rows import PgJob
 
 __all__ = [
+    "CANCEL_OUTBOX",
+    "CANCEL_ROW",
+    "DONE_OF",
+    "LOCKED_ROWS",
+    "LOCK_IDS",
+    "MOVED",
     "NOW",
     "RACED",
     "ack",
@@ -78,13 +84,26 @@ NOW, RACED = _NOW, _RACED
 # lock(): the ids' advisory locks (transaction-level), then their rows' locks, in id
 # order (migration 0003 says why that order).
 _LOCK_IDS = (
-    "SELECT count(pg_advisory_xact_lock(hashtextextended($1 || ':' || i, 0)))"
+    "SELECT count(pg_advisory_xact_lock(hashtextextended($1::text || ':' || i, 0)))"
     " FROM unnest($2::text[]) WITH ORDINALITY AS u(i, k)"
 )
 _LOCKED_ROWS = (
-    "SELECT id, due_ms, state FROM tickwheel_jobs WHERE ns = $1 AND id = ANY($2::text[])"
-    ' ORDER BY id COLLATE "C" FOR UPDATE'
+    "SELECT id, due_ms, state FROM tickwheel_jobs WHERE ns = $1::text"
+    ' AND id = ANY($2::text[]) ORDER BY id COLLATE "C" FOR UPDATE'
 )
+_DONE_OF = (
+    "SELECT d.id, d.nominal_ms FROM unnest($2::text[], $3::bigint[]) AS o(id, nominal)"
+    " JOIN tickwheel_done d ON d.ns = $1::text AND d.id = o.id AND d.nominal_ms = o.nominal"
+)
+_MOVED = (
+    "UPDATE tickwheel_jobs SET due_ms = $3::bigint, attempt = 1, run_ms = 0,"
+    " updated_at = now() WHERE ns = $1::text AND id = $2::text AND state = 0"
+)
+_CANCEL_OUTBOX = "DELETE FROM tickwheel_outbox WHERE ns = $1::text AND id = $2::text"
+_CANCEL_ROW = "DELETE FROM tickwheel_jobs WHERE ns = $1::text AND id = $2::text RETURNING state"
+# What the synchronous cancel and reschedule run (``_sync_ops.py``): the same texts.
+LOCK_IDS, LOCKED_ROWS, DONE_OF, MOVED = _LOCK_IDS, _LOCKED_ROWS, _DONE_OF, _MOVED
+CANCEL_OUTBOX, CANCEL_ROW = _CANCEL_OUTBOX, _CANCEL_ROW
 _OVERWRITE = """
 INSERT INTO tickwheel_jobs AS j (ns, id, shard, task, payload, json_payload, max_attempts,
     due_ms, rkind, rspec, policy, max_catch_up, grace_ms, record)
@@ -170,13 +189,7 @@ async def done_of(
     """The ``(id, nominal)`` pairs whose occurrence has a done row."""
     if not occurrences:
         return set()
-    rows = await conn.fetch(
-        "SELECT d.id, d.nominal_ms FROM unnest($2::text[], $3::bigint[]) AS o(id, nominal)"
-        " JOIN tickwheel_done d ON d.ns = $1 AND d.id = o.id AND d.nominal_ms = o.nominal",
-        ns,
-        [i for i, _ in occurrences],
-        [n for _, n in occurrences],
-    )
+    rows = await conn.fetch(_DONE_OF, ns, [i for i, _ in occurrences], [n for _, n in occurrences])
     return {(r[0], int(r[1])) for r in rows}
 
 
@@ -202,21 +215,13 @@ async def overwrite(conn: Any, ns: str, jobs: Sequence[tuple[PgJob, int]]) -> No
 
 async def moved(conn: Any, ns: str, job_id: str, due_ms: int) -> None:
     """Move a pending row to the occurrence ``due_ms`` at attempt 1."""
-    await conn.execute(
-        "UPDATE tickwheel_jobs SET due_ms = $3, attempt = 1, run_ms = 0, updated_at = now()"
-        " WHERE ns = $1 AND id = $2 AND state = 0",
-        ns,
-        job_id,
-        due_ms,
-    )
+    await conn.execute(_MOVED, ns, job_id, due_ms)
 
 
 async def cancel(conn: Any, ns: str, job_id: str) -> bool:
     """Delete a job's outbox rows and its row; True if the row was pending."""
-    await conn.execute("DELETE FROM tickwheel_outbox WHERE ns = $1 AND id = $2", ns, job_id)
-    state = await conn.fetchval(
-        "DELETE FROM tickwheel_jobs WHERE ns = $1 AND id = $2 RETURNING state", ns, job_id
-    )
+    await conn.execute(_CANCEL_OUTBOX, ns, job_id)
+    state = await conn.fetchval(_CANCEL_ROW, ns, job_id)
     return bool(state == 0)
 
 

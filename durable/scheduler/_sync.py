@@ -13,8 +13,8 @@ application's transaction (``conn=``: a psycopg 3 ``Connection``, a SQLAlchemy
 ``Connection`` or ``Session``, Django's connection inside ``transaction.atomic()``), or in
 a transaction of their own on a psycopg connection. The job exists iff that transaction
 commits; the workers' relays write it to Redis (the commit notifies them). ``cancel``
-and ``reschedule`` there need the asyncio :class:`Scheduler` (they hold the id in
-PostgreSQL while Redis moves the job) and are refused.
+and ``reschedule`` act on both stores in a PostgreSQL transaction of their own holding
+the id, as the asyncio :class:`Scheduler`'s do; ``replace=True`` needs the asyncio one.
 
 Thread-safe: one SyncScheduler may be shared by every thread of a process (redis-py's
 pool hands each call a connection); the only state it changes is whether the layout
@@ -284,23 +284,25 @@ class SyncScheduler:
             call_timeout=self.store.call_timeout,
         )
 
-    def _redis_only(self, what: str) -> None:
-        if self.postgres_url is not None:
-            raise ValueError(
-                f"{what} in the Postgres mode needs the asyncio Scheduler(...,"
-                " postgres_url=...): it holds the id in PostgreSQL while Redis moves the job"
-            )
-
     def cancel(self, job_id: str) -> bool:
         """Remove a job in any state; True if there was one (:meth:`Scheduler.cancel`).
-
-        Raises:
-            ValueError: in the Postgres mode (see the class).
-        """
+        In the Postgres mode, from both stores in one PostgreSQL transaction holding the
+        id, as the asyncio :class:`Scheduler` does (docs/postgres.md)."""
         check_job_id(job_id)
-        self._redis_only("cancel")
         self.open()
-        return self.store.cancel(self.keys.shard_of(job_id), job_id) is not None
+        shard = self.keys.shard_of(job_id)
+        if self.postgres_url is not None:
+            from tickwheel.durable.postgres import cancel_sync  # noqa: PLC0415
+
+            found, state = cancel_sync(
+                self.postgres_url,
+                self.keys.namespace,
+                job_id,
+                lambda: self.store.cancel(shard, job_id),
+                call_timeout=self.store.call_timeout,
+            )
+            return state is not None or found
+        return self.store.cancel(shard, job_id) is not None
 
     def reschedule(
         self,
@@ -316,10 +318,21 @@ class SyncScheduler:
             new occurrence is done already.
         """
         check_job_id(job_id)
-        self._redis_only("reschedule")
         mode, time_ms = when_args(delay, at)
         self.open()
-        status, _ = self.store.reschedule(self.keys.shard_of(job_id), job_id, mode, time_ms)
+        shard = self.keys.shard_of(job_id)
+        if self.postgres_url is not None:  # Redis moves it inside PostgreSQL's row lock
+            from tickwheel.durable.postgres import reschedule_sync  # noqa: PLC0415
+
+            return reschedule_sync(
+                self.postgres_url,
+                self.keys.namespace,
+                job_id,
+                (mode, time_ms),
+                lambda: self.store.reschedule(shard, job_id, mode, time_ms),
+                call_timeout=self.store.call_timeout,
+            )
+        status, _ = self.store.reschedule(shard, job_id, mode, time_ms)
         return status == 1
 
     def get(self, job_id: str) -> JobInfo | None:
