@@ -24,6 +24,7 @@ import httpx
 import pytest
 from durable_support import run, unique_ns
 
+from tickwheel.durable import SyncScheduler
 from tickwheel.durable.servers._redis import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -191,7 +192,7 @@ def test_django_orders(redis_server: RedisServer, pg_url: str, tmp_path: Path) -
         "DATABASE_URL": pg_url,
         "TICKWHEEL_NAMESPACE": ns,
         "ORDERS_LOG": str(log),
-        "CHARGE_DELAY": "1",
+        "CHARGE_DELAY": "3",
     }
     full_env = {**os.environ, **env, "PYTHONPATH": str(folder)}
     cli = [sys.executable, "-m", "tickwheel.durable.ops.cli"]
@@ -206,11 +207,22 @@ def test_django_orders(redis_server: RedisServer, pg_url: str, tmp_path: Path) -
             declined = http.post("/orders", json={"id": "o2", "total_cents": 5, "decline": True})
             assert declined.status_code == 402
     # No worker (so no relay) ran while the web process lived: the committed charge
-    # waits in the outbox, and the first worker started afterwards relays it.
-    with worker(
-        folder, "orders_tasks:registry", redis_server.url, ns, env, "--postgres-url", pg_url
+    # waits in the outbox, and the first worker started afterwards relays it. That
+    # worker is SIGKILLed holding the charge leased; a second one runs it.
+    pg_worker = ("--postgres-url", pg_url)
+    with (
+        SyncScheduler.from_url(redis_server.url, ns) as probe,
+        worker(folder, "orders_tasks:registry", redis_server.url, ns, env, *pg_worker) as first,
     ):
-        done = wait_runs(log, {"charge:o1"})
+        deadline = time.monotonic() + 20
+        while (info := probe.get("charge:o1")) is None or info.state.name != "LEASED":
+            assert time.monotonic() < deadline, "the first worker never leased the charge"
+            time.sleep(0.02)
+        first.send_signal(signal.SIGKILL)
+        assert first.wait(10) == -signal.SIGKILL
+        assert runs(log) == []
+        with worker(folder, "orders_tasks:registry", redis_server.url, ns, env, *pg_worker):
+            done = wait_runs(log, {"charge:o1"})
     assert_once_on_time(done, {"charge:o1"})
     assert done[0]["order"] == "o1" and done[0]["cents"] == 1999
 
