@@ -258,6 +258,25 @@ def test_sync_scheduler_cancels_and_reschedules_in_both_stores(
     run(main())
 
 
+def test_sync_scheduler_checks_the_schema_first(redis_server: RedisServer, pg_url: str) -> None:
+    from tickwheel.durable import SchemaNotReady
+
+    sync = SyncScheduler.from_url(redis_server.url, unique_ns(), postgres_url=pg_url)
+    try:
+        with pytest.raises(SchemaNotReady, match="tickwheel pg migrate"):
+            sync.schedule("a", "charge", delay=0)
+        with psycopg.connect(pg_url) as conn, conn.transaction():
+            with pytest.raises(SchemaNotReady):
+                sync.schedule("a", "charge", delay=0, conn=conn)
+            # The check only read: the application's transaction goes on.
+            conn.execute("CREATE TABLE orders (id text PRIMARY KEY)")
+        run(migrated(pg_url))
+        assert sync.schedule("a", "charge", delay=0).status.name == "CREATED"
+        assert sync.schedule("a", "charge", delay=0).status.name == "KEPT"  # pooled again
+    finally:
+        sync.close()
+
+
 def _spec(job: str) -> Any:
     from tickwheel.durable import JobSpec
 

@@ -26,12 +26,14 @@ from ._mode import PostgresMode, ReconcileResult
 from ._pg_store import PgStore
 from ._prune import prune
 from ._sync_ops import cancel_sync, reschedule_sync
+from ._sync_pool import SyncPgPool
 
 __all__ = [
     "SCHEMA_VERSION",
     "PgStore",
     "PostgresMode",
     "ReconcileResult",
+    "SyncPgPool",
     "cancel_sync",
     "check_schema",
     "enqueue_sync",

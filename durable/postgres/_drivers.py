@@ -33,12 +33,10 @@ Django      --                                               ``django.db.connect
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import math
 import re
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tickwheel.durable.model import JobSpec, ScheduleResult
 
@@ -47,12 +45,14 @@ from ._enqueue import encode_jobs, needs_now, results, sorted_by_id
 from ._errors import translated
 from ._rows import PgJob
 
+if TYPE_CHECKING:
+    from ._sync_pool import SyncPgPool
+
 __all__ = [
     "SyncDb",
     "async_connection",
     "enqueue_sync",
     "now_sync",
-    "own_connection",
     "render",
     "schedule_sync",
     "sync_connection",
@@ -364,54 +364,30 @@ def now_sync(db: SyncDb) -> int:
 
 def enqueue_sync(
     conn: Any,
-    url: str,
+    pool: SyncPgPool,
     namespace: str,
     specs: Sequence[JobSpec],
     *,
     shard_of: Callable[[str], int],
     limit: int,
-    call_timeout: float,
 ) -> list[ScheduleResult]:
     """The Postgres mode's schedule for :class:`SyncScheduler`: the job rows and their
     outbox rows in ``conn``'s transaction (the job exists iff it commits), or, with
-    ``conn`` None, in a transaction of its own on a psycopg connection to ``url`` (closed
-    after). Either way the relays, notified at the commit, write the jobs to Redis.
+    ``conn`` None, in a transaction of its own on a connection of ``pool``. Either way
+    the relays, notified at the commit, write the jobs to Redis.
 
     Raises:
         TypeError, ValueError: for bad specs or a bad ``conn`` (nothing written).
+        SchemaNotReady: if the database lacks the current schema.
         PostgresUnavailable: if PostgreSQL cannot be reached or fails transiently.
     """
     jobs = encode_jobs(specs, shard_of, limit, None)  # bad specs raise before conn is used
     if conn is not None:
-        return _enqueue_on(
-            sync_connection(conn), namespace, specs, jobs, shard_of=shard_of, limit=limit
-        )
-    with own_connection(url, call_timeout) as db:
+        db = sync_connection(conn)
+        pool.check_schema(db)
         return _enqueue_on(db, namespace, specs, jobs, shard_of=shard_of, limit=limit)
-
-
-@contextlib.contextmanager
-def own_connection(url: str, call_timeout: float) -> Iterator[SyncDb]:
-    """A psycopg connection of its own to ``url`` in a transaction for the body
-    (committed when it returns, rolled back if it raises), closed after; the driver's
-    errors translated (``PostgresUnavailable``).
-
-    Raises:
-        ImportError: without psycopg (the ``psycopg`` extra).
-    """
-    try:
-        import psycopg  # noqa: PLC0415
-    except ImportError as exc:  # pragma: no cover - the extra is missing
-        raise ImportError(
-            "SyncScheduler's Postgres mode needs psycopg: pip install 'tickwheel[psycopg]'"
-        ) from exc
-    with translated(None):
-        own = psycopg.connect(url, connect_timeout=max(1, math.ceil(call_timeout)))
-    try:
-        with translated(None), own.transaction():
-            yield _PsycopgSync(own)
-    finally:
-        own.close()
+    with pool.transaction() as own:
+        return _enqueue_on(own, namespace, specs, jobs, shard_of=shard_of, limit=limit)
 
 
 def _enqueue_on(

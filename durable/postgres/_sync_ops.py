@@ -1,7 +1,7 @@
 """``cancel`` and ``reschedule`` of :class:`SyncScheduler` in the Postgres mode.
 
 The same steps as :meth:`PostgresMode.cancel` and :meth:`PostgresMode.reschedule`, on a
-psycopg connection of their own (``_drivers.own_connection``) and the same SQL text
+pooled psycopg connection of the SyncScheduler (``_sync_pool.py``) and the same SQL text
 (``_writes.py``): a transaction takes the id's advisory lock and its row lock, in id
 order as every writer does; Redis is changed inside it (only Redis knows whether the job
 is leased), by the ``redis_*`` callable the SyncScheduler passes; the row follows before
@@ -15,7 +15,8 @@ from collections.abc import Callable
 from tickwheel.durable.model import JobState
 
 from . import _writes
-from ._drivers import SyncDb, own_connection
+from ._drivers import SyncDb
+from ._sync_pool import SyncPgPool
 
 __all__ = ["cancel_sync", "reschedule_sync"]
 
@@ -28,12 +29,7 @@ def _lock(db: SyncDb, ns: str, job_id: str) -> dict[str, int]:
 
 
 def cancel_sync(
-    url: str,
-    ns: str,
-    job_id: str,
-    redis_cancel: Callable[[], JobState | None],
-    *,
-    call_timeout: float,
+    pool: SyncPgPool, ns: str, job_id: str, redis_cancel: Callable[[], JobState | None]
 ) -> tuple[bool, JobState | None]:
     """Remove a job from both stores; whether PostgreSQL had a pending row, and the
     state Redis had it in.
@@ -41,7 +37,7 @@ def cancel_sync(
     Raises:
         RedisUnavailable, PostgresUnavailable: nothing was removed from either.
     """
-    with own_connection(url, call_timeout) as db:
+    with pool.transaction() as db:
         _lock(db, ns, job_id)
         db.execute(_writes.CANCEL_OUTBOX, ns, job_id)
         rows = db.fetch(_writes.CANCEL_ROW, ns, job_id)
@@ -51,13 +47,11 @@ def cancel_sync(
 
 
 def reschedule_sync(
-    url: str,
+    pool: SyncPgPool,
     ns: str,
     job_id: str,
     when: tuple[int, int],
     redis_reschedule: Callable[[], tuple[int, int]],
-    *,
-    call_timeout: float,
 ) -> bool:
     """Move a due job to the occurrence ``when`` (``(mode, time_ms)``: 1 a delay, 0 an
     absolute time). False, with nothing changed, if PostgreSQL has no pending row for it
@@ -67,7 +61,7 @@ def reschedule_sync(
         RedisUnavailable, PostgresUnavailable: nothing was moved in either.
     """
     mode, time_ms = when
-    with own_connection(url, call_timeout) as db:
+    with pool.transaction() as db:
         if job_id not in _lock(db, ns, job_id):
             return False
         if mode == 0 and db.fetch(_writes.DONE_OF, ns, [job_id], [time_ms]):

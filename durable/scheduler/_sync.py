@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tickwheel.durable.model import (
     DEFAULT_MAX_ATTEMPTS,
@@ -61,6 +61,9 @@ from ._producer import (
     with_first_run,
 )
 from ._scheduler import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_SHARDS
+
+if TYPE_CHECKING:
+    from tickwheel.durable.postgres import SyncPgPool
 
 __all__ = ["SyncScheduler"]
 
@@ -103,14 +106,16 @@ class SyncScheduler:
         call_timeout: float | timedelta = DEFAULT_CALL_TIMEOUT,
         postgres_url: str | None = None,
     ) -> None:
-        if postgres_url is not None:
-            from tickwheel.durable.postgres import PgStore  # noqa: PLC0415
-
-            PgStore(postgres_url, namespace)  # checks the URL; opens nothing
-        self.postgres_url = postgres_url
         self.keys = Keys(namespace, shards, buckets)
         self.max_payload_bytes = int_between("max_payload_bytes", max_payload_bytes, 1)
         seconds = finite_seconds_ms("call_timeout", call_timeout, minimum_ms=1) / 1000
+        self.postgres_url = postgres_url
+        self._pg_pool: SyncPgPool | None = None
+        if postgres_url is not None:
+            from tickwheel.durable.postgres import PgStore, SyncPgPool  # noqa: PLC0415
+
+            PgStore(postgres_url, namespace)  # checks the URL; opens nothing
+            self._pg_pool = SyncPgPool(postgres_url, seconds)
         self.store = SyncStore(client, self.keys, call_timeout=seconds)
         self._lock = threading.Lock()  # guards _opened
         self._opened = False
@@ -156,6 +161,8 @@ class SyncScheduler:
     def close(self) -> None:
         """Close the connections this scheduler opened (never the client given)."""
         self.store.close()
+        if self._pg_pool is not None:
+            self._pg_pool.close()
         if self._client is not None:
             self._client.close()
 
@@ -273,15 +280,14 @@ class SyncScheduler:
             )
         from tickwheel.durable.postgres import enqueue_sync  # noqa: PLC0415
 
-        assert self.postgres_url is not None
+        assert self._pg_pool is not None
         return enqueue_sync(
             conn,
-            self.postgres_url,
+            self._pg_pool,
             self.keys.namespace,
             specs,
             shard_of=self.keys.shard_of,
             limit=self.max_payload_bytes,
-            call_timeout=self.store.call_timeout,
         )
 
     def cancel(self, job_id: str) -> bool:
@@ -291,15 +297,11 @@ class SyncScheduler:
         check_job_id(job_id)
         self.open()
         shard = self.keys.shard_of(job_id)
-        if self.postgres_url is not None:
+        if self._pg_pool is not None:
             from tickwheel.durable.postgres import cancel_sync  # noqa: PLC0415
 
             found, state = cancel_sync(
-                self.postgres_url,
-                self.keys.namespace,
-                job_id,
-                lambda: self.store.cancel(shard, job_id),
-                call_timeout=self.store.call_timeout,
+                self._pg_pool, self.keys.namespace, job_id, lambda: self.store.cancel(shard, job_id)
             )
             return state is not None or found
         return self.store.cancel(shard, job_id) is not None
@@ -321,16 +323,15 @@ class SyncScheduler:
         mode, time_ms = when_args(delay, at)
         self.open()
         shard = self.keys.shard_of(job_id)
-        if self.postgres_url is not None:  # Redis moves it inside PostgreSQL's row lock
+        if self._pg_pool is not None:  # Redis moves it inside PostgreSQL's row lock
             from tickwheel.durable.postgres import reschedule_sync  # noqa: PLC0415
 
             return reschedule_sync(
-                self.postgres_url,
+                self._pg_pool,
                 self.keys.namespace,
                 job_id,
                 (mode, time_ms),
                 lambda: self.store.reschedule(shard, job_id, mode, time_ms),
-                call_timeout=self.store.call_timeout,
             )
         status, _ = self.store.reschedule(shard, job_id, mode, time_ms)
         return status == 1
