@@ -94,7 +94,7 @@ def test_runnable_examples_run(
     if block.kind == "postgres":
         monkeypatch.setenv("POSTGRES_URL", request.getfixturevalue("pg_url"))
     # Each block is a script of its own: a fresh namespace, as `python file.py` gets.
-    exec(compile(block.code, _id(block), "exec"), {"__name__": "__main__"})
+    exec(compile(block.code, _id(block), "exec", dont_inherit=True), {"__name__": "__main__"})
 
 
 def test_the_home_page_has_the_readmes_quick_start() -> None:

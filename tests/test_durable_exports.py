@@ -52,6 +52,7 @@ def test_all_is_pinned() -> None:
             "StreamPublisher",
             "SyncScheduler",
             "TaskContext",
+            "TaskHandle",
             "TaskRegistry",
             "Timers",
             "UndecodablePayload",

@@ -67,8 +67,10 @@ def test_readme_python_examples_run(
     assert len(blocks) == 2, "the README's python examples"
     monkeypatch.setenv("REDIS_URL", redis_url)
     for block in blocks:
-        exec(compile(block, "README.md", "exec"), {"__name__": "readme"})
+        # dont_inherit: not this module's `from __future__ import annotations`.
+        exec(compile(block, "README.md", "exec", dont_inherit=True), {"__name__": "readme"})
     # The durable example's due job ran; the 3-day one did not.
     out = capsys.readouterr().out
     assert "send_email {'to': 'ada@example.org'} 1" in out
     assert "charge_card" not in out
+    assert "payload.user must be int, got str '7'" in out

@@ -17,6 +17,7 @@ May import: ``tickwheel.durable.scheduler``, ``.postgres``, ``.store``, ``.model
 
 from __future__ import annotations
 
+from ._handles import TaskHandle
 from ._loader import (
     DEFAULT_LIMIT,
     DEFAULT_LOOKAHEAD,
@@ -53,6 +54,7 @@ __all__ = [
     "StreamEntry",
     "StreamPublisher",
     "TaskContext",
+    "TaskHandle",
     "TaskOptions",
     "TaskRegistry",
     "TaskTimeout",

@@ -269,6 +269,8 @@ class Producer:
                     " replace; schedule without conn, or without replace"
                 )
             return await self.pg.replace(self._side, specs)
+        if conn is not None:
+            conn = await self.pg.connection(conn)  # a bad one is refused before any write
         if not self._opened:
             # The namespace's shard count is checked before anything is written (a
             # mismatch raises); a Redis that is down does not stop the enqueue.
