@@ -314,6 +314,7 @@ class ClaimBatch:
     jobs: list[Job]  # leased jobs, in due order
     dropped: int  # one-shot jobs dropped because their occurrence was done
     moved: int = 0  # recurring jobs moved unrun by their missed-run policy
+    parked: int = 0  # due jobs of paused tasks set aside until a resume (not leased)
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +351,9 @@ class ShardInfo:
     owner: str  # the owner's token; "" when no one owns the shard
     owner_ttl_ms: int  # how long the owner's token lives without renewal; -2 when free
     epoch: int  # the shard's fencing epoch
+    # due jobs of paused tasks a claim set aside (counted in due, not in overdue)
+    parked: int = 0
+    paused: tuple[str, ...] = ()  # the shard's copy of the paused tasks ("" = all)
 
     @property
     def lag_ms(self) -> int:

@@ -237,7 +237,7 @@ class Store:
             self._scripts.claim,
             [
                 *(k.due, k.leased, k.done, k.epoch, k.clock, reply_key, forget_key),
-                *(k.dead, k.far, k.faro, *k.jobs),
+                *(k.dead, k.far, k.faro, k.paused, k.parked, k.parkedx, *k.jobs),
             ],
             [epoch, lookahead_ms, limit, lease_ms],
             shard,
@@ -252,7 +252,7 @@ class Store:
         jobs: list[Job] = []
         append = jobs.append
         new, init, duplicate, short = new_job, init_job, DUPLICATE, CLAIM_SHORT_ROW
-        i, end = 2, len(reply)
+        i, end = 3, len(reply)
         while i < end:
             (ident, due, deadline, tag, count, task, data, mx, flags, nominal, attempt) = reply[
                 i : i + 11
@@ -284,7 +284,13 @@ class Store:
                 tag >> 1,  # bucket
             )
             append(job)
-        return ClaimBatch(shard=shard, now_ms=int(reply[0]), jobs=jobs, dropped=int(reply[1]))
+        return ClaimBatch(
+            shard=shard,
+            now_ms=int(reply[0]),
+            jobs=jobs,
+            dropped=int(reply[1]),
+            parked=int(reply[2]),
+        )
 
     async def ack(
         self, shard: int, epoch: int, refs: Sequence[ClaimedRef], keep_done_ms: int
