@@ -46,6 +46,7 @@ from tickwheel.durable.store import (
 from ._console import Console
 from ._leases import DEFAULT_LEASE, MAX_BATCH, MAX_ERROR_CHARS, Leases
 from ._operator import Operator
+from ._pause import Pauses
 from ._producer import DEFAULT_GRACE_S, Producer, build_spec, recurrence
 from ._shard_owner import DEFAULT_OWNER_TTL, Ownership
 
@@ -378,6 +379,17 @@ class Scheduler:
     purge_dead = _forward("operator", Operator.purge_dead)
     requeue_all_dead = _forward("operator", Operator.requeue_all_dead)
     purge_all_dead = _forward("operator", Operator.purge_all_dead)
+
+    # -- pause and resume: delegated to self.pauses (Pauses) ----------------------------
+
+    @functools.cached_property
+    def pauses(self) -> Pauses:
+        """Pause, resume and the pause state, each after :meth:`open`."""
+        return Pauses(self.store, self.open)
+
+    pause = _forward("pauses", Pauses.pause)
+    resume = _forward("pauses", Pauses.resume)
+    paused = _forward("pauses", Pauses.paused)
 
     def stats(self) -> SchedulerStats:
         """A snapshot of this scheduler's counters: claims, acks, retries, dead letters,

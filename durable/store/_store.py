@@ -60,6 +60,7 @@ from ._fencing import FencingCalls
 from ._keys import Keys
 from ._msgpack import pack_ack_batch, unpack_reply
 from ._operator_calls import OperatorCalls
+from ._pauses import PauseCalls
 from ._scripts import Scripts
 from ._transport import DEFAULT_CALL_TIMEOUT, Transport
 
@@ -84,7 +85,7 @@ class Store:
             ``call_timeout`` is not positive.
     """
 
-    __slots__ = ("_fencing", "_operator", "_scripts", "keys", "transport")
+    __slots__ = ("_fencing", "_operator", "_scripts", "keys", "pauses", "transport")
 
     def __init__(
         self,
@@ -107,6 +108,7 @@ class Store:
         # The ownership and operator calls, which the methods at the end hand on to.
         self._fencing = FencingCalls(self.transport, self._scripts, keys)  # _fencing.py
         self._operator = OperatorCalls(self.transport, self._scripts, keys)  # _operator_calls.py
+        self.pauses = PauseCalls(self.transport, self._scripts, keys)  # _pauses.py
 
     @property
     def client(self) -> Client:

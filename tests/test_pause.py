@@ -1,0 +1,153 @@
+"""Pause and resume (issue 34): a paused task's due jobs are parked once by the claim
+that meets them, nothing is lost, the others flow, and resume runs them once in due
+order. On a real redis-server (single and cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from tests.durable_support import check_all, client_of, open_scheduler, run
+from tests.spill_support import running_worker, until
+from tickwheel.durable import CancelResult, JobSpec, JobState, TaskContext, TaskRegistry
+
+pytestmark = pytest.mark.redis
+
+FAST = {"lease": 5.0, "lookahead": 0.1, "poll_interval": 0.05, "reap_interval": 0.2}
+
+
+def _counting_registry(calls: Counter[str], order: list[str]) -> TaskRegistry:
+    reg = TaskRegistry()
+
+    async def handler(ctx: TaskContext) -> None:
+        calls[ctx.job_id] += 1
+        order.append(ctx.job_id)
+
+    reg.register(handler, name="paused")
+    reg.register(handler, name="other")
+    return reg
+
+
+@pytest.mark.parametrize(
+    ("task", "error"),
+    [("", ValueError), ("a\0b", ValueError), ("x" * 129, ValueError), (5, TypeError)],
+)
+def test_bad_task_names_are_refused_and_nothing_is_written(
+    redis_url: str, task: object, error: type[Exception]
+) -> None:
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=2) as s:
+            with pytest.raises(error, match="task"):
+                await s.pause(task)  # type: ignore[arg-type]
+            with pytest.raises(error, match="task"):
+                await s.resume(task)  # type: ignore[arg-type]
+            assert await s.paused() == {}
+            assert not await client_of(s).exists(s.keys.paused, s.keys.shard(0).paused)
+
+    run(main())
+
+
+def test_pause_parks_once_and_parked_jobs_stay_scheduled(redis_url: str) -> None:
+    """A claim parks a paused task's due jobs (out of due) and leases the others; the
+    next claims do not see them. A parked job is found, cancelled and rescheduled."""
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            await s.pause("paused")
+            assert list(await s.paused()) == ["paused"]  # a task no worker registers yet
+            await s.schedule_many(
+                [JobSpec(f"p{i}", "paused") for i in range(50)]
+                + [JobSpec(f"o{i}", "other") for i in range(10)]
+            )
+            await s.take(0)
+            batch = await s.claim(0, limit=100)
+            assert sorted(j.task for j in batch.jobs) == ["other"] * 10
+            assert batch.parked == 50
+            k = s.keys.shard(0)
+            client = client_of(s)
+            assert await client.zcard(k.due) == 0 and await client.zcard(k.parked) == 50
+            again = await s.claim(0, limit=100)
+            assert (again.jobs, again.parked) == ([], 0)  # not read again
+            states = await check_all(s)
+            assert states["p3"] is JobState.DUE
+            info = await s.get("p3")
+            assert info is not None and info.state is JobState.DUE and info.task == "paused"
+            assert await s.cancel_job("p3") is CancelResult.REMOVED
+            assert await s.get("p3") is None
+            assert await s.reschedule("p4", delay=3600)
+            (shard,) = await s.inspect()
+            assert (shard.parked, shard.paused) == (48, ("paused",))
+            assert shard.due == 49 and shard.overdue == 0  # parked: not claimable
+            page = await s.operator.store.due_list(0, 0, 100)
+            assert page.total == 49 and len(page.jobs) == 49
+            await check_all(s)
+            assert await s.resume("paused") == 48
+            assert await s.paused() == {}
+            batch = await s.claim(0, limit=100)
+            assert len(batch.jobs) == 48 and batch.parked == 0
+            await check_all(s)
+
+    run(main())
+
+
+def test_paused_jobs_wait_others_flow_and_resume_runs_each_once(redis_url: str) -> None:
+    async def main() -> None:
+        calls: Counter[str] = Counter()
+        order: list[str] = []
+        reg = _counting_registry(calls, order)
+        async with open_scheduler(redis_url, shards=4) as s:
+            await s.pause("paused")
+            now = await s.now()
+            # Due in the past, each 1 ms apart: resume must run them in this order.
+            await s.schedule_many(JobSpec(f"p{i:04d}", "paused", at=now - 5000 + i) for i in range(2000))
+            await s.schedule_many(JobSpec(f"o{i}", "other") for i in range(300))
+            async with running_worker(s, reg, **FAST):
+                assert await until(lambda: len(calls) >= 300, 30)
+                await asyncio.sleep(0.5)
+                assert set(calls) == {f"o{i}" for i in range(300)}  # the others all ran
+                infos = [await s.get(f"p{i:04d}") for i in (0, 999, 1999)]
+                assert all(i is not None and i.state is JobState.DUE for i in infos)
+                order.clear()
+                moved = await s.resume("paused")
+                assert moved == 2000
+                assert await until(lambda: len(calls) >= 2300, 30)
+                await asyncio.sleep(0.3)
+            assert all(n == 1 for n in calls.values()) and len(calls) == 2300
+            # In due order within each shard (shards are claimed side by side).
+            for shard in range(4):
+                mine = [j for j in order if s.keys.shard_of(j) == shard]
+                assert mine == sorted(mine), shard
+            await check_all(s)
+
+    run(main())
+
+
+def test_namespace_pause_holds_everything_and_task_pauses_outlive_it(redis_url: str) -> None:
+    async def main() -> None:
+        calls: Counter[str] = Counter()
+        reg = _counting_registry(calls, [])
+        async with open_scheduler(redis_url, shards=2) as s:
+            await s.pause()
+            await s.pause("paused")
+            assert set(await s.paused()) == {None, "paused"}
+            await s.schedule_many(
+                [JobSpec(f"p{i}", "paused") for i in range(20)]
+                + [JobSpec(f"o{i}", "other") for i in range(20)]
+            )
+            async with running_worker(s, reg, **FAST):
+                await asyncio.sleep(1.0)
+                assert not calls
+                # Resuming a task moves nothing while the namespace stays paused.
+                assert await s.resume("other") == 0
+                assert await s.resume() == 20  # the others; "paused" stays paused
+                assert await until(lambda: len(calls) == 20, 20)
+                assert set(calls) == {f"o{i}" for i in range(20)}
+                assert list(await s.paused()) == ["paused"]
+                assert await s.resume("paused") == 20
+                assert await until(lambda: len(calls) == 40, 20)
+            assert all(n == 1 for n in calls.values())
+            await check_all(s)
+
+    run(main())
