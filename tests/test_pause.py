@@ -101,7 +101,9 @@ def test_paused_jobs_wait_others_flow_and_resume_runs_each_once(redis_url: str) 
             await s.pause("paused")
             now = await s.now()
             # Due in the past, each 1 ms apart: resume must run them in this order.
-            await s.schedule_many(JobSpec(f"p{i:04d}", "paused", at=now - 5000 + i) for i in range(2000))
+            await s.schedule_many(
+                JobSpec(f"p{i:04d}", "paused", at=now - 5000 + i) for i in range(2000)
+            )
             await s.schedule_many(JobSpec(f"o{i}", "other") for i in range(300))
             async with running_worker(s, reg, **FAST):
                 assert await until(lambda: len(calls) >= 300, 30)

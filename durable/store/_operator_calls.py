@@ -57,9 +57,7 @@ class OperatorCalls:
         jobs = self.keys.jobs_key(shard, job_id)
         reply, now = await self.transport.pipelined(
             [
-                Call(
-                    self._scripts.get, [k.due, k.leased, k.dead, jobs, k.parked], [job_id], shard
-                ),
+                Call(self._scripts.get, [k.due, k.leased, k.dead, jobs, k.parked], [job_id], shard),
                 Call(self._scripts.now, [k.clock], [], shard),
             ],
             wait=False,

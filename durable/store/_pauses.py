@@ -32,9 +32,7 @@ RESUME_BATCH = 1000
 
 def _state(reply: Sequence[Any]) -> dict[str, int]:
     """HGETALL's flat reply as {task: since_ms}."""
-    return {
-        reply[i].decode(errors="replace"): int(reply[i + 1]) for i in range(0, len(reply), 2)
-    }
+    return {reply[i].decode(errors="replace"): int(reply[i + 1]) for i in range(0, len(reply), 2)}
 
 
 class PauseCalls:

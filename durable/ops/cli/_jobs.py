@@ -43,6 +43,7 @@ from ._common import (
     terminal,
     with_scheduler,
 )
+from ._pause import paused_rows
 
 
 def _schedule(args: argparse.Namespace) -> int:
@@ -112,8 +113,9 @@ def _inspect(args: argparse.Namespace) -> int:
         rows = await scheduler.inspect()
         totals = {
             name: sum(getattr(r, name) for r in rows)
-            for name in ("due", "overdue", "leased", "expired", "dead")
+            for name in ("due", "overdue", "leased", "expired", "dead", "parked")
         }
+        paused = paused_rows(await scheduler.paused())
         lags = [r.lag_ms for r in rows if r.overdue]
         totals["max_lag_ms"] = max(lags, default=0)
         totals["owned"] = sum(1 for r in rows if r.owner)
@@ -122,8 +124,19 @@ def _inspect(args: argparse.Namespace) -> int:
             "created": True,
             "shards": [r.as_dict() for r in rows],
             **totals,
+            "paused": paused,
         }
-        emit(args, data, lambda: _inspect_text(args.namespace, rows, totals))
+
+        def text() -> str:
+            lines = [_inspect_text(args.namespace, rows, totals)]
+            for row in paused:
+                what = f"task {row['task']!r}" if row["task"] else "the whole namespace"
+                lines.append(f"  paused: {what} since {row['since']}")
+            if totals["parked"]:
+                lines.append(f"  {totals['parked']} due jobs of paused tasks wait for a resume")
+            return "\n".join(lines)
+
+        emit(args, data, text)
         return EXIT_OK
 
     return run(args, lambda: with_scheduler(args, body, absent=lambda: not_created(args, {})))
