@@ -9,9 +9,17 @@ from collections import Counter
 
 import pytest
 
-from tests.durable_support import check_all, client_of, open_scheduler, run
+from tests.durable_support import check_all, client_of, open_scheduler, run, unique_ns
 from tests.spill_support import running_worker, until
-from tickwheel.durable import CancelResult, JobSpec, JobState, TaskContext, TaskRegistry
+from tickwheel.durable import (
+    CancelResult,
+    JobSpec,
+    JobState,
+    SyncScheduler,
+    TaskContext,
+    TaskRegistry,
+)
+from tickwheel.durable.servers import RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -153,3 +161,30 @@ def test_namespace_pause_holds_everything_and_task_pauses_outlive_it(redis_url: 
             await check_all(s)
 
     run(main())
+
+
+def test_sync_scheduler_pauses_and_resumes_like_the_async_one(redis_server: RedisServer) -> None:
+    url = redis_server.url
+    sync = SyncScheduler.from_url(url, unique_ns(), shards=2)
+    try:
+        with pytest.raises(ValueError, match="task"):
+            sync.pause("")
+        sync.pause("paused")
+        sync.pause()
+        assert set(sync.paused()) == {None, "paused"}
+        sync.schedule("a", "paused")
+
+        async def park() -> None:
+            async with open_scheduler(url, sync.keys.namespace, shards=2) as s:
+                shard = s.keys.shard_of("a")
+                await s.take(shard)
+                assert (await s.claim(shard)).parked == 1
+
+        run(park())
+        info = sync.get("a")
+        assert info is not None and info.state is JobState.DUE
+        assert sync.resume() == 0  # "paused" stays paused on its own
+        assert sync.resume("paused") == 1
+        assert sync.paused() == {}
+    finally:
+        sync.close()

@@ -26,10 +26,10 @@ from collections.abc import Awaitable, Callable
 from tickwheel.durable.model import check_task_name
 from tickwheel.durable.store import Store
 
-__all__ = ["Pauses"]
+__all__ = ["Pauses", "pause_field"]
 
 
-def _field(task: str | None) -> str:
+def pause_field(task: str | None) -> str:
     """The state's field of ``task``: ``""`` for the whole namespace (None).
 
     Raises:
@@ -65,7 +65,7 @@ class Pauses:
 
         Runtime complexity: O(shards), one round trip per node.
         """
-        field = _field(task)
+        field = pause_field(task)
         await self._open()
         await self.store.pauses.pause(field, int(time.time() * 1000))
 
@@ -84,7 +84,7 @@ class Pauses:
         Runtime complexity: O(parked jobs released), in batches of ``RESUME_BATCH``
         per shard and round trip.
         """
-        field = _field(task)
+        field = pause_field(task)
         await self._open()
         return await self.store.pauses.resume(field)
 

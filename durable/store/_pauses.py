@@ -23,16 +23,31 @@ from ._keys import Keys
 from ._scripts import Scripts
 from ._transport import Call, Transport
 
-__all__ = ["RESUME_BATCH", "PauseCalls"]
+__all__ = ["RESUME_BATCH", "PauseCalls", "pause_state_call", "paused_state", "shard_pause_call"]
 
 # Parked jobs moved back into due per script call of a resume (per shard): bounds how
 # long one call holds Redis (about a millisecond a thousand jobs).
 RESUME_BATCH = 1000
 
 
-def _state(reply: Sequence[Any]) -> dict[str, int]:
-    """HGETALL's flat reply as {task: since_ms}."""
+def paused_state(reply: Sequence[Any]) -> dict[str, int]:
+    """pause_state.lua's reply (HGETALL's, flat) as {task: since_ms}."""
     return {reply[i].decode(errors="replace"): int(reply[i + 1]) for i in range(0, len(reply), 2)}
+
+
+def pause_state_call(
+    keys: Keys, op: int, task: str = "", since_ms: int = 0
+) -> tuple[list[str], list[Any]]:
+    """pause_state.lua: op 1 pause, 0 resume, 2 read (of the state of record)."""
+    return [keys.paused], [op, task, since_ms]
+
+
+def shard_pause_call(
+    keys: Keys, shard: int, op: int, task: str, *, since_ms: int = 0, limit: int = 0
+) -> tuple[list[str], list[Any]]:
+    """pause.lua on ``shard``: op 1 pause, 0 resume (moving at most ``limit`` back)."""
+    k = keys.shard(shard)
+    return [k.paused, k.parked, k.parkedx, k.due], [op, task, since_ms, limit]
 
 
 class PauseCalls:
@@ -53,19 +68,21 @@ class PauseCalls:
 
     async def state(self) -> dict[str, int]:
         """The state of record: task (``""``: the whole namespace) -> since (ms)."""
-        reply = await self.transport.run(self._scripts.pause_state, [self.keys.paused], [2], -1)
-        return _state(reply)
+        keys, args = pause_state_call(self.keys, 2)
+        return paused_state(await self.transport.run(self._scripts.pause_state, keys, args, -1))
 
     async def pause(self, task: str, since_ms: int) -> dict[str, int]:
         """Record the pause of ``task`` (``""``: all), then write every shard's copy.
         Returns the state of record after it."""
-        reply = await self.transport.run(
-            self._scripts.pause_state, [self.keys.paused], [1, task, since_ms], -1
-        )
-        state = _state(reply)
+        keys, args = pause_state_call(self.keys, 1, task, since_ms)
+        state = paused_state(await self.transport.run(self._scripts.pause_state, keys, args, -1))
         since = state.get(task, since_ms)
         calls = [
-            Call(self._scripts.pause, self._shard_keys(shard), [1, task, since, 0], shard)
+            Call(
+                self._scripts.pause,
+                *shard_pause_call(self.keys, shard, 1, task, since_ms=since),
+                shard,
+            )
             for shard in range(self.keys.shards)
         ]
         await self.transport.pipelined(calls, wait=False)
@@ -79,15 +96,16 @@ class PauseCalls:
         todo = list(range(self.keys.shards))
         while todo:
             calls = [
-                Call(self._scripts.pause, self._shard_keys(shard), [0, task, 0, limit], shard)
+                Call(
+                    self._scripts.pause,
+                    *shard_pause_call(self.keys, shard, 0, task, limit=limit),
+                    shard,
+                )
                 for shard in todo
             ]
             replies = await self.transport.pipelined(calls, wait=False)
             moved += sum(int(r) for r in replies)
             todo = [shard for shard, r in zip(todo, replies, strict=True) if int(r) >= limit]
-        await self.transport.run(self._scripts.pause_state, [self.keys.paused], [0, task], -1)
+        keys, args = pause_state_call(self.keys, 0, task)
+        await self.transport.run(self._scripts.pause_state, keys, args, -1)
         return moved
-
-    def _shard_keys(self, shard: int) -> list[str]:
-        k = self.keys.shard(shard)
-        return [k.paused, k.parked, k.parkedx, k.due]
