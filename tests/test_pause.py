@@ -188,3 +188,40 @@ def test_sync_scheduler_pauses_and_resumes_like_the_async_one(redis_server: Redi
         assert sync.paused() == {}
     finally:
         sync.close()
+
+
+def test_dashboard_pause_and_resume_are_guarded_writes(redis_url: str) -> None:
+    from tests.dashboard_support import BASE, api_client, bearer, login
+
+    ns = unique_ns()
+
+    async def make() -> None:
+        async with open_scheduler(redis_url, ns, shards=2) as s:
+            await s.schedule("d1", "t", delay=60)
+
+    run(make())
+    with api_client(redis_url, ns) as client:
+        r = client.post("/api/pause", json={"task": "t"})
+        assert r.status_code == 401  # no token: nothing written
+        assert client.get("/api/overview").json()["paused"] == []
+        r = client.post("/api/pause", json={"task": "a\0b"}, headers=bearer())
+        assert r.status_code == 400 and "task" in r.json()["error"]
+        r = client.post("/api/pause", json={"task": "t"}, headers=bearer())
+        assert r.status_code == 200 and "paused task 't'" in r.json()["message"]
+        r = client.post("/api/pause", json={}, headers=bearer())  # the whole namespace
+        assert r.status_code == 200
+        rows = client.get("/api/overview").json()["paused"]
+        assert [row["task"] for row in rows] == [None, "t"]
+        csrf = login(client)
+        page = client.get("/").text
+        assert 'data-paused="t"' in page and 'id="pause-form"' in page
+        r = client.post("/resume", data={"task": "t"}, headers={"Origin": BASE})
+        assert r.status_code == 403  # no CSRF token
+        r = client.post("/resume", data={"task": "t", "csrf": csrf}, headers={"Origin": BASE})
+        assert r.status_code == 200 and "resumed task" in r.text
+        r = client.post("/resume", data={"task": "", "csrf": csrf}, headers={"Origin": BASE})
+        assert r.status_code == 200
+        assert client.get("/api/overview").json()["paused"] == []
+    with api_client(redis_url, ns, read_only=True) as client:
+        r = client.post("/api/pause", json={"task": "t"}, headers=bearer())
+        assert r.status_code == 403 and "read-only" in r.json()["error"]
