@@ -225,3 +225,47 @@ def test_dashboard_pause_and_resume_are_guarded_writes(redis_url: str) -> None:
     with api_client(redis_url, ns, read_only=True) as client:
         r = client.post("/api/pause", json={"task": "t"}, headers=bearer())
         assert r.status_code == 403 and "read-only" in r.json()["error"]
+
+
+def test_kill_9_of_a_worker_while_paused_loses_nothing(redis_url: str) -> None:
+    """A worker process parks the paused task's jobs, is killed by SIGKILL; nothing is
+    lost, and after the resume another worker runs each job once."""
+    from tests.spill_support import WorkerProcess, sink_report, wait_effects
+
+    async def main() -> None:
+        ns = unique_ns()
+        prefix = f"sink:{ns}"
+        opts = ("--shards", "2", "--lease", "3", "--poll-interval", "0.05")
+        async with open_scheduler(redis_url, ns, shards=2) as s:
+            await s.pause("sink")
+            ids = [f"k{i}" for i in range(300)]
+            await s.schedule_many(JobSpec(i, "sink", {"sink": prefix}) for i in ids)
+            first = WorkerProcess(redis_url, ns, *opts)
+            try:
+                first.wait_started()
+
+                async def parked() -> int:
+                    return sum(r.parked for r in await s.inspect())
+
+                for _ in range(200):
+                    if await parked() == 300:
+                        break
+                    await asyncio.sleep(0.05)
+                assert await parked() == 300
+            finally:
+                first.kill()
+            states = await check_all(s)
+            assert all(states[i] is JobState.DUE for i in ids) and len(states) == 300
+            client = client_of(s)
+            assert await client.scard(f"{prefix}:effects") == 0
+            assert await s.resume("sink") == 300
+            second = WorkerProcess(redis_url, ns, *opts)
+            try:
+                second.wait_started()
+                assert await wait_effects(client, prefix, 300, 30) == 300
+                report = await sink_report(client, prefix, ids)
+                assert all(n == 1 for n in report["calls"].values())
+            finally:
+                second.stop()
+
+    run(main())
