@@ -9,12 +9,13 @@ from collections import Counter
 
 import pytest
 
-from tests.durable_support import check_all, client_of, open_scheduler, run, unique_ns
+from tests.durable_support import check_all, client_of, open_scheduler, push_clock, run, unique_ns
 from tests.spill_support import running_worker, until
 from tickwheel.durable import (
     CancelResult,
     JobSpec,
     JobState,
+    MissedRun,
     SyncScheduler,
     TaskContext,
     TaskRegistry,
@@ -270,5 +271,47 @@ def test_kill_9_of_a_worker_while_paused_loses_nothing(redis_server: RedisServer
                 assert all(n == 1 for n in report["calls"].values())
             finally:
                 second.stop()
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    ("missed", "expected_runs"),
+    [(MissedRun.ONCE, [0]), (MissedRun.ALL, list(range(11))), (MissedRun.SKIP, [])],
+)
+def test_a_recurring_series_treats_a_pause_as_a_downtime(
+    redis_url: str, missed: MissedRun, expected_runs: list[int]
+) -> None:
+    """Minutely, grace 1 s, paused over its first ten minutes and more (the shard's
+    clock pushed forward): after the resume, its missed-run policy decides, as after
+    a downtime (test_durable_recurring's)."""
+    minute = 60_000
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            await s.take(0)
+            await s.pause("t")
+            start = await s.now(0) + 1
+            await s.schedule("m", "t", at=start, every=60, missed=missed, misfire_grace=1)
+            await push_clock(s, 0, 1_000)
+            batch = await s.claim(0, limit=10)
+            assert (batch.jobs, batch.parked) == ([], 1)
+            await client_of(s).set(s.keys.shard(0).clock, start + 10 * minute + 30_000)
+            assert (await s.claim(0, limit=10)).jobs == []  # still paused: nothing
+            assert await s.resume("t") == 1
+            runs: list[int] = []
+            for _ in range(20):
+                batch = await s.claim(0, limit=1000)
+                for job in batch.jobs:
+                    await s.ack(job)
+                runs += [(j.nominal_ms - start) // minute for j in batch.jobs]
+                info = await s.get("m")
+                assert info is not None and info.state is JobState.DUE
+                if not batch.jobs and info.when_ms > await s.now(0):
+                    break
+            assert runs == expected_runs
+            info = await s.get("m")
+            assert info is not None and info.when_ms == start + 11 * minute
+            assert await check_all(s) == {"m": JobState.DUE}
 
     run(main())
