@@ -143,7 +143,7 @@ def _check(args: argparse.Namespace) -> int:
             keys = Keys(args.namespace, args.shards, DEFAULT_BUCKETS)
             layout, unreadable = await _layout(client, args.namespace)
             # The pause state of record (one HGETALL): task ("" = all) -> since (ms).
-            paused = await client.hgetall(keys.paused) if layout else {}
+            paused: dict[Any, Any] = await client.hgetall(keys.paused) if layout else {}
         finally:
             await client.aclose()
         data: dict[str, Any] = {
@@ -160,7 +160,7 @@ def _check(args: argparse.Namespace) -> int:
             "namespace": args.namespace,
             "namespace_shards": layout[0] if layout else None,
             "paused": [
-                {"task": t.decode(errors="replace") or None, "since_ms": int(v)}
+                {"task": bytes(t).decode(errors="replace") or None, "since_ms": int(v)}
                 for t, v in sorted(paused.items())
             ],
             "ok": report.ok,
