@@ -5,6 +5,7 @@ order. On a real redis-server (single and cluster)."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import Counter
 
 import pytest
@@ -315,3 +316,27 @@ def test_a_recurring_series_treats_a_pause_as_a_downtime(
             assert await check_all(s) == {"m": JobState.DUE}
 
     run(main())
+
+
+def test_cli_pause_resume_inspect_and_check(redis_server: RedisServer) -> None:
+    from tests.test_cli import cli, cli_json, opts
+
+    ns = unique_ns()
+    o = opts(redis_server.url, ns, shards=2)
+    bad = cli("pause", "--task", "", *o, "--json")
+    assert bad.returncode == 2 and "--task" in json.loads(bad.stdout)["error"]
+    assert cli_json("resume", "--task", "t", *o, code=1)["created"] is False
+    doc = cli_json("pause", "--task", "t", *o)
+    assert [row["task"] for row in doc["paused"]] == ["t"]
+    cli_json("schedule", "j1", "t", *o)
+    insp = cli_json("inspect", *o)
+    assert insp["paused"][0]["task"] == "t" and insp["parked"] == 0
+    assert all(shard["paused"] == ["t"] for shard in insp["shards"])
+    chk = cli_json(
+        "check", "--redis-url", redis_server.url, "--namespace", ns, "--shards", "2", code=1
+    )
+    assert [row["task"] for row in chk["paused"]] == ["t"]  # (exit 1: no AOF on this server)
+    text = cli("inspect", *o).stdout
+    assert "paused: task 't'" in text
+    doc = cli_json("resume", "--task", "t", *o)
+    assert doc["moved"] == 0 and doc["paused"] == []
