@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from collections import Counter
 
 import pytest
@@ -340,3 +341,67 @@ def test_cli_pause_resume_inspect_and_check(redis_server: RedisServer) -> None:
     assert "paused: task 't'" in text
     doc = cli_json("resume", "--task", "t", *o)
     assert doc["moved"] == 0 and doc["paused"] == []
+
+
+def test_a_sigstopped_worker_resumed_after_its_shard_moved_cannot_ack_or_extend(
+    redis_server: RedisServer,
+) -> None:
+    """Fencing (issue 34): a worker stopped (SIGSTOP) while running a job, past its
+    owner TTL and its lease, whose shard another owner took and whose job it claimed
+    again. Resumed, the stale worker's extend and ack are refused: the new owner's lease
+    stands, the record is the new owner's, and nothing the stale worker did removes
+    or settles it; a cancel then goes to the new owner's lease."""
+    from tests.spill_support import WorkerProcess
+
+    url = redis_server.url
+
+    async def main() -> None:
+        async with open_scheduler(url, shards=1, owner_ttl=1.0) as s:
+            ns = s.keys.namespace
+            prefix = f"fence:{ns}"
+            client = client_of(s)
+            opts = ("--shards", "1", "--owner-ttl", "1", "--lease", "2")
+            stale = WorkerProcess(url, ns, *opts, registry="fencing_support:registry")
+            try:
+                stale.wait_started()
+                await s.schedule("j", "slow", {"sink": prefix, "sleep": 6.0})
+                for _ in range(200):
+                    if await client.llen(f"{prefix}:started"):
+                        break
+                    await asyncio.sleep(0.05)
+                assert await client.lrange(f"{prefix}:started", 0, -1) == [b"j"]
+                stale.signal(signal.SIGSTOP)
+                try:
+                    await asyncio.sleep(1.5)  # past its owner TTL (1 s)
+                    assert await s.take(0) is not None  # the shard moved here
+                    for _ in range(50):  # and its lease (2 s, perhaps extended once)
+                        reaped = await s.reap(0)
+                        if reaped.requeued:
+                            break
+                        await asyncio.sleep(0.1)
+                    assert reaped.requeued == ["j"]
+                    batch = await s.claim(0)
+                    (job,) = batch.jobs
+                    assert job.attempt == 2
+                    k = s.keys.shard(0)
+                    deadline = await client.zscore(k.leased, "j")
+                finally:
+                    stale.signal(signal.SIGCONT)
+                # Its extends come (at half its 2 s lease) and its handler ends (6 s in).
+                for _ in range(200):
+                    if await client.llen(f"{prefix}:finished"):
+                        break
+                    await asyncio.sleep(0.05)
+                assert await client.llen(f"{prefix}:finished") == 1
+                await asyncio.sleep(0.5)  # its ack (refused) has been sent
+                assert await client.zscore(k.leased, "j") == deadline  # not extended
+                info = await s.get("j")
+                assert info is not None and info.state is JobState.LEASED
+                assert (info.attempt, info.epoch) == (2, job.epoch)  # not acked
+                assert await s.cancel_job("j") is CancelResult.STOPPED
+                assert await s.get("j") is None
+            finally:
+                code, stats, err = stale.stop()
+            assert stats is not None and stats["fenced"] > 0, (code, stats, err)
+
+    run(main())
