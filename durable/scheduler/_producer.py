@@ -106,6 +106,7 @@ def build_spec(
     missed: MissedRun | str = MissedRun.ONCE,
     max_catch_up: int = DEFAULT_MAX_CATCH_UP,
     misfire_grace: float | timedelta = DEFAULT_GRACE_S,
+    timeout: float | timedelta | None = None,
 ) -> JobSpec:
     """The :class:`JobSpec` of ``schedule()``'s keyword arguments (every producer's:
     ``Scheduler.schedule`` and ``SyncScheduler.schedule`` build theirs here).
@@ -121,7 +122,7 @@ def build_spec(
         max_catch_up=max_catch_up,
         misfire_grace=misfire_grace,
     )
-    return JobSpec(job_id, task, payload, delay, at, max_attempts, rec)
+    return JobSpec(job_id, task, payload, delay, at, max_attempts, rec, timeout)
 
 
 def first_run_needs_now(spec: JobSpec) -> bool:

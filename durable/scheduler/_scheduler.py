@@ -266,6 +266,7 @@ class Scheduler:
         missed: MissedRun | str = MissedRun.ONCE,
         max_catch_up: int = DEFAULT_MAX_CATCH_UP,
         misfire_grace: float | timedelta = DEFAULT_GRACE_S,
+        timeout: float | timedelta | None = None,  # noqa: ASYNC109 (the job's, not the call's)
         conn: Any = None,
     ) -> ScheduleResult:
         """Schedule one job by id. One script call.
@@ -289,6 +290,10 @@ class Scheduler:
             missed: missed-run policy of a recurring job: once, all or skip.
             max_catch_up: at most this many missed runs under ``all``.
             misfire_grace: seconds late before an occurrence counts as missed.
+            timeout: seconds this job's handler may run before it is stopped (the
+                attempt fails with reason timeout), before its task's ``timeout`` and
+                the worker's ``default_timeout``; None: theirs. Not in the Postgres
+                mode yet (a ValueError).
             conn: Postgres mode only: the application's open asyncpg connection. The
                 job is written in its current transaction and exists iff that commits;
                 the relay indexes it in Redis after the commit.
@@ -316,6 +321,7 @@ class Scheduler:
             missed=missed,
             max_catch_up=max_catch_up,
             misfire_grace=misfire_grace,
+            timeout=timeout,
         )
         return await self.producer.schedule(spec, replace, conn)
 

@@ -185,6 +185,7 @@ class SyncScheduler:
         missed: MissedRun | str = MissedRun.ONCE,
         max_catch_up: int = DEFAULT_MAX_CATCH_UP,
         misfire_grace: float | timedelta = DEFAULT_GRACE_S,
+        timeout: float | timedelta | None = None,
         conn: Any = None,
     ) -> ScheduleResult:
         """Schedule one job by id: :meth:`Scheduler.schedule`, blocking. ``conn`` is
@@ -207,6 +208,7 @@ class SyncScheduler:
             missed=missed,
             max_catch_up=max_catch_up,
             misfire_grace=misfire_grace,
+            timeout=timeout,
         )
         _no_conn(conn)
         encoded = encode_job(spec, self.max_payload_bytes)

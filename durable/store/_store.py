@@ -260,11 +260,12 @@ class Store:
                 i : i + 11
             ]
             if count == short:
-                ep, recurrence, error = epoch, None, ""
-            else:  # all 13: a recurring job, or one with an error
+                ep, recurrence, error, limit = epoch, None, "", 0
+            else:  # all 14: a recurring job, one with an error or a timeout of its own
                 ep, kind = reply[i + 11], reply[i + 12]
                 recurrence = recurrence_of(kind, *reply[i + 13 : i + 17]) if kind else None
                 error = reply[i + 17].decode(errors="replace")
+                limit = reply[i + 18]
             i += 5 + count
             job = new(Job)
             init(
@@ -284,6 +285,7 @@ class Store:
                 duplicate[tag & 1],  # duplicate
                 error,  # last_error
                 tag >> 1,  # bucket
+                limit,  # timeout_ms
             )
             append(job)
         return ClaimBatch(

@@ -71,6 +71,7 @@ def _schedule(args: argparse.Namespace) -> int:
             cron=args.cron,
             tz=args.tz,
             missed=args.missed,
+            timeout=args.timeout,
         )
         data = {
             "id": result.id,
@@ -279,6 +280,11 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
     )
     sched.add_argument("--replace", action="store_true", help="overwrite a due or dead job")
     sched.add_argument("--max-attempts", type=positive_int, default=DEFAULT_MAX_ATTEMPTS)
+    sched.add_argument(
+        "--timeout",
+        type=positive_float,
+        help="seconds its handler may run (before the task's and the worker's timeout)",
+    )
     sched.set_defaults(func=_schedule)
 
     cancel = add("cancel", "remove a job in any state", parents=[common])
