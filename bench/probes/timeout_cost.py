@@ -7,8 +7,9 @@ On one private redis-server: each round schedules ``--jobs`` due jobs (4 shards)
 runs them through a :class:`Worker` on a no-op ``async def`` task, registered without a
 timeout and with ``timeout=30`` (a wheel timer per job, cancelled when the handler
 returns), and the jobs scheduled with their own ``schedule(..., timeout=30)`` (the
-task without one: a longer record and claim row per job, then the same timer). ``--baseline`` adds a row of the same run without a timeout on another
-checkout's ``durable/`` (``git archive <commit> durable | tar -x -C /tmp/old``, then
+task without one: a longer record and claim row per job, then the same timer).
+``--baseline`` adds a row of the same run without a timeout on another checkout's
+``durable/`` (``git archive <commit> durable | tar -x -C /tmp/old``, then
 ``/tmp/old/durable``): the cost of the new code on a job without a timeout. Every row of
 every round runs in a fresh process, the rows in a rotating order (so a load spike of
 the shared machine hits them all alike). Each row's figure is the median of its rounds'
