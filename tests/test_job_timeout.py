@@ -123,3 +123,23 @@ def test_cli_schedule_takes_timeout(redis_server: RedisServer) -> None:
     assert cli("schedule", "j", "t", "--timeout", "-1", *o).returncode == 2
     assert cli("schedule", "j", "t", "--timeout", "nan", *o).returncode == 2
     assert cli_json("schedule", "j", "t", "--timeout", "2.5", *o)["status"] == "created"
+
+
+def test_the_postgres_mode_refuses_a_job_timeout_and_writes_nothing(
+    redis_server: RedisServer, pg_url: str
+) -> None:
+    from tests.durable_support import snapshot
+    from tests.pg_support import migrated, pg_scheduler, table_counts
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(redis_server.url, pg_url, shards=1) as s:
+            await s.open()
+            before, rows = await snapshot(s), await table_counts(pg_url)
+            with pytest.raises(ValueError, match="timeout"):
+                await s.schedule("a", "t", timeout=5)
+            with pytest.raises(ValueError, match="timeout"):
+                await s.schedule_many([JobSpec("b", "t", timeout=5)])
+            assert await snapshot(s) == before and await table_counts(pg_url) == rows
+
+    run(main())
