@@ -337,8 +337,20 @@ def test_cli_pause_resume_inspect_and_check(redis_server: RedisServer) -> None:
         "check", "--redis-url", redis_server.url, "--namespace", ns, "--shards", "2", code=1
     )
     assert [row["task"] for row in chk["paused"]] == ["t"]  # (exit 1: no AOF on this server)
+    assert insp["pause_unsettled_shards"] == []
     text = cli("inspect", *o).stdout
-    assert "paused: task 't'" in text
+    assert "paused: task 't'" in text and "WARNING" not in text
+
+    async def cut_short() -> None:  # a pause that wrote the state of record only
+        async with open_scheduler(redis_server.url, ns, shards=2) as s:
+            await client_of(s).hset(s.keys.paused, "u", 1)
+
+    run(cut_short())
+    assert cli_json("inspect", *o)["pause_unsettled_shards"] == [0, 1]
+    assert "WARNING: shards [0, 1]" in cli("inspect", *o).stdout
+    cli_json("pause", "--task", "u", *o)  # run again: settled
+    assert cli_json("inspect", *o)["pause_unsettled_shards"] == []
+    cli_json("resume", "--task", "u", *o)
     doc = cli_json("resume", "--task", "t", *o)
     assert doc["moved"] == 0 and doc["paused"] == []
 

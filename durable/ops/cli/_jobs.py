@@ -117,6 +117,10 @@ def _inspect(args: argparse.Namespace) -> int:
             for name in ("due", "overdue", "leased", "expired", "dead", "parked")
         }
         paused = paused_rows(await scheduler.paused())
+        # Shards whose copy of the pause state differs from the state of record: a
+        # pause or resume cut short (re-run it to finish it).
+        record = sorted(row["task"] or "" for row in paused)
+        unsettled = [r.shard for r in rows if sorted(r.paused) != record]
         lags = [r.lag_ms for r in rows if r.overdue]
         totals["max_lag_ms"] = max(lags, default=0)
         totals["owned"] = sum(1 for r in rows if r.owner)
@@ -126,6 +130,7 @@ def _inspect(args: argparse.Namespace) -> int:
             "shards": [r.as_dict() for r in rows],
             **totals,
             "paused": paused,
+            "pause_unsettled_shards": unsettled,
         }
 
         def text() -> str:
@@ -133,6 +138,11 @@ def _inspect(args: argparse.Namespace) -> int:
             for row in paused:
                 what = f"task {row['task']!r}" if row["task"] else "the whole namespace"
                 lines.append(f"  paused: {what} since {row['since']}")
+            if unsettled:
+                lines.append(
+                    f"  WARNING: shards {unsettled} hold another pause state: a pause or "
+                    "resume was cut short; run it again"
+                )
             if totals["parked"]:
                 lines.append(f"  {totals['parked']} due jobs of paused tasks wait for a resume")
             return "\n".join(lines)
