@@ -119,7 +119,7 @@ def _inspect(args: argparse.Namespace) -> int:
         paused = paused_rows(await scheduler.paused())
         # Shards whose copy of the pause state differs from the state of record: a
         # pause or resume cut short (re-run it to finish it).
-        record = sorted(row["task"] or "" for row in paused)
+        record = sorted(str(row["task"] or "") for row in paused)
         unsettled = [r.shard for r in rows if sorted(r.paused) != record]
         lags = [r.lag_ms for r in rows if r.overdue]
         totals["max_lag_ms"] = max(lags, default=0)
