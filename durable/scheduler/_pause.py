@@ -56,8 +56,8 @@ class Pauses:
         """Pause ``task`` (None: every task of the namespace): from the return on, no
         claim leases its due jobs; they wait, parked, for :meth:`resume`. Jobs claimed
         already run: those running finish, and those a worker loaded before (up to its
-        lookahead ahead of their due time) fire. Pausing what is paused keeps its first time. Re-call it after
-        an error: a pause cut short holds on some shards only.
+        lookahead ahead of their due time) fire. Pausing what is paused keeps its first
+        time. Re-call it after an error: a pause cut short holds on some shards only.
 
         Raises:
             TypeError, ValueError: naming ``task`` if it is not a valid task name
