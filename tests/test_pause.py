@@ -417,3 +417,29 @@ def test_a_sigstopped_worker_resumed_after_its_shard_moved_cannot_ack_or_extend(
             assert stats is not None and stats["fenced"] > 0, (code, stats, err)
 
     run(main())
+
+
+def test_replacing_a_parked_job_takes_it_out_and_a_claim_parks_it_again(redis_url: str) -> None:
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            await s.pause("paused")
+            await s.schedule_many([JobSpec(f"r{i}", "paused") for i in range(3)])
+            await s.take(0)
+            assert (await s.claim(0, limit=10)).parked == 3
+            kept = await s.schedule("r0", "paused")  # kept: its due time is the parked one
+            info = await s.get("r0")
+            assert info is not None and kept.when_ms == info.when_ms
+            await s.schedule("r0", "paused", {"v": 2}, replace=True)  # due now, unparked
+            await s.schedule_many([JobSpec("r1", "other", delay=3600)], replace=True)
+            await check_all(s)
+            k = s.keys.shard(0)
+            assert await client_of(s).zcard(k.parked) == 1
+            batch = await s.claim(0, limit=10)
+            assert (batch.jobs, batch.parked) == ([], 1)  # r0 again; r1 is due later
+            await check_all(s)
+            assert await s.resume("paused") == 2
+            batch = await s.claim(0, limit=10)
+            assert sorted(j.id for j in batch.jobs) == ["r0", "r2"]
+            assert next(j for j in batch.jobs if j.id == "r0").payload == {"v": 2}
+
+    run(main())
