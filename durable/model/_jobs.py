@@ -209,6 +209,9 @@ class JobSpec:
         max_attempts: attempts before the job goes dead.
         recurrence: for a recurring job; the first run is ``delay``/``at`` if given,
             else the first occurrence after now.
+        timeout: seconds this job's handler may run (whole ms, rounded up), before its
+            task's timeout and the worker's default; None (the default): theirs. Stored
+            with the job (a recurring series' runs keep it).
 
     Raises:
         TypeError, ValueError: naming the bad parameter.
@@ -221,8 +224,10 @@ class JobSpec:
     at: int | datetime | None = None
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     recurrence: Recurrence | None = None
+    timeout: float | timedelta | None = None
     mode: int = field(init=False, repr=False, compare=False)  # 1 delay, 0 absolute
     time_ms: int = field(init=False, repr=False, compare=False)  # delay or epoch ms
+    timeout_ms: int = field(init=False, repr=False, compare=False)  # 0: none
 
     def __post_init__(self) -> None:
         # The common spec passes on the fast path: an ASCII str id and task without NUL,
@@ -254,6 +259,11 @@ class JobSpec:
             mode, time_ms = when_args(self.delay, self.at)
         object.__setattr__(self, "mode", mode)
         object.__setattr__(self, "time_ms", time_ms)
+        timeout_ms = 0
+        if self.timeout is not None:
+            timeout_ms = finite_seconds_ms("timeout", self.timeout, minimum_ms=1)
+            int_between("timeout", timeout_ms, 1, MAX_TIME_MS)
+        object.__setattr__(self, "timeout_ms", timeout_ms)
 
 
 @dataclass(slots=True)
@@ -282,6 +292,7 @@ class Job:
     # Index of its record hash in the shard, as the claim found it (the ack sends it
     # back, so Redis does not hash the id again); -1 when not known.
     bucket: int = -1
+    timeout_ms: int = 0  # this job's own timeout (schedule(timeout=)); 0: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +311,7 @@ class JobInfo:
     epoch: int  # epoch of the current lease; 0 when not leased
     recurrence: Recurrence | None  # set for recurring jobs
     last_error: str  # error of the last failed attempt
+    timeout_ms: int = 0  # its own timeout (schedule(timeout=)); 0: none
 
     def upcoming(self, count: int = 5) -> list[int]:
         """A recurring job's next ``count`` occurrences (UTC instants, ms), from the one
@@ -327,6 +339,7 @@ class ClaimBatch:
     jobs: list[Job]  # leased jobs, in due order
     dropped: int  # one-shot jobs dropped because their occurrence was done
     moved: int = 0  # recurring jobs moved unrun by their missed-run policy
+    parked: int = 0  # due jobs of paused tasks set aside until a resume (not leased)
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,6 +376,9 @@ class ShardInfo:
     owner: str  # the owner's token; "" when no one owns the shard
     owner_ttl_ms: int  # how long the owner's token lives without renewal; -2 when free
     epoch: int  # the shard's fencing epoch
+    # due jobs of paused tasks a claim set aside (counted in due, not in overdue)
+    parked: int = 0
+    paused: tuple[str, ...] = ()  # the shard's copy of the paused tasks ("" = all)
 
     @property
     def lag_ms(self) -> int:

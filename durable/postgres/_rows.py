@@ -38,6 +38,8 @@ def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int) -> PgJob:
     Raises:
         TypeError, ValueError: if the payload is not encodable or over ``payload_limit``.
     """
+    if spec.timeout_ms:  # a retry rebuilds the record from the row's columns: none for it
+        raise ValueError("timeout= (a job's own timeout) is not in the Postgres mode yet")
     data, flags = encode_payload(spec.payload, payload_limit)
     fields: list[int | bytes] = [spec.task.encode(), data, spec.max_attempts, flags, 0, 1, 0]
     rec = spec.recurrence

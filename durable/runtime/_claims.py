@@ -158,7 +158,10 @@ class Claimer:
                     continue
                 t_reply = loop.time()
                 self.stats.claimed += len(batch.jobs)
-                full = full or len(batch.jobs) + batch.dropped + batch.moved >= self.limit
+                full = (
+                    full
+                    or len(batch.jobs) + batch.dropped + batch.moved + batch.parked >= self.limit
+                )
                 if batch.jobs and logger.isEnabledFor(logging.DEBUG):
                     _log_claimed(batch.jobs, batch.now_ms)
                 for job in batch.jobs:

@@ -204,6 +204,8 @@ class Runner:
             if kind is None:
                 kind = self._kinds[job.task] = self._kind_of(job.task, fn)
             how, limit = kind
+            if job.timeout_ms:  # its own (schedule(timeout=)) before the task's
+                limit = job.timeout_ms / 1000
             if how is not _ASYNC:
                 if how is _THREAD:
                     self._busy += 1

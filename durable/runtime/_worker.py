@@ -198,7 +198,8 @@ class Worker:
         shape is ``store/_workers.py``'s).
 
         ``t`` is this host's wall clock (ms) when it was made; ``c`` monotonic counters
-        since the worker started (claimed, acked, retries, dead letters, reaped); ``lat``
+        since the worker started (claimed, acked, retries, dead letters, reaped,
+        timeouts); ``lat``
         the firing-lateness histogram's bucket counts (bounds ``LATENESS_BOUNDS`` in
         ``model/_stats.py``, the last one +Inf); ``v`` the format version.
         """
@@ -210,7 +211,10 @@ class Worker:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "owned": len(self.ownership.owned),
-            "c": [stats.claimed, stats.acked, stats.retries, stats.dead_letters, stats.reaped],
+            "c": [
+                *(stats.claimed, stats.acked, stats.retries, stats.dead_letters, stats.reaped),
+                stats.timeouts,
+            ],
         }
         if loader is not None:
             doc["loaded"] = loader.loaded

@@ -120,6 +120,7 @@ def build_spec(
     max_catch_up: int = DEFAULT_MAX_CATCH_UP,
     misfire_grace: float | timedelta = DEFAULT_GRACE_S,
     jitter: float | timedelta | None = None,
+    timeout: float | timedelta | None = None,
 ) -> JobSpec:
     """The :class:`JobSpec` of ``schedule()``'s keyword arguments (every producer's:
     ``Scheduler.schedule`` and ``SyncScheduler.schedule`` build theirs here).
@@ -136,7 +137,7 @@ def build_spec(
         misfire_grace=misfire_grace,
         jitter=jitter,
     )
-    return JobSpec(job_id, task, payload, delay, at, max_attempts, rec)
+    return JobSpec(job_id, task, payload, delay, at, max_attempts, rec, timeout)
 
 
 def first_run_needs_now(spec: JobSpec) -> bool:

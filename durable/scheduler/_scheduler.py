@@ -46,6 +46,7 @@ from tickwheel.durable.store import (
 from ._console import Console
 from ._leases import DEFAULT_LEASE, MAX_BATCH, MAX_ERROR_CHARS, Leases
 from ._operator import Operator
+from ._pause import Pauses
 from ._producer import DEFAULT_GRACE_S, Producer, build_spec, recurrence
 from ._shard_owner import DEFAULT_OWNER_TTL, Ownership
 
@@ -266,6 +267,7 @@ class Scheduler:
         max_catch_up: int = DEFAULT_MAX_CATCH_UP,
         misfire_grace: float | timedelta = DEFAULT_GRACE_S,
         jitter: float | timedelta | None = None,
+        timeout: float | timedelta | None = None,  # noqa: ASYNC109 (the job's, not the call's)
         conn: Any = None,
     ) -> ScheduleResult:
         """Schedule one job by id. One script call.
@@ -293,6 +295,10 @@ class Scheduler:
                 many seconds after its occurrence, by a hash of (id, occurrence), never
                 before it; the occurrence stays the nominal instant (dedup, missed-run
                 policy). At most a week. docs/timezones.md, "Jitter".
+            timeout: seconds this job's handler may run before it is stopped (the
+                attempt fails with reason timeout), before its task's ``timeout`` and
+                the worker's ``default_timeout``; None: theirs. Not in the Postgres
+                mode yet (a ValueError).
             conn: Postgres mode only: the application's open asyncpg connection. The
                 job is written in its current transaction and exists iff that commits;
                 the relay indexes it in Redis after the commit.
@@ -321,6 +327,7 @@ class Scheduler:
             max_catch_up=max_catch_up,
             misfire_grace=misfire_grace,
             jitter=jitter,
+            timeout=timeout,
         )
         return await self.producer.schedule(spec, replace, conn)
 
@@ -384,6 +391,17 @@ class Scheduler:
     purge_dead = _forward("operator", Operator.purge_dead)
     requeue_all_dead = _forward("operator", Operator.requeue_all_dead)
     purge_all_dead = _forward("operator", Operator.purge_all_dead)
+
+    # -- pause and resume: delegated to self.pauses (Pauses) ----------------------------
+
+    @functools.cached_property
+    def pauses(self) -> Pauses:
+        """Pause, resume and the pause state, each after :meth:`open`."""
+        return Pauses(self.store, self.open)
+
+    pause = _forward("pauses", Pauses.pause)
+    resume = _forward("pauses", Pauses.resume)
+    paused = _forward("pauses", Pauses.paused)
 
     def stats(self) -> SchedulerStats:
         """A snapshot of this scheduler's counters: claims, acks, retries, dead letters,

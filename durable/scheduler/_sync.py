@@ -24,6 +24,7 @@ was checked, under a lock.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,7 @@ from tickwheel.durable.store import (
     sync_client_from_url,
 )
 
+from ._pause import pause_field
 from ._producer import (
     DEFAULT_GRACE_S,
     build_spec,
@@ -202,6 +204,7 @@ class SyncScheduler:
         max_catch_up: int = DEFAULT_MAX_CATCH_UP,
         misfire_grace: float | timedelta = DEFAULT_GRACE_S,
         jitter: float | timedelta | None = None,
+        timeout: float | timedelta | None = None,
         conn: Any = None,
     ) -> ScheduleResult:
         """Schedule one job by id: :meth:`Scheduler.schedule`, blocking. ``conn``: the
@@ -225,6 +228,7 @@ class SyncScheduler:
             max_catch_up=max_catch_up,
             misfire_grace=misfire_grace,
             jitter=jitter,
+            timeout=timeout,
         )
         if self.postgres_url is not None:
             return self._pg_schedule([spec], replace, conn)[0]
@@ -340,6 +344,32 @@ class SyncScheduler:
             )
         status, _ = self.store.reschedule(shard, job_id, mode, time_ms)
         return status == 1
+
+    def pause(self, task: str | None = None) -> None:
+        """Pause ``task`` (None: the whole namespace): :meth:`Scheduler.pause`.
+
+        Raises:
+            TypeError, ValueError: naming ``task`` (nothing written).
+        """
+        field = pause_field(task)
+        self.open()
+        self.store.pause(field, int(time.time() * 1000))
+
+    def resume(self, task: str | None = None) -> int:
+        """Resume ``task`` (None: the namespace's pause): :meth:`Scheduler.resume`.
+        Returns the parked jobs moved back to due.
+
+        Raises:
+            TypeError, ValueError: naming ``task``.
+        """
+        field = pause_field(task)
+        self.open()
+        return self.store.resume(field)
+
+    def paused(self) -> dict[str | None, int]:
+        """The pause state: task (None: the whole namespace) -> since (Unix ms)."""
+        self.open()
+        return {(t or None): since for t, since in self.store.paused().items()}
 
     def get(self, job_id: str) -> JobInfo | None:
         """One job's state and record, or None if it is done or unknown."""

@@ -87,9 +87,10 @@ FIELDS = (
     "cap",
     "grace",
     "error",
+    "timeout",
 )
 # Their defaults, in the same order (lua/_lib.lua: DEFAULTS); trailing ones are dropped.
-DEFAULTS: tuple[int | bytes, ...] = (b"", b"", 5, 0, 0, 1, 0, 0, b"", 0, 0, 0, b"")
+DEFAULTS: tuple[int | bytes, ...] = (b"", b"", 5, 0, 0, 1, 0, 0, b"", 0, 0, 0, b"", 0)
 
 FLAG_JSON = 1  # record field 4, bit 0: the payload is JSON text
 
@@ -98,7 +99,7 @@ FLAG_JSON = 1  # record field 4, bit 0: the payload is JSON text
 _ROW_STRIDE = 2 + len(FIELDS)
 # A claim.lua row: id, due, deadline, tag (bit 0: the occurrence is done already; the
 # rest: the index of the job's record hash), count, then ``count`` record fields: 6 for a
-# one-shot job without an error, all 13 otherwise.
+# one-shot job without an error or a timeout of its own, all 14 otherwise.
 CLAIM_SHORT_ROW = 6
 DUPLICATE = (False, True)  # a row's tag bit 0 as a bool, indexed (no call of bool())
 
@@ -129,6 +130,7 @@ CLAIM_JOB_FIELDS = (
     "duplicate",
     "last_error",
     "bucket",
+    "timeout_ms",
 )
 if tuple(f.name for f in dataclasses.fields(Job)) != CLAIM_JOB_FIELDS:  # pragma: no cover
     raise ImportError("Job's fields changed: update CLAIM_JOB_FIELDS and Store.claim's loop")
@@ -265,15 +267,17 @@ def encode_job(spec: JobSpec, payload_limit: int) -> EncodedJob:
     """
     data, flags = encode_payload(spec.payload, payload_limit)
     rec = spec.recurrence
-    if rec is None:  # the common case, without building the field list
+    if rec is None and not spec.timeout_ms:  # the common case, without a field list
         record = pack_oneshot(spec.task.encode(), data, spec.max_attempts, flags)
         return EncodedJob(spec.id, (spec.id.encode(), spec.mode, spec.time_ms, record))
-    kind, spec_text = (KIND_INTERVAL if rec.every_ms else KIND_CRON), rec.spec
-    fields: list[int | bytes] = [
-        *(spec.task.encode(), data, spec.max_attempts, flags, 0, 1, 0),
-        *(kind, spec_text.encode(), POLICY_CODES[rec.missed], rec.max_catch_up),
-        rec.misfire_grace_ms,
-    ]
+    fields: list[int | bytes] = [spec.task.encode(), data, spec.max_attempts, flags, 0, 1, 0]
+    if rec is None:
+        fields += [0, b"", 0, 0, 0]
+    else:
+        kind, spec_text = (KIND_INTERVAL if rec.every_ms else KIND_CRON), rec.spec
+        fields += [kind, spec_text.encode(), POLICY_CODES[rec.missed], rec.max_catch_up]
+        fields.append(rec.misfire_grace_ms)
+    fields += [b"", spec.timeout_ms]
     return EncodedJob(spec.id, (spec.id.encode(), spec.mode, spec.time_ms, pack_record(fields)))
 
 
@@ -300,7 +304,7 @@ def recurrence_of(kind: int, spec: bytes, policy: int, cap: int, grace: int) -> 
 
 def job_info(job_id: str, shard: int, state: JobState, when: int, f: Sequence[Any]) -> JobInfo:
     """A JobInfo from the record fields of a reply row (in :data:`FIELDS` order)."""
-    task, payload, max_attempts, flags, nominal, attempt, epoch, *rec, error = f
+    task, payload, max_attempts, flags, nominal, attempt, epoch, *rec, error, timeout = f
     return JobInfo(
         id=job_id,
         shard=shard,
@@ -314,6 +318,7 @@ def job_info(job_id: str, shard: int, state: JobState, when: int, f: Sequence[An
         epoch=epoch,
         recurrence=recurrence_of(*rec),
         last_error=error.decode(errors="replace"),
+        timeout_ms=timeout,
     )
 
 

@@ -60,6 +60,7 @@ from ._fencing import FencingCalls
 from ._keys import Keys
 from ._msgpack import pack_ack_batch, unpack_reply
 from ._operator_calls import OperatorCalls
+from ._pauses import PauseCalls
 from ._scripts import Scripts
 from ._transport import DEFAULT_CALL_TIMEOUT, Transport
 
@@ -84,7 +85,7 @@ class Store:
             ``call_timeout`` is not positive.
     """
 
-    __slots__ = ("_fencing", "_operator", "_scripts", "keys", "transport")
+    __slots__ = ("_fencing", "_operator", "_scripts", "keys", "pauses", "transport")
 
     def __init__(
         self,
@@ -107,6 +108,7 @@ class Store:
         # The ownership and operator calls, which the methods at the end hand on to.
         self._fencing = FencingCalls(self.transport, self._scripts, keys)  # _fencing.py
         self._operator = OperatorCalls(self.transport, self._scripts, keys)  # _operator_calls.py
+        self.pauses = PauseCalls(self.transport, self._scripts, keys)  # _pauses.py
 
     @property
     def client(self) -> Client:
@@ -237,7 +239,7 @@ class Store:
             self._scripts.claim,
             [
                 *(k.due, k.leased, k.done, k.epoch, k.clock, reply_key, forget_key),
-                *(k.dead, k.far, k.faro, *k.jobs),
+                *(k.dead, k.far, k.faro, k.paused, k.parked, k.parkedx, *k.jobs),
             ],
             [epoch, lookahead_ms, limit, lease_ms],
             shard,
@@ -252,17 +254,18 @@ class Store:
         jobs: list[Job] = []
         append = jobs.append
         new, init, duplicate, short = new_job, init_job, DUPLICATE, CLAIM_SHORT_ROW
-        i, end = 2, len(reply)
+        i, end = 3, len(reply)
         while i < end:
             (ident, due, deadline, tag, count, task, data, mx, flags, nominal, attempt) = reply[
                 i : i + 11
             ]
             if count == short:
-                ep, recurrence, error = epoch, None, ""
-            else:  # all 13: a recurring job, or one with an error
+                ep, recurrence, error, limit = epoch, None, "", 0
+            else:  # all 14: a recurring job, one with an error or a timeout of its own
                 ep, kind = reply[i + 11], reply[i + 12]
                 recurrence = recurrence_of(kind, *reply[i + 13 : i + 17]) if kind else None
                 error = reply[i + 17].decode(errors="replace")
+                limit = reply[i + 18]
             i += 5 + count
             job = new(Job)
             init(
@@ -282,9 +285,16 @@ class Store:
                 duplicate[tag & 1],  # duplicate
                 error,  # last_error
                 tag >> 1,  # bucket
+                limit,  # timeout_ms
             )
             append(job)
-        return ClaimBatch(shard=shard, now_ms=int(reply[0]), jobs=jobs, dropped=int(reply[1]))
+        return ClaimBatch(
+            shard=shard,
+            now_ms=int(reply[0]),
+            jobs=jobs,
+            dropped=int(reply[1]),
+            parked=int(reply[2]),
+        )
 
     async def ack(
         self, shard: int, epoch: int, refs: Sequence[ClaimedRef], keep_done_ms: int

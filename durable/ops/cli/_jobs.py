@@ -43,6 +43,7 @@ from ._common import (
     terminal,
     with_scheduler,
 )
+from ._pause import paused_rows
 
 
 def _schedule(args: argparse.Namespace) -> int:
@@ -72,6 +73,7 @@ def _schedule(args: argparse.Namespace) -> int:
             tz=args.tz,
             missed=args.missed,
             jitter=args.jitter,
+            timeout=args.timeout,
         )
         data = {
             "id": result.id,
@@ -117,8 +119,13 @@ def _inspect(args: argparse.Namespace) -> int:
         rows = await scheduler.inspect()
         totals = {
             name: sum(getattr(r, name) for r in rows)
-            for name in ("due", "overdue", "leased", "expired", "dead")
+            for name in ("due", "overdue", "leased", "expired", "dead", "parked")
         }
+        paused = paused_rows(await scheduler.paused())
+        # Shards whose copy of the pause state differs from the state of record: a
+        # pause or resume cut short (re-run it to finish it).
+        record = sorted(str(row["task"] or "") for row in paused)
+        unsettled = [r.shard for r in rows if sorted(r.paused) != record]
         lags = [r.lag_ms for r in rows if r.overdue]
         totals["max_lag_ms"] = max(lags, default=0)
         totals["owned"] = sum(1 for r in rows if r.owner)
@@ -127,8 +134,25 @@ def _inspect(args: argparse.Namespace) -> int:
             "created": True,
             "shards": [r.as_dict() for r in rows],
             **totals,
+            "paused": paused,
+            "pause_unsettled_shards": unsettled,
         }
-        emit(args, data, lambda: _inspect_text(args.namespace, rows, totals))
+
+        def text() -> str:
+            lines = [_inspect_text(args.namespace, rows, totals)]
+            for row in paused:
+                what = f"task {row['task']!r}" if row["task"] else "the whole namespace"
+                lines.append(f"  paused: {what} since {row['since']}")
+            if unsettled:
+                lines.append(
+                    f"  WARNING: shards {unsettled} hold another pause state: a pause or "
+                    "resume was cut short; run it again"
+                )
+            if totals["parked"]:
+                lines.append(f"  {totals['parked']} due jobs of paused tasks wait for a resume")
+            return "\n".join(lines)
+
+        emit(args, data, text)
         return EXIT_OK
 
     return run(args, lambda: with_scheduler(args, body, absent=lambda: not_created(args, {})))
@@ -337,6 +361,11 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
     )
     sched.add_argument("--replace", action="store_true", help="overwrite a due or dead job")
     sched.add_argument("--max-attempts", type=positive_int, default=DEFAULT_MAX_ATTEMPTS)
+    sched.add_argument(
+        "--timeout",
+        type=positive_float,
+        help="seconds its handler may run (before the task's and the worker's timeout)",
+    )
     sched.set_defaults(func=_schedule)
 
     cancel = add("cancel", "remove a job in any state", parents=[common])
