@@ -58,6 +58,7 @@ from ._producer import (
     with_first_run,
 )
 from ._scheduler import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_SHARDS
+from ._tracing import Tracing, make_tracing
 
 __all__ = ["SyncScheduler"]
 
@@ -85,6 +86,8 @@ class SyncScheduler:
             namespace's shard and bucket counts are checked on first use.
         call_timeout: seconds one call may wait for Redis before it raises
             :class:`RedisUnavailable` (default 10).
+        tracing: OpenTelemetry ``PRODUCER`` spans, the jobs carrying their trace
+            context (:class:`Scheduler`'s ``tracing``; needs ``tickwheel[otel]``).
 
     Raises:
         TypeError, ValueError: naming a bad parameter (an asyncio client is a TypeError).
@@ -99,8 +102,10 @@ class SyncScheduler:
         buckets: int = DEFAULT_BUCKETS,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         call_timeout: float | timedelta = DEFAULT_CALL_TIMEOUT,
+        tracing: bool = False,
     ) -> None:
         self.keys = Keys(namespace, shards, buckets)
+        self.tracer: Tracing | None = make_tracing(tracing, namespace)  # None: off
         self.max_payload_bytes = int_between("max_payload_bytes", max_payload_bytes, 1)
         seconds = finite_seconds_ms("call_timeout", call_timeout, minimum_ms=1) / 1000
         self.store = SyncStore(client, self.keys, call_timeout=seconds)
@@ -207,6 +212,13 @@ class SyncScheduler:
             misfire_grace=misfire_grace,
         )
         _no_conn(conn)
+        if self.tracer is not None:
+            with self.tracer.producing("schedule", [spec.id]) as header:
+                (spec,) = self.tracer.traced([spec], header)
+                return self._schedule_one(spec, replace)
+        return self._schedule_one(spec, replace)
+
+    def _schedule_one(self, spec: JobSpec, replace: bool) -> ScheduleResult:
         encoded = encode_job(spec, self.max_payload_bytes)
         self.open()
         shard = self.keys.shard_of(spec.id)
@@ -229,8 +241,16 @@ class SyncScheduler:
         Raises:
             TypeError, ValueError: for an invalid spec or payload (nothing is written).
         """
-        pending = encode_specs(specs, self.keys, self.max_payload_bytes)
         _no_conn(conn)
+        if self.tracer is not None:
+            specs = list(specs)
+            ids = [s.id if isinstance(s, JobSpec) else "" for s in specs]
+            with self.tracer.producing("schedule_many", ids) as header:
+                return self._schedule_many(self.tracer.traced(specs, header), replace)
+        return self._schedule_many(specs, replace)
+
+    def _schedule_many(self, specs: Iterable[JobSpec], replace: bool) -> list[ScheduleResult]:
+        pending = encode_specs(specs, self.keys, self.max_payload_bytes)
         self.open()
         limit = self.max_payload_bytes
         chunked = chunk_groups(

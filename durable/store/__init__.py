@@ -23,7 +23,15 @@ May import: ``tickwheel.durable.model``, ``tickwheel.wheel`` (for its timeout), 
 
 from __future__ import annotations
 
-from ._codec import ClaimedRef, EncodedJob, decode_payload, encode_job, encode_payload, pack_record
+from ._codec import (
+    ClaimedRef,
+    EncodedJob,
+    decode_payload,
+    encode_job,
+    encode_payload,
+    pack_record,
+    record_fields,
+)
 from ._connect import (
     URL_ENV,
     Client,
@@ -106,6 +114,7 @@ __all__ = [
     "parse_nodes",
     "parse_stats_document",
     "read_layout",
+    "record_fields",
     "register",
     "script_error_text",
     "shown_url",

@@ -37,6 +37,7 @@ from tickwheel.durable.model import (
     KIND_CRON,
     KIND_INTERVAL,
     MAX_PAYLOAD_DEPTH,
+    MAX_TRACE_BYTES,
     POLICY_BY_CODE,
     POLICY_CODES,
     Job,
@@ -51,6 +52,7 @@ from tickwheel.durable.model import (
 from ._msgpack import FIXINT, pack_str, pack_value
 
 __all__ = [
+    "CLAIM_FULL_ROW",
     "CLAIM_JOB_FIELDS",
     "CLAIM_SHORT_ROW",
     "DEFAULTS",
@@ -59,6 +61,7 @@ __all__ = [
     "FLAG_JSON",
     "ClaimedRef",
     "EncodedJob",
+    "claimed_trace",
     "decode_payload",
     "encode_job",
     "encode_payload",
@@ -68,6 +71,7 @@ __all__ = [
     "new_job",
     "pack_oneshot",
     "pack_record",
+    "record_fields",
     "recurrence_of",
 ]
 
@@ -87,9 +91,12 @@ FIELDS = (
     "cap",
     "grace",
     "error",
+    "trace",
 )
 # Their defaults, in the same order (lua/_lib.lua: DEFAULTS); trailing ones are dropped.
-DEFAULTS: tuple[int | bytes, ...] = (b"", b"", 5, 0, 0, 1, 0, 0, b"", 0, 0, 0, b"")
+DEFAULTS: tuple[int | bytes, ...] = (b"", b"", 5, 0, 0, 1, 0, 0, b"", 0, 0, 0, b"", b"")
+# Record fields of a claim.lua row that is not short (F_TRACE: the last one).
+CLAIM_FULL_ROW = len(FIELDS)
 
 FLAG_JSON = 1  # record field 4, bit 0: the payload is JSON text
 
@@ -129,6 +136,7 @@ CLAIM_JOB_FIELDS = (
     "duplicate",
     "last_error",
     "bucket",
+    "trace",
 )
 if tuple(f.name for f in dataclasses.fields(Job)) != CLAIM_JOB_FIELDS:  # pragma: no cover
     raise ImportError("Job's fields changed: update CLAIM_JOB_FIELDS and Store.claim's loop")
@@ -265,16 +273,33 @@ def encode_job(spec: JobSpec, payload_limit: int) -> EncodedJob:
     """
     data, flags = encode_payload(spec.payload, payload_limit)
     rec = spec.recurrence
-    if rec is None:  # the common case, without building the field list
+    if rec is None and not spec.trace:  # the common case, without building the field list
         record = pack_oneshot(spec.task.encode(), data, spec.max_attempts, flags)
         return EncodedJob(spec.id, (spec.id.encode(), spec.mode, spec.time_ms, record))
-    kind, spec_text = (KIND_INTERVAL if rec.every_ms else KIND_CRON), rec.spec
-    fields: list[int | bytes] = [
-        *(spec.task.encode(), data, spec.max_attempts, flags, 0, 1, 0),
-        *(kind, spec_text.encode(), POLICY_CODES[rec.missed], rec.max_catch_up),
-        rec.misfire_grace_ms,
-    ]
+    fields = record_fields(spec, data, flags)
     return EncodedJob(spec.id, (spec.id.encode(), spec.mode, spec.time_ms, pack_record(fields)))
+
+
+def record_fields(spec: JobSpec, data: bytes, flags: int) -> list[int | bytes]:
+    """A new job's record fields (nominal 0, attempt 1, epoch 0) in :data:`FIELDS`
+    order, from its spec and encoded payload; :func:`pack_record` drops the defaults."""
+    fields: list[int | bytes] = [spec.task.encode(), data, spec.max_attempts, flags, 0, 1, 0]
+    rec = spec.recurrence
+    if rec is not None:
+        kind = KIND_INTERVAL if rec.every_ms else KIND_CRON
+        fields += [kind, rec.spec.encode(), POLICY_CODES[rec.missed], rec.max_catch_up]
+        fields.append(rec.misfire_grace_ms)
+    if spec.trace:  # field 14, after the recurrence's and the error's defaults
+        fields += [*DEFAULTS[len(fields) : len(FIELDS) - 1], spec.trace.encode()]
+    return fields
+
+
+def claimed_trace(value: object) -> bytes:
+    """A claim row's trace field as :attr:`Job.trace`: bytes of at most
+    :data:`MAX_TRACE_BYTES`, else b"" (a hostile record cannot break the claim)."""
+    if type(value) is bytes and len(value) <= MAX_TRACE_BYTES:
+        return value
+    return b""
 
 
 # -- reply -> Job, JobInfo ------------------------------------------------------------
@@ -294,7 +319,8 @@ def recurrence_of(kind: int, spec: bytes, policy: int, cap: int, grace: int) -> 
 
 def job_info(job_id: str, shard: int, state: JobState, when: int, f: Sequence[Any]) -> JobInfo:
     """A JobInfo from the record fields of a reply row (in :data:`FIELDS` order)."""
-    task, payload, max_attempts, flags, nominal, attempt, epoch, *rec, error = f
+    task, payload, max_attempts, flags, nominal, attempt, epoch = f[:7]
+    rec, error = f[7:12], f[12]
     return JobInfo(
         id=job_id,
         shard=shard,

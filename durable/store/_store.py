@@ -46,10 +46,12 @@ from tickwheel.durable.model import (
 
 from . import _calls as calls
 from ._codec import (
+    CLAIM_FULL_ROW,
     CLAIM_SHORT_ROW,
     DUPLICATE,
     ClaimedRef,
     EncodedJob,
+    claimed_trace,
     decode_payload,
     init_job,
     new_job,
@@ -258,11 +260,12 @@ class Store:
                 i : i + 11
             ]
             if count == short:
-                ep, recurrence, error = epoch, None, ""
-            else:  # all 13: a recurring job, or one with an error
+                ep, recurrence, error, trace = epoch, None, "", b""
+            else:  # all 14: a recurring job, or one with an error or a trace context
                 ep, kind = reply[i + 11], reply[i + 12]
                 recurrence = recurrence_of(kind, *reply[i + 13 : i + 17]) if kind else None
                 error = reply[i + 17].decode(errors="replace")
+                trace = claimed_trace(reply[i + 18]) if count == CLAIM_FULL_ROW else b""
             i += 5 + count
             job = new(Job)
             init(
@@ -282,6 +285,7 @@ class Store:
                 duplicate[tag & 1],  # duplicate
                 error,  # last_error
                 tag >> 1,  # bucket
+                trace,  # trace
             )
             append(job)
         return ClaimBatch(shard=shard, now_ms=int(reply[0]), jobs=jobs, dropped=int(reply[1]))

@@ -18,13 +18,15 @@
 --  11 cap       max missed runs fired under 'all'
 --  12 grace     misfire grace (ms)
 --  13 error     last error text (dead letters, retries)
+--  14 trace     the producer's W3C trace context (text; '' none), kept as it is
 -- Nothing here reads the client's clock: "now" is TIME, never below {ns:s}:clock.
 
 local F_TASK, F_PAYLOAD, F_MAX, F_FLAGS, F_NOMINAL, F_ATTEMPT, F_EPOCH = 1, 2, 3, 4, 5, 6, 7
 local F_RKIND, F_RSPEC, F_POLICY, F_CAP, F_GRACE, F_ERROR = 8, 9, 10, 11, 12, 13
-local NFIELDS = 13
+local F_TRACE = 14
+local NFIELDS = 14
 -- Mirrored in _codec.py (DEFAULTS); 5 = DEFAULT_MAX_ATTEMPTS in model/_jobs.py.
-local DEFAULTS = {'', '', 5, 0, 0, 1, 0, 0, '', 0, 0, 0, ''}
+local DEFAULTS = {'', '', 5, 0, 0, 1, 0, 0, '', 0, 0, 0, '', ''}
 -- unpack() of a long list overflows Lua's C stack (LUAI_MAXCSTACK 8000): chunk bulk calls.
 local CHUNK = 1000
 -- A refusal from inside a helper is raised as a plain string, error('TW_<CODE> ...', 0):
@@ -193,7 +195,7 @@ local function fmt(n)
   return string.format('%d', n)
 end
 
--- Append the reply row of a record to out (whose length is n): fields 1..13 with the
+-- Append the reply row of a record to out (whose length is n): fields 1..14 with the
 -- nominal resolved against the due score. Returns the new length. (Hot loops keep their
 -- own length: Lua 5.1's #t is a binary search, measured at 1.7 us per 17 appends.)
 local function rec_row(out, n, r, score)

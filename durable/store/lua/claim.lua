@@ -134,7 +134,8 @@ for k = 1, count do
     else
       r[F_EPOCH] = epoch
       buffer(hset, key_of[k], id, rec_encode(r))
-      local count = (r[F_RKIND] == 0 and r[F_ERROR] == '') and F_ATTEMPT or NFIELDS
+      local count = (r[F_RKIND] == 0 and r[F_ERROR] == '' and r[F_TRACE] == '') and F_ATTEMPT
+        or NFIELDS
       out[n + 5] = count
       n = n + 5
       for i = 1, count do out[n + i] = r[i] end

@@ -4,7 +4,7 @@
 -- KEYS[6..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  offset
 -- ARGV[2]  count
--- Returns: {total, then per job: id, due, field_1 .. field_13} (15 values per job).
+-- Returns: {total, then per job: id, due, field_1 .. field_14} (16 values per job).
 --   A page that reaches into the far index reads it from its start: O(offset).
 -- Errors: TW_TOOMANY when that would read more than FAR_WALK far entries.
 local FIRST = 5
