@@ -17,7 +17,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]
 
 from tickwheel.durable.model import (
     KIND_CRON,

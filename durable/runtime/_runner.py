@@ -69,8 +69,7 @@ _FOREVER = float("inf")
 
 
 async def _raise(exc: BaseException) -> None:
-    """Raise ``exc`` when awaited: a plain task function's failure, handed to the task
-    path that writes its retry."""
+    """Raise ``exc`` when awaited: a plain function's failure, for the task path's retry."""
     raise exc
 
 
@@ -118,6 +117,7 @@ class Runner:
         self.max_running = max_running
         self.publisher = publisher
         self.outages = outages if outages is not None else Outages()
+        self.tracer = scheduler.tracer  # run spans (None: tracing off)
         # Task name -> (how it runs, its timeout or None). How: _ASYNC, a coroutine
         # function (it runs in a task of its own); _PLAIN, a plain function (it runs in
         # the wheel's callback that fires its job); _THREAD, a plain function in the
@@ -197,26 +197,31 @@ class Runner:
         self.stats.fired += 1
         if logger.isEnabledFor(logging.DEBUG):
             log_start(job, None if due is None else (self.wheel.time() - due) * 1000)
-        publishing = self.publisher is not None
-        fn = None if job.duplicate or publishing else self.registry.get(job.task)
-        if fn is not None and type(job.payload) is not UndecodablePayload:
-            kind = self._kinds.get(job.task)
-            if kind is None:
-                kind = self._kinds[job.task] = self._kind_of(job.task, fn)
-            how, limit = kind
-            if how is not _ASYNC:
-                if how is _THREAD:
-                    self._busy += 1
-                    started = self._in_thread(fn, job)
-                    self._spawn(self._execute(job, lease_end, started, limit), job)
-                else:
-                    self._run_plain(fn, job, lease_end, limit)
+        token = None if self.tracer is None or job.duplicate else self.tracer.start_run(job)
+        try:
+            publishing = self.publisher is not None
+            fn = None if job.duplicate or publishing else self.registry.get(job.task)
+            if fn is not None and type(job.payload) is not UndecodablePayload:
+                kind = self._kinds.get(job.task)
+                if kind is None:
+                    kind = self._kinds[job.task] = self._kind_of(job.task, fn)
+                how, limit = kind
+                if how is not _ASYNC:
+                    if how is _THREAD:
+                        self._busy += 1
+                        started = self._in_thread(fn, job)
+                        self._spawn(self._execute(job, lease_end, started, limit), job)
+                    else:
+                        self._run_plain(fn, job, lease_end, limit)
+                    return
+                self._busy += 1
+                self._spawn(self._execute(job, lease_end, None, limit), job)
                 return
             self._busy += 1
-            self._spawn(self._execute(job, lease_end, None, limit), job)
-            return
-        self._busy += 1
-        self._spawn(self._execute(job, lease_end), job)
+            self._spawn(self._execute(job, lease_end), job)
+        finally:
+            if token is not None:
+                self.tracer.detach(token)  # type: ignore[union-attr]
 
     def _kind_of(self, task: str, fn: TaskFunc) -> tuple[str, float | None]:
         """How task ``task`` runs (_ASYNC, _PLAIN or _THREAD), and its timeout."""
@@ -286,7 +291,8 @@ class Runner:
         )
 
     def _forget(self, task: asyncio.Task[None]) -> None:
-        self._running.pop(task, None)
+        if (job := self._running.pop(task, None)) is not None and self.tracer is not None:
+            self.tracer.forget(job)  # a span still open here is unsettled
 
     def _free_slot(self) -> None:
         """A handler returned (or never ran): start the jobs waiting for its slot. It

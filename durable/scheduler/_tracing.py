@@ -206,13 +206,22 @@ class Tracing:
         if span is not None:
             self._acking[id(job)] = span
 
-    def settle(self, job: Job, outcome: str, error: BaseException | str | None = None) -> None:
-        """End the run span of ``job`` with its outcome (once; later calls do nothing)."""
+    def settle(
+        self,
+        job: Job,
+        outcome: str,
+        error: BaseException | str | None = None,
+        written: str | None = None,
+    ) -> None:
+        """End the run span of ``job`` with its outcome (once; later calls do nothing);
+        ``written``: what a timeout wrote (RETRIED or DEAD)."""
         key = id(job)
         span = self._runs.pop(key, None) or self._acking.pop(key, None)
         if span is None:
             return
         span.set_attribute("tickwheel.outcome", outcome)
+        if written is not None and written != outcome:
+            span.set_attribute("tickwheel.written", written)
         if outcome in _FAILED:
             status = self._trace.StatusCode.ERROR
             if isinstance(error, BaseException):
