@@ -235,6 +235,26 @@ class Tracing:
         if id(job) in self._runs:
             self.settle(job, UNSETTLED)
 
+    @contextmanager
+    def consuming(self, name: str, trace: bytes, attributes: dict[str, Any]) -> Iterator[Any]:
+        """A ``CONSUMER`` span (current inside) for a handler outside the worker (the
+        stream consumer's), the child of ``trace``; its outcome is set by the caller
+        (``tickwheel.outcome``), an exception that escapes is recorded."""
+        parent = self.parent_of(trace)
+        attributes = {
+            "messaging.system": "tickwheel",
+            "messaging.operation": "process",
+            "tickwheel.namespace": self.namespace,
+            **attributes,
+        }
+        with self._tracer.start_as_current_span(
+            name,
+            context=self._root if parent is None else parent,
+            kind=self._consumer,
+            attributes=attributes,
+        ) as span:
+            yield span
+
     # -- rounds --------------------------------------------------------------------
 
     def now_ns(self) -> int:
