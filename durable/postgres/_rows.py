@@ -26,8 +26,14 @@ from tickwheel.durable.model import (
     POLICY_CODES,
     JobSpec,
 )
-from tickwheel.durable.store import EncodedJob, encode_payload, pack_record, record_fields
-from tickwheel.durable.store._codec import DEFAULTS, FIELDS
+from tickwheel.durable.store import (
+    TRACE_FIELD,
+    EncodedJob,
+    encode_payload,
+    pack_record,
+    record_fields,
+    with_trace,
+)
 
 __all__ = ["OutboxRow", "PendingRow", "PgJob", "encode_pg_job", "redis_job", "retried_job"]
 
@@ -82,10 +88,10 @@ def record_trace(record: object) -> bytes:
     unpacker = msgpack.Unpacker(raw=True, max_buffer_size=len(record) + 1)
     try:
         unpacker.feed(bytes(record))
-        fields = list(itertools.islice(unpacker, len(FIELDS)))
-    except (ValueError, msgpack.UnpackException):
+        fields = list(itertools.islice(unpacker, TRACE_FIELD + 1))
+    except Exception:  # not a record: no trace
         return b""
-    trace = fields[-1] if len(fields) == len(FIELDS) else b""
+    trace = fields[-1] if len(fields) == TRACE_FIELD + 1 else b""
     return trace if type(trace) is bytes and len(trace) <= MAX_TRACE_BYTES else b""
 
 
@@ -136,5 +142,5 @@ def retried_job(row: Any) -> EncodedJob:
         ]
     trace = record_trace(row["record"])
     if trace:  # the producer's trace context, kept from the stored record
-        fields += [*DEFAULTS[len(fields) : len(FIELDS) - 1], trace]
+        fields = with_trace(fields, trace)
     return EncodedJob(row["id"], (row["id"].encode(), 0, int(row["run_ms"]), pack_record(fields)))

@@ -8,8 +8,7 @@ import asyncio
 import logging
 
 from tickwheel.durable.model import Fenced, Job, PostgresUnavailable, RedisUnavailable
-from tickwheel.durable.scheduler import Scheduler
-from tickwheel.durable.scheduler._tracing import ACKED, LEASE_LOST, UNSETTLED
+from tickwheel.durable.scheduler import ACKED, LEASE_LOST, UNSETTLED, Scheduler
 from tickwheel.wheel import TimingWheel
 
 from ._loader_stats import LoaderStats

@@ -15,8 +15,7 @@ Ground rules:
 from __future__ import annotations
 
 from tickwheel.durable.model import Job, JobState, LeaseLost
-from tickwheel.durable.scheduler import Scheduler
-from tickwheel.durable.scheduler._tracing import DEAD, LEASE_LOST, RETRIED, TIMED_OUT, UNSETTLED
+from tickwheel.durable.scheduler import DEAD, LEASE_LOST, RETRIED, TIMED_OUT, UNSETTLED, Scheduler
 
 from ._loader_stats import LoaderStats
 from ._logs import failure_text, job_fields, logger

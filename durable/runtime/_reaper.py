@@ -20,8 +20,7 @@ from tickwheel.durable.model import (
     finite_seconds_ms,
     int_between,
 )
-from tickwheel.durable.scheduler import Ownership
-from tickwheel.durable.scheduler._tracing import Tracing
+from tickwheel.durable.scheduler import Ownership, Tracing
 
 from ._rounds import run_rounds
 

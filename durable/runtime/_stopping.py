@@ -20,9 +20,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from tickwheel.durable.model import Job
-from tickwheel.durable.scheduler import Scheduler
-from tickwheel.durable.scheduler._tracing import CANCELLED as STOPPED
-from tickwheel.durable.scheduler._tracing import LEASE_LOST, RELEASED
+from tickwheel.durable.scheduler import CANCELLED as STOPPED
+from tickwheel.durable.scheduler import LEASE_LOST, RELEASED, Scheduler
 from tickwheel.wheel import TimingWheel
 
 from ._failures import Failures

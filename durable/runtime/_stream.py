@@ -26,7 +26,7 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from tickwheel.durable.model import MAX_TRACE_BYTES, Job, finite_seconds_ms
-from tickwheel.durable.scheduler._tracing import ACKED, RETRIED, Tracing, make_tracing
+from tickwheel.durable.scheduler import ACKED, RETRIED, Tracing, make_tracing
 from tickwheel.durable.store import Client, Stream, decode_payload, encode_payload
 
 __all__ = ["Publisher", "StreamConsumer", "StreamEntry", "StreamPublisher"]

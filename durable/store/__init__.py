@@ -24,6 +24,7 @@ May import: ``tickwheel.durable.model``, ``tickwheel.wheel`` (for its timeout), 
 from __future__ import annotations
 
 from ._codec import (
+    TRACE_FIELD,
     ClaimedRef,
     EncodedJob,
     decode_payload,
@@ -31,6 +32,7 @@ from ._codec import (
     encode_payload,
     pack_record,
     record_fields,
+    with_trace,
 )
 from ._connect import (
     URL_ENV,
@@ -79,6 +81,7 @@ __all__ = [
     "REDIS_ERRORS",
     "STATS_COUNTERS",
     "STATS_VERSION",
+    "TRACE_FIELD",
     "URL_ENV",
     "ClaimedRef",
     "Client",
@@ -123,4 +126,5 @@ __all__ = [
     "translate",
     "unwrap",
     "url_error",
+    "with_trace",
 ]

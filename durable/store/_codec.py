@@ -59,6 +59,7 @@ __all__ = [
     "DUPLICATE",
     "FIELDS",
     "FLAG_JSON",
+    "TRACE_FIELD",
     "ClaimedRef",
     "EncodedJob",
     "claimed_trace",
@@ -73,6 +74,7 @@ __all__ = [
     "pack_record",
     "record_fields",
     "recurrence_of",
+    "with_trace",
 ]
 
 # The job record's fields, in record order: lua/_lib.lua's F_* constants, lowercased
@@ -97,6 +99,7 @@ FIELDS = (
 DEFAULTS: tuple[int | bytes, ...] = (b"", b"", 5, 0, 0, 1, 0, 0, b"", 0, 0, 0, b"", b"")
 # Record fields of a claim.lua row that is not short (F_TRACE: the last one).
 CLAIM_FULL_ROW = len(FIELDS)
+TRACE_FIELD = FIELDS.index("trace")  # its index from 0
 
 FLAG_JSON = 1  # record field 4, bit 0: the payload is JSON text
 
@@ -289,9 +292,13 @@ def record_fields(spec: JobSpec, data: bytes, flags: int) -> list[int | bytes]:
         kind = KIND_INTERVAL if rec.every_ms else KIND_CRON
         fields += [kind, rec.spec.encode(), POLICY_CODES[rec.missed], rec.max_catch_up]
         fields.append(rec.misfire_grace_ms)
-    if spec.trace:  # field 14, after the recurrence's and the error's defaults
-        fields += [*DEFAULTS[len(fields) : len(FIELDS) - 1], spec.trace.encode()]
-    return fields
+    return with_trace(fields, spec.trace.encode()) if spec.trace else fields
+
+
+def with_trace(fields: list[int | bytes], trace: bytes) -> list[int | bytes]:
+    """Record fields (up to the error) with the trace context field after them, the
+    fields between at their defaults."""
+    return [*fields, *DEFAULTS[len(fields) : TRACE_FIELD], trace]
 
 
 def claimed_trace(value: object) -> bytes:
