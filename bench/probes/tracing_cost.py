@@ -22,7 +22,9 @@ On one private redis-server: each round schedules ``--jobs`` due jobs (4 shards,
   durable | tar -x -C /tmp/old``, then ``/tmp/old/durable``): the cost of the code path
   present but off.
 
-Only the claim+run+ack phase is timed. Every row of every round runs in a fresh process,
+Only the claim+run+ack phase is timed, by the wall clock (jobs/s) and by the worker
+process's CPU time per job (``time.process_time``: less hurt by a loaded machine; it
+leaves out Redis's own time, which the ``stored, worker off`` row shows). Every row of every round runs in a fresh process,
 the rows in a rotating order; each row's figure is the median of its rounds' jobs/s, and
 the ratios are of the medians.
 """
@@ -61,7 +63,7 @@ def _provider(sampled: bool) -> None:
     trace.set_tracer_provider(provider)
 
 
-async def _round(url: str, jobs: int, mode: str) -> float:
+async def _round(url: str, jobs: int, mode: str) -> tuple[float, float]:
     from tickwheel.durable import JobSpec, Scheduler, TaskContext, TaskRegistry, Worker
     from tickwheel.durable.store._connect import client_from_url
 
@@ -93,14 +95,14 @@ async def _round(url: str, jobs: int, mode: str) -> float:
             sched = Scheduler(client, "bench", shards=4, check=False)
         worker = Worker(sched, reg, lookahead=0.0, poll_interval=0.01, limit=1000)
         gc.collect()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         task = asyncio.ensure_future(worker.run())
         while worker.loader is None or worker.loader.stats.succeeded < jobs:  # noqa: ASYNC110
             await asyncio.sleep(0.005)
-        took = time.perf_counter() - start
+        took, cpu = time.perf_counter() - start, time.process_time() - cpu
         worker.stop()
         await task
-        return jobs / took
+        return jobs / took, cpu / jobs * 1e6
     finally:
         await client.aclose()
 
@@ -110,7 +112,7 @@ def _one(args: argparse.Namespace) -> None:
         from bench.probes._checkout import load_durable
 
         load_durable(args.durable_dir)
-    print(asyncio.run(_round(args.url, args.jobs, args.one)))
+    print(*asyncio.run(_round(args.url, args.jobs, args.one)))
 
 
 def main() -> None:
@@ -136,6 +138,7 @@ def main() -> None:
     if args.baseline:
         rows["baseline, off"] = ["off", "--durable-dir", args.baseline]
     rates: dict[str, list[float]] = {name: [] for name in rows}
+    cpus: dict[str, list[float]] = {name: [] for name in rows}
     server = redis_server_type()().start()
     try:
         names = list(rows)
@@ -145,20 +148,28 @@ def main() -> None:
                 argv = [sys.executable, "-m", "bench.probes.tracing_cost", "--one", one]
                 argv += ["--url", server.url, "--jobs", str(args.jobs), *extra]
                 out = subprocess.run(argv, capture_output=True, text=True, check=True)
-                rates[name].append(float(out.stdout.split()[-1]))
+                rate, cpu = out.stdout.split()[-2:]
+                rates[name].append(float(rate))
+                cpus[name].append(float(cpu))
     finally:
         server.stop()
     print(f"claim+run+ack of {args.jobs} due jobs, {args.rounds} rounds, jobs/s")
     medians = {name: statistics.median(values) for name, values in rates.items()}
     for name, values in rates.items():
         print(
-            f"  {name:16s} median {medians[name]:8.0f}"
+            f"  {name:18s} median {medians[name]:8.0f}"
             f"  min {min(values):8.0f}  max {max(values):8.0f}"
         )
     base = medians["off"]
     for name in list(rates)[1:]:
         added = (1 / medians[name] - 1 / base) * 1e6
         print(f"  {name} / off: {medians[name] / base:.3f} ({added:+.1f} us a job)")
+    print("the worker process's CPU per job (us; the shared machine's load hurts it less)")
+    cpu_medians = {name: statistics.median(values) for name, values in cpus.items()}
+    for name, values in cpus.items():
+        print(f"  {name:18s} median {cpu_medians[name]:6.1f}  min {min(values):6.1f}")
+    for name in list(cpus)[1:]:
+        print(f"  {name} / off: {cpu_medians[name] / cpu_medians['off']:.3f}")
     print(f"  SDK span alone (start, 8 attributes, end): {_sdk_floor():.1f} us")
 
 
