@@ -24,9 +24,9 @@ On one private redis-server: each round schedules ``--jobs`` due jobs (4 shards,
 
 Only the claim+run+ack phase is timed, by the wall clock (jobs/s) and by the worker
 process's CPU time per job (``time.process_time``: less hurt by a loaded machine; it
-leaves out Redis's own time, which the ``stored, worker off`` row shows). Every row of every round runs in a fresh process,
-the rows in a rotating order; each row's figure is the median of its rounds' jobs/s, and
-the ratios are of the medians.
+leaves out Redis's own time, which the ``stored, worker off`` row shows). Every row of
+every round runs in a fresh process, the rows in a rotating order; each row's figure is
+the median of its rounds, and the ratios are of the medians.
 """
 
 from __future__ import annotations
