@@ -4,6 +4,8 @@ in-memory exporter against a real Redis (and PostgreSQL for the Postgres mode)."
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -360,3 +362,31 @@ def test_a_retried_postgres_row_keeps_the_trace_of_its_record() -> None:
         "record": job.record,
     }
     assert record_trace(retried_job(row).values[3]) == header.encode()
+
+
+def test_tracing_off_never_imports_opentelemetry() -> None:
+    """Off, nothing of tickwheel needs OpenTelemetry: with it made unimportable, a
+    scheduler and a worker are made and a job is encoded. (redis-py 8 imports it for
+    its own metrics when it is installed, so sys.modules cannot tell.)"""
+    code = (
+        "import sys\n"
+        "sys.modules['opentelemetry'] = None\n"
+        "from tickwheel.durable import JobSpec, Scheduler, TaskRegistry, Worker\n"
+        "from tickwheel.durable.store import encode_job\n"
+        "from tickwheel.durable.store._connect import client_from_url\n"
+        "s = Scheduler(client_from_url('redis://127.0.0.1:1/0'), 'x', check=False)\n"
+        "Worker(s, TaskRegistry())\n"
+        "encode_job(JobSpec('a', 't'), 100)\n"
+        "print(s.tracer)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "None"
+
+
+def test_tracing_without_the_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tickwheel.durable.scheduler import make_tracing
+
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"tickwheel\[otel\]"):
+        make_tracing(True, "ns")
+    assert make_tracing(False, "ns") is None
