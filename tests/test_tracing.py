@@ -18,6 +18,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from spill_support import running_worker, until
 
 from tickwheel.durable import (
+    CancelResult,
     JobSpec,
     JobState,
     StreamConsumer,
@@ -159,6 +160,31 @@ def test_a_timed_out_run_says_so(redis_server: Any, spans: InMemorySpanExporter)
             a = attrs(span)
             assert a["tickwheel.outcome"] == "timed_out" and a["tickwheel.written"] == "dead"
             assert span.status.status_code is StatusCode.ERROR
+
+    run(main())
+
+
+def test_a_run_cancelled_while_it_runs_says_so(
+    redis_server: Any, spans: InMemorySpanExporter
+) -> None:
+    started = asyncio.Event()
+    reg = TaskRegistry()
+
+    @reg.task(name="slow")
+    async def slow(ctx: TaskContext) -> None:
+        started.set()
+        await asyncio.sleep(30)
+
+    async def main() -> None:
+        async with open_scheduler(redis_server.url, **SCHED) as s:
+            await s.schedule("c1", "slow")
+            async with running_worker(s, reg, **FAST) as w:
+                await asyncio.wait_for(w.listening.wait(), 10)
+                await asyncio.wait_for(started.wait(), 10)
+                assert await s.cancel_job("c1") is CancelResult.STOPPED
+                (span,) = await wait_spans(spans, s.keys.namespace, "tickwheel run", 1)
+            assert attrs(span)["tickwheel.outcome"] == "cancelled"
+            assert span.status.status_code is StatusCode.UNSET
 
     run(main())
 
