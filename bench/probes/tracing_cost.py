@@ -22,6 +22,9 @@ On one private redis-server: each round schedules ``--jobs`` due jobs (4 shards,
   durable | tar -x -C /tmp/old``, then ``/tmp/old/durable``): the cost of the code path
   present but off.
 
+Then one span alone, in CPU us: the worker's run span against the SDK's bare span with
+the same attributes, sampled and not (tickwheel's own part is the difference).
+
 Only the claim+run+ack phase is timed, by the wall clock (jobs/s) and by the worker
 process's CPU time per job (``time.process_time``: less hurt by a loaded machine; it
 leaves out Redis's own time, which the ``stored, worker off`` row shows). Every row of
@@ -123,7 +126,12 @@ def main() -> None:
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a row in this process
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--durable-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--spans", help=argparse.SUPPRESS)  # _span_costs in this process
     args = parser.parse_args()
+    if args.spans:
+        costs = _span_costs(args.spans == "sampled")
+        print(", ".join(f"{name} {us:.1f}" for name, us in costs.items()))
+        return
     if args.one:
         _one(args)
         return
@@ -170,29 +178,51 @@ def main() -> None:
         print(f"  {name:18s} median {cpu_medians[name]:6.1f}  min {min(values):6.1f}")
     for name in list(cpus)[1:]:
         print(f"  {name} / off: {cpu_medians[name] / cpu_medians['off']:.3f}")
-    print(f"  SDK span alone (start, 8 attributes, end): {_sdk_floor():.1f} us")
+    _print_span_costs()
 
 
-def _sdk_floor(n: int = 20_000) -> float:
-    """The OpenTelemetry SDK's own cost of one recorded span (us), in a fresh process:
-    the floor of any per-job span, whoever makes it."""
-    code = (
-        "import time\n"
-        "from bench.probes.tracing_cost import _provider\n"
-        "from opentelemetry import trace\n"
-        "_provider(True)\n"
-        "t = trace.get_tracer('floor')\n"
-        "a = {f'a{i}': i for i in range(8)}\n"
-        f"n = {n}\n"
-        "s = time.perf_counter()\n"
-        "for _ in range(n):\n"
-        "    sp = t.start_span('x', attributes=a)\n"
-        "    sp.set_attribute('o', 'acked')\n"
-        "    sp.end()\n"
-        "print((time.perf_counter() - s) / n * 1e6)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    return float(out.stdout.split()[-1])
+def _span_costs(sampled: bool, n: int = 5_000, rounds: int = 7) -> dict[str, float]:
+    """CPU us of one run span as the worker makes it (``start_run``, ``acking``,
+    ``settle``: the stored context parsed, attached and detached) against the SDK's bare
+    span (``start_span`` with 8 attributes, one more, ``end``), alternated in one
+    process; medians of ``rounds``. The difference is tickwheel's own part."""
+    from opentelemetry import trace
+
+    from tickwheel.durable.model import Job
+    from tickwheel.durable.scheduler import ACKED, Tracing
+
+    _provider(sampled)
+    tracing, bare_tracer = Tracing("bench"), trace.get_tracer("bench")
+    stored = b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01"
+    job = Job("j", 0, "noop", b"", 1000, 1000, 5000, 1, 5, 1, None, trace=stored)
+    attributes = {f"tickwheel.a{i}": i for i in range(8)}
+
+    def ours() -> None:
+        tracing.detach(tracing.start_run(job))
+        tracing.acking(job)
+        tracing.settle(job, ACKED)
+
+    def bare() -> None:
+        span = bare_tracer.start_span("x", attributes=attributes)
+        span.set_attribute("tickwheel.outcome", ACKED)
+        span.end()
+
+    costs: dict[str, list[float]] = {"tickwheel run span": [], "SDK bare span": []}
+    for _ in range(rounds):
+        for name, fn in zip(costs, (ours, bare), strict=True):
+            cpu = time.process_time()
+            for _ in range(n):
+                fn()
+            costs[name].append((time.process_time() - cpu) / n * 1e6)
+    return {name: statistics.median(values) for name, values in costs.items()}
+
+
+def _print_span_costs() -> None:
+    for sampled in (True, False):
+        argv = [sys.executable, "-m", "bench.probes.tracing_cost", "--spans"]
+        argv += ["sampled" if sampled else "unsampled"]
+        out = subprocess.run(argv, capture_output=True, text=True, check=True)
+        print(f"one span, {'sampled' if sampled else 'unsampled'} (CPU us): {out.stdout.strip()}")
 
 
 if __name__ == "__main__":
