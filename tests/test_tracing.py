@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 import pytest
-from durable_support import open_scheduler, run, unique_ns
+from durable_support import open_scheduler, push_clock, run, unique_ns
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -21,6 +21,7 @@ from tickwheel.durable import (
     CancelResult,
     JobSpec,
     JobState,
+    Reaper,
     StreamConsumer,
     StreamEntry,
     StreamPublisher,
@@ -185,6 +186,29 @@ def test_a_run_cancelled_while_it_runs_says_so(
                 (span,) = await wait_spans(spans, s.keys.namespace, "tickwheel run", 1)
             assert attrs(span)["tickwheel.outcome"] == "cancelled"
             assert span.status.status_code is StatusCode.UNSET
+
+    run(main())
+
+
+def test_a_reap_round_that_moved_leases_is_a_span(
+    redis_server: Any, spans: InMemorySpanExporter
+) -> None:
+    async def main() -> None:
+        async with open_scheduler(redis_server.url, **{**SCHED, "shards": 1}) as s:
+            await s.schedule("r1", "t")
+            await s.take(0)
+            batch = await s.claim(0, lease=1.0)
+            assert [j.id for j in batch.jobs] == ["r1"]
+            reaper = Reaper(s.ownership, tracer=s.tracer)
+            assert await reaper.reap_once()  # nothing expired yet: no span
+            assert of_ns(spans, s.keys.namespace, "tickwheel reap") == []
+            await push_clock(s, 0, 5_000)
+            (result,) = await reaper.reap_once()
+            assert result.requeued == ["r1"]
+            (span,) = of_ns(spans, s.keys.namespace, "tickwheel reap")
+            a = attrs(span)
+            assert a["tickwheel.job_ids"] == ("r1",) and a["tickwheel.requeued"] == 1
+            assert a["tickwheel.shard"] == 0 and span.parent is None
 
     run(main())
 
