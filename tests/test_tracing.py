@@ -116,6 +116,34 @@ def test_a_run_span_is_in_the_trace_of_the_request_that_scheduled_it(
     run(main())
 
 
+@pytest.mark.parametrize("thread", [False, True])
+def test_a_plain_function_runs_in_its_span(
+    redis_server: Any, spans: InMemorySpanExporter, thread: bool
+) -> None:
+    inner: list[int] = []
+    reg = TaskRegistry()
+
+    @reg.task(name="plain", thread=thread)
+    def plain(ctx: TaskContext) -> None:
+        with trace.get_tracer("test").start_as_current_span("inside") as span:
+            inner.append(span.get_span_context().trace_id)
+
+    async def main() -> None:
+        async with open_scheduler(redis_server.url, **SCHED) as s:
+            with trace.get_tracer("test").start_as_current_span("request") as request:
+                await s.schedule("p1", "plain")
+            async with running_worker(s, reg, **FAST):
+                (span,) = await wait_spans(spans, s.keys.namespace, "tickwheel run", 1)
+            trace_id = request.get_span_context().trace_id
+            assert span.context is not None and span.context.trace_id == trace_id
+            assert attrs(span)["tickwheel.outcome"] == "acked"
+            assert inner == [trace_id]
+            (own,) = [x for x in spans.get_finished_spans() if x.name == "inside"]
+            assert own.parent is not None and own.parent.span_id == span.context.span_id
+
+    run(main())
+
+
 def test_retried_and_dead_runs_carry_their_outcome(
     redis_server: Any, spans: InMemorySpanExporter
 ) -> None:

@@ -69,7 +69,8 @@ _FOREVER = float("inf")
 
 
 async def _raise(exc: BaseException) -> None:
-    """Raise ``exc`` when awaited: a plain function's failure, for the task path's retry."""
+    """Raise ``exc`` when awaited: a plain task function's failure, handed to the task
+    path that writes its retry."""
     raise exc
 
 
@@ -197,31 +198,26 @@ class Runner:
         self.stats.fired += 1
         if logger.isEnabledFor(logging.DEBUG):
             log_start(job, None if due is None else (self.wheel.time() - due) * 1000)
-        token = None if self.tracer is None or job.duplicate else self.tracer.start_run(job)
-        try:
-            publishing = self.publisher is not None
-            fn = None if job.duplicate or publishing else self.registry.get(job.task)
-            if fn is not None and type(job.payload) is not UndecodablePayload:
-                kind = self._kinds.get(job.task)
-                if kind is None:
-                    kind = self._kinds[job.task] = self._kind_of(job.task, fn)
-                how, limit = kind
-                if how is not _ASYNC:
-                    if how is _THREAD:
-                        self._busy += 1
-                        started = self._in_thread(fn, job)
-                        self._spawn(self._execute(job, lease_end, started, limit), job)
-                    else:
-                        self._run_plain(fn, job, lease_end, limit)
-                    return
-                self._busy += 1
-                self._spawn(self._execute(job, lease_end, None, limit), job)
+        publishing = self.publisher is not None
+        fn = None if job.duplicate or publishing else self.registry.get(job.task)
+        if fn is not None and type(job.payload) is not UndecodablePayload:
+            kind = self._kinds.get(job.task)
+            if kind is None:
+                kind = self._kinds[job.task] = self._kind_of(job.task, fn)
+            how, limit = kind
+            if how is not _ASYNC:
+                if how is _THREAD:
+                    self._busy += 1
+                    started = self._in_thread(fn, job)
+                    self._spawn(self._execute(job, lease_end, started, limit), job)
+                else:
+                    self._run_plain(fn, job, lease_end, limit)
                 return
             self._busy += 1
-            self._spawn(self._execute(job, lease_end), job)
-        finally:
-            if token is not None:
-                self.tracer.detach(token)  # type: ignore[union-attr]
+            self._spawn(self._execute(job, lease_end, None, limit), job)
+            return
+        self._busy += 1
+        self._spawn(self._execute(job, lease_end), job)
 
     def _kind_of(self, task: str, fn: TaskFunc) -> tuple[str, float | None]:
         """How task ``task`` runs (_ASYNC, _PLAIN or _THREAD), and its timeout."""
@@ -237,7 +233,8 @@ class Runner:
             # Twice the slots: a thread that timed out holds its pool thread until it
             # returns, and the jobs after it should still find one.
             self._pool = DaemonPool(2 * self.max_running)
-        context = contextvars.copy_context()
+        tracer = self.tracer  # with tracing, the run span is current in the copy
+        context = contextvars.copy_context() if tracer is None else tracer.run_context(job)
         return self._pool.submit(context.run, fn, self._context(job))
 
     def close(self) -> None:
@@ -252,6 +249,8 @@ class Runner:
         job: Job,
         context: contextvars.Context | None = None,
     ) -> None:
+        if context is None and self.tracer is not None and not job.duplicate:
+            context = self.tracer.run_context(job)  # its run span current in the task
         task = asyncio.get_running_loop().create_task(coro, context=context)
         self._running[task] = job
         task.add_done_callback(self._forget)
@@ -261,7 +260,8 @@ class Runner:
         and in a copy of its context, as a task would (and it would block the loop as
         long there); no task is made unless it raises or returns an awaitable. Its ack
         joins the shard's next ack batch."""
-        context = contextvars.copy_context()
+        tracer = self.tracer  # with tracing, the run span is current in the copy
+        context = contextvars.copy_context() if tracer is None else tracer.run_context(job)
         try:
             result = context.run(fn, self._context(job))
         except BaseException as exc:  # a failure of the job's own, whatever its class

@@ -24,6 +24,7 @@ Span and attribute names are in docs/tracing.md.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import re
 import time
@@ -189,12 +190,20 @@ class Tracing:
             self._trace.NonRecordingSpan(span_context), self._root
         )
 
-    def start_run(self, job: Job) -> object:
-        """Start the run span of ``job`` and make it current; the token to
-        :meth:`detach` once the run's tasks are made (they copied the context)."""
+    def run_context(self, job: Job) -> contextvars.Context:
+        """A copy of the current context with the run span of ``job`` current in it
+        (the span started at the first call, when the job's handler is about to run)."""
+        span = self._runs.get(id(job))
+        if span is None:
+            span = self._runs[id(job)] = self._start_run(job)
+        ctx = contextvars.copy_context()
+        ctx.run(self._context.attach, self._trace.set_span_in_context(span))
+        return ctx
+
+    def _start_run(self, job: Job) -> Span:
         now_ms = time.time() * 1000
         parent = self.parent_of(job.trace)
-        span = self._tracer.start_span(
+        return self._tracer.start_span(
             f"tickwheel run {job.task}",
             context=self._root if parent is None else parent,
             kind=self._consumer,
@@ -209,11 +218,6 @@ class Tracing:
                 "tickwheel.shard": job.shard,
             },
         )
-        self._runs[id(job)] = span
-        return self._context.attach(self._trace.set_span_in_context(span))
-
-    def detach(self, token: object) -> None:
-        self._context.detach(token)  # type: ignore[arg-type]
 
     def acking(self, job: Job) -> None:
         """The handler of ``job`` returned: its span waits for the ack's outcome."""
