@@ -24,6 +24,7 @@ __all__ = [
     "ERROR_TRACEBACK_MARK",
     "MAX_JOB_ID_BYTES",
     "MAX_TASK_BYTES",
+    "MAX_TRACE_BYTES",
     "MIN_AT_MS",
     "ClaimBatch",
     "DeadPage",
@@ -35,6 +36,7 @@ __all__ = [
     "ScheduleResult",
     "ScheduleStatus",
     "ShardInfo",
+    "check_trace",
     "split_error",
 ]
 
@@ -46,6 +48,9 @@ MAX_JOB_ID_BYTES = 256
 DEFAULT_MAX_ATTEMPTS = 5
 # Task names are registry keys, stored in every record: short by nature.
 MAX_TASK_BYTES = 128
+# Longest W3C trace context a job record carries (traceparent, then a newline and the
+# tracestate): 55 bytes of traceparent and a bounded tracestate (docs/tracing.md).
+MAX_TRACE_BYTES = 512
 # The largest attempt count a record may hold (a msgpack uint32, far beyond any policy).
 MAX_ATTEMPTS_LIMIT = 2**31 - 1
 
@@ -212,6 +217,10 @@ class JobSpec:
         timeout: seconds this job's handler may run (whole ms, rounded up), before its
             task's timeout and the worker's default; None (the default): theirs. Stored
             with the job (a recurring series' runs keep it).
+        trace: the W3C trace context the job carries to its runs (``traceparent``,
+            then a newline and the ``tracestate`` if any; ASCII, at most
+            ``MAX_TRACE_BYTES``). A scheduler made with ``tracing=True`` sets it to its
+            schedule span's; "" (the default): none.
 
     Raises:
         TypeError, ValueError: naming the bad parameter.
@@ -225,6 +234,7 @@ class JobSpec:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     recurrence: Recurrence | None = None
     timeout: float | timedelta | None = None
+    trace: str = field(default="", repr=False, compare=False)
     mode: int = field(init=False, repr=False, compare=False)  # 1 delay, 0 absolute
     time_ms: int = field(init=False, repr=False, compare=False)  # delay or epoch ms
     timeout_ms: int = field(init=False, repr=False, compare=False)  # 0: none
@@ -252,6 +262,8 @@ class JobSpec:
             int_between("max_attempts", self.max_attempts, 1, MAX_ATTEMPTS_LIMIT)
         if self.recurrence is not None and not isinstance(self.recurrence, Recurrence):
             raise TypeError(f"recurrence must be a Recurrence, got {self.recurrence!r}")
+        if self.trace:
+            check_trace(self.trace)
         delay: object = self.delay  # an int of seconds is a float to the type checker
         if self.at is None and type(delay) is int and 0 <= delay <= MAX_TIME_MS // 1000:
             mode, time_ms = 1, delay * 1000
@@ -264,6 +276,20 @@ class JobSpec:
             timeout_ms = finite_seconds_ms("timeout", self.timeout, minimum_ms=1)
             int_between("timeout", timeout_ms, 1, MAX_TIME_MS)
         object.__setattr__(self, "timeout_ms", timeout_ms)
+
+
+def check_trace(trace: object) -> str:
+    """A job's trace context checked: ASCII text without NUL, at most
+    :data:`MAX_TRACE_BYTES`.
+
+    Raises:
+        TypeError, ValueError: naming ``trace``.
+    """
+    if type(trace) is not str:
+        raise TypeError(f"trace must be a str, got {type(trace).__name__}")
+    if len(trace) > MAX_TRACE_BYTES or not trace.isascii() or "\x00" in trace:
+        raise ValueError(f"trace must be ASCII without NUL, at most {MAX_TRACE_BYTES} bytes")
+    return trace
 
 
 @dataclass(slots=True)
@@ -293,6 +319,9 @@ class Job:
     # back, so Redis does not hash the id again); -1 when not known.
     bucket: int = -1
     timeout_ms: int = 0  # this job's own timeout (schedule(timeout=)); 0: none
+    # The W3C trace context its producer stored (JobSpec.trace, as bytes; b"" none).
+    # Bounded by the claim, never trusted: tracing parses it, and a bad one is ignored.
+    trace: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

@@ -386,7 +386,9 @@ class Worker:
         await self.scheduler.open()
         wheel = TimingWheel()
         loader = self.loader = Loader(self.scheduler, self.registry, wheel, **self._loader_args)
-        reaper = Reaper(self.ownership, interval=self.reap_interval_ms / 1000)
+        reaper = Reaper(
+            self.ownership, interval=self.reap_interval_ms / 1000, tracer=self.scheduler.tracer
+        )
         balance = asyncio.ensure_future(self._balance())
         loading = asyncio.ensure_future(loader.run())
         reaping = asyncio.ensure_future(self._reap(reaper))

@@ -49,6 +49,7 @@ from ._operator import Operator
 from ._pause import Pauses
 from ._producer import DEFAULT_GRACE_S, Producer, build_spec, recurrence
 from ._shard_owner import DEFAULT_OWNER_TTL, Ownership
+from ._tracing import Tracing, make_tracing
 
 if TYPE_CHECKING:
     from tickwheel.durable.postgres import PostgresMode, ReconcileResult
@@ -126,6 +127,11 @@ class Scheduler:
             Jobs and completed occurrences live in PostgreSQL, Redis indexes them;
             ``schedule`` takes ``conn=`` (the application's asyncpg connection). None
             (the default): Redis only, and the PostgreSQL code is never imported.
+        tracing: OpenTelemetry spans (docs/tracing.md; needs ``tickwheel[otel]``):
+            schedules are ``PRODUCER`` spans whose trace context the jobs carry, and a
+            worker on this scheduler makes each run a ``CONSUMER`` span in that trace,
+            and its claim and reap rounds spans. False (the default): no span, and
+            OpenTelemetry is never imported.
 
     Raises:
         TypeError, ValueError: naming a bad parameter.
@@ -150,6 +156,7 @@ class Scheduler:
         replica_timeout: float | timedelta = DEFAULT_REPLICA_TIMEOUT,
         call_timeout: float | timedelta = DEFAULT_CALL_TIMEOUT,
         postgres_url: str | None = None,
+        tracing: bool = False,
     ) -> None:
         async_client("client", client)  # a sync redis.Redis fails here, not in a call
         self.keys = Keys(namespace, shards, buckets)  # key names
@@ -178,6 +185,8 @@ class Scheduler:
             self.pg = PostgresMode(
                 PgStore(postgres_url, namespace, call_timeout=self.store.call_timeout)
             )
+        # OpenTelemetry spans (the producer's, a worker's), or None: off.
+        self.tracer: Tracing | None = make_tracing(tracing, namespace)
         # Jobs by id (Producer): schedule, cancel, reschedule, get.
         self.producer = Producer(
             self.store,
@@ -186,6 +195,7 @@ class Scheduler:
             max_payload_bytes=self.max_payload_bytes,
             redis_side=self,
             pg=self.pg,
+            tracer=self.tracer,
         )
         # The calls a shard's owner makes under its epoch (the worker calls it directly).
         self.leases = Leases(

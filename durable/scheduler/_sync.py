@@ -63,6 +63,7 @@ from ._producer import (
     with_first_run,
 )
 from ._scheduler import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_SHARDS
+from ._tracing import Tracing, make_tracing
 
 if TYPE_CHECKING:
     from tickwheel.durable.postgres import SyncPgPool
@@ -95,6 +96,8 @@ class SyncScheduler:
             :class:`RedisUnavailable` (default 10).
         postgres_url: a ``postgresql://`` DSN: the Postgres mode's enqueue (see above);
             ``schedule`` and ``schedule_many`` then take ``conn=``.
+        tracing: OpenTelemetry ``PRODUCER`` spans, the jobs carrying their trace
+            context (:class:`Scheduler`'s ``tracing``; needs ``tickwheel[otel]``).
 
     Raises:
         TypeError, ValueError: naming a bad parameter (an asyncio client is a TypeError).
@@ -110,8 +113,10 @@ class SyncScheduler:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         call_timeout: float | timedelta = DEFAULT_CALL_TIMEOUT,
         postgres_url: str | None = None,
+        tracing: bool = False,
     ) -> None:
         self.keys = Keys(namespace, shards, buckets)
+        self.tracer: Tracing | None = make_tracing(tracing, namespace)  # None: off
         self.max_payload_bytes = int_between("max_payload_bytes", max_payload_bytes, 1)
         seconds = finite_seconds_ms("call_timeout", call_timeout, minimum_ms=1) / 1000
         self.postgres_url = postgres_url
@@ -233,6 +238,13 @@ class SyncScheduler:
         if self.postgres_url is not None:
             return self._pg_schedule([spec], replace, conn)[0]
         _no_conn(conn)
+        if self.tracer is not None:
+            with self.tracer.producing("schedule", [spec.id]) as header:
+                (spec,) = self.tracer.traced([spec], header)
+                return self._schedule_one(spec, replace)
+        return self._schedule_one(spec, replace)
+
+    def _schedule_one(self, spec: JobSpec, replace: bool) -> ScheduleResult:
         encoded = encode_job(spec, self.max_payload_bytes)
         self.open()
         shard = self.keys.shard_of(spec.id)
@@ -255,10 +267,19 @@ class SyncScheduler:
         Raises:
             TypeError, ValueError: for an invalid spec or payload (nothing is written).
         """
-        pending = encode_specs(specs, self.keys, self.max_payload_bytes)
         if self.postgres_url is not None:
+            pending = encode_specs(specs, self.keys, self.max_payload_bytes)
             return self._pg_schedule([spec for _, spec, _ in pending], replace, conn)
         _no_conn(conn)
+        if self.tracer is not None:
+            specs = list(specs)
+            ids = [s.id if isinstance(s, JobSpec) else "" for s in specs]
+            with self.tracer.producing("schedule_many", ids) as header:
+                return self._schedule_many(self.tracer.traced(specs, header), replace)
+        return self._schedule_many(specs, replace)
+
+    def _schedule_many(self, specs: Iterable[JobSpec], replace: bool) -> list[ScheduleResult]:
+        pending = encode_specs(specs, self.keys, self.max_payload_bytes)
         self.open()
         limit = self.max_payload_bytes
         chunked = chunk_groups(

@@ -16,8 +16,8 @@
 --   field_count}: tag = dup + 2 * bucket, where bucket is the index from 0 of the job's
 --   record hash among KEYS[14..], for the ack to send back, and dup is 0 or 1 (below);
 --   count is 6 (task, payload, max, flags, nominal, attempt: the epoch is ARGV[1] and
---   the rest are at their defaults) for a one-shot job with no error and no timeout of
---   its own, else 14 (NFIELDS); the
+--   the rest are at their defaults) for a one-shot job with no error, no timeout of
+--   its own and no trace context, else 15 (NFIELDS); the
 --   nominal is resolved. dropped counts one-shot jobs whose
 --   occurrence is in done already: removed, not returned. A recurring job whose
 --   occurrence is done comes back leased with dup = 1: the client acks it unrun, which
@@ -158,7 +158,8 @@ for k = 1, count do
     else
       r[F_EPOCH] = epoch
       buffer(hset, key_of[k], id, rec_encode(r))
-      local count = (r[F_RKIND] == 0 and r[F_ERROR] == '' and r[F_TIMEOUT] == 0) and F_ATTEMPT
+      local count = (r[F_RKIND] == 0 and r[F_ERROR] == '' and r[F_TIMEOUT] == 0
+        and r[F_TRACE] == '') and F_ATTEMPT
         or NFIELDS
       out[n + 5] = count
       n = n + 5
