@@ -54,6 +54,7 @@ def test_all_is_pinned() -> None:
             "StreamPublisher",
             "SyncScheduler",
             "TaskContext",
+            "TaskHandle",
             "TaskRegistry",
             "Timers",
             "UndecodablePayload",

@@ -28,6 +28,7 @@ from ._handoff import (
     encode_message,
     message_id,
 )
+from ._handles import TaskHandle
 from ._loader import (
     DEFAULT_LIMIT,
     DEFAULT_LOOKAHEAD,
@@ -67,6 +68,7 @@ __all__ = [
     "StreamEntry",
     "StreamPublisher",
     "TaskContext",
+    "TaskHandle",
     "TaskOptions",
     "TaskRegistry",
     "TaskTimeout",

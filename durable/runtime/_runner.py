@@ -118,6 +118,7 @@ class Runner:
         self.max_running = max_running
         self.publisher = publisher
         self.outages = outages if outages is not None else Outages()
+        self.tracer = scheduler.tracer  # run spans (None: tracing off)
         # Task name -> (how it runs, its timeout or None). How: _ASYNC, a coroutine
         # function (it runs in a task of its own); _PLAIN, a plain function (it runs in
         # the wheel's callback that fires its job); _THREAD, a plain function in the
@@ -204,6 +205,8 @@ class Runner:
             if kind is None:
                 kind = self._kinds[job.task] = self._kind_of(job.task, fn)
             how, limit = kind
+            if job.timeout_ms:  # its own (schedule(timeout=)) before the task's
+                limit = job.timeout_ms / 1000
             if how is not _ASYNC:
                 if how is _THREAD:
                     self._busy += 1
@@ -232,7 +235,8 @@ class Runner:
             # Twice the slots: a thread that timed out holds its pool thread until it
             # returns, and the jobs after it should still find one.
             self._pool = DaemonPool(2 * self.max_running)
-        context = contextvars.copy_context()
+        tracer = self.tracer  # with tracing, the run span is current in the copy
+        context = contextvars.copy_context() if tracer is None else tracer.run_context(job)
         return self._pool.submit(context.run, fn, self._context(job))
 
     def close(self) -> None:
@@ -247,6 +251,8 @@ class Runner:
         job: Job,
         context: contextvars.Context | None = None,
     ) -> None:
+        if context is None and self.tracer is not None and not job.duplicate:
+            context = self.tracer.run_context(job)  # its run span current in the task
         task = asyncio.get_running_loop().create_task(coro, context=context)
         self._running[task] = job
         task.add_done_callback(self._forget)
@@ -256,7 +262,8 @@ class Runner:
         and in a copy of its context, as a task would (and it would block the loop as
         long there); no task is made unless it raises or returns an awaitable. Its ack
         joins the shard's next ack batch."""
-        context = contextvars.copy_context()
+        tracer = self.tracer  # with tracing, the run span is current in the copy
+        context = contextvars.copy_context() if tracer is None else tracer.run_context(job)
         try:
             result = context.run(fn, self._context(job))
         except BaseException as exc:  # a failure of the job's own, whatever its class
@@ -286,7 +293,8 @@ class Runner:
         )
 
     def _forget(self, task: asyncio.Task[None]) -> None:
-        self._running.pop(task, None)
+        if (job := self._running.pop(task, None)) is not None and self.tracer is not None:
+            self.tracer.forget(job)  # a span still open here is unsettled
 
     def _free_slot(self) -> None:
         """A handler returned (or never ran): start the jobs waiting for its slot. It

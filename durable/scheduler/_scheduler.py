@@ -46,8 +46,10 @@ from tickwheel.durable.store import (
 from ._console import Console
 from ._leases import DEFAULT_LEASE, MAX_BATCH, MAX_ERROR_CHARS, Leases
 from ._operator import Operator
+from ._pause import Pauses
 from ._producer import DEFAULT_GRACE_S, Producer, build_spec, recurrence
 from ._shard_owner import DEFAULT_OWNER_TTL, Ownership
+from ._tracing import Tracing, make_tracing
 
 if TYPE_CHECKING:
     from tickwheel.durable.postgres import PostgresMode, ReconcileResult
@@ -125,6 +127,11 @@ class Scheduler:
             Jobs and completed occurrences live in PostgreSQL, Redis indexes them;
             ``schedule`` takes ``conn=`` (the application's asyncpg connection). None
             (the default): Redis only, and the PostgreSQL code is never imported.
+        tracing: OpenTelemetry spans (docs/tracing.md; needs ``tickwheel[otel]``):
+            schedules are ``PRODUCER`` spans whose trace context the jobs carry, and a
+            worker on this scheduler makes each run a ``CONSUMER`` span in that trace,
+            and its claim and reap rounds spans. False (the default): no span, and
+            OpenTelemetry is never imported.
 
     Raises:
         TypeError, ValueError: naming a bad parameter.
@@ -149,6 +156,7 @@ class Scheduler:
         replica_timeout: float | timedelta = DEFAULT_REPLICA_TIMEOUT,
         call_timeout: float | timedelta = DEFAULT_CALL_TIMEOUT,
         postgres_url: str | None = None,
+        tracing: bool = False,
     ) -> None:
         async_client("client", client)  # a sync redis.Redis fails here, not in a call
         self.keys = Keys(namespace, shards, buckets)  # key names
@@ -177,6 +185,8 @@ class Scheduler:
             self.pg = PostgresMode(
                 PgStore(postgres_url, namespace, call_timeout=self.store.call_timeout)
             )
+        # OpenTelemetry spans (the producer's, a worker's), or None: off.
+        self.tracer: Tracing | None = make_tracing(tracing, namespace)
         # Jobs by id (Producer): schedule, cancel, reschedule, get.
         self.producer = Producer(
             self.store,
@@ -185,6 +195,7 @@ class Scheduler:
             max_payload_bytes=self.max_payload_bytes,
             redis_side=self,
             pg=self.pg,
+            tracer=self.tracer,
         )
         # The calls a shard's owner makes under its epoch (the worker calls it directly).
         self.leases = Leases(
@@ -265,6 +276,8 @@ class Scheduler:
         missed: MissedRun | str = MissedRun.ONCE,
         max_catch_up: int = DEFAULT_MAX_CATCH_UP,
         misfire_grace: float | timedelta = DEFAULT_GRACE_S,
+        jitter: float | timedelta | None = None,
+        timeout: float | timedelta | None = None,  # noqa: ASYNC109 (the job's, not the call's)
         conn: Any = None,
     ) -> ScheduleResult:
         """Schedule one job by id. One script call.
@@ -288,6 +301,14 @@ class Scheduler:
             missed: missed-run policy of a recurring job: once, all or skip.
             max_catch_up: at most this many missed runs under ``all``.
             misfire_grace: seconds late before an occurrence counts as missed.
+            jitter: a recurring job only (else a ValueError): each run is up to this
+                many seconds after its occurrence, by a hash of (id, occurrence), never
+                before it; the occurrence stays the nominal instant (dedup, missed-run
+                policy). At most a week. docs/timezones.md, "Jitter".
+            timeout: seconds this job's handler may run before it is stopped (the
+                attempt fails with reason timeout), before its task's ``timeout`` and
+                the worker's ``default_timeout``; None: theirs. Not in the Postgres
+                mode yet (a ValueError).
             conn: Postgres mode only: the application's open asyncpg connection. The
                 job is written in its current transaction and exists iff that commits;
                 the relay indexes it in Redis after the commit.
@@ -315,6 +336,8 @@ class Scheduler:
             missed=missed,
             max_catch_up=max_catch_up,
             misfire_grace=misfire_grace,
+            jitter=jitter,
+            timeout=timeout,
         )
         return await self.producer.schedule(spec, replace, conn)
 
@@ -378,6 +401,17 @@ class Scheduler:
     purge_dead = _forward("operator", Operator.purge_dead)
     requeue_all_dead = _forward("operator", Operator.requeue_all_dead)
     purge_all_dead = _forward("operator", Operator.purge_all_dead)
+
+    # -- pause and resume: delegated to self.pauses (Pauses) ----------------------------
+
+    @functools.cached_property
+    def pauses(self) -> Pauses:
+        """Pause, resume and the pause state, each after :meth:`open`."""
+        return Pauses(self.store, self.open)
+
+    pause = _forward("pauses", Pauses.pause)
+    resume = _forward("pauses", Pauses.resume)
+    paused = _forward("pauses", Pauses.paused)
 
     def stats(self) -> SchedulerStats:
         """A snapshot of this scheduler's counters: claims, acks, retries, dead letters,

@@ -84,6 +84,7 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
             owner_ttl=args.owner_ttl,
             check=not args.no_check,
             postgres_url=args.postgres_url,
+            tracing=args.tracing,
         )
         worker = Worker(
             scheduler,
@@ -155,6 +156,12 @@ def _worker(args: argparse.Namespace) -> int:
         registry = _load_registry(args.registry)
     except (ValueError, ImportError, AttributeError) as exc:
         return fail(args, CliError(EXIT_USAGE, f"registry: {exc}"))
+    if args.tracing:
+        try:
+            import opentelemetry.trace  # noqa: F401, PLC0415
+        except ImportError:
+            message = "--tracing needs opentelemetry-api: pip install 'tickwheel[otel]'"
+            return fail(args, CliError(EXIT_USAGE, message))
     return run(args, lambda: _work(args, registry))
 
 
@@ -200,4 +207,10 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
         help="serve Prometheus metrics on 127.0.0.1:PORT (needs tickwheel[prometheus])",
     )
     add_publish_options(work)
+    work.add_argument(
+        "--tracing",
+        action="store_true",
+        help="OpenTelemetry spans of each run, claim and reap (needs tickwheel[otel] and an"
+        " SDK the process configures, e.g. under opentelemetry-instrument)",
+    )
     work.set_defaults(func=_worker)
