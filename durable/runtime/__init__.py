@@ -20,6 +20,7 @@ May import: ``tickwheel.durable.scheduler``, ``.postgres``, ``.store``, ``.model
 
 from __future__ import annotations
 
+from ._handles import TaskHandle
 from ._handoff import (
     FORMAT_VERSION,
     BrokerMessage,
@@ -28,7 +29,6 @@ from ._handoff import (
     encode_message,
     message_id,
 )
-from ._handles import TaskHandle
 from ._loader import (
     DEFAULT_LIMIT,
     DEFAULT_LOOKAHEAD,

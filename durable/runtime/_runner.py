@@ -45,7 +45,7 @@ from ._failures import Failures
 from ._loader_stats import LoaderStats
 from ._logs import Outages, job_fields, log_start, logger
 from ._stopping import Stopper
-from ._stream import Publisher
+from ._stream import Publisher, publish_then_ack
 from ._tasks import TaskContext, TaskFunc, TaskRegistry, call_task
 from ._threads import DaemonPool
 from ._waiting import Waiting
@@ -340,7 +340,7 @@ class Runner:
                     await failures.dead(job, str(job.payload))
                     return
                 if self.publisher is not None:
-                    await self._publish(job, lease_end)
+                    await publish_then_ack(self.publisher, job, lease_end, self._acks, failures)
                     return
                 fn = self.registry.get(job.task)
                 if fn is None:
@@ -453,20 +453,6 @@ class Runner:
         """Cancel a task at the drain deadline: one whose handler runs releases its job
         unrun (same attempt) for another worker; any other is cancelled plainly."""
         self._stopper.drain(task)
-
-    async def _publish(self, job: Job, lease_end: float) -> None:
-        """Publish, then ack: the lease is cleared only after the broker confirmed; no
-        confirm (BrokerUnavailable) leaves the lease to the reaper (docs/brokers.md)."""
-        assert self.publisher is not None
-        try:
-            await self.publisher.publish(job)
-        except BrokerUnavailable:
-            raise  # counted as unavailable by _execute; the reaper publishes it again
-        except Exception as exc:
-            # Published or not, we cannot tell: retry (a duplicate is dropped downstream).
-            await self._failures.failed(job, exc, "publishing ")
-            return
-        self._acks.submit(job, lease_end)
 
     # -- lease extension -----------------------------------------------------------
 
