@@ -14,6 +14,8 @@ import logging
 
 from .model import (
     MAX_PAYLOAD_DEPTH,
+    BrokerMisconfigured,
+    BrokerUnavailable,
     CancelResult,
     ClaimBatch,
     DeadPage,
@@ -52,6 +54,7 @@ from .runtime import (
     StreamEntry,
     StreamPublisher,
     TaskContext,
+    TaskHandle,
     TaskRegistry,
     Timers,
     Worker,
@@ -71,6 +74,8 @@ from .store import (
 __all__ = [
     "MAX_JOB_ID_BYTES",
     "MAX_PAYLOAD_DEPTH",
+    "BrokerMisconfigured",
+    "BrokerUnavailable",
     "CancelResult",
     "ClaimBatch",
     "Client",
@@ -114,6 +119,7 @@ __all__ = [
     "StreamPublisher",
     "SyncScheduler",
     "TaskContext",
+    "TaskHandle",
     "TaskRegistry",
     "Timers",
     "UndecodablePayload",

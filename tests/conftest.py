@@ -21,7 +21,9 @@ from vloop import VirtualLoop
 from wheel_impls import IMPLS
 
 import tickwheel.wheel
+from tickwheel.durable.servers._nats import NatsServer
 from tickwheel.durable.servers._postgres import PostgresServer
+from tickwheel.durable.servers._rabbitmq import RabbitServer
 from tickwheel.durable.servers._redis import (
     RedisClusterServer,
     RedisServer,
@@ -150,3 +152,19 @@ def pg_icu_url(pg_server: PostgresServer) -> Iterator[str]:
     )
     yield pg_server.url_for(name)
     asyncio.run(_admin(pg_server.url, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+@pytest.fixture(scope="session")
+def nats_server() -> Iterator[NatsServer]:
+    """One nats-server with JetStream for the whole session (tests isolate themselves
+    by stream and subject). Never the machine's own server."""
+    with NatsServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def rabbit_server() -> Iterator[RabbitServer]:
+    """One RabbitMQ node for the whole session (it boots in seconds; tests isolate
+    themselves by exchange and queue). Never the machine's own node."""
+    with RabbitServer() as server:
+        yield server

@@ -73,11 +73,11 @@ async def snapshot(sched: Scheduler) -> dict[bytes, bytes | None]:
 
 async def far_jobs(sched: Scheduler, shard: int) -> dict[str, int]:
     """The live jobs of a shard's far index, each with its due time: a job whose record
-    is in none of due, leased and dead, with an entry in the slot of its nominal."""
+    is in none of due, leased, dead and parked, with an entry in the slot of its nominal."""
     client = client_of(sched)
     k = sched.keys.shard(shard)
     taken = set()
-    for ks in (k.due, k.leased, k.dead):
+    for ks in (k.due, k.leased, k.dead, k.parked):
         taken |= {m.decode() for m in await client.zrange(ks, 0, -1)}
     out: dict[str, int] = {}
     for member in await client.zrange(k.far, 0, -1):
@@ -106,6 +106,7 @@ async def check_shard(sched: Scheduler, shard: int) -> dict[str, JobState]:
     due = {m.decode() for m in await client.zrange(k.due, 0, -1)}
     leased = {m.decode() for m in await client.zrange(k.leased, 0, -1)}
     dead = {m.decode() for m in await client.zrange(k.dead, 0, -1)}
+    parked = {m.decode() for m in await client.zrange(k.parked, 0, -1)}
     records: set[str] = set()
     async with client.pipeline(transaction=False) as pipe:
         for bucket in k.jobs:
@@ -122,8 +123,12 @@ async def check_shard(sched: Scheduler, shard: int) -> dict[str, JobState]:
         f"jobs={sorted(records)}"
     )
     assert not (due & leased) and not (due & dead) and not (leased & dead), dump
-    # A job with a record in none of due, leased and dead is in the far index, live.
-    assert set(far) == records - due - leased - dead, dump
+    assert not (parked & (due | leased | dead)), (sorted(parked), dump)
+    # parkedx holds one member per parked job, "<task>\0<due>\0<id>".
+    index = [m.split(b"\0") for m in await client.zrange(k.parkedx, 0, -1)]
+    assert sorted(p[2].decode() for p in index) == sorted(parked), dump
+    # A job with a record in none of due, leased, dead and parked is in the far index.
+    assert set(far) == records - due - leased - dead - parked, dump
     # Every open chunk in faro has its marker in far.
     opened = {int(f) for f in await client.hkeys(k.faro)}
     markers = {
@@ -132,6 +137,7 @@ async def check_shard(sched: Scheduler, shard: int) -> dict[str, JobState]:
     assert opened == markers, (opened, markers)
     states = dict.fromkeys(due, JobState.DUE)
     states.update(dict.fromkeys(far, JobState.DUE))
+    states.update(dict.fromkeys(parked, JobState.DUE))
     states.update(dict.fromkeys(leased, JobState.LEASED))
     states.update(dict.fromkeys(dead, JobState.DEAD))
     for job_id, state in states.items():

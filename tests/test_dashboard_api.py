@@ -527,14 +527,21 @@ def test_workers_and_live_charts_from_published_stats(redis_url: str) -> None:
 
         assert wait_for(charted, 30)
         charts = client.get("/api/charts").json()
-        assert charts["counters"] == ["claimed", "acked", "retries", "dead_letters", "reaped"]
+        assert charts["counters"] == [
+            "claimed",
+            "acked",
+            "retries",
+            "dead_letters",
+            "reaped",
+            "timeouts",
+        ]
         html = client.get("/").text
         assert 'id="workers"' in html and "live workers" in html
         token = worker["token"]
         # The document under {ns}:wstats:<token>, with the member TTL (10 s).
         doc, ttl = run(_stats_key(redis_url, ns, token))
         assert doc is not None and 0 < ttl <= 10_000
-        assert doc["v"] == 1 and doc["owned"] == SHARDS and len(doc["c"]) == 5
+        assert doc["v"] == 1 and doc["owned"] == SHARDS and len(doc["c"]) == 6
         assert len(doc["lat"]) == 16 and doc["t"] > 0
     # The stats key leaves with the worker.
     assert run(_stats_key(redis_url, ns, token)) == (None, -2)

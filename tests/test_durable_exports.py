@@ -10,6 +10,8 @@ def test_all_is_pinned() -> None:
     assert sorted(durable.__all__) == sorted(
         [
             "MAX_JOB_ID_BYTES",
+            "BrokerMisconfigured",
+            "BrokerUnavailable",
             "CancelResult",
             "MAX_PAYLOAD_DEPTH",
             "ClaimBatch",
@@ -54,6 +56,7 @@ def test_all_is_pinned() -> None:
             "StreamPublisher",
             "SyncScheduler",
             "TaskContext",
+            "TaskHandle",
             "TaskRegistry",
             "Timers",
             "UndecodablePayload",

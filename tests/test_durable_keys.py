@@ -14,6 +14,7 @@ from tests.durable_support import open_scheduler, push_clock, run
 from tickwheel.durable import JobSpec, Keys
 from tickwheel.durable.store import Transport
 from tickwheel.durable.store import _calls as store_calls
+from tickwheel.durable.store import _pauses as store_pauses
 from tickwheel.durable.store._connect import client_from_url
 from tickwheel.durable.store._scripts import SCRIPT_NAMES, STANDALONE_SCRIPTS, source
 
@@ -41,11 +42,12 @@ def test_every_key_of_a_shard_carries_its_hash_tag() -> None:
     for s in range(4):
         sk = keys.shard(s)
         names = [*(k for k in sk if isinstance(k, str)), *sk.jobs]
-        assert len(names) == 9 + 8
+        assert len(names) == 12 + 8
         assert all(k.startswith(f"{{orders:{s}}}:") for k in names)
         assert len({key_slot(k.encode()) for k in names}) == 1
         assert sk.jobs == tuple(f"{{orders:{s}}}:jobs:{b}" for b in range(8))
     assert keys.meta == "{orders}:meta"
+    assert keys.paused == "{orders}:paused"
 
 
 @pytest.mark.parametrize(
@@ -114,8 +116,17 @@ def test_all_keys_of_each_script_land_in_one_slot(
         calls.append(("schedule", list(keys)))
         return keys, args
 
+    real_pause_call = store_pauses.shard_pause_call
+
+    def spy_pause(*args: Any, **kwargs: Any) -> Any:
+        # pause.lua goes out in a pipeline over the shards: seen where it is built.
+        keys, rest = real_pause_call(*args, **kwargs)
+        calls.append(("pause", list(keys)))
+        return keys, rest
+
     monkeypatch.setattr(Transport, "run", spy)
     monkeypatch.setattr(store_calls, "schedule_call", spy_schedule)
+    monkeypatch.setattr(store_pauses, "shard_pause_call", spy_pause)
 
     async def main() -> None:
         async with open_scheduler(redis_url, shards=4) as s:
@@ -129,6 +140,8 @@ def test_all_keys_of_each_script_land_in_one_slot(
             await s.schedule("r", "t", every=5)
             await s.reschedule("r", delay=0)
             await s.get("k1")
+            await s.pause("other")  # claims read the copy; t still runs
+            await s.paused()
             for shard in range(4):
                 batch = await s.claim(shard)
                 if batch.jobs:
@@ -142,6 +155,7 @@ def test_all_keys_of_each_script_land_in_one_slot(
                 await s.requeue_dead([j.id for j in page.jobs[:1]])
                 await s.purge_dead([j.id for j in page.jobs[1:2]])
                 await s.purge_all_dead(shard)
+            await s.resume("other")
             await s.cancel("k2")
             assert not await s.store.raise_epoch(3, 0)
             assert await s.workers.heartbeat("w1", 10_000, True) == 1

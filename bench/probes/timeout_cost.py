@@ -6,8 +6,10 @@ against without, in one run (issue 34's target: at most 5 % slower).
 On one private redis-server: each round schedules ``--jobs`` due jobs (4 shards) and
 runs them through a :class:`Worker` on a no-op ``async def`` task, registered without a
 timeout and with ``timeout=30`` (a wheel timer per job, cancelled when the handler
-returns). ``--baseline`` adds a row of the same run without a timeout on another
-checkout's ``durable/`` (``git archive <commit> durable | tar -x -C /tmp/old``, then
+returns), and the jobs scheduled with their own ``schedule(..., timeout=30)`` (the
+task without one: a longer record and claim row per job, then the same timer).
+``--baseline`` adds a row of the same run without a timeout on another checkout's
+``durable/`` (``git archive <commit> durable | tar -x -C /tmp/old``, then
 ``/tmp/old/durable``): the cost of the new code on a job without a timeout. Every row of
 every round runs in a fresh process, the rows in a rotating order (so a load spike of
 the shared machine hits them all alike). Each row's figure is the median of its rounds'
@@ -40,7 +42,7 @@ def _registry(limit: float | None) -> object:
     return reg
 
 
-async def _round(url: str, jobs: int, limit: float | None) -> float:
+async def _round(url: str, jobs: int, limit: float | None, own: float | None = None) -> float:
     from tickwheel.durable import JobSpec, Scheduler, Worker
     from tickwheel.durable.store._connect import client_from_url
 
@@ -49,7 +51,7 @@ async def _round(url: str, jobs: int, limit: float | None) -> float:
         await client.flushall()
         sched = Scheduler(client, "bench", shards=4, check=False)
         await sched.open()
-        specs = [JobSpec(f"j{i}", "noop") for i in range(jobs)]
+        specs = [JobSpec(f"j{i}", "noop", timeout=own) for i in range(jobs)]
         for i in range(0, jobs, 5000):
             await sched.schedule_many(specs[i : i + 5000])
         worker = Worker(
@@ -77,6 +79,9 @@ def _one(args: argparse.Namespace) -> None:
         from bench.probes._checkout import load_durable
 
         load_durable(args.durable_dir)
+    if args.one.startswith("job:"):  # the job's own timeout, the task without one
+        print(asyncio.run(_round(args.url, args.jobs, None, float(args.one[4:]))))
+        return
     limit = None if args.one == "none" else float(args.one)
     print(asyncio.run(_round(args.url, args.jobs, limit)))
 
@@ -95,7 +100,11 @@ def main() -> None:
         return
     from bench.probes._checkout import redis_server_type
 
-    rows: dict[str, list[str]] = {"without timeout": ["none"], "timeout=30": ["30"]}
+    rows: dict[str, list[str]] = {
+        "without timeout": ["none"],
+        "timeout=30": ["30"],
+        "job timeout=30": ["job:30"],
+    }
     if args.baseline:
         rows["baseline, no timeout"] = ["none", "--durable-dir", args.baseline]
     rates: dict[str, list[float]] = {name: [] for name in rows}

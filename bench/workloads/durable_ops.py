@@ -16,7 +16,7 @@ import time
 
 import redis.asyncio
 
-from tickwheel.durable import JobSpec, Scheduler
+from tickwheel.durable import JobSpec, Recurrence, Scheduler
 from tickwheel.durable.store._connect import client_from_url
 
 PAYLOAD = b"x" * 32
@@ -26,7 +26,23 @@ MODE_SHARDS = 4  # mode_round's namespace
 # bare: one EVALSHA of a script that only returns, through the store's own call path
 # (Direct on one Redis, as a single schedule goes): the floor of an awaited call,
 # against which "single" is compared.
-HOT_PATHS = ("claim_ack", "schedule_many", "single", "bare")
+# claim_ack_cron / claim_ack_cron_tz: claim_ack of recurring jobs, a daily "0 9 * * *"
+# in UTC / in Europe/Paris, each claimed on time at its 09:00 (the shard's clock placed
+# there), so the claim plans the next occurrence (and checks for missed ones) per job.
+HOT_PATHS = (
+    "claim_ack",
+    "schedule_many",
+    "single",
+    "bare",
+    "claim_ack_cron",
+    "claim_ack_cron_tz",
+)
+_CLAIMED = ("claim_ack", "claim_ack_cron", "claim_ack_cron_tz")
+# The cron paths' first occurrence: 2030-06-03 09:00 in UTC, and in Paris (07:00Z).
+_CRON_AT = {
+    "claim_ack_cron": (1_906_707_600_000, None),
+    "claim_ack_cron_tz": (1_906_700_400_000, "Europe/Paris"),
+}
 HOT_PATH_JOBS = 12_000  # the claim_ack set-up: as many due jobs for every count
 BARE = "return 1"
 
@@ -89,7 +105,7 @@ async def hot_path_setup(port: int, op: str) -> tuple[Scheduler, redis.asyncio.R
     every count: claim_ack's due jobs are :data:`HOT_PATH_JOBS` whatever is claimed)."""
     client = redis.asyncio.Redis(port=port)
     await client.flushall()
-    s = Scheduler(client, "p", shards=1 if op == "claim_ack" else 16, check=False)
+    s = Scheduler(client, "p", shards=1 if op in _CLAIMED else 16, check=False)
     await s.open()
     if op == "claim_ack":
         await s.take(0)
@@ -98,12 +114,23 @@ async def hot_path_setup(port: int, op: str) -> tuple[Scheduler, redis.asyncio.R
             await s.schedule_many(
                 JobSpec(f"job:{start + i}", "send_email", PAYLOAD) for i in range(n)
             )
+    elif op in _CRON_AT:
+        at, tz = _CRON_AT[op]
+        await client.set(s.keys.shard(0).clock, at + 1000)  # now = max(TIME, clock)
+        await s.take(0)
+        rec = Recurrence.cron_expr("0 9 * * *", tz=tz)
+        for start in range(0, HOT_PATH_JOBS, 5000):
+            n = min(5000, HOT_PATH_JOBS - start)
+            await s.schedule_many(
+                JobSpec(f"job:{start + i}", "send_email", PAYLOAD, at=at, recurrence=rec)
+                for i in range(n)
+            )
     return s, client
 
 
 async def hot_path(s: Scheduler, op: str, count: int) -> None:
     """Run ``op`` (one of :data:`HOT_PATHS`) over ``count`` jobs."""
-    if op == "claim_ack":
+    if op in _CLAIMED:
         n = 0
         while n < count:
             batch = await s.claim(0, limit=min(1000, count - n))
@@ -126,5 +153,5 @@ async def hot_path(s: Scheduler, op: str, count: int) -> None:
 
 async def warm_hot_path(s: Scheduler, op: str) -> None:
     """Load the scripts and make the connection before a counted or profiled run."""
-    if op != "claim_ack":
+    if op not in _CLAIMED:
         await hot_path(s, op, 1 if op in ("single", "bare") else 1000)

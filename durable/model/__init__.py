@@ -14,6 +14,8 @@ from __future__ import annotations
 from ._args import async_client, finite_seconds_ms, int_between
 from ._cancel import CancelResult
 from ._errors import (
+    BrokerMisconfigured,
+    BrokerUnavailable,
     DurableError,
     Fenced,
     LeaseLost,
@@ -33,6 +35,7 @@ from ._jobs import (
     ERROR_TRACEBACK_MARK,
     MAX_JOB_ID_BYTES,
     MAX_TASK_BYTES,
+    MAX_TRACE_BYTES,
     MIN_AT_MS,
     ClaimBatch,
     DeadPage,
@@ -46,6 +49,7 @@ from ._jobs import (
     ShardInfo,
     check_job_id,
     check_task_name,
+    check_trace,
     split_error,
     when_args,
 )
@@ -73,9 +77,12 @@ __all__ = [
     "MAX_JOB_ID_BYTES",
     "MAX_PAYLOAD_DEPTH",
     "MAX_TASK_BYTES",
+    "MAX_TRACE_BYTES",
     "MIN_AT_MS",
     "POLICY_BY_CODE",
     "POLICY_CODES",
+    "BrokerMisconfigured",
+    "BrokerUnavailable",
     "CancelResult",
     "ClaimBatch",
     "Counters",
@@ -109,6 +116,7 @@ __all__ = [
     "async_client",
     "check_job_id",
     "check_task_name",
+    "check_trace",
     "count_reap",
     "finite_seconds_ms",
     "int_between",

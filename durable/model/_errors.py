@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "BrokerMisconfigured",
+    "BrokerUnavailable",
     "DurableError",
     "Fenced",
     "LeaseLost",
@@ -159,3 +161,21 @@ class SchemaNotReady(DurableError):
 
 class ServerCheckFailed(DurableError):
     """The Redis server is unfit for durable jobs (strict mode). Permanent."""
+
+
+class BrokerUnavailable(DurableError):
+    """A message broker of the publish handoff (NATS JetStream, RabbitMQ) could not be
+    reached, timed out, or did not confirm a publish (a nack, a message it could not
+    route, a connection lost before the confirm). Transient: retry later.
+
+    The message may or may not be stored: the job's lease is left to the reaper, the job
+    is published again, and the broker's dedup or the consumer drops the second copy.
+    """
+
+    transient = True
+
+
+class BrokerMisconfigured(DurableError):
+    """The broker refused the handoff's setup: no stream for the subject, no such
+    exchange or queue, bad credentials or no permission. Permanent until the broker or
+    the arguments are changed; raised at start (``open()``)."""

@@ -24,6 +24,7 @@ __all__ = [
     "ERROR_TRACEBACK_MARK",
     "MAX_JOB_ID_BYTES",
     "MAX_TASK_BYTES",
+    "MAX_TRACE_BYTES",
     "MIN_AT_MS",
     "ClaimBatch",
     "DeadPage",
@@ -35,6 +36,7 @@ __all__ = [
     "ScheduleResult",
     "ScheduleStatus",
     "ShardInfo",
+    "check_trace",
     "split_error",
 ]
 
@@ -46,6 +48,9 @@ MAX_JOB_ID_BYTES = 256
 DEFAULT_MAX_ATTEMPTS = 5
 # Task names are registry keys, stored in every record: short by nature.
 MAX_TASK_BYTES = 128
+# Longest W3C trace context a job record carries (traceparent, then a newline and the
+# tracestate): 55 bytes of traceparent and a bounded tracestate (docs/tracing.md).
+MAX_TRACE_BYTES = 512
 # The largest attempt count a record may hold (a msgpack uint32, far beyond any policy).
 MAX_ATTEMPTS_LIMIT = 2**31 - 1
 
@@ -209,6 +214,13 @@ class JobSpec:
         max_attempts: attempts before the job goes dead.
         recurrence: for a recurring job; the first run is ``delay``/``at`` if given,
             else the first occurrence after now.
+        timeout: seconds this job's handler may run (whole ms, rounded up), before its
+            task's timeout and the worker's default; None (the default): theirs. Stored
+            with the job (a recurring series' runs keep it).
+        trace: the W3C trace context the job carries to its runs (``traceparent``,
+            then a newline and the ``tracestate`` if any; ASCII, at most
+            ``MAX_TRACE_BYTES``). A scheduler made with ``tracing=True`` sets it to its
+            schedule span's; "" (the default): none.
 
     Raises:
         TypeError, ValueError: naming the bad parameter.
@@ -221,8 +233,11 @@ class JobSpec:
     at: int | datetime | None = None
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     recurrence: Recurrence | None = None
+    timeout: float | timedelta | None = None
+    trace: str = field(default="", repr=False, compare=False)
     mode: int = field(init=False, repr=False, compare=False)  # 1 delay, 0 absolute
     time_ms: int = field(init=False, repr=False, compare=False)  # delay or epoch ms
+    timeout_ms: int = field(init=False, repr=False, compare=False)  # 0: none
 
     def __post_init__(self) -> None:
         # The common spec passes on the fast path: an ASCII str id and task without NUL,
@@ -247,6 +262,8 @@ class JobSpec:
             int_between("max_attempts", self.max_attempts, 1, MAX_ATTEMPTS_LIMIT)
         if self.recurrence is not None and not isinstance(self.recurrence, Recurrence):
             raise TypeError(f"recurrence must be a Recurrence, got {self.recurrence!r}")
+        if self.trace:
+            check_trace(self.trace)
         delay: object = self.delay  # an int of seconds is a float to the type checker
         if self.at is None and type(delay) is int and 0 <= delay <= MAX_TIME_MS // 1000:
             mode, time_ms = 1, delay * 1000
@@ -254,6 +271,25 @@ class JobSpec:
             mode, time_ms = when_args(self.delay, self.at)
         object.__setattr__(self, "mode", mode)
         object.__setattr__(self, "time_ms", time_ms)
+        timeout_ms = 0
+        if self.timeout is not None:
+            timeout_ms = finite_seconds_ms("timeout", self.timeout, minimum_ms=1)
+            int_between("timeout", timeout_ms, 1, MAX_TIME_MS)
+        object.__setattr__(self, "timeout_ms", timeout_ms)
+
+
+def check_trace(trace: object) -> str:
+    """A job's trace context checked: ASCII text without NUL, at most
+    :data:`MAX_TRACE_BYTES`.
+
+    Raises:
+        TypeError, ValueError: naming ``trace``.
+    """
+    if type(trace) is not str:
+        raise TypeError(f"trace must be a str, got {type(trace).__name__}")
+    if len(trace) > MAX_TRACE_BYTES or not trace.isascii() or "\x00" in trace:
+        raise ValueError(f"trace must be ASCII without NUL, at most {MAX_TRACE_BYTES} bytes")
+    return trace
 
 
 @dataclass(slots=True)
@@ -282,6 +318,10 @@ class Job:
     # Index of its record hash in the shard, as the claim found it (the ack sends it
     # back, so Redis does not hash the id again); -1 when not known.
     bucket: int = -1
+    timeout_ms: int = 0  # this job's own timeout (schedule(timeout=)); 0: none
+    # The W3C trace context its producer stored (JobSpec.trace, as bytes; b"" none).
+    # Bounded by the claim, never trusted: tracing parses it, and a bad one is ignored.
+    trace: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +340,20 @@ class JobInfo:
     epoch: int  # epoch of the current lease; 0 when not leased
     recurrence: Recurrence | None  # set for recurring jobs
     last_error: str  # error of the last failed attempt
+    timeout_ms: int = 0  # its own timeout (schedule(timeout=)); 0: none
+
+    def upcoming(self, count: int = 5) -> list[int]:
+        """A recurring job's next ``count`` occurrences (UTC instants, ms), from the one
+        it runs next: its current one while due, the one after while leased; ``[]``
+        for a one-shot or a dead job. ``recurrence.local(ms)`` reads one in the
+        series' zone."""
+        rec = self.recurrence
+        if rec is None or self.state is JobState.DEAD:
+            return []
+        first = self.nominal_ms
+        if self.state is JobState.LEASED:
+            first = rec.next_after(self.nominal_ms, self.nominal_ms)
+        return rec.upcoming(first, count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,6 +368,7 @@ class ClaimBatch:
     jobs: list[Job]  # leased jobs, in due order
     dropped: int  # one-shot jobs dropped because their occurrence was done
     moved: int = 0  # recurring jobs moved unrun by their missed-run policy
+    parked: int = 0  # due jobs of paused tasks set aside until a resume (not leased)
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +405,9 @@ class ShardInfo:
     owner: str  # the owner's token; "" when no one owns the shard
     owner_ttl_ms: int  # how long the owner's token lives without renewal; -2 when free
     epoch: int  # the shard's fencing epoch
+    # due jobs of paused tasks a claim set aside (counted in due, not in overdue)
+    parked: int = 0
+    paused: tuple[str, ...] = ()  # the shard's copy of the paused tasks ("" = all)
 
     @property
     def lag_ms(self) -> int:

@@ -18,6 +18,7 @@ Ground rules:
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -32,6 +33,7 @@ __all__ = [
     "DEFAULT_MISFIRE_GRACE_MS",
     "MAX_CATCH_UP",
     "MAX_CRON_CHARS",
+    "MAX_JITTER_MS",
     "MissedRun",
     "Plan",
     "Recurrence",
@@ -49,6 +51,8 @@ DEFAULT_MAX_CATCH_UP = 100
 MAX_CATCH_UP = 10_000
 # Cron text is stored in every record of its series and parsed at every claim of it.
 MAX_CRON_CHARS = 1_000
+# The largest jitter of a series: a week (a run is at most this late on purpose).
+MAX_JITTER_MS = 7 * 86_400_000
 # No cron expression fires more often than once a second (6 fields, with seconds).
 _CRON_MIN_STEP_MS = 1_000
 
@@ -73,6 +77,9 @@ KIND_CRON = 2
 # A zoned cron's record spec (field 9) is this prefix, the zone name, a space, then the
 # expression; a spec without it (every record written before zones existed) is UTC.
 TZ_PREFIX = "TZ="
+# A jittered series' spec starts with this prefix, the jitter in ms and a space (before
+# any TZ=); a spec without it (every record written before jitter existed) has none.
+JITTER_PREFIX = "J="
 
 
 def _to_dt(ms: int) -> datetime:
@@ -108,6 +115,7 @@ class Recurrence:
     max_catch_up: int  # cap on the runs 'all' fires after a downtime
     misfire_grace_ms: int  # lateness (ms) below which an occurrence is not missed
     tz: str = ""  # cron only: the IANA zone the expression reads in; "" for UTC
+    jitter_ms: int = 0  # each run is up to this much after its occurrence (0: none)
 
     def __post_init__(self) -> None:
         if self.tz:
@@ -121,8 +129,10 @@ class Recurrence:
         missed: MissedRun | str = MissedRun.ONCE,
         max_catch_up: int = DEFAULT_MAX_CATCH_UP,
         misfire_grace: float | timedelta = DEFAULT_MISFIRE_GRACE_MS / 1000,
+        jitter: float | timedelta = 0,
     ) -> Recurrence:
-        """An occurrence every ``every`` seconds from the first due.
+        """An occurrence every ``every`` seconds from the first due; each run up to
+        ``jitter`` seconds after its occurrence (see :meth:`offset_ms`).
 
         Raises:
             TypeError, ValueError: naming the bad parameter.
@@ -131,7 +141,7 @@ class Recurrence:
         seconds = every.total_seconds() if isinstance(every, timedelta) else every
         if every_ms < 1 or seconds < 0.001:  # not rounded up to 1 ms in silence
             raise ValueError(f"every must be at least 1 ms (0.001 s), got {every!r}")
-        return cls(every_ms, "", *_policy(missed, max_catch_up, misfire_grace))
+        return cls(every_ms, "", *_policy(missed, max_catch_up, misfire_grace), "", _jitter(jitter))
 
     @classmethod
     def cron_expr(
@@ -142,9 +152,11 @@ class Recurrence:
         missed: MissedRun | str = MissedRun.ONCE,
         max_catch_up: int = DEFAULT_MAX_CATCH_UP,
         misfire_grace: float | timedelta = DEFAULT_MISFIRE_GRACE_MS / 1000,
+        jitter: float | timedelta = 0,
     ) -> Recurrence:
         """The occurrences of cron expression ``expr`` (5 fields, or 6 with seconds),
-        read in zone ``tz`` (an IANA name such as ``"Europe/Paris"``; None for UTC).
+        read in zone ``tz`` (an IANA name such as ``"Europe/Paris"``; None for UTC);
+        each run up to ``jitter`` seconds after its occurrence (:meth:`offset_ms`).
 
         Raises:
             TypeError, ValueError: naming the bad parameter (a malformed ``cron``, an
@@ -161,24 +173,47 @@ class Recurrence:
             next(it)
         except (CronSimError, StopIteration, ValueError) as exc:
             raise ValueError(f"cron is not a valid cron expression: {expr!r} ({exc})") from exc
-        return cls(0, expr, *_policy(missed, max_catch_up, misfire_grace), tz or "")
+        policy = _policy(missed, max_catch_up, misfire_grace)
+        return cls(0, expr, *policy, tz or "", _jitter(jitter))
 
     @property
     def spec(self) -> str:
         """The record's spec (field 9): the interval in ms, or the cron expression
-        with its zone as a ``TZ=<zone> `` prefix (none for UTC)."""
-        if self.every_ms:
-            return str(self.every_ms)
-        return f"{TZ_PREFIX}{self.tz} {self.cron}" if self.tz else self.cron
+        with its zone as a ``TZ=<zone> `` prefix (none for UTC); a jitter first, as a
+        ``J=<ms> `` prefix (none without)."""
+        text = str(self.every_ms) if self.every_ms else self.cron
+        if self.tz:
+            text = f"{TZ_PREFIX}{self.tz} {text}"
+        return f"{JITTER_PREFIX}{self.jitter_ms} {text}" if self.jitter_ms else text
 
     @staticmethod
     def split_spec(spec: str) -> tuple[str, str]:
         """A cron record spec as ``(expression, zone)``; zone ``""`` (UTC) when the
-        spec has no ``TZ=`` prefix, as in every record written before zones."""
+        spec has no ``TZ=`` prefix, as in every record written before zones. A
+        ``J=`` prefix is dropped (:meth:`split_jitter` reads it)."""
+        spec = Recurrence.split_jitter(spec)[0]
         if spec.startswith(TZ_PREFIX):
             name, _, expr = spec.partition(" ")
             return expr, name[len(TZ_PREFIX) :]
         return spec, ""
+
+    @staticmethod
+    def split_jitter(spec: str) -> tuple[str, int]:
+        """A record spec as ``(the rest, jitter in ms)``; 0 without a ``J=`` prefix,
+        as in every record written before jitter."""
+        if spec.startswith(JITTER_PREFIX):
+            head, _, rest = spec.partition(" ")
+            return rest, int(head[len(JITTER_PREFIX) :])
+        return spec, 0
+
+    def offset_ms(self, job_id: str, nominal_ms: int) -> int:
+        """How long after occurrence ``nominal_ms`` job ``job_id`` runs: 0 without a
+        jitter, else a number in ``[0, jitter_ms]`` fixed by a hash of (id, nominal),
+        the same on every worker and at every claim of that occurrence."""
+        if not self.jitter_ms:
+            return 0
+        digest = hashlib.blake2b(f"{job_id}:{nominal_ms}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") % (self.jitter_ms + 1)
 
     # -- occurrences ---------------------------------------------------------------
 
@@ -224,6 +259,24 @@ class Recurrence:
         for _ in range(steps - 1):
             next(it)
         return _to_ms(next(it))
+
+    def upcoming(self, first_ms: int, count: int) -> list[int]:
+        """Occurrence ``first_ms`` and the ``count - 1`` after it (UTC instants, ms);
+        ``[]`` when ``count`` < 1. What a page or ``tickwheel inspect --job`` shows."""
+        out: list[int] = []
+        t = first_ms
+        for _ in range(count):
+            out.append(t)
+            try:
+                t = self.next_after(t, first_ms)
+            except (StopIteration, ValueError, OverflowError):  # no later one (cronsim)
+                break
+        return out
+
+    def local(self, ms: int) -> datetime:
+        """Instant ``ms`` as an aware datetime in the series' zone (UTC without one)."""
+        dt = _to_dt(ms)
+        return dt.astimezone(_zoned.zone(self.tz)) if self.tz else dt
 
     # -- missed runs ---------------------------------------------------------------
 
@@ -298,6 +351,13 @@ class Recurrence:
                 break
             n += 1
         return n
+
+
+def _jitter(jitter: float | timedelta) -> int:
+    ms = finite_seconds_ms("jitter", jitter)
+    if ms > MAX_JITTER_MS:
+        raise ValueError(f"jitter must be at most {MAX_JITTER_MS // 1000} s, got {jitter!r}")
+    return ms
 
 
 def _policy(

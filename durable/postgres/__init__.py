@@ -19,21 +19,28 @@ scheduler above it (``RedisSide``) instead of importing it.
 
 from __future__ import annotations
 
+from ._drivers import enqueue_sync
 from ._errors import translate
 from ._migrate import SCHEMA_VERSION, check_schema, migrate, migrations, schema_version
 from ._mode import PostgresMode, ReconcileResult
 from ._pg_store import PgStore
 from ._prune import prune
+from ._sync_ops import cancel_sync, reschedule_sync
+from ._sync_pool import SyncPgPool
 
 __all__ = [
     "SCHEMA_VERSION",
     "PgStore",
     "PostgresMode",
     "ReconcileResult",
+    "SyncPgPool",
+    "cancel_sync",
     "check_schema",
+    "enqueue_sync",
     "migrate",
     "migrations",
     "prune",
+    "reschedule_sync",
     "schema_version",
     "translate",
 ]

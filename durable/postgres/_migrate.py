@@ -22,7 +22,17 @@ from typing import Any
 
 from tickwheel.durable.model import SchemaNotReady
 
-__all__ = ["SCHEMA_VERSION", "Migration", "check_schema", "migrate", "migrations", "schema_version"]
+__all__ = [
+    "SCHEMA_MAX",
+    "SCHEMA_TABLE",
+    "SCHEMA_VERSION",
+    "Migration",
+    "check_schema",
+    "migrate",
+    "migrations",
+    "schema_not_ready",
+    "schema_version",
+]
 
 # pg_advisory_xact_lock key of migrate(): a fixed 63-bit number of its own.
 _LOCK_KEY = 0x2D0B6E3A5F1C4A77
@@ -62,12 +72,30 @@ def migrations() -> list[Migration]:
 SCHEMA_VERSION = len(migrations())
 
 
+# schema_version(): whether the version table exists, then the highest version applied.
+SCHEMA_TABLE = "SELECT to_regclass('tickwheel_schema_version')"
+SCHEMA_MAX = "SELECT max(version) FROM tickwheel_schema_version"
+
+
 async def schema_version(conn: Any) -> int:
     """The schema version of the database ``conn`` is connected to (0: none)."""
-    if await conn.fetchval("SELECT to_regclass('tickwheel_schema_version')") is None:
+    if await conn.fetchval(SCHEMA_TABLE) is None:
         return 0
-    found = await conn.fetchval("SELECT max(version) FROM tickwheel_schema_version")
+    found = await conn.fetchval(SCHEMA_MAX)
     return int(found or 0)
+
+
+def schema_not_ready(found: int) -> SchemaNotReady | None:
+    """The error for a database at schema version ``found``, or None if usable."""
+    if found >= SCHEMA_VERSION:
+        return None
+    what = "has no tickwheel schema" if found == 0 else f"has schema version {found}"
+    return SchemaNotReady(
+        f"the PostgreSQL database {what}; this tickwheel needs version "
+        f"{SCHEMA_VERSION}: run `tickwheel pg migrate --postgres-url URL`",
+        found,
+        SCHEMA_VERSION,
+    )
 
 
 async def check_schema(conn: Any) -> int:
@@ -77,14 +105,9 @@ async def check_schema(conn: Any) -> int:
         SchemaNotReady: if it is missing or older than :data:`SCHEMA_VERSION`.
     """
     found = await schema_version(conn)
-    if found < SCHEMA_VERSION:
-        what = "has no tickwheel schema" if found == 0 else f"has schema version {found}"
-        raise SchemaNotReady(
-            f"the PostgreSQL database {what}; this tickwheel needs version "
-            f"{SCHEMA_VERSION}: run `tickwheel pg migrate --postgres-url URL`",
-            found,
-            SCHEMA_VERSION,
-        )
+    error = schema_not_ready(found)
+    if error is not None:
+        raise error
     return found
 
 

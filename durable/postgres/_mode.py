@@ -39,6 +39,9 @@ from tickwheel.durable.model import (
 )
 from tickwheel.durable.store import ClaimedRef, EncodedJob, Keys, Store
 
+from ._drivers import async_connection
+from ._enqueue import encode_jobs, first_run, needs_now, sorted_by_id
+from ._enqueue import results as enqueue_results
 from ._errors import stored_epoch
 from ._pg_store import MAX_LOCKED, PgStore
 from ._rows import PgJob, encode_pg_job, redis_job
@@ -57,7 +60,6 @@ DEFAULT_RECONCILE_PAGE = 1000
 _CHANNEL = "tickwheel_outbox"
 # Jobs per schedule.lua call (MAX_BATCH of the scheduler: a script blocks Redis).
 _REDIS_BATCH = 1000
-_STATUS = {1: ScheduleStatus.CREATED, 2: ScheduleStatus.KEPT, 5: ScheduleStatus.DONE}
 # What a replace writes to PostgreSQL after Redis: the outcomes that wrote the job.
 _WRITTEN = (ScheduleStatus.CREATED, ScheduleStatus.REPLACED)
 
@@ -108,40 +110,45 @@ class PostgresMode:
     async def schedule(
         self, sched: RedisSide, specs: Sequence[JobSpec], conn: Any
     ) -> list[ScheduleResult]:
-        """Write the jobs in one transaction, then (own transaction only) index them."""
-        jobs: list[PgJob] = []
+        """Write the jobs in one transaction, then (own transaction only) index them.
+
+        ``conn``: None (a transaction of its own), or the application's connection in
+        its transaction: asyncpg's, or an async psycopg 3 or SQLAlchemy one
+        (``_drivers.py``).
+
+        Raises:
+            TypeError, ValueError: for bad specs or a bad ``conn`` (nothing written).
+        """
         limit = sched.max_payload_bytes
-        for spec in specs:
-            jobs.append(encode_pg_job(spec, sched.keys.shard_of(spec.id), limit))
-        if any(s.recurrence is not None and s.delay is None and s.at is None for s in specs):
+        jobs = encode_jobs(specs, sched.keys.shard_of, limit, None)  # checked before conn
+        if conn is not None:
+            conn = await async_connection(conn)
+        if needs_now(specs):
             now = await self.store.now(conn)
-            jobs = [
-                encode_pg_job(self._first_run(spec, now), job.shard, limit)
-                for spec, job in zip(specs, jobs, strict=True)
-            ]
-        # Rows are locked in id order, so concurrent batches never deadlock.
-        order = sorted(range(len(jobs)), key=lambda k: jobs[k].id)
-        replies: list[tuple[int, int, int]] = [(0, 0, 0)] * len(jobs)
-        for k, reply in zip(
-            order,
-            # Our own transaction indexes its jobs itself (_index): the relays sleep on.
-            await self.store.schedule([jobs[k] for k in order], conn, notify=conn is not None),
-            strict=True,
-        ):
-            replies[k] = reply
-        out = [
-            ScheduleResult(job.id, _STATUS[status], when)
-            for job, (status, when, _) in zip(jobs, replies, strict=True)
-        ]
+            jobs = encode_jobs(specs, sched.keys.shard_of, limit, now)
+        order = sorted_by_id(jobs)
+        # Our own transaction indexes its jobs itself (_index): the relays sleep on.
+        replies = await self.store.schedule([jobs[k] for k in order], conn, notify=conn is not None)
+        done = enqueue_results(jobs, order, replies)
         if conn is None:
             created = [
-                (job, when, seq)
-                for job, (status, when, seq) in zip(jobs, replies, strict=True)
-                if status == 1
+                (job, result.when_ms, seq)
+                for job, result, seq in done
+                if result.status is ScheduleStatus.CREATED
             ]
             if created:
                 await self._index(sched, created)
-        return out
+        return [result for _, result, _ in done]
+
+    @staticmethod
+    async def connection(conn: Any) -> Any:
+        """The application's connection, checked and ready for :meth:`schedule` (asyncpg's
+        as it is, another driver's behind a facade); see ``_drivers.async_connection``.
+
+        Raises:
+            TypeError, ValueError: for a connection :meth:`schedule` cannot take.
+        """
+        return await async_connection(conn)
 
     async def replace(self, sched: RedisSide, specs: Sequence[JobSpec]) -> list[ScheduleResult]:
         """``schedule(..., replace=True)``: overwrite jobs that are due or dead, never
@@ -256,14 +263,7 @@ class PostgresMode:
             await self.store.moved(conn, job_id, when)
         return True
 
-    @staticmethod
-    def _first_run(spec: JobSpec, now: int) -> JobSpec:
-        rec = spec.recurrence
-        if rec is None or spec.delay is not None or spec.at is not None:
-            return spec
-        if rec.every_ms:
-            return dataclasses.replace(spec, delay=rec.every_ms / 1000)
-        return dataclasses.replace(spec, at=rec.next_after(now, now))
+    _first_run = staticmethod(first_run)
 
     async def _index(self, sched: RedisSide, created: Sequence[tuple[PgJob, int, int]]) -> None:
         """Write committed jobs to Redis and drop their outbox rows; on failure leave

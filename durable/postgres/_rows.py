@@ -13,11 +13,27 @@ The record itself (its fields and their packing) is the Redis store's: this modu
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from tickwheel.durable.model import KIND_CRON, KIND_INTERVAL, POLICY_CODES, JobSpec
-from tickwheel.durable.store import EncodedJob, encode_payload, pack_record
+import msgpack  # type: ignore[import-untyped]
+
+from tickwheel.durable.model import (
+    KIND_CRON,
+    KIND_INTERVAL,
+    MAX_TRACE_BYTES,
+    POLICY_CODES,
+    JobSpec,
+)
+from tickwheel.durable.store import (
+    TRACE_FIELD,
+    EncodedJob,
+    encode_payload,
+    pack_record,
+    record_fields,
+    with_trace,
+)
 
 __all__ = ["OutboxRow", "PendingRow", "PgJob", "encode_pg_job", "redis_job", "retried_job"]
 
@@ -38,16 +54,17 @@ def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int) -> PgJob:
     Raises:
         TypeError, ValueError: if the payload is not encodable or over ``payload_limit``.
     """
+    if spec.timeout_ms:  # a retry rebuilds the record from the row's columns: none for it
+        raise ValueError("timeout= (a job's own timeout) is not in the Postgres mode yet")
     data, flags = encode_payload(spec.payload, payload_limit)
-    fields: list[int | bytes] = [spec.task.encode(), data, spec.max_attempts, flags, 0, 1, 0]
     rec = spec.recurrence
     rkind, rspec, policy, cap, grace = 0, "", 0, 0, 0
     if rec is not None:
         # The zone travels in rspec ("TZ=<zone> <expr>"), as in the Redis record.
         rkind, rspec = (KIND_INTERVAL if rec.every_ms else KIND_CRON), rec.spec
         policy, cap, grace = POLICY_CODES[rec.missed], rec.max_catch_up, rec.misfire_grace_ms
-        fields += [rkind, rspec.encode(), policy, cap, grace]
-    record = pack_record(fields)
+    # The trace context (JobSpec.trace) rides in the record column: no column of its own.
+    record = pack_record(record_fields(spec, data, flags))
     args = (
         spec.task,
         data,
@@ -63,6 +80,21 @@ def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int) -> PgJob:
         record,
     )
     return PgJob(spec.id, shard, args, record)
+
+
+def record_trace(record: object) -> bytes:
+    """The trace context field of a stored record (b"" when it has none, or the record
+    is not one: never raises)."""
+    if not isinstance(record, bytes | memoryview) or len(record) < 60:
+        return b""  # shorter than a traceparent: none
+    unpacker = msgpack.Unpacker(raw=True, max_buffer_size=len(record) + 1)
+    try:
+        unpacker.feed(bytes(record))
+        fields = list(itertools.islice(unpacker, TRACE_FIELD + 1))
+    except Exception:  # not a record: no trace
+        return b""
+    trace = fields[-1] if len(fields) == TRACE_FIELD + 1 else b""
+    return trace if type(trace) is bytes and len(trace) <= MAX_TRACE_BYTES else b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,4 +142,7 @@ def retried_job(row: Any) -> EncodedJob:
             int(row["max_catch_up"]),
             int(row["grace_ms"]),
         ]
+    trace = record_trace(row["record"])
+    if trace:  # the producer's trace context, kept from the stored record
+        fields = with_trace(fields, trace)
     return EncodedJob(row["id"], (row["id"].encode(), 0, int(row["run_ms"]), pack_record(fields)))

@@ -22,6 +22,14 @@ from tickwheel.durable.store import ClaimedRef
 from ._rows import PgJob
 
 __all__ = [
+    "CANCEL_OUTBOX",
+    "CANCEL_ROW",
+    "DONE_OF",
+    "LOCKED_ROWS",
+    "LOCK_IDS",
+    "MOVED",
+    "NOW",
+    "RACED",
     "ack",
     "cancel",
     "claim_check",
@@ -31,17 +39,24 @@ __all__ = [
     "moved",
     "now",
     "overwrite",
+    "raced_statement",
     "retried",
     "schedule",
+    "schedule_replies",
+    "schedule_statement",
     "skipped",
     "undead",
 ]
 
 # $16: notify the relays at commit (migration 0005): only when they are the indexers.
-_SCHEDULE = (
-    "SELECT status, when_ms, seq FROM tickwheel_put"
-    "($16, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+# Every parameter carries its type, so a driver that sends untyped values (psycopg,
+# Django's client-side binding) calls the same function as asyncpg (``_drivers.py``).
+_PUT_ARGS = (
+    "$16::boolean, $1::text, $2::text, $3::integer, $4::text, $5::bytea, $6::boolean,"
+    " $7::integer, $8::integer, $9::bigint, $10::smallint, $11::text, $12::smallint,"
+    " $13::integer, $14::bigint, $15::bytea"
 )
+_SCHEDULE = f"SELECT status, when_ms, seq FROM tickwheel_put({_PUT_ARGS})"
 # A batch in one statement: the function per row of the arrays, in their order.
 _SCHEDULE_MANY = """
 SELECT s.status, s.when_ms, s.seq
@@ -50,26 +65,45 @@ FROM unnest($2::text[], $3::integer[], $4::text[], $5::bytea[], $6::boolean[],
             $12::smallint[], $13::integer[], $14::bigint[], $15::bytea[])
      WITH ORDINALITY AS u(id, shard, task, payload, json, max, mode, t, rkind, rspec,
                           policy, cap, grace, record, k)
-CROSS JOIN LATERAL tickwheel_put($16, $1, u.id, u.shard, u.task, u.payload, u.json, u.max,
-    u.mode, u.t, u.rkind, u.rspec, u.policy, u.cap, u.grace, u.record) AS s
+CROSS JOIN LATERAL tickwheel_put($16::boolean, $1::text, u.id, u.shard, u.task, u.payload,
+    u.json, u.max, u.mode, u.t, u.rkind, u.rspec, u.policy, u.cap, u.grace, u.record) AS s
 ORDER BY u.k
 """
 # A batch of distinct ids: one set-based statement (migration 0004).
 _SCHEDULE_DISTINCT = (
-    "SELECT status, when_ms, seq FROM tickwheel_put_many"
-    "($16, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
+    "SELECT status, when_ms, seq FROM tickwheel_put_many($16::boolean, $1::text,"
+    " $2::text[], $3::integer[], $4::text[], $5::bytea[], $6::boolean[], $7::integer[],"
+    " $8::integer[], $9::bigint[], $10::smallint[], $11::text[], $12::smallint[],"
+    " $13::integer[], $14::bigint[], $15::bytea[])"
 )
+# The due of ids kept because a concurrent producer created them mid-statement.
+_RACED = "SELECT id, due_ms FROM tickwheel_jobs WHERE ns = $1::text AND id = ANY($2::text[])"
 _NOW = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+# What _drivers.py runs through the other drivers (the same text).
+NOW, RACED = _NOW, _RACED
 # lock(): the ids' advisory locks (transaction-level), then their rows' locks, in id
 # order (migration 0003 says why that order).
 _LOCK_IDS = (
-    "SELECT count(pg_advisory_xact_lock(hashtextextended($1 || ':' || i, 0)))"
+    "SELECT count(pg_advisory_xact_lock(hashtextextended($1::text || ':' || i, 0)))"
     " FROM unnest($2::text[]) WITH ORDINALITY AS u(i, k)"
 )
 _LOCKED_ROWS = (
-    "SELECT id, due_ms, state FROM tickwheel_jobs WHERE ns = $1 AND id = ANY($2::text[])"
-    ' ORDER BY id COLLATE "C" FOR UPDATE'
+    "SELECT id, due_ms, state FROM tickwheel_jobs WHERE ns = $1::text"
+    ' AND id = ANY($2::text[]) ORDER BY id COLLATE "C" FOR UPDATE'
 )
+_DONE_OF = (
+    "SELECT d.id, d.nominal_ms FROM unnest($2::text[], $3::bigint[]) AS o(id, nominal)"
+    " JOIN tickwheel_done d ON d.ns = $1::text AND d.id = o.id AND d.nominal_ms = o.nominal"
+)
+_MOVED = (
+    "UPDATE tickwheel_jobs SET due_ms = $3::bigint, attempt = 1, run_ms = 0,"
+    " updated_at = now() WHERE ns = $1::text AND id = $2::text AND state = 0"
+)
+_CANCEL_OUTBOX = "DELETE FROM tickwheel_outbox WHERE ns = $1::text AND id = $2::text"
+_CANCEL_ROW = "DELETE FROM tickwheel_jobs WHERE ns = $1::text AND id = $2::text RETURNING state"
+# What the synchronous cancel and reschedule run (``_sync_ops.py``): the same texts.
+LOCK_IDS, LOCKED_ROWS, DONE_OF, MOVED = _LOCK_IDS, _LOCKED_ROWS, _DONE_OF, _MOVED
+CANCEL_OUTBOX, CANCEL_ROW = _CANCEL_OUTBOX, _CANCEL_ROW
 _OVERWRITE = """
 INSERT INTO tickwheel_jobs AS j (ns, id, shard, task, payload, json_payload, max_attempts,
     due_ms, rkind, rspec, policy, max_catch_up, grace_ms, record)
@@ -89,46 +123,55 @@ ON CONFLICT (ns, id) DO UPDATE SET shard = excluded.shard, task = excluded.task,
 
 async def now(conn: Any) -> int:
     """PostgreSQL's clock (ms)."""
-    return int(await conn.fetchval(_NOW))
+    return int((await conn.fetch(_NOW))[0][0])
+
+
+def schedule_statement(ns: str, jobs: Sequence[PgJob], notify: bool) -> tuple[str, list[Any]]:
+    """The one statement that creates ``jobs`` and their outbox rows, and its arguments
+    (asyncpg's ``$n`` form; ``_drivers.py`` renders it for the other drivers):
+    ``tickwheel_put`` for one job, ``tickwheel_put_many`` for distinct ids, the function
+    per row (each copy of an id seeing the ones before it) for a batch that names an id
+    twice."""
+    if len(jobs) == 1:
+        job = jobs[0]
+        return _SCHEDULE, [ns, job.id, job.shard, *job.args, notify]
+    ids = [job.id for job in jobs]
+    distinct = len(set(ids)) == len(ids)
+    columns = list(zip(*(job.args for job in jobs), strict=True))
+    return (
+        _SCHEDULE_DISTINCT if distinct else _SCHEDULE_MANY,
+        [ns, ids, [job.shard for job in jobs], *(list(col) for col in columns), notify],
+    )
+
+
+def raced_statement(ns: str, jobs: Sequence[PgJob], rows: Sequence[Any]) -> list[Any] | None:
+    """Arguments of ``RACED`` for the rows kept with no due (when_ms NULL: created by a
+    concurrent producer after the statement began; their due is read next), or None."""
+    raced = [jobs[k].id for k, r in enumerate(rows) if r[1] is None]
+    return [ns, raced] if raced else None
+
+
+def schedule_replies(
+    jobs: Sequence[PgJob], rows: Sequence[Any], found: dict[str, int]
+) -> list[tuple[int, int, int]]:
+    """Per job, (status, when_ms, outbox seq) from the statement's rows (and the dues
+    :func:`raced_statement` read)."""
+    return [
+        (int(r[0]), int(found.get(jobs[k].id, 0) if r[1] is None else r[1]), int(r[2] or 0))
+        for k, r in enumerate(rows)
+    ]
 
 
 async def schedule(
     conn: Any, ns: str, jobs: Sequence[PgJob], notify: bool
 ) -> list[tuple[int, int, int]]:
-    """Create jobs and their outbox rows in one statement: ``tickwheel_put`` for one
-    job, ``tickwheel_put_many`` for distinct ids, the function per row (each copy of an
-    id seeing the ones before it) for a batch that names an id twice."""
-    if len(jobs) == 1:
-        job = jobs[0]
-        rows = [await conn.fetchrow(_SCHEDULE, ns, job.id, job.shard, *job.args, notify)]
-        return [(int(r[0]), int(r[1]), int(r[2] or 0)) for r in rows]
-    ids = [job.id for job in jobs]
-    distinct = len(set(ids)) == len(ids)
-    columns = list(zip(*(job.args for job in jobs), strict=True))
-    rows = await conn.fetch(
-        _SCHEDULE_DISTINCT if distinct else _SCHEDULE_MANY,
-        ns,
-        ids,
-        [job.shard for job in jobs],
-        *(list(col) for col in columns),
-        notify,
-    )
-    # when_ms NULL: kept, created by a concurrent producer after the statement began;
-    # its due is read now.
-    raced = [ids[k] for k, r in enumerate(rows) if r[1] is None]
-    found: dict[str, int] = {}
-    if raced:
-        found = dict(
-            await conn.fetch(
-                "SELECT id, due_ms FROM tickwheel_jobs WHERE ns = $1 AND id = ANY($2)",
-                ns,
-                raced,
-            )
-        )
-    return [
-        (int(r[0]), int(found.get(ids[k], 0) if r[1] is None else r[1]), int(r[2] or 0))
-        for k, r in enumerate(rows)
-    ]
+    """Create jobs and their outbox rows in one statement (:func:`schedule_statement`);
+    ``conn`` is asyncpg's, or a driver's behind ``_drivers.py``'s facade."""
+    sql, args = schedule_statement(ns, jobs, notify)
+    rows = await conn.fetch(sql, *args)
+    raced = raced_statement(ns, jobs, rows)
+    found = {r[0]: int(r[1]) for r in await conn.fetch(_RACED, *raced)} if raced else {}
+    return schedule_replies(jobs, rows, found)
 
 
 async def lock(conn: Any, ns: str, ids: Sequence[str]) -> dict[str, int]:
@@ -146,13 +189,7 @@ async def done_of(
     """The ``(id, nominal)`` pairs whose occurrence has a done row."""
     if not occurrences:
         return set()
-    rows = await conn.fetch(
-        "SELECT d.id, d.nominal_ms FROM unnest($2::text[], $3::bigint[]) AS o(id, nominal)"
-        " JOIN tickwheel_done d ON d.ns = $1 AND d.id = o.id AND d.nominal_ms = o.nominal",
-        ns,
-        [i for i, _ in occurrences],
-        [n for _, n in occurrences],
-    )
+    rows = await conn.fetch(_DONE_OF, ns, [i for i, _ in occurrences], [n for _, n in occurrences])
     return {(r[0], int(r[1])) for r in rows}
 
 
@@ -178,21 +215,13 @@ async def overwrite(conn: Any, ns: str, jobs: Sequence[tuple[PgJob, int]]) -> No
 
 async def moved(conn: Any, ns: str, job_id: str, due_ms: int) -> None:
     """Move a pending row to the occurrence ``due_ms`` at attempt 1."""
-    await conn.execute(
-        "UPDATE tickwheel_jobs SET due_ms = $3, attempt = 1, run_ms = 0, updated_at = now()"
-        " WHERE ns = $1 AND id = $2 AND state = 0",
-        ns,
-        job_id,
-        due_ms,
-    )
+    await conn.execute(_MOVED, ns, job_id, due_ms)
 
 
 async def cancel(conn: Any, ns: str, job_id: str) -> bool:
     """Delete a job's outbox rows and its row; True if the row was pending."""
-    await conn.execute("DELETE FROM tickwheel_outbox WHERE ns = $1 AND id = $2", ns, job_id)
-    state = await conn.fetchval(
-        "DELETE FROM tickwheel_jobs WHERE ns = $1 AND id = $2 RETURNING state", ns, job_id
-    )
+    await conn.execute(_CANCEL_OUTBOX, ns, job_id)
+    state = await conn.fetchval(_CANCEL_ROW, ns, job_id)
     return bool(state == 0)
 
 

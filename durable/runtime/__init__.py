@@ -6,7 +6,10 @@ jobs in a wheel (``_claims.py``), the runner of their handlers with its slots
 extension in ``_extending.py``, stopping running handlers in ``_stopping.py``, failed
 attempts in ``_failures.py``) and the ack batcher (``_acks.py``); the :class:`Worker`
 that holds shards and runs the rest, the reaper round, :class:`Timers` (the spill), the
-task registry and the Redis Streams handoff.
+task registry and the Redis Streams handoff; the handoff's message format and broker
+consumers' dedup (``_handoff.py``), and its brokers in modules of their own, imported
+only when used: ``jetstream`` (NATS, ``tickwheel[nats]``) and ``amqp`` (RabbitMQ,
+``tickwheel[rabbitmq]``).
 
 Invariants: a loop only sets the pace; every decision about time is taken by a script
 on Redis's clock; a round that fails is logged and retried after a pause, never fatal.
@@ -17,6 +20,15 @@ May import: ``tickwheel.durable.scheduler``, ``.postgres``, ``.store``, ``.model
 
 from __future__ import annotations
 
+from ._handles import TaskHandle
+from ._handoff import (
+    FORMAT_VERSION,
+    BrokerMessage,
+    HandoffConsumer,
+    decode_message,
+    encode_message,
+    message_id,
+)
 from ._loader import (
     DEFAULT_LIMIT,
     DEFAULT_LOOKAHEAD,
@@ -46,7 +58,10 @@ __all__ = [
     "DEFAULT_RECONCILE_INTERVAL",
     "DEFAULT_START_MARGIN",
     "DEFAULT_THRESHOLD",
+    "FORMAT_VERSION",
     "STATS_COUNTERS",
+    "BrokerMessage",
+    "HandoffConsumer",
     "Loader",
     "LoaderStats",
     "Publisher",
@@ -55,9 +70,13 @@ __all__ = [
     "StreamEntry",
     "StreamPublisher",
     "TaskContext",
+    "TaskHandle",
     "TaskOptions",
     "TaskRegistry",
     "TaskTimeout",
     "Timers",
     "Worker",
+    "decode_message",
+    "encode_message",
+    "message_id",
 ]

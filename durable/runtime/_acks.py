@@ -8,7 +8,7 @@ import asyncio
 import logging
 
 from tickwheel.durable.model import Fenced, Job, PostgresUnavailable, RedisUnavailable
-from tickwheel.durable.scheduler import Scheduler
+from tickwheel.durable.scheduler import ACKED, LEASE_LOST, UNSETTLED, Scheduler
 from tickwheel.wheel import TimingWheel
 
 from ._loader_stats import LoaderStats
@@ -65,12 +65,15 @@ class AckBatcher:
         self._flushes: dict[tuple[int, int], asyncio.Task[None]] = {}  # one per key at most
         self.waiting = 0  # jobs submitted whose outcome is not counted yet
         self._acking: dict[str, Job] = {}  # job id -> the job, submitted and not settled
+        self.tracer = scheduler.tracer  # run spans, ended with the ack (None: off)
 
     def submit(self, job: Job, lease_end: float) -> None:
         """Ack ``job`` with whatever else is acked before its batch goes out. O(1)."""
         key = (job.shard, job.epoch)
         self.waiting += 1
         self._acking[job.id] = job
+        if self.tracer is not None:
+            self.tracer.acking(job)
         pending = self._pending.get(key)
         if pending is None:
             self._pending[key] = [(job, lease_end)]
@@ -115,6 +118,7 @@ class AckBatcher:
                 kept = [entry for entry in batch if end < entry[1]]
                 self._settled([entry for entry in batch if not end < entry[1]])
                 self._left(len(batch) - len(kept), error)
+                self._unsettled([entry for entry in batch if end >= entry[1]])
                 if kept:  # first in the next batch, with those that came meanwhile
                     self._pending[key] = kept + self._pending.get(key, [])
                     batch = []
@@ -138,9 +142,11 @@ class AckBatcher:
             return exc
         except Fenced:
             self.waiting -= len(batch)  # counted, and the shard forgotten, by the loader
+            self._unsettled(batch)
             return None
         except Exception:
             self.waiting -= len(batch)
+            self._unsettled(batch)
             self.stats.errors += len(batch)
             first = batch[0][0].id
             logger.exception("%d job(s) left to the reaper (%r, ...)", len(batch), first)
@@ -148,7 +154,10 @@ class AckBatcher:
         self.outages.ok("acks")
         self.waiting -= len(batch)
         debug = logger.isEnabledFor(logging.DEBUG)
+        tracer = self.tracer
         for (job, _), ok in zip(batch, results, strict=True):
+            if tracer is not None:
+                tracer.settle(job, ACKED if ok else LEASE_LOST)
             if ok:
                 self.stats.succeeded += 1
                 if debug:
@@ -170,6 +179,12 @@ class AckBatcher:
                     extra=job_fields(job),
                 )
         return None
+
+    def _unsettled(self, batch: list[tuple[Job, float]]) -> None:
+        """End the run spans of acks given up on (left to the reaper)."""
+        if self.tracer is not None:
+            for job, _ in batch:
+                self.tracer.settle(job, UNSETTLED)
 
     def _left(self, count: int, error: Exception) -> None:
         """``count`` acks given up on (their leases end before Redis can be tried again)."""

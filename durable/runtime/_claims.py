@@ -124,6 +124,7 @@ class Claimer:
         self.poll_ms = poll_ms
         self.max_loaded = max_loaded
         self.outages = outages if outages is not None else Outages()
+        self.tracer = scheduler.tracer  # a span per claim that leased jobs (None: off)
         # Firing lateness (s): loop time at firing minus the job's due in loop time.
         self.lateness = LatenessHistogram()
         # (shard, job id) -> (job, its wheel timer, loop time its lease runs out, loop
@@ -164,6 +165,7 @@ class Claimer:
                 runner.room.clear()
                 break
             async with self.lock:
+                started_ns = 0 if self.tracer is None else self.tracer.now_ns()
                 t_sent = loop.time()
                 try:
                     batch = await self.leases.claim(
@@ -179,7 +181,12 @@ class Claimer:
                     continue
                 t_reply = loop.time()
                 self.stats.claimed += len(batch.jobs)
-                full = full or len(batch.jobs) + batch.dropped + batch.moved >= self.limit
+                if self.tracer is not None and batch.jobs:
+                    self.tracer.claimed(batch, started_ns)
+                full = (
+                    full
+                    or len(batch.jobs) + batch.dropped + batch.moved + batch.parked >= self.limit
+                )
                 if batch.jobs and logger.isEnabledFor(logging.DEBUG):
                     _log_claimed(batch.jobs, batch.now_ms)
                 for job in batch.jobs:

@@ -14,8 +14,8 @@ Ground rules:
 
 from __future__ import annotations
 
-from tickwheel.durable.model import Job, JobState
-from tickwheel.durable.scheduler import Scheduler
+from tickwheel.durable.model import Job, JobState, LeaseLost
+from tickwheel.durable.scheduler import DEAD, LEASE_LOST, RETRIED, TIMED_OUT, UNSETTLED, Scheduler
 
 from ._loader_stats import LoaderStats
 from ._logs import failure_text, job_fields, logger
@@ -34,8 +34,11 @@ class Failures:
     def __init__(self, scheduler: Scheduler, stats: LoaderStats) -> None:
         self.leases = scheduler.leases
         self.stats = stats
+        self.tracer = scheduler.tracer  # run spans (None: tracing off)
 
-    async def failed(self, job: Job, exc: BaseException, doing: str = "") -> None:
+    async def failed(
+        self, job: Job, exc: BaseException, doing: str = "", timed_out: bool = False
+    ) -> None:
         """Write the retry (or the dead letter) of a failed run, its traceback kept with
         the job, then log it: WARNING when it will be retried, ERROR when it is dead,
         with the exception. If the retry cannot be written, the failure is still logged
@@ -43,6 +46,9 @@ class Failures:
         try:
             state = await self.leases.retry(job, failure_text(exc))
         except BaseException as unwritten:
+            if self.tracer is not None:
+                lost = isinstance(unwritten, LeaseLost)
+                self.tracer.settle(job, LEASE_LOST if lost else UNSETTLED, unwritten)
             logger.warning(
                 "%sjob %r (task %s) failed at attempt %d/%d; its retry was not written (%r)",
                 doing,
@@ -56,6 +62,9 @@ class Failures:
             )
             raise
         self.count(state)
+        if self.tracer is not None:
+            outcome = DEAD if state is JobState.DEAD else RETRIED
+            self.tracer.settle(job, TIMED_OUT if timed_out else outcome, exc, outcome)
         if state is JobState.DEAD:
             self.log_dead(job, f"{doing}failed: {exc!r}", exc)
             return
@@ -74,6 +83,8 @@ class Failures:
     async def dead(self, job: Job, reason: str) -> None:
         """Dead-letter ``job`` at once with ``reason`` (no retry would mend it)."""
         self.count(await self.leases.retry(job, reason, final=True))
+        if self.tracer is not None:
+            self.tracer.settle(job, DEAD, reason)
         self.log_dead(job, reason)
 
     def count(self, state: JobState) -> None:

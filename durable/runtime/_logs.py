@@ -23,7 +23,12 @@ import time
 import traceback
 from typing import Any
 
-from tickwheel.durable.model import ERROR_TRACEBACK_MARK, Job, PostgresUnavailable
+from tickwheel.durable.model import (
+    ERROR_TRACEBACK_MARK,
+    BrokerUnavailable,
+    Job,
+    PostgresUnavailable,
+)
 
 __all__ = [
     "ERROR_SUMMARY_CHARS",
@@ -102,6 +107,8 @@ class Outages:
 
     @staticmethod
     def store_of(exc: BaseException) -> str:
+        if isinstance(exc, BrokerUnavailable):
+            return "Broker"
         return "PostgreSQL" if isinstance(exc, PostgresUnavailable) else "Redis"
 
     @property

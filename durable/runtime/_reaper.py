@@ -20,7 +20,7 @@ from tickwheel.durable.model import (
     finite_seconds_ms,
     int_between,
 )
-from tickwheel.durable.scheduler import Ownership
+from tickwheel.durable.scheduler import Ownership, Tracing
 
 from ._rounds import run_rounds
 
@@ -42,6 +42,7 @@ class Reaper:
         ownership: whose shards to reap.
         interval: seconds between rounds.
         limit: leases per shard per call.
+        tracer: a span per reap that moved leases (``Scheduler.tracer``); None: none.
     """
 
     def __init__(
@@ -50,11 +51,13 @@ class Reaper:
         *,
         interval: float | timedelta = DEFAULT_REAP_INTERVAL,
         limit: int = DEFAULT_REAP_LIMIT,
+        tracer: Tracing | None = None,
     ) -> None:
         int_between("limit", limit, 1)
         self.ownership = ownership  # whose shards to reap
         self.interval_ms = finite_seconds_ms("interval", interval, minimum_ms=1)  # pace
         self.limit = limit  # leases per shard per call
+        self.tracer = tracer  # reap spans, or None
         self._stop = asyncio.Event()  # set by stop(): run() returns
 
     async def reap_once(self) -> list[ReapResult]:
@@ -64,9 +67,13 @@ class Reaper:
             One result per shard reaped.
         """
         results = []
+        tracer = self.tracer
         for shard, epoch in list(self.ownership.owned.items()):
             with contextlib.suppress(Fenced):  # dropped by the ownership
+                started_ns = 0 if tracer is None else tracer.now_ns()
                 results.append(await self.ownership.reap(shard, epoch, self.limit))
+                if tracer is not None:
+                    tracer.reaped(results[-1], started_ns)
         return results
 
     async def run(self) -> None:

@@ -35,7 +35,7 @@ import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
 
-from tickwheel.durable.model import Fenced, Job, LeaseLost, UndecodablePayload
+from tickwheel.durable.model import BrokerUnavailable, Fenced, Job, LeaseLost, UndecodablePayload
 from tickwheel.durable.scheduler import Scheduler
 from tickwheel.wheel import TimingWheel
 
@@ -45,7 +45,7 @@ from ._failures import Failures
 from ._loader_stats import LoaderStats
 from ._logs import Outages, job_fields, log_start, logger
 from ._stopping import Stopper
-from ._stream import Publisher
+from ._stream import Publisher, publish_then_ack
 from ._tasks import TaskContext, TaskFunc, TaskRegistry, call_task
 from ._threads import DaemonPool
 from ._waiting import Waiting
@@ -123,6 +123,7 @@ class Runner:
         self.max_running = max_running
         self.publisher = publisher
         self.outages = outages if outages is not None else Outages()
+        self.tracer = scheduler.tracer  # run spans (None: tracing off)
         # Task name -> (how it runs, its timeout or None). How: _ASYNC, a coroutine
         # function (it runs in a task of its own); _PLAIN, a plain function (it runs in
         # the wheel's callback that fires its job); _THREAD, a plain function in the
@@ -210,6 +211,8 @@ class Runner:
             if kind is None:
                 kind = self._kinds[job.task] = self._kind_of(job.task, fn)
             how, limit = kind
+            if job.timeout_ms:  # its own (schedule(timeout=)) before the task's
+                limit = job.timeout_ms / 1000
             if how is not _ASYNC:
                 if how is _THREAD:
                     self._busy += 1
@@ -238,7 +241,8 @@ class Runner:
             # Twice the slots: a thread that timed out holds its pool thread until it
             # returns, and the jobs after it should still find one.
             self._pool = DaemonPool(2 * self.max_running)
-        context = contextvars.copy_context()
+        tracer = self.tracer  # with tracing, the run span is current in the copy
+        context = contextvars.copy_context() if tracer is None else tracer.run_context(job)
         return self._pool.submit(context.run, fn, self._context(job))
 
     def close(self) -> None:
@@ -253,6 +257,8 @@ class Runner:
         job: Job,
         context: contextvars.Context | None = None,
     ) -> None:
+        if context is None and self.tracer is not None and not job.duplicate:
+            context = self.tracer.run_context(job)  # its run span current in the task
         task = asyncio.get_running_loop().create_task(coro, context=context)
         self._running[task] = job
         task.add_done_callback(self._forget)
@@ -262,7 +268,8 @@ class Runner:
         and in a copy of its context, as a task would (and it would block the loop as
         long there); no task is made unless it raises or returns an awaitable. Its ack
         joins the shard's next ack batch."""
-        context = contextvars.copy_context()
+        tracer = self.tracer  # with tracing, the run span is current in the copy
+        context = contextvars.copy_context() if tracer is None else tracer.run_context(job)
         try:
             result = context.run(fn, self._context(job))
         except BaseException as exc:  # a failure of the job's own, whatever its class
@@ -292,7 +299,8 @@ class Runner:
         )
 
     def _forget(self, task: asyncio.Task[None]) -> None:
-        self._running.pop(task, None)
+        if (job := self._running.pop(task, None)) is not None and self.tracer is not None:
+            self.tracer.forget(job)  # a span still open here is unsettled
 
     def _free_slot(self) -> None:
         """A handler returned (or never ran): start the jobs waiting for its slot. It
@@ -338,7 +346,7 @@ class Runner:
                     await failures.dead(job, str(job.payload))
                     return
                 if self.publisher is not None:
-                    await self._publish(job, lease_end)
+                    await publish_then_ack(self.publisher, job, lease_end, self._acks, failures)
                     return
                 fn = self.registry.get(job.task)
                 if fn is None:
@@ -423,7 +431,7 @@ class Runner:
             )
         except Fenced:
             pass  # counted, and the shard's other jobs forgotten, by the loader's on_fenced
-        except UNAVAILABLE as exc:
+        except (*UNAVAILABLE, BrokerUnavailable) as exc:
             self.stats.unavailable += 1
             self.outages.failed("runner", exc)
             logger.debug("job %r left to the reaper (%s)", job.id, exc, extra=job_fields(job))
@@ -451,17 +459,6 @@ class Runner:
         """Cancel a task at the drain deadline: one whose handler runs releases its job
         unrun (same attempt) for another worker; any other is cancelled plainly."""
         self._stopper.drain(task)
-
-    async def _publish(self, job: Job, lease_end: float) -> None:
-        """Publish, then ack: the lease is cleared only after the broker confirmed."""
-        assert self.publisher is not None
-        try:
-            await self.publisher.publish(job)
-        except Exception as exc:
-            # Published or not, we cannot tell: retry (a duplicate is dropped downstream).
-            await self._failures.failed(job, exc, "publishing ")
-            return
-        self._acks.submit(job, lease_end)
 
     # -- lease extension -----------------------------------------------------------
 

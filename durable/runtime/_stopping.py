@@ -20,7 +20,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from tickwheel.durable.model import Job
-from tickwheel.durable.scheduler import Scheduler
+from tickwheel.durable.scheduler import CANCELLED as STOPPED
+from tickwheel.durable.scheduler import LEASE_LOST, RELEASED, Scheduler
 from tickwheel.wheel import TimingWheel
 
 from ._failures import Failures
@@ -179,9 +180,13 @@ class Stopper:
             self.stats.timeouts += 1
             self.scheduler.ownership.counters.timeouts += 1
             await self._failures.failed(
-                job, TaskTimeout(f"timeout: ran past its {limit:g} s timeout")
+                job, TaskTimeout(f"timeout: ran past its {limit:g} s timeout"), timed_out=True
             )
-        elif reason == CANCELLED:
+            return
+        if self.scheduler.tracer is not None:
+            outcome = {CANCELLED: STOPPED, LOST: LEASE_LOST}.get(reason, RELEASED)
+            self.scheduler.tracer.settle(job, outcome)
+        if reason == CANCELLED:
             self.stats.cancelled += 1
             self.scheduler.ownership.counters.stopped += 1
             logger.info(

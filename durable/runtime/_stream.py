@@ -23,10 +23,15 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from tickwheel.durable.model import Job, finite_seconds_ms
+from tickwheel.durable.model import MAX_TRACE_BYTES, BrokerUnavailable, Job, finite_seconds_ms
+from tickwheel.durable.scheduler import ACKED, RETRIED, Tracing, make_tracing
 from tickwheel.durable.store import Client, Stream, decode_payload, encode_payload
+
+if TYPE_CHECKING:
+    from ._acks import AckBatcher
+    from ._failures import Failures
 
 __all__ = ["Publisher", "StreamConsumer", "StreamEntry", "StreamPublisher"]
 
@@ -52,11 +57,29 @@ class Publisher(Protocol):
         ...
 
 
+async def publish_then_ack(
+    publisher: Publisher, job: Job, lease_end: float, acks: AckBatcher, failures: Failures
+) -> None:
+    """The handoff of one claimed job: publish, then ack. The lease is cleared only after
+    the broker confirmed; no confirm (:class:`BrokerUnavailable`, raised on to the
+    runner, which counts it) leaves the lease to the reaper (docs/brokers.md)."""
+    try:
+        await publisher.publish(job)
+    except BrokerUnavailable:
+        raise
+    except Exception as exc:
+        # Published or not, we cannot tell: retry (a duplicate is dropped downstream).
+        await failures.failed(job, exc, "publishing ")
+        return
+    acks.submit(job, lease_end)
+
+
 class StreamPublisher:
     """Publish jobs to a Redis Stream with XADD (confirmed by the reply).
 
     Each entry has the fields ``id``, ``nominal`` (ms), ``task``, ``attempt``,
-    ``payload`` and ``flags`` (1: the payload is JSON text).
+    ``payload`` and ``flags`` (1: the payload is JSON text), and ``trace`` when the job
+    carries its producer's trace context (``Job.trace``, docs/tracing.md).
 
     Args:
         client: a ``Redis`` or ``RedisCluster`` (any database; it may be another server).
@@ -92,6 +115,8 @@ class StreamPublisher:
             "payload": data,
             "flags": flags,
         }
+        if job.trace:
+            fields["trace"] = job.trace
         await self._stream.add(fields, self.maxlen)
 
 
@@ -105,6 +130,8 @@ class StreamEntry:
     task: str  # task name
     attempt: int  # the scheduler's attempt that published it
     payload: Any  # bytes, the decoded JSON value, or an UndecodablePayload
+    # The producer's W3C trace context (the ``trace`` field; b"" none, or too long).
+    trace: bytes = b""
 
     @property
     def key(self) -> tuple[str, int]:
@@ -123,6 +150,8 @@ class StreamConsumer:
         dedup_ttl: seconds an occurrence's owning entry is remembered.
         claim_idle: seconds a pending entry may idle before another consumer takes it.
         count: entries per read.
+        tracing: run each handler of :meth:`process` in an OpenTelemetry ``CONSUMER``
+            span, the child of the entry's trace context (needs ``tickwheel[otel]``).
     """
 
     def __init__(
@@ -135,6 +164,7 @@ class StreamConsumer:
         dedup_ttl: float | timedelta = DEFAULT_DEDUP_TTL,
         claim_idle: float | timedelta = DEFAULT_CLAIM_IDLE,
         count: int = 100,
+        tracing: bool = False,
     ) -> None:
         self.client = client  # the stream's Redis
         self.stream = stream  # stream key
@@ -146,6 +176,7 @@ class StreamConsumer:
         self.dropped = 0  # duplicate entries acked without being returned
         self._group_ready = False  # XGROUP CREATE done
         self._stream = Stream(client, stream)  # its commands
+        self.tracer = make_tracing(tracing, stream)  # handler spans, or None
 
     async def read(self, block: float | None = None) -> list[StreamEntry]:
         """Entries to process: a dead consumer's idle ones first (XAUTOCLAIM), then new
@@ -173,6 +204,7 @@ class StreamConsumer:
 
     @staticmethod
     def _entry(entry_id: str, fields: dict[bytes, bytes]) -> StreamEntry:
+        trace = fields.get(b"trace", b"")
         return StreamEntry(
             entry_id,
             fields[b"id"].decode(),
@@ -180,6 +212,7 @@ class StreamConsumer:
             fields[b"task"].decode(),
             int(fields[b"attempt"]),
             decode_payload(fields[b"payload"], int(fields[b"flags"])),
+            trace if len(trace) <= MAX_TRACE_BYTES else b"",
         )
 
     async def _dedup(self, entries: Sequence[StreamEntry]) -> list[StreamEntry]:
@@ -227,10 +260,33 @@ class StreamConsumer:
         done = 0
         for entry in await self.read(block):
             try:
-                await handler(entry)
+                if self.tracer is None:
+                    await handler(entry)
+                else:
+                    await self._traced(self.tracer, handler, entry)
             except Exception:
                 logger.exception("handler failed on entry %s", entry.entry_id)
                 continue
             await self.ack(entry)
             done += 1
         return done
+
+    async def _traced(
+        self, tracer: Tracing, handler: Callable[[StreamEntry], Awaitable[object]], e: StreamEntry
+    ) -> None:
+        """``handler(e)`` in a CONSUMER span: outcome ``acked`` (it returned) or
+        ``retried`` (it raised: the entry stays pending, to be read again)."""
+        attributes = {
+            "tickwheel.job_id": e.job_id,
+            "tickwheel.task": e.task,
+            "tickwheel.attempt": e.attempt,
+            "tickwheel.nominal_ms": e.nominal_ms,
+            "tickwheel.stream_entry": e.entry_id,
+        }
+        with tracer.consuming(f"tickwheel consume {e.task}", e.trace, attributes) as span:
+            try:
+                await handler(e)
+            except Exception:
+                span.set_attribute("tickwheel.outcome", RETRIED)
+                raise
+            span.set_attribute("tickwheel.outcome", ACKED)

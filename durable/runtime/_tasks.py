@@ -27,7 +27,7 @@ import inspect
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from tickwheel.durable.model import (
     Job,
@@ -37,10 +37,19 @@ from tickwheel.durable.model import (
     finite_seconds_ms,
 )
 
-if TYPE_CHECKING:
-    from tickwheel.durable.scheduler import Scheduler
+from ._handles import P, R, TaskHandle, payload_type_of, typed_runner
 
-__all__ = ["TaskContext", "TaskFunc", "TaskOptions", "TaskRegistry", "check_timeout"]
+if TYPE_CHECKING:
+    from tickwheel.durable.scheduler import Scheduler, SyncScheduler
+
+__all__ = [
+    "TaskContext",
+    "TaskDecorator",
+    "TaskFunc",
+    "TaskOptions",
+    "TaskRegistry",
+    "check_timeout",
+]
 
 
 def check_timeout(timeout: float | None) -> float | None:
@@ -152,6 +161,17 @@ async def call_task(fn: TaskFunc, ctx: TaskContext) -> object:
 _NO_OPTIONS = TaskOptions()
 
 
+class TaskDecorator(Protocol):
+    """What ``@registry.task(name=..., ...)`` returns: it registers the function and
+    returns its :class:`TaskHandle`."""
+
+    @overload
+    def __call__(self, fn: Callable[[TaskContext, P], R], /) -> TaskHandle[P, R]: ...
+
+    @overload
+    def __call__(self, fn: Callable[[TaskContext], R], /) -> TaskHandle[Any, R]: ...
+
+
 class TaskRegistry:
     """Task names mapped to functions.
 
@@ -163,7 +183,13 @@ class TaskRegistry:
         async def send_reminder(ctx: TaskContext) -> None: ...
 
         @tasks.task(name="billing.charge")
-        def charge(ctx: TaskContext) -> None: ...
+        def charge(ctx: TaskContext, args: ChargeArgs) -> None: ...  # a typed task
+
+        tasks.bind(scheduler)
+        await charge.schedule(ChargeArgs(order=7), id="charge:7", delay=3 * 86400)
+
+    ``@tasks.task`` returns a :class:`TaskHandle` (``_handles.py``), callable as the
+    function; :meth:`register` registers a function as it is and returns it.
 
     A worker runs a coroutine function in a task of its own, and a plain function at
     once, on the loop, when its job fires (in a copy of the context, with no task made
@@ -174,9 +200,15 @@ class TaskRegistry:
     def __init__(self) -> None:
         self._tasks: dict[str, TaskFunc] = {}  # name -> function
         self._options: dict[str, TaskOptions] = {}  # name -> options, when not the defaults
+        # The producers handles use when given none (bind()).
+        self.scheduler: Scheduler | None = None
+        self.sync_scheduler: SyncScheduler | None = None
 
     @overload
-    def task(self, fn: TaskFunc, /) -> TaskFunc: ...
+    def task(self, fn: Callable[[TaskContext, P], R], /) -> TaskHandle[P, R]: ...
+
+    @overload
+    def task(self, fn: Callable[[TaskContext], R], /) -> TaskHandle[Any, R]: ...
 
     @overload
     def task(
@@ -185,16 +217,18 @@ class TaskRegistry:
         name: str | None = None,
         timeout: float | None = None,
         thread: bool = False,
-    ) -> Callable[[TaskFunc], TaskFunc]: ...
+        payload: Any = None,
+    ) -> TaskDecorator: ...
 
     def task(
         self,
-        fn: TaskFunc | None = None,
+        fn: Callable[..., Any] | None = None,
         *,
         name: str | None = None,
         timeout: float | None = None,
         thread: bool = False,
-    ) -> TaskFunc | Callable[[TaskFunc], TaskFunc]:
+        payload: Any = None,
+    ) -> Any:
         """Register a function as a task; usable bare or with options.
 
         The default name is the function's ``__qualname__``. ``timeout`` (seconds) stops
@@ -204,21 +238,64 @@ class TaskRegistry:
         timeout frees its slot and its lease; the thread itself cannot be stopped and
         runs on until the function returns (its result is then ignored).
 
+        A function of two parameters, ``fn(ctx, payload)``, is a typed task: its payload
+        type (``payload=``, else the second parameter's annotation: a dataclass, a
+        ``TypedDict`` or a pydantic model) is checked when the handle schedules a job
+        and rebuilt from the stored dict for the function (see ``_handles.py``).
+
         Returns:
-            The function itself (unchanged), or a decorator when called with ``name=``.
+            The function's :class:`TaskHandle` (callable as the function), or a
+            decorator that returns it when called with options.
 
         Raises:
-            TypeError: if the decorated object is not callable, or ``name`` not a str.
+            TypeError: if the decorated object is not callable, ``name`` not a str, or
+                ``payload`` not a payload type.
             ValueError: if the name is taken or malformed.
         """
         if fn is None:
             check_timeout(timeout)  # at the decorator's call, not at the function's
 
-            def decorate(f: TaskFunc) -> TaskFunc:
-                return self.register(f, name=name, timeout=timeout, thread=thread)
+            def decorate(f: Callable[..., Any]) -> TaskHandle[Any, Any]:
+                return self._handle(f, name, timeout, thread, payload)
 
             return decorate
-        return self.register(fn, name=name, timeout=timeout, thread=thread)
+        return self._handle(fn, name, timeout, thread, payload)
+
+    def _handle(
+        self,
+        fn: Callable[..., Any],
+        name: str | None,
+        timeout: float | None,
+        thread: bool,
+        payload: Any,
+    ) -> TaskHandle[Any, Any]:
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {fn!r}")
+        typed, codec = payload_type_of(fn, payload)
+        if name is None:
+            name = getattr(fn, "__qualname__", None)
+            if not isinstance(name, str):
+                raise TypeError(f"fn has no __qualname__; give name= for {fn!r}")
+        run = typed_runner(fn, codec) if typed else fn
+        self.register(run, name=name, timeout=timeout, thread=thread)
+        return TaskHandle(self, name, fn, codec)
+
+    def bind(self, scheduler: Scheduler | SyncScheduler) -> None:
+        """Make ``scheduler`` the default producer of this registry's handles: a
+        :class:`Scheduler` for ``handle.schedule``, a :class:`SyncScheduler` for
+        ``handle.schedule_sync`` (call once for each you use).
+
+        Raises:
+            TypeError: for anything else.
+        """
+        from tickwheel.durable.scheduler import Scheduler, SyncScheduler  # noqa: PLC0415
+
+        if isinstance(scheduler, SyncScheduler):
+            self.sync_scheduler = scheduler
+        elif isinstance(scheduler, Scheduler):
+            self.scheduler = scheduler
+        else:
+            raise TypeError(f"scheduler must be a Scheduler or SyncScheduler, got {scheduler!r}")
 
     def register(
         self,

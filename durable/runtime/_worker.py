@@ -91,8 +91,12 @@ class Worker:
     Args:
         scheduler: the namespace; its ``ownership`` TTL is also the member TTL.
         registry: the tasks, by name.
-        lookahead, lease, limit, poll_interval, max_running, start_margin: as
-            :class:`Loader` (``start_margin``: the pre-start lease past the lookahead).
+        lookahead: as for :class:`Loader`.
+        lease: as for :class:`Loader`.
+        limit: as for :class:`Loader`.
+        poll_interval: as for :class:`Loader`.
+        max_running: as for :class:`Loader`.
+        start_margin: as for :class:`Loader` (the pre-start lease past the lookahead).
         reap_interval: seconds between reaper rounds.
         drain_timeout: seconds running tasks get at shutdown; then their handlers are
             cancelled and their jobs released unrun (same attempt).
@@ -198,7 +202,8 @@ class Worker:
         shape is ``store/_workers.py``'s).
 
         ``t`` is this host's wall clock (ms) when it was made; ``c`` monotonic counters
-        since the worker started (claimed, acked, retries, dead letters, reaped); ``lat``
+        since the worker started (claimed, acked, retries, dead letters, reaped,
+        timeouts); ``lat``
         the firing-lateness histogram's bucket counts (bounds ``LATENESS_BOUNDS`` in
         ``model/_stats.py``, the last one +Inf); ``v`` the format version.
         """
@@ -210,7 +215,10 @@ class Worker:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "owned": len(self.ownership.owned),
-            "c": [stats.claimed, stats.acked, stats.retries, stats.dead_letters, stats.reaped],
+            "c": [
+                *(stats.claimed, stats.acked, stats.retries, stats.dead_letters, stats.reaped),
+                stats.timeouts,
+            ],
         }
         if loader is not None:
             doc["loaded"] = loader.loaded
@@ -382,7 +390,9 @@ class Worker:
         await self.scheduler.open()
         wheel = TimingWheel()
         loader = self.loader = Loader(self.scheduler, self.registry, wheel, **self._loader_args)
-        reaper = Reaper(self.ownership, interval=self.reap_interval_ms / 1000)
+        reaper = Reaper(
+            self.ownership, interval=self.reap_interval_ms / 1000, tracer=self.scheduler.tracer
+        )
         balance = asyncio.ensure_future(self._balance())
         loading = asyncio.ensure_future(loader.run())
         reaping = asyncio.ensure_future(self._reap(reaper))

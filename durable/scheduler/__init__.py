@@ -23,15 +23,39 @@ from __future__ import annotations
 from ._scheduler import DEFAULT_LEASE, DEFAULT_SHARDS, MAX_BATCH, MAX_ERROR_CHARS, Scheduler
 from ._shard_owner import DEFAULT_OWNER_TTL, RENEW_FRACTION, Ownership
 from ._sync import SyncScheduler
+from ._tracing import (
+    ACKED,
+    CANCELLED,
+    DEAD,
+    LEASE_LOST,
+    OUTCOMES,
+    RELEASED,
+    RETRIED,
+    TIMED_OUT,
+    UNSETTLED,
+    Tracing,
+    make_tracing,
+)
 
 __all__ = [
+    "ACKED",
+    "CANCELLED",
+    "DEAD",
     "DEFAULT_LEASE",
     "DEFAULT_OWNER_TTL",
     "DEFAULT_SHARDS",
+    "LEASE_LOST",
     "MAX_BATCH",
     "MAX_ERROR_CHARS",
+    "OUTCOMES",
+    "RELEASED",
     "RENEW_FRACTION",
+    "RETRIED",
+    "TIMED_OUT",
+    "UNSETTLED",
     "Ownership",
     "Scheduler",
     "SyncScheduler",
+    "Tracing",
+    "make_tracing",
 ]

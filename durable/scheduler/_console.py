@@ -70,6 +70,11 @@ class Console:
         """A page of ``shard``'s dead letters, oldest first."""
         return await self._sched.store.dead_list(shard, offset, count)
 
+    async def paused(self) -> dict[str | None, int]:
+        """The pause state of record: task (None: the whole namespace) -> since (ms)."""
+        state = await self._sched.store.pauses.state()
+        return {(t or None): since for t, since in state.items()}
+
     async def cancel(self, job_id: str) -> JobState | None:
         """Cancel a job in any state; return the state it had (None: there was none)."""
         sched = self._sched

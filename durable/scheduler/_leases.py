@@ -197,6 +197,7 @@ class Leases:
         runs_as: list[ClaimedRef] = []  # run now as a later occurrence (plan.advance_to_ms)
         as_jobs: list[Job] = []  # their jobs, as they run
         dups: list[ClaimedRef] = []
+        waits: list[ClaimedRef] = []  # jittered occurrences back to due until their time
         for job in batch.jobs:
             rec = job.recurrence
             if rec is None:
@@ -220,7 +221,15 @@ class Leases:
                     )
                 )
                 continue
-            plan = rec.plan(job.nominal_ms, batch.now_ms)
+            off = rec.offset_ms(job.id, job.nominal_ms) if rec.jitter_ms else 0
+            if off and job.due_ms < job.nominal_ms + off and batch.now_ms < job.nominal_ms + off:
+                # A jittered occurrence claimed before its run time (nominal + offset):
+                # back to due at that time, unrun, the same occurrence and attempt.
+                waits.append(ClaimedRef(job.id, job.attempt, job.nominal_ms, job.nominal_ms + off))
+                continue
+            # Lateness counts from the run time, so the missed-run decision is the one
+            # the occurrence would get without jitter.
+            plan = rec.plan(job.nominal_ms, batch.now_ms - off)
             if plan.deliver and plan.advance_to_ms:
                 # Runs now as a later occurrence (already due): its lease moves to it
                 # first, so that its ack records that occurrence (and the next from it).
@@ -263,6 +272,8 @@ class Leases:
                     await self._pg_skipped(self.pg, batch.shard, epoch, done)
         if dups:
             await self.store.ack(batch.shard, epoch, dups, self.dedup_window_ms)
+        if waits:
+            await self.store.release(batch.shard, epoch, waits)
         if len(jobs) == len(batch.jobs) and all(j.recurrence is None for j in jobs):
             return batch  # the common case: one-shot jobs only, nothing to rebuild
         return dataclasses.replace(batch, jobs=jobs, moved=len(moves))

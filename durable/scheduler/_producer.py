@@ -34,6 +34,7 @@ from tickwheel.durable.model import (
 from tickwheel.durable.store import EncodedJob, Keys, Store, encode_job
 
 from ._leases import MAX_BATCH
+from ._tracing import Tracing
 
 if TYPE_CHECKING:
     from tickwheel.durable.postgres import PostgresMode
@@ -63,6 +64,7 @@ def recurrence(
     missed: MissedRun | str = MissedRun.ONCE,
     max_catch_up: int = DEFAULT_MAX_CATCH_UP,
     misfire_grace: float | timedelta = DEFAULT_GRACE_S,
+    jitter: float | timedelta | None = None,
 ) -> Recurrence | None:
     """Build the recurrence of ``every`` or ``cron`` (None when neither is given).
 
@@ -73,13 +75,25 @@ def recurrence(
         raise ValueError("give every or cron, not both")
     if tz is not None and cron is None:
         raise ValueError("tz needs cron: a zone applies to a cron expression only")
+    if jitter is not None and every is None and cron is None:
+        raise ValueError("jitter needs every or cron: it spreads a recurring series' runs")
+    spread = 0 if jitter is None else jitter
     if every is not None:
         return Recurrence.interval(
-            every, missed=missed, max_catch_up=max_catch_up, misfire_grace=misfire_grace
+            every,
+            missed=missed,
+            max_catch_up=max_catch_up,
+            misfire_grace=misfire_grace,
+            jitter=spread,
         )
     if cron is not None:
         return Recurrence.cron_expr(
-            cron, tz=tz, missed=missed, max_catch_up=max_catch_up, misfire_grace=misfire_grace
+            cron,
+            tz=tz,
+            missed=missed,
+            max_catch_up=max_catch_up,
+            misfire_grace=misfire_grace,
+            jitter=spread,
         )
     if (
         missed is not MissedRun.ONCE
@@ -138,6 +152,8 @@ def build_spec(
     missed: MissedRun | str = MissedRun.ONCE,
     max_catch_up: int = DEFAULT_MAX_CATCH_UP,
     misfire_grace: float | timedelta = DEFAULT_GRACE_S,
+    jitter: float | timedelta | None = None,
+    timeout: float | timedelta | None = None,
 ) -> JobSpec:
     """The :class:`JobSpec` of ``schedule()``'s keyword arguments (every producer's:
     ``Scheduler.schedule`` and ``SyncScheduler.schedule`` build theirs here).
@@ -152,8 +168,9 @@ def build_spec(
         missed=missed,
         max_catch_up=max_catch_up,
         misfire_grace=misfire_grace,
+        jitter=jitter,
     )
-    return JobSpec(job_id, task, payload, delay, at, max_attempts, rec)
+    return JobSpec(job_id, task, payload, delay, at, max_attempts, rec, timeout)
 
 
 def first_run_needs_now(spec: JobSpec) -> bool:
@@ -222,6 +239,7 @@ class Producer:
             scheduler: ``RedisSide``, its store, keys and ``open``).
         pg: the Postgres mode, or None (Redis only).
         tasks: the task names a schedule may name (``Scheduler(tasks=...)``), or None.
+        tracer: the scheduler's spans, or None (tracing off).
     """
 
     __slots__ = (
@@ -233,6 +251,7 @@ class Producer:
         "pg",
         "store",
         "tasks",
+        "tracer",
     )
 
     def __init__(
@@ -245,9 +264,11 @@ class Producer:
         redis_side: RedisSide,
         pg: PostgresMode | None = None,
         tasks: Collection[str] | None = None,
+        tracer: Tracing | None = None,
     ) -> None:
         self.store = store
         self.tasks = tasks  # the known task names, or None: any
+        self.tracer = tracer
         self.keys = keys
         self._open = open
         self._opened = False  # open() returned once here: the layout is checked
@@ -267,12 +288,24 @@ class Producer:
         """
         if self.tasks is not None:
             known_task(self.tasks, spec.task)
+        if self.tracer is not None:
+            return self._traced_one(self.tracer, spec, replace, conn)
         if self.pg is not None or conn is not None:
             return self._pg_schedule_one(spec, replace, conn)
         encoded = encode_job(spec, self.max_payload_bytes)
         if self._opened and spec.recurrence is None:
             return self.store.schedule_one(self.keys.shard_of(spec.id), encoded, replace)
         return self._schedule_one(spec, encoded, replace)
+
+    async def _traced_one(
+        self, tracer: Tracing, spec: JobSpec, replace: bool, conn: Any
+    ) -> ScheduleResult:
+        """:meth:`schedule` in a PRODUCER span, the job carrying its trace context."""
+        with tracer.producing("schedule", [spec.id]) as header:
+            (spec,) = tracer.traced([spec], header)
+            if self.pg is not None or conn is not None:
+                return await self._pg_schedule_one(spec, replace, conn)
+            return await self._schedule_one(spec, encode_job(spec, self.max_payload_bytes), replace)
 
     async def _schedule_one(
         self, spec: JobSpec, encoded: EncodedJob, replace: bool
@@ -300,6 +333,8 @@ class Producer:
                     " replace; schedule without conn, or without replace"
                 )
             return await self.pg.replace(self._side, specs)
+        if conn is not None:
+            conn = await self.pg.connection(conn)  # a bad one is refused before any write
         if not self._opened:
             # The namespace's shard count is checked before anything is written (a
             # mismatch raises); a Redis that is down does not stop the enqueue.
@@ -359,6 +394,16 @@ class Producer:
             specs = list(specs)
             for spec in specs:
                 known_task(self.tasks, spec.task)
+        if self.tracer is not None:
+            specs = list(specs)
+            ids = [s.id if isinstance(s, JobSpec) else "" for s in specs]
+            with self.tracer.producing("schedule_many", ids) as header:
+                return await self._schedule_many(self.tracer.traced(specs, header), replace, conn)
+        return await self._schedule_many(specs, replace, conn)
+
+    async def _schedule_many(
+        self, specs: Iterable[JobSpec], replace: bool, conn: Any
+    ) -> list[ScheduleResult]:
         pending = encode_specs(specs, self.keys, self.max_payload_bytes)
         if self.pg is not None or conn is not None:
             return await self._pg_schedule([spec for _, spec, _ in pending], replace, conn)

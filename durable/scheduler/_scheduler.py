@@ -46,8 +46,10 @@ from tickwheel.durable.store import (
 from ._console import Console
 from ._leases import DEFAULT_LEASE, MAX_BATCH, MAX_ERROR_CHARS, Leases
 from ._operator import Operator
+from ._pause import Pauses
 from ._producer import DEFAULT_GRACE_S, Producer, build_spec, check_tasks, recurrence
 from ._shard_owner import DEFAULT_OWNER_TTL, Ownership
+from ._tracing import Tracing, make_tracing
 
 if TYPE_CHECKING:
     from tickwheel.durable.postgres import PostgresMode, ReconcileResult
@@ -139,6 +141,11 @@ class Scheduler:
             another task is a ``ValueError`` naming it, and nothing is written. Kept by
             reference: tasks registered later are known. None (the default): any
             name is scheduled (a producer need not import the worker's code).
+        tracing: OpenTelemetry spans (docs/tracing.md; needs ``tickwheel[otel]``):
+            schedules are ``PRODUCER`` spans whose trace context the jobs carry, and a
+            worker on this scheduler makes each run a ``CONSUMER`` span in that trace,
+            and its claim and reap rounds spans. False (the default): no span, and
+            OpenTelemetry is never imported.
 
     Raises:
         TypeError, ValueError: naming a bad parameter.
@@ -165,6 +172,7 @@ class Scheduler:
         postgres_url: str | None = None,
         tasks: Collection[str] | None = None,
         worker_id: str | None = None,
+        tracing: bool = False,
     ) -> None:
         async_client("client", client)  # a sync redis.Redis fails here, not in a call
         self.keys = Keys(namespace, shards, buckets)  # key names
@@ -193,6 +201,8 @@ class Scheduler:
             self.pg = PostgresMode(
                 PgStore(postgres_url, namespace, call_timeout=self.store.call_timeout)
             )
+        # OpenTelemetry spans (the producer's, a worker's), or None: off.
+        self.tracer: Tracing | None = make_tracing(tracing, namespace)
         # Jobs by id (Producer): schedule, cancel, reschedule, get.
         self.producer = Producer(
             self.store,
@@ -202,6 +212,7 @@ class Scheduler:
             redis_side=self,
             pg=self.pg,
             tasks=check_tasks(tasks),
+            tracer=self.tracer,
         )
         # The calls a shard's owner makes under its epoch (the worker calls it directly).
         self.leases = Leases(
@@ -285,6 +296,8 @@ class Scheduler:
         missed: MissedRun | str = MissedRun.ONCE,
         max_catch_up: int = DEFAULT_MAX_CATCH_UP,
         misfire_grace: float | timedelta = DEFAULT_GRACE_S,
+        jitter: float | timedelta | None = None,
+        timeout: float | timedelta | None = None,  # noqa: ASYNC109 (the job's, not the call's)
         conn: Any = None,
     ) -> ScheduleResult:
         """Schedule one job by id. One script call.
@@ -308,6 +321,14 @@ class Scheduler:
             missed: missed-run policy of a recurring job: once, all or skip.
             max_catch_up: at most this many missed runs under ``all``.
             misfire_grace: seconds late before an occurrence counts as missed.
+            jitter: a recurring job only (else a ValueError): each run is up to this
+                many seconds after its occurrence, by a hash of (id, occurrence), never
+                before it; the occurrence stays the nominal instant (dedup, missed-run
+                policy). At most a week. docs/timezones.md, "Jitter".
+            timeout: seconds this job's handler may run before it is stopped (the
+                attempt fails with reason timeout), before its task's ``timeout`` and
+                the worker's ``default_timeout``; None: theirs. Not in the Postgres
+                mode yet (a ValueError).
             conn: Postgres mode only: the application's open asyncpg connection. The
                 job is written in its current transaction and exists iff that commits;
                 the relay indexes it in Redis after the commit.
@@ -335,6 +356,8 @@ class Scheduler:
             missed=missed,
             max_catch_up=max_catch_up,
             misfire_grace=misfire_grace,
+            jitter=jitter,
+            timeout=timeout,
         )
         return await self.producer.schedule(spec, replace, conn)
 
@@ -398,6 +421,17 @@ class Scheduler:
     purge_dead = _forward("operator", Operator.purge_dead)
     requeue_all_dead = _forward("operator", Operator.requeue_all_dead)
     purge_all_dead = _forward("operator", Operator.purge_all_dead)
+
+    # -- pause and resume: delegated to self.pauses (Pauses) ----------------------------
+
+    @functools.cached_property
+    def pauses(self) -> Pauses:
+        """Pause, resume and the pause state, each after :meth:`open`."""
+        return Pauses(self.store, self.open)
+
+    pause = _forward("pauses", Pauses.pause)
+    resume = _forward("pauses", Pauses.resume)
+    paused = _forward("pauses", Pauses.paused)
 
     def stats(self) -> SchedulerStats:
         """A snapshot of this scheduler's counters: claims, acks, retries, dead letters,

@@ -7,11 +7,14 @@ code for everything but the I/O: the arguments become a :class:`JobSpec` by
 ``_producer.chunk_groups``, and each call's keys, arguments and reply come from
 ``store/_calls.py``; only the sending (``store/_sync_store.py``'s :class:`SyncStore`) differs.
 
-Redis only: it has no Postgres mode (no ``postgres_url``, and ``conn`` is refused). A
-namespace run in the Postgres mode must be written through the asyncio
-:class:`Scheduler` with ``postgres_url``: a job the SyncScheduler wrote there would
-exist in Redis only, unknown to PostgreSQL (nothing in Redis tells the two apart, so
-this cannot be checked here).
+The Postgres mode (``postgres_url=``, docs/postgres.md) covers enqueue only:
+``schedule`` and ``schedule_many`` write the job rows and outbox rows in the
+application's transaction (``conn=``: a psycopg 3 ``Connection``, a SQLAlchemy
+``Connection`` or ``Session``, Django's connection inside ``transaction.atomic()``), or in
+a transaction of their own on a psycopg connection. The job exists iff that transaction
+commits; the workers' relays write it to Redis (the commit notifies them). ``cancel``
+and ``reschedule`` act on both stores in a PostgreSQL transaction of their own holding
+the id, as the asyncio :class:`Scheduler`'s do; ``replace=True`` needs the asyncio one.
 
 Thread-safe: one SyncScheduler may be shared by every thread of a process (redis-py's
 pool hands each call a connection); the only state it changes is whether the layout
@@ -21,9 +24,10 @@ was checked, under a lock.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Collection, Iterable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tickwheel.durable.model import (
     DEFAULT_MAX_ATTEMPTS,
@@ -48,6 +52,7 @@ from tickwheel.durable.store import (
     sync_client_from_url,
 )
 
+from ._pause import pause_field
 from ._producer import (
     DEFAULT_GRACE_S,
     build_spec,
@@ -60,16 +65,17 @@ from ._producer import (
     with_first_run,
 )
 from ._scheduler import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_SHARDS
+from ._tracing import Tracing, make_tracing
+
+if TYPE_CHECKING:
+    from tickwheel.durable.postgres import SyncPgPool
 
 __all__ = ["SyncScheduler"]
 
 
 def _no_conn(conn: object) -> None:
     if conn is not None:
-        raise ValueError(
-            "conn needs the Postgres mode, which SyncScheduler does not have (it writes"
-            " Redis only): use the asyncio Scheduler(..., postgres_url=...)"
-        )
+        raise ValueError("conn needs the Postgres mode (SyncScheduler(..., postgres_url=...))")
 
 
 class SyncScheduler:
@@ -83,12 +89,19 @@ class SyncScheduler:
             ``decode_responses=False`` (see :meth:`from_url`). A plain client's calls go
             through a pool of the scheduler's own with the same settings, its socket
             timeouts capped at ``call_timeout``; a cluster client needs a socket timeout.
-        namespace, shards, buckets, max_payload_bytes: as for :class:`Scheduler`; a
-            namespace's shard and bucket counts are checked on first use.
+        namespace: as for :class:`Scheduler`.
+        shards: as for :class:`Scheduler`; a namespace's shard count is checked on
+            first use.
+        buckets: as for :class:`Scheduler`; checked on first use as the shard count is.
+        max_payload_bytes: as for :class:`Scheduler`.
         call_timeout: seconds one call may wait for Redis before it raises
             :class:`RedisUnavailable` (default 10).
         tasks: as for :class:`Scheduler`: the task names a schedule may name (a
             ``TaskRegistry`` or a set), or None for any.
+        postgres_url: a ``postgresql://`` DSN: the Postgres mode's enqueue (see above);
+            ``schedule`` and ``schedule_many`` then take ``conn=``.
+        tracing: OpenTelemetry ``PRODUCER`` spans, the jobs carrying their trace
+            context (:class:`Scheduler`'s ``tracing``; needs ``tickwheel[otel]``).
 
     Raises:
         TypeError, ValueError: naming a bad parameter (an asyncio client is a TypeError).
@@ -104,11 +117,21 @@ class SyncScheduler:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         call_timeout: float | timedelta = DEFAULT_CALL_TIMEOUT,
         tasks: Collection[str] | None = None,
+        postgres_url: str | None = None,
+        tracing: bool = False,
     ) -> None:
         self.keys = Keys(namespace, shards, buckets)
         self.tasks = check_tasks(tasks)  # the known task names, or None: any
+        self.tracer: Tracing | None = make_tracing(tracing, namespace)  # None: off
         self.max_payload_bytes = int_between("max_payload_bytes", max_payload_bytes, 1)
         seconds = finite_seconds_ms("call_timeout", call_timeout, minimum_ms=1) / 1000
+        self.postgres_url = postgres_url
+        self._pg_pool: SyncPgPool | None = None
+        if postgres_url is not None:
+            from tickwheel.durable.postgres import PgStore, SyncPgPool  # noqa: PLC0415
+
+            PgStore(postgres_url, namespace)  # checks the URL; opens nothing
+            self._pg_pool = SyncPgPool(postgres_url, seconds)
         self.store = SyncStore(client, self.keys, call_timeout=seconds)
         self._lock = threading.Lock()  # guards _opened
         self._opened = False
@@ -154,6 +177,8 @@ class SyncScheduler:
     def close(self) -> None:
         """Close the connections this scheduler opened (never the client given)."""
         self.store.close()
+        if self._pg_pool is not None:
+            self._pg_pool.close()
         if self._client is not None:
             self._client.close()
 
@@ -189,10 +214,12 @@ class SyncScheduler:
         missed: MissedRun | str = MissedRun.ONCE,
         max_catch_up: int = DEFAULT_MAX_CATCH_UP,
         misfire_grace: float | timedelta = DEFAULT_GRACE_S,
+        jitter: float | timedelta | None = None,
+        timeout: float | timedelta | None = None,
         conn: Any = None,
     ) -> ScheduleResult:
-        """Schedule one job by id: :meth:`Scheduler.schedule`, blocking. ``conn`` is
-        refused (no Postgres mode here).
+        """Schedule one job by id: :meth:`Scheduler.schedule`, blocking. ``conn``: the
+        application's connection in its transaction (Postgres mode only, see the class).
 
         Raises:
             TypeError, ValueError: naming a bad parameter (nothing is written).
@@ -211,9 +238,20 @@ class SyncScheduler:
             missed=missed,
             max_catch_up=max_catch_up,
             misfire_grace=misfire_grace,
+            jitter=jitter,
+            timeout=timeout,
         )
-        _no_conn(conn)
         known_task(self.tasks, spec.task)
+        if self.postgres_url is not None:
+            return self._pg_schedule([spec], replace, conn)[0]
+        _no_conn(conn)
+        if self.tracer is not None:
+            with self.tracer.producing("schedule", [spec.id]) as header:
+                (spec,) = self.tracer.traced([spec], header)
+                return self._schedule_one(spec, replace)
+        return self._schedule_one(spec, replace)
+
+    def _schedule_one(self, spec: JobSpec, replace: bool) -> ScheduleResult:
         encoded = encode_job(spec, self.max_payload_bytes)
         self.open()
         shard = self.keys.shard_of(spec.id)
@@ -240,8 +278,19 @@ class SyncScheduler:
             specs = list(specs)
             for spec in specs:
                 known_task(self.tasks, spec.task)
-        pending = encode_specs(specs, self.keys, self.max_payload_bytes)
+        if self.postgres_url is not None:
+            pending = encode_specs(specs, self.keys, self.max_payload_bytes)
+            return self._pg_schedule([spec for _, spec, _ in pending], replace, conn)
         _no_conn(conn)
+        if self.tracer is not None:
+            specs = list(specs)
+            ids = [s.id if isinstance(s, JobSpec) else "" for s in specs]
+            with self.tracer.producing("schedule_many", ids) as header:
+                return self._schedule_many(self.tracer.traced(specs, header), replace)
+        return self._schedule_many(specs, replace)
+
+    def _schedule_many(self, specs: Iterable[JobSpec], replace: bool) -> list[ScheduleResult]:
+        pending = encode_specs(specs, self.keys, self.max_payload_bytes)
         self.open()
         limit = self.max_payload_bytes
         chunked = chunk_groups(
@@ -264,11 +313,39 @@ class SyncScheduler:
             return []
         return self.store.schedule_many(chunked, replace)
 
+    def _pg_schedule(self, specs: list[JobSpec], replace: bool, conn: Any) -> list[ScheduleResult]:
+        if replace:
+            raise ValueError(
+                "replace=True needs the asyncio Scheduler in the Postgres mode (Redis decides"
+                " a replace inside a PostgreSQL transaction holding the id)"
+            )
+        from tickwheel.durable.postgres import enqueue_sync  # noqa: PLC0415
+
+        assert self._pg_pool is not None
+        return enqueue_sync(
+            conn,
+            self._pg_pool,
+            self.keys.namespace,
+            specs,
+            shard_of=self.keys.shard_of,
+            limit=self.max_payload_bytes,
+        )
+
     def cancel(self, job_id: str) -> bool:
-        """Remove a job in any state; True if there was one (:meth:`Scheduler.cancel`)."""
+        """Remove a job in any state; True if there was one (:meth:`Scheduler.cancel`).
+        In the Postgres mode, from both stores in one PostgreSQL transaction holding the
+        id, as the asyncio :class:`Scheduler` does (docs/postgres.md)."""
         check_job_id(job_id)
         self.open()
-        return self.store.cancel(self.keys.shard_of(job_id), job_id) is not None
+        shard = self.keys.shard_of(job_id)
+        if self._pg_pool is not None:
+            from tickwheel.durable.postgres import cancel_sync  # noqa: PLC0415
+
+            found, state = cancel_sync(
+                self._pg_pool, self.keys.namespace, job_id, lambda: self.store.cancel(shard, job_id)
+            )
+            return state is not None or found
+        return self.store.cancel(shard, job_id) is not None
 
     def reschedule(
         self,
@@ -286,8 +363,45 @@ class SyncScheduler:
         check_job_id(job_id)
         mode, time_ms = when_args(delay, at)
         self.open()
-        status, _ = self.store.reschedule(self.keys.shard_of(job_id), job_id, mode, time_ms)
+        shard = self.keys.shard_of(job_id)
+        if self._pg_pool is not None:  # Redis moves it inside PostgreSQL's row lock
+            from tickwheel.durable.postgres import reschedule_sync  # noqa: PLC0415
+
+            return reschedule_sync(
+                self._pg_pool,
+                self.keys.namespace,
+                job_id,
+                (mode, time_ms),
+                lambda: self.store.reschedule(shard, job_id, mode, time_ms),
+            )
+        status, _ = self.store.reschedule(shard, job_id, mode, time_ms)
         return status == 1
+
+    def pause(self, task: str | None = None) -> None:
+        """Pause ``task`` (None: the whole namespace): :meth:`Scheduler.pause`.
+
+        Raises:
+            TypeError, ValueError: naming ``task`` (nothing written).
+        """
+        field = pause_field(task)
+        self.open()
+        self.store.pause(field, int(time.time() * 1000))
+
+    def resume(self, task: str | None = None) -> int:
+        """Resume ``task`` (None: the namespace's pause): :meth:`Scheduler.resume`.
+        Returns the parked jobs moved back to due.
+
+        Raises:
+            TypeError, ValueError: naming ``task``.
+        """
+        field = pause_field(task)
+        self.open()
+        return self.store.resume(field)
+
+    def paused(self) -> dict[str | None, int]:
+        """The pause state: task (None: the whole namespace) -> since (Unix ms)."""
+        self.open()
+        return {(t or None): since for t, since in self.store.paused().items()}
 
     def get(self, job_id: str) -> JobInfo | None:
         """One job's state and record, or None if it is done or unknown."""

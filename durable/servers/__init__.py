@@ -1,4 +1,5 @@
-"""Embedded servers for demos and tests: redis-server, a Redis Cluster, PostgreSQL.
+"""Embedded servers for demos and tests: redis-server, a Redis Cluster, PostgreSQL, and
+the handoff's brokers (nats-server with JetStream, a RabbitMQ node).
 
 Each server is a child process started on 127.0.0.1 on a port the kernel handed out,
 in a temporary directory, and stopped by its pid (never by name, so a server the
@@ -11,7 +12,9 @@ binaries).
 
 from __future__ import annotations
 
+from ._nats import NatsServer, NatsServerError, find_nats_server
 from ._postgres import PostgresServer, PostgresServerError, find_postgres_bin
+from ._rabbitmq import RabbitServer, RabbitServerError, find_rabbitmq_server
 from ._redis import (
     CLUSTER_SLOTS,
     RedisClusterServer,
@@ -23,12 +26,18 @@ from ._redis import (
 
 __all__ = [
     "CLUSTER_SLOTS",
+    "NatsServer",
+    "NatsServerError",
     "PostgresServer",
     "PostgresServerError",
+    "RabbitServer",
+    "RabbitServerError",
     "RedisClusterServer",
     "RedisServer",
     "RedisServerError",
+    "find_nats_server",
     "find_postgres_bin",
+    "find_rabbitmq_server",
     "find_redis_server",
     "free_port",
 ]

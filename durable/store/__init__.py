@@ -23,7 +23,17 @@ May import: ``tickwheel.durable.model``, ``tickwheel.wheel`` (for its timeout), 
 
 from __future__ import annotations
 
-from ._codec import ClaimedRef, EncodedJob, decode_payload, encode_job, encode_payload, pack_record
+from ._codec import (
+    TRACE_FIELD,
+    ClaimedRef,
+    EncodedJob,
+    decode_payload,
+    encode_job,
+    encode_payload,
+    pack_record,
+    record_fields,
+    with_trace,
+)
 from ._connect import (
     URL_ENV,
     Client,
@@ -71,6 +81,7 @@ __all__ = [
     "REDIS_ERRORS",
     "STATS_COUNTERS",
     "STATS_VERSION",
+    "TRACE_FIELD",
     "URL_ENV",
     "ClaimedRef",
     "Client",
@@ -106,6 +117,7 @@ __all__ = [
     "parse_nodes",
     "parse_stats_document",
     "read_layout",
+    "record_fields",
     "register",
     "script_error_text",
     "shown_url",
@@ -114,4 +126,5 @@ __all__ = [
     "translate",
     "unwrap",
     "url_error",
+    "with_trace",
 ]

@@ -153,7 +153,8 @@ def schedule_call(keys: Keys, shard: int, jobs: Sequence[EncodedJob], replace: b
     args = [1 if replace else 0, pack_schedule_batch([job.values for job in jobs])]
     # One job needs its own bucket only (the script then skips hashing the id).
     buckets = [keys.jobs_key(shard, jobs[0].id)] if len(jobs) == 1 else k.jobs
-    return [k.due, k.leased, k.done, k.dead, k.clock, k.far, k.faro, *buckets], args
+    keys_ = [k.due, k.leased, k.done, k.dead, k.clock, k.far, k.faro, k.parked, k.parkedx]
+    return [*keys_, *buckets], args
 
 
 def schedule_results(jobs: Sequence[EncodedJob], reply: Sequence[Any]) -> list[ScheduleResult]:
@@ -179,7 +180,10 @@ def schedule_one_call(keys: Keys, shard: int, job: EncodedJob, replace: bool) ->
     if not 0 <= time_ms < 1 << 64:
         raise ValueError(f"schedule times must be in 0 .. 2**64 - 1, got {time_ms}")
     return (
-        [k.due, k.leased, k.done, k.dead, k.clock, k.far, k.faro, keys.jobs_key(shard, job.id)],
+        [
+            *(k.due, k.leased, k.done, k.dead, k.clock, k.far, k.faro),
+            *(keys.jobs_key(shard, job.id), k.parked, k.parkedx),
+        ],
         [1 if replace else 0, ident, mode, time_ms, record],
     )
 
@@ -193,7 +197,10 @@ def cancel_call(keys: Keys, shard: int, job_id: str) -> Call:
     """cancel.lua (it publishes a removed leased job's id on the namespace's cancels
     channel, so the worker running it stops its handler)."""
     k = keys.shard(shard)
-    return [k.due, k.leased, k.dead, keys.jobs_key(shard, job_id)], [job_id, keys.cancels]
+    return (
+        [k.due, k.leased, k.dead, keys.jobs_key(shard, job_id), k.parked, k.parkedx],
+        [job_id, keys.cancels],
+    )
 
 
 def cancel_result(reply: Any) -> JobState | None:
@@ -205,7 +212,10 @@ def reschedule_call(keys: Keys, shard: int, job_id: str, mode: int, time_ms: int
     """reschedule.lua."""
     k = keys.shard(shard)
     return (
-        [k.due, k.done, k.clock, k.leased, k.dead, k.far, k.faro, keys.jobs_key(shard, job_id)],
+        [
+            *(k.due, k.done, k.clock, k.leased, k.dead, k.far, k.faro),
+            *(keys.jobs_key(shard, job_id), k.parked, k.parkedx),
+        ],
         [job_id, mode, time_ms],
     )
 
@@ -218,7 +228,7 @@ def reschedule_result(reply: Sequence[Any]) -> tuple[int, int]:
 def get_call(keys: Keys, shard: int, job_id: str) -> Call:
     """get.lua."""
     k = keys.shard(shard)
-    return [k.due, k.leased, k.dead, keys.jobs_key(shard, job_id)], [job_id]
+    return [k.due, k.leased, k.dead, keys.jobs_key(shard, job_id), k.parked], [job_id]
 
 
 def get_result(shard: int, job_id: str, reply: Any) -> JobInfo | None:

@@ -37,6 +37,7 @@ from tickwheel.durable.model import (
     KIND_CRON,
     KIND_INTERVAL,
     MAX_PAYLOAD_DEPTH,
+    MAX_TRACE_BYTES,
     POLICY_BY_CODE,
     POLICY_CODES,
     Job,
@@ -51,14 +52,17 @@ from tickwheel.durable.model import (
 from ._msgpack import FIXINT, pack_str, pack_value
 
 __all__ = [
+    "CLAIM_FULL_ROW",
     "CLAIM_JOB_FIELDS",
     "CLAIM_SHORT_ROW",
     "DEFAULTS",
     "DUPLICATE",
     "FIELDS",
     "FLAG_JSON",
+    "TRACE_FIELD",
     "ClaimedRef",
     "EncodedJob",
+    "claimed_trace",
     "decode_payload",
     "encode_job",
     "encode_payload",
@@ -68,7 +72,9 @@ __all__ = [
     "new_job",
     "pack_oneshot",
     "pack_record",
+    "record_fields",
     "recurrence_of",
+    "with_trace",
 ]
 
 # The job record's fields, in record order: lua/_lib.lua's F_* constants, lowercased
@@ -87,9 +93,15 @@ FIELDS = (
     "cap",
     "grace",
     "error",
+    "timeout",
+    "trace",
 )
 # Their defaults, in the same order (lua/_lib.lua: DEFAULTS); trailing ones are dropped.
-DEFAULTS: tuple[int | bytes, ...] = (b"", b"", 5, 0, 0, 1, 0, 0, b"", 0, 0, 0, b"")
+DEFAULTS: tuple[int | bytes, ...] = (b"", b"", 5, 0, 0, 1, 0, 0, b"", 0, 0, 0, b"", 0, b"")
+# Record fields of a claim.lua row that is not short (F_TRACE: the last one).
+CLAIM_FULL_ROW = len(FIELDS)
+TRACE_FIELD = FIELDS.index("trace")  # its index from 0
+TIMEOUT_FIELD = FIELDS.index("timeout")
 
 FLAG_JSON = 1  # record field 4, bit 0: the payload is JSON text
 
@@ -98,7 +110,7 @@ FLAG_JSON = 1  # record field 4, bit 0: the payload is JSON text
 _ROW_STRIDE = 2 + len(FIELDS)
 # A claim.lua row: id, due, deadline, tag (bit 0: the occurrence is done already; the
 # rest: the index of the job's record hash), count, then ``count`` record fields: 6 for a
-# one-shot job without an error, all 13 otherwise.
+# one-shot job without an error, a timeout of its own or a trace, all 15 otherwise.
 CLAIM_SHORT_ROW = 6
 DUPLICATE = (False, True)  # a row's tag bit 0 as a bool, indexed (no call of bool())
 
@@ -129,6 +141,8 @@ CLAIM_JOB_FIELDS = (
     "duplicate",
     "last_error",
     "bucket",
+    "timeout_ms",
+    "trace",
 )
 if tuple(f.name for f in dataclasses.fields(Job)) != CLAIM_JOB_FIELDS:  # pragma: no cover
     raise ImportError("Job's fields changed: update CLAIM_JOB_FIELDS and Store.claim's loop")
@@ -265,16 +279,39 @@ def encode_job(spec: JobSpec, payload_limit: int) -> EncodedJob:
     """
     data, flags = encode_payload(spec.payload, payload_limit)
     rec = spec.recurrence
-    if rec is None:  # the common case, without building the field list
+    if rec is None and not spec.timeout_ms and not spec.trace:  # the common case
         record = pack_oneshot(spec.task.encode(), data, spec.max_attempts, flags)
         return EncodedJob(spec.id, (spec.id.encode(), spec.mode, spec.time_ms, record))
-    kind, spec_text = (KIND_INTERVAL if rec.every_ms else KIND_CRON), rec.spec
-    fields: list[int | bytes] = [
-        *(spec.task.encode(), data, spec.max_attempts, flags, 0, 1, 0),
-        *(kind, spec_text.encode(), POLICY_CODES[rec.missed], rec.max_catch_up),
-        rec.misfire_grace_ms,
-    ]
+    fields = record_fields(spec, data, flags)
     return EncodedJob(spec.id, (spec.id.encode(), spec.mode, spec.time_ms, pack_record(fields)))
+
+
+def record_fields(spec: JobSpec, data: bytes, flags: int) -> list[int | bytes]:
+    """A new job's record fields (nominal 0, attempt 1, epoch 0) in :data:`FIELDS`
+    order, from its spec and encoded payload; :func:`pack_record` drops the defaults."""
+    fields: list[int | bytes] = [spec.task.encode(), data, spec.max_attempts, flags, 0, 1, 0]
+    rec = spec.recurrence
+    if rec is not None:
+        kind = KIND_INTERVAL if rec.every_ms else KIND_CRON
+        fields += [kind, rec.spec.encode(), POLICY_CODES[rec.missed], rec.max_catch_up]
+        fields.append(rec.misfire_grace_ms)
+    if spec.timeout_ms:
+        fields += [*DEFAULTS[len(fields) : TIMEOUT_FIELD], spec.timeout_ms]
+    return with_trace(fields, spec.trace.encode()) if spec.trace else fields
+
+
+def with_trace(fields: list[int | bytes], trace: bytes) -> list[int | bytes]:
+    """Record fields (up to the timeout) with the trace context field after them, the
+    fields between at their defaults."""
+    return [*fields, *DEFAULTS[len(fields) : TRACE_FIELD], trace]
+
+
+def claimed_trace(value: object) -> bytes:
+    """A claim row's trace field as :attr:`Job.trace`: bytes of at most
+    :data:`MAX_TRACE_BYTES`, else b"" (a hostile record cannot break the claim)."""
+    if type(value) is bytes and len(value) <= MAX_TRACE_BYTES:
+        return value
+    return b""
 
 
 # -- reply -> Job, JobInfo ------------------------------------------------------------
@@ -284,17 +321,24 @@ def encode_job(spec: JobSpec, payload_limit: int) -> EncodedJob:
 def recurrence_of(kind: int, spec: bytes, policy: int, cap: int, grace: int) -> Recurrence | None:
     """The record's recurrence fields as a Recurrence (cached: a recurring job is claimed
     again and again with the same fields)."""
+    # A jitter is a "J=<ms> " prefix of the spec; none (older records) reads as 0.
     if kind == KIND_INTERVAL:
+        if spec[:2] == b"J=":
+            rest, jitter = Recurrence.split_jitter(spec.decode())
+            return Recurrence(int(rest), "", POLICY_BY_CODE[policy], cap, grace, "", jitter)
         return Recurrence(int(spec), "", POLICY_BY_CODE[policy], cap, grace)
     if kind == KIND_CRON:  # "TZ=<zone> <expr>", or "<expr>" for UTC (older records)
-        expr, tz = Recurrence.split_spec(spec.decode())
-        return Recurrence(0, expr, POLICY_BY_CODE[policy], cap, grace, tz)
+        text = spec.decode()
+        expr, tz = Recurrence.split_spec(text)
+        jitter = Recurrence.split_jitter(text)[1]
+        return Recurrence(0, expr, POLICY_BY_CODE[policy], cap, grace, tz, jitter)
     return None
 
 
 def job_info(job_id: str, shard: int, state: JobState, when: int, f: Sequence[Any]) -> JobInfo:
     """A JobInfo from the record fields of a reply row (in :data:`FIELDS` order)."""
-    task, payload, max_attempts, flags, nominal, attempt, epoch, *rec, error = f
+    task, payload, max_attempts, flags, nominal, attempt, epoch = f[:7]
+    rec, error, timeout = f[7:12], f[12], f[13]
     return JobInfo(
         id=job_id,
         shard=shard,
@@ -308,6 +352,7 @@ def job_info(job_id: str, shard: int, state: JobState, when: int, f: Sequence[An
         epoch=epoch,
         recurrence=recurrence_of(*rec),
         last_error=error.decode(errors="replace"),
+        timeout_ms=timeout,
     )
 
 

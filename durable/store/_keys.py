@@ -63,6 +63,11 @@ class ShardKeys(NamedTuple):
     clock: str  # STRING high-water mark of the shard's clock (ms)
     far: str  # ZSET chunk of ids -> slot start (ms): the scheduled state, due later
     faro: str  # HASH slot start -> the open chunk of ids of the far index's slot
+    # Pause (scheduler/_pause.py): the shard's copy of Keys.paused, which claim.lua reads,
+    # and the parked jobs, the due jobs of paused tasks that a claim met (still scheduled)
+    paused: str  # HASH task (or "": the whole namespace) -> time paused (ms)
+    parked: str  # ZSET job id -> due time (ms)
+    parkedx: str  # ZSET (all scores 0) "<task>\0<due, 16 digits>\0<id>": by task, due order
 
 
 class Keys:
@@ -79,7 +84,17 @@ class Keys:
         ValueError: if one is out of range.
     """
 
-    __slots__ = ("_shards", "buckets", "cancels", "meta", "mode", "namespace", "shards", "workers")
+    __slots__ = (
+        "_shards",
+        "buckets",
+        "cancels",
+        "meta",
+        "mode",
+        "namespace",
+        "paused",
+        "shards",
+        "workers",
+    )
 
     def __init__(self, namespace: str, shards: int, buckets: int = DEFAULT_BUCKETS) -> None:
         if not isinstance(namespace, str):
@@ -104,6 +119,9 @@ class Keys:
         # Pub/sub channel: cancel.lua publishes the id of a leased job it removed, and
         # each worker listens, to stop that job's handler if it runs there.
         self.cancels = f"{{{namespace}}}:cancels"
+        # HASH task (or "": the whole namespace) -> time paused (ms): the pause state
+        # of record; every shard has a copy (ShardKeys.paused), for its claims.
+        self.paused = f"{{{namespace}}}:paused"
         self._shards = tuple(self._build(s) for s in range(shards))  # ShardKeys by shard
 
     def _build(self, shard: int) -> ShardKeys:
@@ -119,6 +137,9 @@ class Keys:
             clock=f"{tag}:clock",
             far=f"{tag}:far",
             faro=f"{tag}:faro",
+            paused=f"{tag}:paused",
+            parked=f"{tag}:parked",
+            parkedx=f"{tag}:parkedx",
         )
 
     def shard_of(self, job_id: str) -> int:

@@ -57,7 +57,7 @@ class OperatorCalls:
         jobs = self.keys.jobs_key(shard, job_id)
         reply, now = await self.transport.pipelined(
             [
-                Call(self._scripts.get, [k.due, k.leased, k.dead, jobs], [job_id], shard),
+                Call(self._scripts.get, [k.due, k.leased, k.dead, jobs, k.parked], [job_id], shard),
                 Call(self._scripts.now, [k.clock], [], shard),
             ],
             wait=False,
@@ -122,11 +122,14 @@ class OperatorCalls:
     def _listing_keys(self, shard: int) -> list[str]:
         """due_list.lua's and due_rank.lua's keys."""
         k = self.keys.shard(shard)
-        return [k.due, k.leased, k.dead, k.far, k.faro, *k.jobs]
+        return [k.due, k.leased, k.dead, k.far, k.faro, k.parked, *k.jobs]
 
     def _inspect_keys(self, shard: int) -> list[str]:
         k = self.keys.shard(shard)
-        return [k.due, k.leased, k.dead, k.owner, k.epoch, k.clock, k.far, k.faro, *k.jobs]
+        return [
+            *(k.due, k.leased, k.dead, k.owner, k.epoch, k.clock, k.far, k.faro),
+            *(k.parked, k.paused, *k.jobs),
+        ]
 
     async def inspect(self, shard: int) -> ShardInfo:
         """Counts, overdue lag, owner and next due of one shard (inspect.lua, read only).
@@ -149,7 +152,8 @@ class OperatorCalls:
 
 def _shard_info(shard: int, reply: Sequence[Any]) -> ShardInfo:
     """A ShardInfo from inspect.lua's reply."""
-    now, due, overdue, oldest, next_due, leased, expired, dead, owner, ttl, epoch = reply
+    now, due, overdue, oldest, next_due, leased, expired, dead, owner, ttl, epoch = reply[:11]
+    parked, paused = reply[11:13]
     return ShardInfo(
         shard=shard,
         now_ms=int(now),
@@ -163,4 +167,6 @@ def _shard_info(shard: int, reply: Sequence[Any]) -> ShardInfo:
         owner=owner.decode(errors="replace"),
         owner_ttl_ms=int(ttl),
         epoch=int(epoch),
+        parked=int(parked),
+        paused=tuple(sorted(t.decode(errors="replace") for t in paused)),
     )

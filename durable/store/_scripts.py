@@ -48,6 +48,8 @@ SCRIPT_NAMES = (
     "give_back",
     "raise_epoch",
     "members",
+    "pause",
+    "pause_state",
 )
 # Scripts that run without the helpers of _lib.lua: a stream consumer's occurrence claim,
 # registered on the stream's own client (store/_streams.py), not on a Store's.
@@ -160,6 +162,8 @@ class Scripts:
     give_back: AsyncScript
     raise_epoch: AsyncScript
     members: AsyncScript
+    pause: AsyncScript
+    pause_state: AsyncScript
 
     def __init__(self, client: Client) -> None:
         for name in SCRIPT_NAMES:

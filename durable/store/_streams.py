@@ -177,6 +177,16 @@ class Stream:
             for (_, _, eid), owner in zip(claims, got, strict=True)
         ]
 
+    async def set_owner(
+        self, group: str, job_id: str, nominal_ms: int, owner: str, ttl_ms: int
+    ) -> None:
+        """Record ``owner`` for the occurrence ``(job_id, nominal_ms)`` of ``group``,
+        whatever was recorded (a consumer marks an occurrence done this way)."""
+        try:
+            await self._client.set(self.owner_key(group, job_id, nominal_ms), owner, px=ttl_ms)
+        except REDIS_ERRORS as exc:
+            raise translate(exc) from exc
+
     async def ack(self, group: str, entry_ids: Sequence[str]) -> None:
         """XACK the entries: processed (or dropped) by ``group``."""
         if not entry_ids:

@@ -45,6 +45,7 @@ from ._connect import (
 )
 from ._errors import REDIS_ERRORS, translate
 from ._keys import Keys
+from ._pauses import RESUME_BATCH, pause_state_call, paused_state, shard_pause_call
 from ._scripts import source
 from ._transport import DEFAULT_CALL_TIMEOUT
 
@@ -104,7 +105,10 @@ class SyncScript:
             return client.evalsha(self.sha, len(keys), *keys, *args)
 
 
-_PRODUCER_SCRIPTS = ("init", "now", "schedule", "schedule_one", "cancel", "reschedule", "get")
+_PRODUCER_SCRIPTS = (
+    *("init", "now", "schedule", "schedule_one", "cancel", "reschedule", "get"),
+    *("pause", "pause_state"),
+)
 
 
 class SyncStore:
@@ -250,6 +254,30 @@ class SyncStore:
         """Move a due job (reschedule.lua); ``(status, when_ms)``."""
         call = calls.reschedule_call(self.keys, shard, job_id, mode, time_ms)
         return calls.reschedule_result(self._run("reschedule", call, shard))
+
+    def paused(self) -> dict[str, int]:
+        """The pause state of record (:meth:`PauseCalls.state`)."""
+        return paused_state(self._run("pause_state", pause_state_call(self.keys, 2), -1))
+
+    def pause(self, task: str, since_ms: int) -> None:
+        """:meth:`PauseCalls.pause`, one shard after the other."""
+        call = pause_state_call(self.keys, 1, task, since_ms)
+        since = paused_state(self._run("pause_state", call, -1)).get(task, since_ms)
+        for shard in range(self.keys.shards):
+            self._run("pause", shard_pause_call(self.keys, shard, 1, task, since_ms=since), shard)
+
+    def resume(self, task: str) -> int:
+        """:meth:`PauseCalls.resume`, one shard after the other; the jobs moved."""
+        moved = 0
+        for shard in range(self.keys.shards):
+            while True:
+                call = shard_pause_call(self.keys, shard, 0, task, limit=RESUME_BATCH)
+                n = int(self._run("pause", call, shard))
+                moved += n
+                if n < RESUME_BATCH:
+                    break
+        self._run("pause_state", pause_state_call(self.keys, 0, task), -1)
+        return moved
 
     def get(self, shard: int, job_id: str) -> JobInfo | None:
         """One job's state and record (get.lua), or None."""

@@ -33,7 +33,9 @@ __all__ = ["STATS_COUNTERS", "STATS_VERSION", "WorkerBoard", "WorkerEntry", "par
 # Format version of a worker's stats document.
 STATS_VERSION = 1
 # The order of the counters in a stats document's "c" list.
-STATS_COUNTERS = ("claimed", "acked", "retries", "dead_letters", "reaped")
+# A reader takes a document with fewer (an older worker's: the rest read as 0) or more
+# (a newer worker's: the extra ones ignored).
+STATS_COUNTERS = ("claimed", "acked", "retries", "dead_letters", "reaped", "timeouts")
 
 
 def _int(value: Any) -> bool:

@@ -49,7 +49,7 @@ from typing import Any, NoReturn
 from tickwheel.durable.ops.logs import configure_logging
 from tickwheel.durable.store import URL_ENV, hide_secrets
 
-from . import _demos, _jobs, _pg, _server, _worker
+from . import _demos, _jobs, _pause, _pg, _server, _worker
 from ._args import common_options
 from ._common import (
     EXIT_FAILED,
@@ -129,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
             name, help=text, description=text, epilog=EPILOG, formatter_class=fmt, **kwargs
         )
 
-    for group in (_demos, _worker, _jobs, _server, _pg):
+    for group in (_demos, _worker, _jobs, _pause, _server, _pg):
         group.add_commands(add, common)
     return parser
 

@@ -43,15 +43,17 @@ from ._common import (
     terminal,
     with_scheduler,
 )
+from ._pause import paused_rows
 
 
 def _schedule(args: argparse.Namespace) -> int:
     try:  # checked before anything is written
         payload, at = json_payload(args.payload), at_time(args.at)
         delay, every = delay_seconds("--delay", args.delay), delay_seconds("--every", args.every)
-        if args.tz is not None:  # a bad zone or a zone without --cron: before connecting
+        if args.tz is not None or args.jitter is not None:
+            # A bad zone or jitter, or one without --cron/--every: before connecting.
             try:
-                Scheduler.recurrence(cron=args.cron, tz=args.tz, missed=args.missed)
+                Scheduler.recurrence(every=every, cron=args.cron, tz=args.tz, jitter=args.jitter)
             except (TypeError, ValueError) as exc:
                 raise CliError(EXIT_USAGE, f"--{exc}") from exc
     except CliError as error:
@@ -70,6 +72,8 @@ def _schedule(args: argparse.Namespace) -> int:
             cron=args.cron,
             tz=args.tz,
             missed=args.missed,
+            jitter=args.jitter,
+            timeout=args.timeout,
         )
         data = {
             "id": result.id,
@@ -108,12 +112,20 @@ def _cancel(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    if args.job is not None:
+        return _inspect_job(args)
+
     async def body(scheduler: Scheduler) -> int:
         rows = await scheduler.inspect()
         totals = {
             name: sum(getattr(r, name) for r in rows)
-            for name in ("due", "overdue", "leased", "expired", "dead")
+            for name in ("due", "overdue", "leased", "expired", "dead", "parked")
         }
+        paused = paused_rows(await scheduler.paused())
+        # Shards whose copy of the pause state differs from the state of record: a
+        # pause or resume cut short (re-run it to finish it).
+        record = sorted(str(row["task"] or "") for row in paused)
+        unsettled = [r.shard for r in rows if sorted(r.paused) != record]
         lags = [r.lag_ms for r in rows if r.overdue]
         totals["max_lag_ms"] = max(lags, default=0)
         totals["owned"] = sum(1 for r in rows if r.owner)
@@ -122,11 +134,89 @@ def _inspect(args: argparse.Namespace) -> int:
             "created": True,
             "shards": [r.as_dict() for r in rows],
             **totals,
+            "paused": paused,
+            "pause_unsettled_shards": unsettled,
         }
-        emit(args, data, lambda: _inspect_text(args.namespace, rows, totals))
+
+        def text() -> str:
+            lines = [_inspect_text(args.namespace, rows, totals)]
+            for row in paused:
+                what = f"task {row['task']!r}" if row["task"] else "the whole namespace"
+                lines.append(f"  paused: {what} since {row['since']}")
+            if unsettled:
+                lines.append(
+                    f"  WARNING: shards {unsettled} hold another pause state: a pause or "
+                    "resume was cut short; run it again"
+                )
+            if totals["parked"]:
+                lines.append(f"  {totals['parked']} due jobs of paused tasks wait for a resume")
+            return "\n".join(lines)
+
+        emit(args, data, text)
         return EXIT_OK
 
     return run(args, lambda: with_scheduler(args, body, absent=lambda: not_created(args, {})))
+
+
+# inspect --job: the most occurrences it lists.
+MAX_UPCOMING = 100
+
+
+def _inspect_job(args: argparse.Namespace) -> int:
+    """``inspect --job ID``: one job's state; for a recurring one its zone and its next
+    occurrences, each in UTC and in local time."""
+
+    async def body(scheduler: Scheduler) -> int:
+        info = await scheduler.get(args.job)
+        if info is None:
+            emit(args, {"id": args.job, "found": False}, f"no job {args.job!r}")
+            return EXIT_FAILED
+        rec = info.recurrence
+        upcoming = [
+            {"ms": ms, "utc": iso(ms), "local": rec.local(ms).isoformat(timespec="seconds")}
+            for ms in info.upcoming(min(args.upcoming, MAX_UPCOMING))
+            if rec is not None
+        ]
+        data: dict[str, Any] = {
+            "id": info.id,
+            "found": True,
+            "shard": info.shard,
+            "state": info.state.name.lower(),
+            "task": info.task,
+            "when_ms": info.when_ms,
+            "nominal_ms": info.nominal_ms,
+            "attempt": info.attempt,
+            "max_attempts": info.max_attempts,
+            "every_ms": rec.every_ms if rec is not None else 0,
+            "cron": rec.cron if rec is not None else "",
+            "tz": (rec.tz or "UTC") if rec is not None and rec.cron else "",
+            "missed": rec.missed.value if rec is not None else "",
+            "jitter_ms": rec.jitter_ms if rec is not None else 0,
+            "upcoming": upcoming,
+            "last_error": info.last_error,
+        }
+
+        def text() -> str:
+            lines = [
+                f"job {info.id!r} (shard {info.shard}): {data['state']}, task {info.task!r},"
+                f" at {iso(info.when_ms)}, attempt {info.attempt} of {info.max_attempts}"
+            ]
+            if data["cron"]:
+                lines.append(f"  cron {data['cron']!r} in {data['tz']}, missed: {data['missed']}")
+            elif data["every_ms"]:
+                lines.append(f"  every {data['every_ms'] / 1000:g}s")
+            lines += [f"  next {o['local']}  (UTC {o['utc']})" for o in upcoming]
+            if info.last_error:
+                lines.append(f"  last error: {info.last_error}")
+            return "\n".join(lines)
+
+        emit(args, data, text)
+        return EXIT_OK
+
+    def absent() -> int:
+        return not_created(args, {"id": args.job, "found": False}, f"no job {args.job!r}: ")
+
+    return run(args, lambda: with_scheduler(args, body, absent=absent))
 
 
 def _inspect_text(namespace: str, rows: list[ShardInfo], totals: dict[str, int]) -> str:
@@ -259,6 +349,11 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
         "--tz", help="the IANA time zone --cron reads in, e.g. Europe/Paris (default UTC)"
     )
     sched.add_argument(
+        "--jitter",
+        type=non_negative_float,
+        help="recurring only: run each occurrence up to this many seconds after it",
+    )
+    sched.add_argument(
         "--missed",
         choices=[m.value for m in MissedRun],
         default=MissedRun.ONCE.value,
@@ -266,6 +361,11 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
     )
     sched.add_argument("--replace", action="store_true", help="overwrite a due or dead job")
     sched.add_argument("--max-attempts", type=positive_int, default=DEFAULT_MAX_ATTEMPTS)
+    sched.add_argument(
+        "--timeout",
+        type=positive_float,
+        help="seconds its handler may run (before the task's and the worker's timeout)",
+    )
     sched.set_defaults(func=_schedule)
 
     cancel = add("cancel", "remove a job in any state", parents=[common])
@@ -273,6 +373,13 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
     cancel.set_defaults(func=_cancel)
 
     insp = add("inspect", "per shard: due, overdue and lag, leased, dead, owner", parents=[common])
+    insp.add_argument("--job", help="one job instead: its state, zone, next occurrences")
+    insp.add_argument(
+        "--upcoming",
+        type=positive_int,
+        default=5,
+        help=f"--job: occurrences to show (at most {MAX_UPCOMING})",
+    )
     insp.set_defaults(func=_inspect)
 
     dead = add("dead-letters", "list, requeue or purge dead letters", parents=[common])

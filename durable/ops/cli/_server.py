@@ -44,6 +44,7 @@ from ._common import (
     emit,
     fail,
     hide_password,
+    iso,
     run,
     shard_mismatch,
 )
@@ -141,6 +142,8 @@ def _check(args: argparse.Namespace) -> int:
                 report = await check_server(client)
             keys = Keys(args.namespace, args.shards, DEFAULT_BUCKETS)
             layout, unreadable = await _layout(client, args.namespace)
+            # The pause state of record (one HGETALL): task ("" = all) -> since (ms).
+            paused: dict[Any, Any] = await client.hgetall(keys.paused) if layout else {}
         finally:
             await client.aclose()
         data: dict[str, Any] = {
@@ -156,6 +159,10 @@ def _check(args: argparse.Namespace) -> int:
             "unknown": report.unknown,
             "namespace": args.namespace,
             "namespace_shards": layout[0] if layout else None,
+            "paused": [
+                {"task": bytes(t).decode(errors="replace") or None, "since_ms": int(v)}
+                for t, v in sorted(paused.items())
+            ],
             "ok": report.ok,
         }
         mismatch: CliError | None = None
@@ -169,6 +176,9 @@ def _check(args: argparse.Namespace) -> int:
             lines.append(f"  namespace {args.namespace!r}: not readable ({unreadable})")
         elif layout:
             lines.append(f"  namespace {args.namespace!r}: {data['namespace_shards']} shards")
+            for row in data["paused"]:
+                what = f"task {row['task']!r}" if row["task"] else "the whole namespace"
+                lines.append(f"  paused: {what} since {iso(row['since_ms'])}")
         else:
             lines.append(f"  namespace {args.namespace!r}: not created yet")
         lines += [f"  PROBLEM: {p}" for p in report.problems]

@@ -48,6 +48,7 @@ from ._common import (
     fail,
     run,
 )
+from ._publish import add_publish_options, open_publisher
 
 
 def _load_registry(path: str) -> TaskRegistry:
@@ -74,7 +75,9 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
     client = await connect_redis(args.redis_url)
     metrics = None
     scheduler: Scheduler | None = None
+    close_publisher = None
     try:
+        publisher, close_publisher = await open_publisher(args)
         scheduler = Scheduler(
             client,
             args.namespace,
@@ -83,6 +86,7 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
             check=not args.no_check,
             postgres_url=args.postgres_url,
             worker_id=args.worker_id,
+            tracing=args.tracing,
         )
         worker = Worker(
             scheduler,
@@ -97,6 +101,7 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
             reconcile_interval=args.reconcile_interval,
             default_timeout=args.task_timeout,
             start_margin=args.start_margin,
+            publisher=publisher,
         )
         await scheduler.open()  # fail early: unreachable, shard count mismatch
         if args.metrics_port is not None:
@@ -142,6 +147,8 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
     finally:
         if metrics is not None:
             metrics.stop()
+        if close_publisher is not None:
+            await close_publisher()
         if scheduler is not None:
             await scheduler.close_connections()  # its own (the Postgres pool), not client
         await client.aclose()
@@ -152,6 +159,12 @@ def _worker(args: argparse.Namespace) -> int:
         registry = _load_registry(args.registry)
     except (ValueError, ImportError, AttributeError) as exc:
         return fail(args, CliError(EXIT_USAGE, f"registry: {exc}"))
+    if args.tracing:
+        try:
+            import opentelemetry.trace  # noqa: F401, PLC0415
+        except ImportError:
+            message = "--tracing needs opentelemetry-api: pip install 'tickwheel[otel]'"
+            return fail(args, CliError(EXIT_USAGE, message))
     return run(args, lambda: _work(args, registry))
 
 
@@ -209,5 +222,12 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
         "--metrics-port",
         type=port,
         help="serve Prometheus metrics on 127.0.0.1:PORT (needs tickwheel[prometheus])",
+    )
+    add_publish_options(work)
+    work.add_argument(
+        "--tracing",
+        action="store_true",
+        help="OpenTelemetry spans of each run, claim and reap (needs tickwheel[otel] and an"
+        " SDK the process configures, e.g. under opentelemetry-instrument)",
     )
     work.set_defaults(func=_worker)

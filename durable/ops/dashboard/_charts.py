@@ -70,8 +70,9 @@ class Charts:
                 h = [int(x) for x in doc.get("lat", [])]
             except (KeyError, TypeError, ValueError):
                 continue  # no stats (yet), or an older format
-            if len(c) != len(STATS_COUNTERS):
+            if len(c) < 5:  # the five counters of the first format are in every one
                 continue
+            c = (c + [0] * len(STATS_COUNTERS))[: len(STATS_COUNTERS)]
             token = w["token"]
             present.add(token)
             prev = self._docs.get(token)

@@ -34,7 +34,7 @@ from ._refusals import (
     seconds,
     whole_number,
 )
-from ._rows import iso, job_row, seen_of
+from ._rows import UPCOMING, iso, job_row, seen_of
 from ._web import PAGE_ROWS, Web
 
 __all__ = ["cancel", "job", "reschedule", "routes", "scheduled"]
@@ -57,7 +57,7 @@ async def job(ns: Namespace, job_id: str) -> dict[str, Any]:
             f"no job {job_id!r} (shard {sched.keys.shard_of(job_id)}): it completed, was "
             "cancelled or purged, or was never scheduled"
         )
-    return {"now_ms": now, "job": job_row(info, now)}
+    return {"now_ms": now, "job": job_row(info, now, UPCOMING)}
 
 
 async def scheduled(

@@ -28,6 +28,7 @@ from tickwheel.durable.scheduler import DEFAULT_OWNER_TTL, Scheduler
 from tickwheel.durable.store import STATS_COUNTERS
 
 from ._namespace import Namespace
+from ._page_pause import paused_rows
 from ._refusals import ActionError
 from ._rows import iso, shard_row
 from ._web import REDIS_DOWN, Web
@@ -52,8 +53,9 @@ async def overview(ns: Namespace) -> dict[str, Any]:
     names = {w["token"]: w["name"] for w in live}
     totals = {
         name: sum(getattr(r, name) for r in rows)
-        for name in ("due", "overdue", "leased", "expired", "dead")
+        for name in ("due", "overdue", "leased", "expired", "dead", "parked")
     }
+    totals["timeouts"] = sum(w["counters"].get("timeouts", 0) for w in live)
     totals["max_lag_ms"] = max((r.lag_ms for r in rows), default=0)
     totals["owned"] = sum(1 for r in rows if r.owner)
     nexts = [r.next_due_ms for r in rows if r.next_due_ms]
@@ -67,6 +69,10 @@ async def overview(ns: Namespace) -> dict[str, Any]:
         "workers": live,
         "totals": totals,
         "next_due": iso(totals["next_due_ms"]),
+        "paused": [
+            {**row, "since": iso(row["since_ms"])}
+            for row in paused_rows(await sched.console.paused())
+        ],
     }
 
 

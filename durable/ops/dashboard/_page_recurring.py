@@ -16,19 +16,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tickwheel.durable.model import ListingTooLong
+from tickwheel.durable.model import JobInfo, ListingTooLong
 
 from ._namespace import PAGE, SCAN_LIMIT, Namespace
-from ._rows import job_row
+from ._rows import UPCOMING, UPCOMING_ROWS, job_row, upcoming_rows
 from ._web import Web
 
 __all__ = ["recurring", "routes"]
 
 
 async def recurring(ns: Namespace, limit: int = SCAN_LIMIT) -> dict[str, Any]:
-    """Recurring series among the first ``limit`` due jobs of each shard, by due time."""
+    """Recurring series among the first ``limit`` due jobs of each shard, by due time;
+    the first :data:`UPCOMING_ROWS` with their next occurrences in UTC and local time."""
     sched = await ns.need()
     rows: list[dict[str, Any]] = []
+    infos: dict[str, JobInfo] = {}
     complete = True
     for shard in range(sched.keys.shards):
         seen = 0
@@ -39,12 +41,17 @@ async def recurring(ns: Namespace, limit: int = SCAN_LIMIT) -> dict[str, Any]:
                 complete = False
                 break
             seen += len(page.jobs)
-            rows += [job_row(j, 0) for j in page.jobs if j.recurrence is not None]
+            for j in page.jobs:
+                if j.recurrence is not None:
+                    rows.append(job_row(j, 0))
+                    infos[j.id] = j
             if not page.jobs or seen >= page.total:
                 break
         else:
             complete = False
     rows.sort(key=lambda r: r["next_ms"])
+    for row, info in ((r, infos[r["id"]]) for r in rows[:UPCOMING_ROWS]):
+        row["upcoming"] = upcoming_rows(info, UPCOMING)
     return {"jobs": rows, "complete": complete, "limit_per_shard": limit}
 
 

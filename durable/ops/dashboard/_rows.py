@@ -19,12 +19,15 @@ from tickwheel.durable.model import (
 
 __all__ = [
     "PAYLOAD_PREVIEW_CHARS",
+    "UPCOMING",
+    "UPCOMING_ROWS",
     "describe_recurrence",
     "iso",
     "job_row",
     "lateness_quantile",
     "seen_of",
     "shard_row",
+    "upcoming_rows",
 ]
 
 # Characters of a payload a page shows; the rest is cut (and said to be).
@@ -47,10 +50,13 @@ def describe_recurrence(rec: Recurrence | None) -> str:
     if rec is None:
         return ""
     what = f"every {rec.every_ms / 1000:g}s" if rec.every_ms else f"cron {rec.cron}"
+    if rec.tz:
+        what += f" ({rec.tz})"
     policy = f"missed: {rec.missed.value}"
     if rec.missed.value == "all":
         policy += f" (at most {rec.max_catch_up})"
-    return f"{what}, {policy}, grace {rec.misfire_grace_ms / 1000:g}s"
+    jitter = f", jitter {rec.jitter_ms / 1000:g}s" if rec.jitter_ms else ""
+    return f"{what}, {policy}, grace {rec.misfire_grace_ms / 1000:g}s{jitter}"
 
 
 def _payload_text(payload: Any) -> tuple[str, int]:
@@ -70,13 +76,36 @@ def _payload_kind(payload: Any) -> str:
     return "undecodable" if isinstance(payload, UndecodablePayload) else "json"
 
 
+# Occurrences a page shows of a recurring series, from its next one.
+UPCOMING = 5
+# The recurring page lists them for its first this many series (by next occurrence).
+UPCOMING_ROWS = 200
+
+
+def upcoming_rows(job: JobInfo, count: int = UPCOMING) -> list[dict[str, Any]]:
+    """A recurring job's next occurrences, each in UTC and in the series' zone."""
+    rec = job.recurrence
+    if rec is None:
+        return []
+    out = []
+    for ms in job.upcoming(count):
+        try:
+            local = rec.local(ms).isoformat(timespec="seconds")
+        except (OverflowError, OSError, ValueError):
+            local = iso(ms)
+        out.append({"ms": ms, "utc": iso(ms), "local": local})
+    return out
+
+
 def seen_of(job: JobInfo) -> str:
     """What an action form carries to detect a job that moved on."""
     return f"{job.state.value}:{job.nominal_ms}:{job.attempt}"
 
 
-def job_row(job: JobInfo, now_ms: int) -> dict[str, Any]:
-    """A job as the pages and the JSON API show it (the payload cut to a preview)."""
+def job_row(job: JobInfo, now_ms: int, upcoming: int = 0) -> dict[str, Any]:
+    """A job as the pages and the JSON API show it (the payload cut to a preview), with
+    its next ``upcoming`` occurrences when recurring (~40 us each for a zoned cron:
+    the listings ask for them on the rows they show first only)."""
     text, size = _payload_text(job.payload)
     rec = job.recurrence
     next_ms = 0
@@ -104,6 +133,9 @@ def job_row(job: JobInfo, now_ms: int) -> dict[str, Any]:
         "max_attempts": job.max_attempts,
         "epoch": job.epoch,
         "recurring": describe_recurrence(rec),
+        # cron: the zone it reads in ("UTC" without one); "" for an interval or one-shot
+        "tz": (rec.tz or "UTC") if rec is not None and rec.cron else "",
+        "upcoming": upcoming_rows(job, upcoming) if upcoming else [],
         "next_ms": next_ms,
         "next": iso(next_ms),
         "last_error": job.last_error,

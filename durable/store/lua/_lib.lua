@@ -18,13 +18,16 @@
 --  11 cap       max missed runs fired under 'all'
 --  12 grace     misfire grace (ms)
 --  13 error     last error text (dead letters, retries)
+--  14 timeout   the job's own timeout (ms; 0 = none: its task's or the worker's)
+--  15 trace     the producer's W3C trace context (text; '' none), kept as it is
 -- Nothing here reads the client's clock: "now" is TIME, never below {ns:s}:clock.
 
 local F_TASK, F_PAYLOAD, F_MAX, F_FLAGS, F_NOMINAL, F_ATTEMPT, F_EPOCH = 1, 2, 3, 4, 5, 6, 7
-local F_RKIND, F_RSPEC, F_POLICY, F_CAP, F_GRACE, F_ERROR = 8, 9, 10, 11, 12, 13
-local NFIELDS = 13
+local F_RKIND, F_RSPEC, F_POLICY, F_CAP, F_GRACE, F_ERROR, F_TIMEOUT = 8, 9, 10, 11, 12, 13, 14
+local F_TRACE = 15
+local NFIELDS = 15
 -- Mirrored in _codec.py (DEFAULTS); 5 = DEFAULT_MAX_ATTEMPTS in model/_jobs.py.
-local DEFAULTS = {'', '', 5, 0, 0, 1, 0, 0, '', 0, 0, 0, ''}
+local DEFAULTS = {'', '', 5, 0, 0, 1, 0, 0, '', 0, 0, 0, '', 0, ''}
 -- unpack() of a long list overflows Lua's C stack (LUAI_MAXCSTACK 8000): chunk bulk calls.
 local CHUNK = 1000
 -- A refusal from inside a helper is raised as a plain string, error('TW_<CODE> ...', 0):
@@ -193,7 +196,7 @@ local function fmt(n)
   return string.format('%d', n)
 end
 
--- Append the reply row of a record to out (whose length is n): fields 1..13 with the
+-- Append the reply row of a record to out (whose length is n): fields 1..14 with the
 -- nominal resolved against the due score. Returns the new length. (Hot loops keep their
 -- own length: Lua 5.1's #t is a binary search, measured at 1.7 us per 17 appends.)
 local function rec_row(out, n, r, score)
@@ -320,12 +323,12 @@ local function far_drop(far_key, faro_key, member, slot, open)
 end
 
 -- How many jobs the far index holds: the records (KEYS[first + 1 ..]) in none of due,
--- leased and dead.
-local function far_count(due_key, leased_key, dead_key, first)
+-- leased, dead and parked.
+local function far_count(due_key, leased_key, dead_key, first, parked_key)
   local n = 0
   for i = first + 1, #KEYS do n = n + redis.call('HLEN', KEYS[i]) end
   return n - redis.call('ZCARD', due_key) - redis.call('ZCARD', leased_key)
-    - redis.call('ZCARD', dead_key)
+    - redis.call('ZCARD', dead_key) - redis.call('ZCARD', parked_key)
 end
 
 -- A record with its nominal set to due (schedule paths: the nominal was 0). A record
@@ -355,13 +358,15 @@ local function far_due(s)
 end
 
 -- The live entries of ids (one far slot's), in the ids' order: {id, due, decoded record}.
-local function far_live(due_key, leased_key, dead_key, first, slot, ids)
+-- parked_key: the shard's parked jobs (a parked job is not far either).
+local function far_live(due_key, leased_key, dead_key, first, slot, ids, parked_key)
   local recs = get_records(ids, #ids, first)
   local live, seen = {}, {}
   for k = 1, #ids do
     local id, s = ids[k], recs[k]
     if s and not seen[id] and not redis.call('ZSCORE', due_key, id)
-        and not redis.call('ZSCORE', leased_key, id) and not redis.call('ZSCORE', dead_key, id) then
+        and not redis.call('ZSCORE', leased_key, id) and not redis.call('ZSCORE', dead_key, id)
+        and not redis.call('ZSCORE', parked_key, id) then
       local r = rec_decode(s)
       local due = r[F_NOMINAL]
       if due ~= 0 and far_slot(due) == slot then
@@ -377,7 +382,8 @@ end
 -- faro; the record buckets are KEYS[first + 1 ..]), chunk by chunk until at least
 -- `budget` ids were looked at. Returns the score of the first chunk left at or below
 -- bound, or nil when none is.
-local function far_promote(due_key, leased_key, dead_key, far_key, faro_key, first, bound, budget)
+local function far_promote(due_key, leased_key, dead_key, far_key, faro_key, first, bound, budget,
+    parked_key)
   local looked = 0
   local bstr = fmt(bound)
   while looked < budget do
@@ -386,7 +392,7 @@ local function far_promote(due_key, leased_key, dead_key, far_key, faro_key, fir
     local slot, ids, open = far_entries(faro_key, chunk)
     looked = looked + #ids
     local zadd, nz = {}, 0
-    for _, e in ipairs(far_live(due_key, leased_key, dead_key, first, slot, ids)) do
+    for _, e in ipairs(far_live(due_key, leased_key, dead_key, first, slot, ids, parked_key)) do
       zadd[nz + 1], zadd[nz + 2] = fmt(e[2]), e[1]
       nz = nz + 2
     end
@@ -403,12 +409,13 @@ end
 -- slot's live jobs are sorted by (due, id) here (promotion needs no order). Reads at
 -- most FAR_WALK entries, then fails with TW_TOOMANY (read-only: nothing written).
 local FAR_WALK = 50000
-local function far_walk(due_key, leased_key, dead_key, far_key, faro_key, first, below, visit)
+local function far_walk(due_key, leased_key, dead_key, far_key, faro_key, first, below, visit,
+    parked_key)
   local rank, looked = 0, 0
   local slot, ids = nil, {}
   local function flush_slot()
     if not slot then return false end
-    local live = far_live(due_key, leased_key, dead_key, first, slot, ids)
+    local live = far_live(due_key, leased_key, dead_key, first, slot, ids, parked_key)
     table.sort(live, function(a, b)
       if a[2] ~= b[2] then return a[2] < b[2] end
       return a[1] < b[1]
@@ -437,4 +444,23 @@ local function far_walk(due_key, leased_key, dead_key, far_key, faro_key, first,
     end
   end
   return flush_slot()
+end
+
+-- Parking (scheduler/_pause.py). A claim that meets a due job of a paused task moves it
+-- from due to the shard's parked jobs, once: {ns:s}:parked (id -> due) for lookups by id,
+-- and {ns:s}:parkedx, all scores 0, member park_member(task, due, id), so a resume reads
+-- one task's parked jobs in due order (ZRANGEBYLEX) without scanning the others. Its
+-- record keeps its nominal explicit (it is no longer in due to resolve a 0 against).
+-- Task names hold no NUL (model/_jobs.py), so "<task>\0" prefixes only that task's.
+local function park_member(task, due, id)
+  return task .. '\0' .. string.format('%016d', due) .. '\0' .. id
+end
+
+-- Remove job id (record s) from the parked jobs if it is parked: true if it was.
+local function unpark_drop(parked_key, parkedx_key, id, s)
+  local p = redis.call('ZSCORE', parked_key, id)
+  if not p then return false end
+  redis.call('ZREM', parked_key, id)
+  redis.call('ZREM', parkedx_key, park_member(cmsgpack.unpack(s), tonumber(p), id))
+  return true
 end

@@ -1,5 +1,6 @@
 -- cancel.lua: remove a job, whatever its state.
 -- KEYS[1] due  KEYS[2] leased  KEYS[3] dead  KEYS[4] the job's jobs bucket
+-- KEYS[5] parked  KEYS[6] parkedx   (a parked job, of a paused task, is removed as due)
 -- ARGV[1]  id
 -- ARGV[2]  channel (optional): where a removed leased job's id is published, so that the
 --   worker running it stops its handler
@@ -8,6 +9,12 @@
 --   LeaseLost), 3 dead; 0 if there was no such job.
 -- Errors: none.
 local id = ARGV[1]
+local p = redis.call('ZSCORE', KEYS[5], id)
+if p then
+  local s = redis.call('HGET', KEYS[4], id)
+  redis.call('ZREM', KEYS[5], id)
+  if s then redis.call('ZREM', KEYS[6], park_member(cmsgpack.unpack(s), tonumber(p), id)) end
+end
 if redis.call('HDEL', KEYS[4], id) == 0 then return 0 end
 if redis.call('ZREM', KEYS[1], id) == 1 then return 1 end
 if redis.call('ZREM', KEYS[2], id) == 1 then

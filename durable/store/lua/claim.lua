@@ -4,7 +4,8 @@
 -- KEYS[7] forget  the reply key of the caller's previous claim, now received: deleted
 --                 (may equal KEYS[6]'s prefix with another token; same slot)
 -- KEYS[8] dead  KEYS[9] far  KEYS[10] faro
--- KEYS[11..] jobs buckets (all of the shard's, in order)
+-- KEYS[11] paused  KEYS[12] parked  KEYS[13] parkedx   (the shard's pause, _lib.lua)
+-- KEYS[14..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  epoch      the caller's fencing epoch for this shard
 -- ARGV[2]  lookahead  ms: claim jobs due by now + lookahead
 -- ARGV[3]  limit      at most this many jobs
@@ -16,15 +17,18 @@
 --                     '' or absent: whole ms (a started run's lease).
 -- Returns: a msgpack array (one bulk string: it is kept as it is sent, below, and the
 --   client decodes it faster than Redis converts a Lua table of it to RESP):
---   {now, dropped, then per job: id, due, deadline, tag, count, field_1 ..
+--   {now, dropped, parked, then per job: id, due, deadline, tag, count, field_1 ..
 --   field_count}: tag = dup + 2 * bucket, where bucket is the index from 0 of the job's
---   record hash among KEYS[11..], for the ack to send back, and dup is 0 or 1 (below);
+--   record hash among KEYS[14..], for the ack to send back, and dup is 0 or 1 (below);
 --   count is 6 (task, payload, max, flags, nominal, attempt: the epoch is ARGV[1] and
---   the rest are at their defaults) for a one-shot job with no error, else 13; the
+--   the rest are at their defaults) for a one-shot job with no error, no timeout of
+--   its own and no trace context, else 15 (NFIELDS); the
 --   nominal is resolved. dropped counts one-shot jobs whose
 --   occurrence is in done already: removed, not returned. A recurring job whose
 --   occurrence is done comes back leased with dup = 1: the client acks it unrun, which
---   re-inserts its next occurrence.
+--   re-inserts its next occurrence. parked counts the due jobs of paused tasks (a task
+--   in KEYS[11], or all when it has the field ""): moved from due to the parked jobs
+--   (_lib.lua), not leased, so no claim reads them again until a resume moves them back.
 -- Re-sent safely: a claim whose reply is kept under KEYS[6] returns that reply again
 --   (same jobs, same leases; nothing written), so a claim that ran but whose reply was
 --   lost, re-sent by the client library or by the caller with the same token, cannot
@@ -35,7 +39,7 @@
 --   (far_promote in _lib.lua; at most about LIMIT ids a call). If some are left, the
 --   horizon stops short of the first one's slot, so jobs are still claimed in due order.
 -- Errors: TW_FENCED if ARGV[1] is not the shard's current epoch (nothing written).
-local FIRST = 10
+local FIRST = 13
 local due_key, leased_key, done_key = KEYS[1], KEYS[2], KEYS[3]
 local err = fence(KEYS[4], ARGV[1])
 if err then return err end
@@ -49,11 +53,18 @@ local half = ARGV[5] == '1' and '.5' or ''
 local horizon = now + tonumber(ARGV[2])
 local limit = tonumber(ARGV[3])
 local left = far_promote(due_key, leased_key, KEYS[8], KEYS[9], KEYS[10], FIRST,
-  far_slot(horizon) + FAR_SLOT, limit)
+  far_slot(horizon) + FAR_SLOT, limit, KEYS[12])
 if left and left <= horizon then horizon = left - 1 end
 local hits = redis.call('ZRANGEBYSCORE', due_key, '-inf', fmt(horizon),
   'WITHSCORES', 'LIMIT', 0, limit)
-if #hits == 0 then return cmsgpack.pack({now, 0}) end
+if #hits == 0 then return cmsgpack.pack({now, 0, 0}) end
+-- The paused tasks: one EXISTS when none is (the common case).
+local paused, pause_all = nil, false
+if redis.call('EXISTS', KEYS[11]) == 1 then
+  paused = {}
+  for _, t in ipairs(redis.call('HKEYS', KEYS[11])) do paused[t] = true end
+  pause_all = paused[''] == true
+end
 local ids, dues = {}, {}
 local count = #hits / 2
 for k = 1, count do
@@ -67,7 +78,7 @@ local recs, key_of, index_of = get_records(ids, count, FIRST)
 -- them) is read into the flat array `vals` (6 a job) and leased by appending to it
 -- (below), with no table of its own and no re-encoding; `short[k]` is its field
 -- count (1..6). Any other record is decoded into `decoded[k]` and encoded again.
-local vals, short, decoded, members = {}, {}, {}, {}
+local vals, short, decoded, members, noms = {}, {}, {}, {}, {}
 local mp_unpack, mp_pack, format = cmsgpack.unpack, cmsgpack.pack, string.format
 for k = 1, count do
   local s = recs[k]
@@ -90,6 +101,7 @@ for k = 1, count do
       decoded[k] = r
     end
   end
+  noms[k] = nominal
   members[k] = format('%d', nominal) .. ':' .. ids[k]  -- done_member, inlined
 end
 local seen = {}
@@ -97,8 +109,9 @@ for k = 1, count, CHUNK do
   local part = redis.call('ZMSCORE', done_key, unpack(members, k, math.min(k + CHUNK - 1, count)))
   for j = 1, #part do seen[k + j - 1] = part[j] end
 end
-local out = {now, 0}
-local n, nz = 2, 0
+local out = {now, 0, 0}
+local n, nz = 3, 0
+local parked, pz, px = 0, {}, {}
 local dropped = 0
 local gone, hset, zadd = {}, {}, {}
 local tails = rec_tails(epoch)
@@ -111,6 +124,17 @@ for k = 1, count do
   elseif seen[k] and (m or r[F_RKIND] == 0) then
     dropped = dropped + 1
     buffer(gone, key_of[k], id)
+  elseif paused and (pause_all or paused[m and vals[6 * k - 5] or r[F_TASK]]) then
+    -- Parked: its nominal made explicit (a 0 resolves against the due score).
+    local due = dues[k]
+    if not m then
+      buffer(hset, key_of[k], id, rec_encode(r))
+    elseif m <= 4 then
+      buffer(hset, key_of[k], id, rec_with_nominal(recs[k], noms[k]))
+    end
+    parked = parked + 1
+    pz[2 * parked - 1], pz[2 * parked] = fmt(due), id
+    px[2 * parked - 1], px[2 * parked] = '0', park_member(m and vals[6 * k - 5] or r[F_TASK], due, id)
   else
     local due = dues[k]
     local deadline = (due > now and due or now) + lease
@@ -140,7 +164,9 @@ for k = 1, count do
     else
       r[F_EPOCH] = epoch
       buffer(hset, key_of[k], id, rec_encode(r))
-      local count = (r[F_RKIND] == 0 and r[F_ERROR] == '') and F_ATTEMPT or NFIELDS
+      local count = (r[F_RKIND] == 0 and r[F_ERROR] == '' and r[F_TIMEOUT] == 0
+        and r[F_TRACE] == '') and F_ATTEMPT
+        or NFIELDS
       out[n + 5] = count
       n = n + 5
       for i = 1, count do out[n + i] = r[i] end
@@ -149,11 +175,13 @@ for k = 1, count do
   end
 end
 flush('HDEL', gone)
-if nz > 0 then
-  flush('HSET', hset)
-  bulk('ZADD', leased_key, zadd)
+flush('HSET', hset)
+if nz > 0 then bulk('ZADD', leased_key, zadd) end
+if parked > 0 then
+  bulk('ZADD', KEYS[12], pz)
+  bulk('ZADD', KEYS[13], px)
 end
-out[2] = dropped
+out[2], out[3] = dropped, parked
 local packed = cmsgpack.pack(out)
 if nz > 0 then redis.call('SET', KEYS[6], packed, 'PX', lease) end
 return packed

@@ -1,6 +1,8 @@
 -- reschedule.lua: move a due job to a new due time (a new occurrence: attempt 1).
 -- KEYS[1] due  KEYS[2] done  KEYS[3] clock  KEYS[4] leased  KEYS[5] dead  KEYS[6] far
--- KEYS[7] faro  KEYS[8] the job's jobs bucket
+-- KEYS[7] faro  KEYS[8] the job's jobs bucket  KEYS[9] parked  KEYS[10] parkedx
+--   (a parked job, of a paused task, leaves the parked jobs: a claim parks it again
+--   when it falls due while its task is still paused)
 -- ARGV[1]  id
 -- ARGV[2]  mode      0: ARGV[3] is an absolute due (ms); 1: a delay (ms) added to now
 -- ARGV[3]  time
@@ -19,6 +21,7 @@ if not in_due and (redis.call('ZSCORE', KEYS[4], id) or redis.call('ZSCORE', KEY
   return {2, 0}
 end
 if redis.call('ZSCORE', KEYS[2], done_member(due, id)) then return {5, due} end
+unpark_drop(KEYS[9], KEYS[10], id, s)
 local r = rec_decode(s)
 r[F_NOMINAL], r[F_ATTEMPT], r[F_ERROR] = 0, 1, ''
 if goes_far(now, due) then

@@ -1,6 +1,7 @@
 -- schedule.lua: create (or keep, or replace) jobs of one shard.
 -- KEYS[1] due  KEYS[2] leased  KEYS[3] done  KEYS[4] dead  KEYS[5] clock  KEYS[6] far
--- KEYS[7] faro  KEYS[8..] jobs buckets (all of the shard's, in order)
+-- KEYS[7] faro  KEYS[8] parked  KEYS[9] parkedx   (a replaced parked job leaves them)
+-- KEYS[10..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  replace   1: overwrite a job that is due or dead; 0: keep any existing job
 -- ARGV[2]  batch     msgpack array, 4 values per job: id, mode, time, record
 --   mode     0: time is an absolute due (ms); 1: time is a delay (ms) added to now
@@ -11,7 +12,7 @@
 --          5 done (this occurrence completed already; nothing written)
 -- A job due from the slot after next on goes to the far index (_lib.lua), else to due.
 -- Errors: none (the client validates every argument).
-local FIRST = 7
+local FIRST = 9
 local due_key, leased_key, done_key, dead_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local far_key, faro_key = KEYS[6], KEYS[7]
 local replace = ARGV[1] == '1'
@@ -52,7 +53,8 @@ for k = 1, n do
     if not replace then
       status = 2
       when = prior or lease or redis.call('ZSCORE', due_key, id)
-        or redis.call('ZSCORE', dead_key, id) or far_due(recs[k])
+        or redis.call('ZSCORE', dead_key, id) or redis.call('ZSCORE', KEYS[8], id)
+        or far_due(recs[k])
       when = tonumber(when)
     elseif lease then
       status, when = 4, tonumber(lease)
@@ -66,6 +68,7 @@ for k = 1, n do
           in_due[id] = true
         else
           redis.call('ZREM', dead_key, id)  -- if far, its entry there is left behind
+          unpark_drop(KEYS[8], KEYS[9], id, recs[k])
         end
       end
     end

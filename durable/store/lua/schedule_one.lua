@@ -3,7 +3,8 @@
 -- skips the batch's unpacking, grouping by bucket and buffering, which cost more than
 -- the single job's own reads and writes (measured: 9.9 against 13.6 us per call).
 -- KEYS[1] due  KEYS[2] leased  KEYS[3] done  KEYS[4] dead  KEYS[5] clock  KEYS[6] far
--- KEYS[7] faro  KEYS[8] the job's own record bucket
+-- KEYS[7] faro  KEYS[8] the job's own record bucket  KEYS[9] parked  KEYS[10] parkedx
+--   (a replaced parked job, of a paused task, leaves the parked jobs)
 -- ARGV[1]  replace   1: overwrite a job that is due or dead; 0: keep an existing job
 -- ARGV[2]  id
 -- ARGV[3]  mode      0: ARGV[4] is an absolute due (ms); 1: a delay (ms) added to now
@@ -28,7 +29,7 @@ if s then
   local lease = redis.call('ZSCORE', leased_key, id)
   if ARGV[1] ~= '1' then
     local when = lease or redis.call('ZSCORE', due_key, id) or redis.call('ZSCORE', dead_key, id)
-      or far_due(s)
+      or redis.call('ZSCORE', KEYS[9], id) or far_due(s)
     return {now, 2, tonumber(when)}
   end
   if lease then return {now, 4, tonumber(lease)} end
@@ -37,6 +38,7 @@ if s then
     in_due = true
   else
     redis.call('ZREM', dead_key, id)  -- if far, its entry there is left behind
+    unpark_drop(KEYS[9], KEYS[10], id, s)
   end
   status = 3
 elseif done then

@@ -1,0 +1,145 @@
+"""A job's own timeout (issue 34): ``schedule(..., timeout=)`` is stored with the job
+and comes before its task's timeout and the worker's default. On a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any
+
+import pytest
+
+from tests.durable_support import client_of, open_scheduler, run
+from tests.spill_support import running_worker, until
+from tickwheel.durable import JobSpec, JobState, SyncScheduler, TaskContext, TaskRegistry
+from tickwheel.durable.servers import RedisServer
+from tickwheel.durable.store import pack_record
+
+pytestmark = pytest.mark.redis
+
+FAST = {"lease": 5.0, "lookahead": 0.1, "poll_interval": 0.05, "reap_interval": 0.2}
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [(-1, ValueError), (0, ValueError), (math.nan, ValueError), (math.inf, ValueError),
+     ("1", TypeError), (True, TypeError)],
+)  # fmt: skip
+def test_bad_job_timeouts_are_refused_naming_timeout_and_nothing_is_written(
+    redis_server: RedisServer, bad: Any, error: type[Exception]
+) -> None:
+    with pytest.raises(error, match="timeout"):
+        JobSpec("a", "t", timeout=bad)
+
+    async def main() -> None:
+        async with open_scheduler(redis_server.url, shards=1) as s:
+            with pytest.raises(error, match="timeout"):
+                await s.schedule("a", "t", timeout=bad)
+            assert await s.get("a") is None
+            assert await client_of(s).zcard(s.keys.shard(0).due) == 0
+
+    run(main())
+    sync = SyncScheduler.from_url(redis_server.url, shards=1)
+    try:
+        with pytest.raises(error, match="timeout"):
+            sync.schedule("b", "t", timeout=bad)
+    finally:
+        sync.close()
+
+
+def test_the_job_timeout_is_stored_and_old_records_read_as_none(redis_url: str) -> None:
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            await s.schedule("own", "t", timeout=1.5)
+            await s.schedule("rec", "t", timeout=0.25, every=60, delay=0)
+            await s.schedule("none", "t")
+            # A record written before the field existed: 13 fields at most.
+            k = s.keys
+            old = pack_record([b"t", b"", 5, 0, 0, 1, 0])
+            await client_of(s).hset(k.jobs_key(0, "old"), "old", old)
+            await client_of(s).zadd(k.shard(0).due, {"old": 1})
+            infos = {i: await s.get(i) for i in ("own", "rec", "none", "old")}
+            assert {i: (v.timeout_ms if v else None) for i, v in infos.items()} == {
+                "own": 1500, "rec": 250, "none": 0, "old": 0,
+            }  # fmt: skip
+            await s.take(0)
+            batch = await s.claim(0, limit=10)
+            got = {j.id: j.timeout_ms for j in batch.jobs}
+            assert got == {"own": 1500, "rec": 250, "none": 0, "old": 0}
+            await s.ack_many(batch.jobs)
+            nxt = await s.get("rec")  # the series' next run keeps it
+            assert nxt is not None and nxt.timeout_ms == 250 and nxt.state is JobState.DUE
+
+    run(main())
+
+
+def test_the_job_timeout_comes_before_the_task_and_worker_ones(redis_url: str) -> None:
+    async def main() -> None:
+        starts: dict[str, float] = {}
+        stops: dict[str, float] = {}
+        reg = TaskRegistry()
+
+        @reg.task(name="slow", timeout=30)
+        async def slow(ctx: TaskContext) -> None:
+            starts[ctx.job_id] = time.monotonic()
+            try:
+                await asyncio.sleep(ctx.payload["sleep"])
+            except asyncio.CancelledError:
+                stops[ctx.job_id] = time.monotonic()
+                raise
+
+        async with (
+            open_scheduler(redis_url, shards=2) as s,
+            running_worker(s, reg, default_timeout=60, **FAST),
+        ):
+            await s.schedule("short", "slow", {"sleep": 30}, timeout=0.5, max_attempts=1)
+            await s.schedule("within", "slow", {"sleep": 0.2}, timeout=5, max_attempts=1)
+            assert await until(lambda: "short" in stops, 10)
+            took = stops["short"] - starts["short"]
+            assert 0.5 <= took < 5.0  # never early; its task's 30 s did not apply
+            info: Any = None
+            for _ in range(100):
+                info = await s.get("short")
+                if info is not None and info.state is JobState.DEAD:
+                    break
+                await asyncio.sleep(0.05)
+            assert info is not None and info.state is JobState.DEAD
+            assert "timeout" in info.last_error and info.timeout_ms == 500
+            for _ in range(100):
+                if await s.get("within") is None:
+                    break
+                await asyncio.sleep(0.05)
+            assert await s.get("within") is None and "within" not in stops  # acked
+
+    run(main())
+
+
+def test_cli_schedule_takes_timeout(redis_server: RedisServer) -> None:
+    from tests.durable_support import unique_ns
+    from tests.test_cli import cli, cli_json, opts
+
+    o = opts(redis_server.url, unique_ns(), shards=1)
+    assert cli("schedule", "j", "t", "--timeout", "-1", *o).returncode == 2
+    assert cli("schedule", "j", "t", "--timeout", "nan", *o).returncode == 2
+    assert cli_json("schedule", "j", "t", "--timeout", "2.5", *o)["status"] == "created"
+
+
+def test_the_postgres_mode_refuses_a_job_timeout_and_writes_nothing(
+    redis_server: RedisServer, pg_url: str
+) -> None:
+    from tests.durable_support import snapshot
+    from tests.pg_support import migrated, pg_scheduler, table_counts
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(redis_server.url, pg_url, shards=1) as s:
+            await s.open()
+            before, rows = await snapshot(s), await table_counts(pg_url)
+            with pytest.raises(ValueError, match="timeout"):
+                await s.schedule("a", "t", timeout=5)
+            with pytest.raises(ValueError, match="timeout"):
+                await s.schedule_many([JobSpec("b", "t", timeout=5)])
+            assert await snapshot(s) == before and await table_counts(pg_url) == rows
+
+    run(main())
