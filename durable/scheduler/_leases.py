@@ -32,6 +32,7 @@ from tickwheel.durable.model import (
 )
 from tickwheel.durable.store import ClaimedRef, Keys, Store
 
+from ._claim_plan import plan_batch
 from ._shard_owner import Ownership
 
 if TYPE_CHECKING:
@@ -192,70 +193,7 @@ class Leases:
         return token, None if last is None else last[1]
 
     async def _plan(self, batch: ClaimBatch, epoch: int) -> ClaimBatch:
-        jobs: list[Job] = []
-        moves: list[ClaimedRef] = []
-        runs_as: list[ClaimedRef] = []  # run now as a later occurrence (plan.advance_to_ms)
-        as_jobs: list[Job] = []  # their jobs, as they run
-        dups: list[ClaimedRef] = []
-        waits: list[ClaimedRef] = []  # jittered occurrences back to due until their time
-        for job in batch.jobs:
-            rec = job.recurrence
-            if rec is None:
-                if not job.duplicate:
-                    jobs.append(job)
-                continue
-            if job.duplicate:
-                dups.append(
-                    ClaimedRef(
-                        job.id,
-                        job.attempt,
-                        job.nominal_ms,
-                        rec.next_after(job.nominal_ms, job.nominal_ms),
-                    )
-                )
-                continue
-            if job.attempt > 1:  # a retry of this occurrence, not a missed run
-                jobs.append(
-                    dataclasses.replace(
-                        job, next_due_ms=rec.next_after(job.nominal_ms, job.nominal_ms)
-                    )
-                )
-                continue
-            off = rec.offset_ms(job.id, job.nominal_ms) if rec.jitter_ms else 0
-            if off and job.due_ms < job.nominal_ms + off and batch.now_ms < job.nominal_ms + off:
-                # A jittered occurrence claimed before its run time (nominal + offset):
-                # back to due at that time, unrun, the same occurrence and attempt.
-                waits.append(ClaimedRef(job.id, job.attempt, job.nominal_ms, job.nominal_ms + off))
-                continue
-            # Lateness counts from the run time, so the missed-run decision is the one
-            # the occurrence would get without jitter.
-            plan = rec.plan(job.nominal_ms, batch.now_ms - off)
-            if plan.deliver and plan.advance_to_ms:
-                # Runs now as a later occurrence (already due): its lease moves to it
-                # first, so that its ack records that occurrence (and the next from it).
-                runs_as.append(
-                    ClaimedRef(
-                        job.id,
-                        job.attempt,
-                        job.nominal_ms,
-                        plan.advance_to_ms,
-                        renominate=True,
-                        keep_leased=True,
-                    )
-                )
-                as_jobs.append(
-                    dataclasses.replace(
-                        job, nominal_ms=plan.advance_to_ms, next_due_ms=plan.next_due_ms
-                    )
-                )
-            elif plan.deliver:
-                jobs.append(dataclasses.replace(job, next_due_ms=plan.next_due_ms))
-            else:
-                moves.append(
-                    ClaimedRef(
-                        job.id, job.attempt, job.nominal_ms, plan.advance_to_ms, renominate=True
-                    )
-                )
+        jobs, moves, runs_as, as_jobs, dups, waits = plan_batch(batch)
         if runs_as:
             moved = await self.store.release(batch.shard, epoch, runs_as)
             # A lease lost meanwhile is not run (the reaper's, or another holder's).
