@@ -394,7 +394,10 @@ def test_a_sigstopped_worker_resumed_after_its_shard_moved_cannot_ack_or_extend(
                     assert reaped.requeued == ["j"]
                     batch = await s.claim(0)
                     (job,) = batch.jobs
-                    assert job.attempt == 2
+                    # 2, or 1 when the reaper found its run's start not yet marked (a
+                    # quarter of the start margin in: docs/reliability.md), which returns
+                    # the job at the same attempt once.
+                    assert job.attempt in (1, 2)
                     k = s.keys.shard(0)
                     deadline = await client.zscore(k.leased, "j")
                 finally:
@@ -409,7 +412,7 @@ def test_a_sigstopped_worker_resumed_after_its_shard_moved_cannot_ack_or_extend(
                 assert await client.zscore(k.leased, "j") == deadline  # not extended
                 info = await s.get("j")
                 assert info is not None and info.state is JobState.LEASED
-                assert (info.attempt, info.epoch) == (2, job.epoch)  # not acked
+                assert (info.attempt, info.epoch) == (job.attempt, job.epoch)  # not acked
                 assert await s.cancel_job("j") is CancelResult.STOPPED
                 assert await s.get("j") is None
             finally:
