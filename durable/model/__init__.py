@@ -30,6 +30,7 @@ from ._errors import (
     ServerCheckFailed,
     ShardCountMismatch,
 )
+from ._flow import MAX_DEFER_S, Defer, flow_ms
 from ._jobs import (
     DEFAULT_MAX_ATTEMPTS,
     ERROR_TRACEBACK_MARK,
@@ -74,6 +75,7 @@ __all__ = [
     "KIND_CRON",
     "KIND_INTERVAL",
     "LATENESS_BOUNDS",
+    "MAX_DEFER_S",
     "MAX_JOB_ID_BYTES",
     "MAX_PAYLOAD_DEPTH",
     "MAX_TASK_BYTES",
@@ -87,6 +89,7 @@ __all__ = [
     "ClaimBatch",
     "Counters",
     "DeadPage",
+    "Defer",
     "DurableError",
     "Fenced",
     "Job",
@@ -119,6 +122,7 @@ __all__ = [
     "check_trace",
     "count_reap",
     "finite_seconds_ms",
+    "flow_ms",
     "int_between",
     "payload_problem",
     "split_error",

@@ -14,8 +14,16 @@ Ground rules:
 
 from __future__ import annotations
 
-from tickwheel.durable.model import Job, JobState, LeaseLost
-from tickwheel.durable.scheduler import DEAD, LEASE_LOST, RETRIED, TIMED_OUT, UNSETTLED, Scheduler
+from tickwheel.durable.model import Defer, Job, JobState, LeaseLost
+from tickwheel.durable.scheduler import (
+    DEAD,
+    DEFERRED,
+    LEASE_LOST,
+    RETRIED,
+    TIMED_OUT,
+    UNSETTLED,
+    Scheduler,
+)
 
 from ._loader_stats import LoaderStats
 from ._logs import failure_text, job_fields, logger
@@ -42,7 +50,11 @@ class Failures:
         """Write the retry (or the dead letter) of a failed run, its traceback kept with
         the job, then log it: WARNING when it will be retried, ERROR when it is dead,
         with the exception. If the retry cannot be written, the failure is still logged
-        (WARNING) and the error raised on (the lease expires: the reaper retries it)."""
+        (WARNING) and the error raised on (the lease expires: the reaper retries it).
+        A :class:`Defer` is no failure: :meth:`deferred` writes it."""
+        if isinstance(exc, Defer) and not timed_out:
+            await self.deferred(job, exc)
+            return
         try:
             state = await self.leases.retry(job, failure_text(exc))
         except BaseException as unwritten:
@@ -77,6 +89,37 @@ class Failures:
             job.max_attempts,
             exc,
             exc_info=exc,
+            extra=job_fields(job),
+        )
+
+    async def deferred(self, job: Job, request: Defer) -> None:
+        """Hand the job back for later, its attempt unspent (the handler raised
+        ``request``), logged at DEBUG; if that cannot be written, the lease expires and
+        the reaper retries it (that attempt is spent)."""
+        try:
+            when = await self.leases.defer(job, request.seconds)
+        except BaseException as unwritten:
+            if self.tracer is not None:
+                lost = isinstance(unwritten, LeaseLost)
+                self.tracer.settle(job, LEASE_LOST if lost else UNSETTLED, unwritten)
+            logger.warning(
+                "job %r (task %s) deferred for %g s; the deferral was not written (%r)",
+                job.id,
+                job.task,
+                request.seconds,
+                unwritten,
+                extra=job_fields(job),
+            )
+            raise
+        self.stats.deferred += 1
+        if self.tracer is not None:
+            self.tracer.settle(job, DEFERRED)
+        logger.debug(
+            "job %r (task %s) deferred to %d, attempt %d kept",
+            job.id,
+            job.task,
+            when,
+            job.attempt,
             extra=job_fields(job),
         )
 

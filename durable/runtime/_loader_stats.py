@@ -16,6 +16,7 @@ class LoaderStats:
     fired: int = 0  # jobs whose wheel timer fired and whose task started
     succeeded: int = 0  # acked after the task returned
     retried: int = 0  # task raised: back to due with backoff
+    deferred: int = 0  # task raised Defer: back to due later, same attempt
     dead: int = 0  # task raised (or was unknown) on its last attempt
     unknown: int = 0  # no task registered under the job's name
     duplicates: int = 0  # occurrence done already: acked without running

@@ -51,12 +51,14 @@ def plan_batch(batch: ClaimBatch) -> Planned:
                 )
             )
             continue
-        if job.attempt > 1:  # a retry of this occurrence, not a missed run
+        off = rec.offset_ms(job.id, job.nominal_ms) if rec.jitter_ms else 0
+        # A retry of this occurrence, or a Defer of it (due after its run time: only a
+        # deferral puts it there, a jittered wait puts it at the run time): not missed.
+        if job.attempt > 1 or job.due_ms > job.nominal_ms + off:
             jobs.append(
                 dataclasses.replace(job, next_due_ms=rec.next_after(job.nominal_ms, job.nominal_ms))
             )
             continue
-        off = rec.offset_ms(job.id, job.nominal_ms) if rec.jitter_ms else 0
         if off and job.due_ms < job.nominal_ms + off and batch.now_ms < job.nominal_ms + off:
             # A jittered occurrence claimed before its run time (nominal + offset):
             # back to due at that time, unrun, the same occurrence and attempt.

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from tickwheel.durable.model import (
     ClaimBatch,
+    Defer,
     Fenced,
     Job,
     JobState,
@@ -328,6 +329,37 @@ class Leases:
         self.ownership.counters.dead_letters += 1
         return JobState.DEAD
 
+    async def defer(self, job: Job, delay: float | timedelta) -> int:
+        """Hand a claimed job back to due at Redis's now + ``delay``, unspent: the same
+        attempt and occurrence (what a handler's :class:`Defer` asks for).
+
+        Returns:
+            Its new due time (ms).
+
+        Raises:
+            TypeError, ValueError: naming ``delay`` (not > 0, or over a year).
+            LeaseLost: if the lease is gone.
+            Fenced: if this owner's epoch is stale (the shard is dropped).
+        """
+        delay_ms = Defer(delay).delay_ms
+        with self.ownership.guard(job.shard, job.epoch):
+            status, when = await self.store.retry(
+                job.shard,
+                job.epoch,
+                job_id=job.id,
+                attempt=job.attempt,
+                nominal_ms=job.nominal_ms,
+                delay_ms=delay_ms,
+                error="",
+                defer=True,
+            )
+            if self.pg is not None and status == 3:
+                # Recorded as a retry at the same attempt: reconcile brings it back then.
+                await self._pg_retried(self.pg, job, when, job.attempt)
+        if status == 0:
+            raise LeaseLost(f"lease of job {job.id!r} attempt {job.attempt} is lost")
+        return when
+
     @staticmethod
     async def _pg_skipped(
         pg: PostgresMode, shard: int, epoch: int, moves: Sequence[ClaimedRef]
@@ -346,14 +378,19 @@ class Leases:
             )
 
     @staticmethod
-    async def _pg_retried(pg: PostgresMode, job: Job, when: int) -> None:
+    async def _pg_retried(pg: PostgresMode, job: Job, when: int, attempt: int = 0) -> None:
         """Postgres mode: record the retry Redis took (attempt + 1 at ``when``), for
         reconcile. Best effort: the retry stands in Redis either way; if PostgreSQL
         cannot take it, a Redis loss before the next write of the row brings the
         occurrence back at its nominal due and attempt as PostgreSQL last had them."""
         try:
             await pg.store.retried(
-                job.shard, job.epoch, job.id, job.nominal_ms, attempt=job.attempt + 1, run_ms=when
+                job.shard,
+                job.epoch,
+                job.id,
+                job.nominal_ms,
+                attempt=attempt or job.attempt + 1,
+                run_ms=when,
             )
         except (PostgresUnavailable, Fenced) as exc:
             logger.warning("retry of %r not recorded in PostgreSQL (%s)", job.id, exc)
@@ -432,6 +469,9 @@ class Leases:
             for job in batch.jobs:
                 try:
                     await handler(job)
+                except Defer as d:
+                    with contextlib.suppress(LeaseLost, Fenced):
+                        await self.defer(job, d.seconds)
                 except Exception as exc:
                     with contextlib.suppress(LeaseLost, Fenced):
                         await self.retry(job, error=repr(exc))

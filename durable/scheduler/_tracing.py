@@ -45,6 +45,7 @@ __all__ = [
     "ACKED",
     "CANCELLED",
     "DEAD",
+    "DEFERRED",
     "LEASE_LOST",
     "MAX_ID_ATTRIBUTES",
     "OUTCOMES",
@@ -62,13 +63,14 @@ MAX_ID_ATTRIBUTES = 32
 # A run's outcome: the span attribute ``tickwheel.outcome``.
 ACKED = "acked"  # the handler returned; the ack was written
 RETRIED = "retried"  # it failed; due again later (attempt + 1)
+DEFERRED = "deferred"  # it raised Defer: due again later, the same attempt
 DEAD = "dead"  # it failed for the last time (or can never run): dead-lettered
 TIMED_OUT = "timed_out"  # stopped at its timeout; retried or dead as a failure
 CANCELLED = "cancelled"  # its job was cancelled while it ran: neither acked nor retried
 LEASE_LOST = "lease_lost"  # its lease was gone at the ack, the retry or while it ran
 RELEASED = "released"  # stopped unrun at a drain: handed back for another worker
 UNSETTLED = "unsettled"  # nothing could be written (an outage): left to the reaper
-OUTCOMES = (ACKED, RETRIED, DEAD, TIMED_OUT, CANCELLED, LEASE_LOST, RELEASED, UNSETTLED)
+OUTCOMES = (ACKED, RETRIED, DEFERRED, DEAD, TIMED_OUT, CANCELLED, LEASE_LOST, RELEASED, UNSETTLED)
 _FAILED = frozenset((RETRIED, DEAD, TIMED_OUT, LEASE_LOST, UNSETTLED))
 
 

@@ -366,8 +366,10 @@ class Store:
         delay_ms: int,
         error: str,
         final: bool = False,
+        defer: bool = False,
     ) -> tuple[int, int]:
         """Back to due after ``delay_ms``, or dead (retry.lua); ``(status, when_ms)``.
+        With ``defer``: back to due after ``delay_ms`` as the same attempt (status 3).
 
         Raises:
             Fenced: if ``epoch`` is stale.
@@ -376,7 +378,15 @@ class Store:
         reply = await self.transport.write(
             self._scripts.retry,
             [k.leased, k.due, k.dead, k.epoch, k.clock, self.keys.jobs_key(shard, job_id)],
-            [epoch, job_id, attempt, nominal_ms, delay_ms, error, 1 if final else 0],
+            [
+                epoch,
+                job_id,
+                attempt,
+                nominal_ms,
+                delay_ms,
+                error,
+                2 if defer else 1 if final else 0,
+            ],
             shard,
         )
         return int(reply[0]), int(reply[1])

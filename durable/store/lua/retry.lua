@@ -7,9 +7,12 @@
 -- ARGV[4]  nominal the nominal due of the occurrence the caller holds
 -- ARGV[5]  delay   ms added to now (backoff with jitter, computed by the client)
 -- ARGV[6]  error   text kept in the record
--- ARGV[7]  final   1: dead now, whatever attempts remain (e.g. an unknown task)
+-- ARGV[7]  final   1: dead now, whatever attempts remain (e.g. an unknown task);
+--                  2: a Defer: due again at now + delay as the SAME attempt and
+--                  occurrence, the error text left as it was (ARGV[6] unused)
 -- Returns: {status, when}: 1 due again at when (attempt + 1), 2 dead since when
---   (attempt was the last of max, or final), 0 lease lost.
+--   (attempt was the last of max, or final), 3 deferred to when (same attempt),
+--   0 lease lost. Sent twice, the second finds no lease and returns 0, nothing written.
 -- Errors: TW_FENCED if ARGV[1] is not the shard's current epoch (nothing written).
 local leased_key, jobs_key = KEYS[1], KEYS[6]
 local err = fence(KEYS[4], ARGV[1])
@@ -22,6 +25,15 @@ if not s or not redis.call('ZSCORE', leased_key, id) then return {0, 0} end
 local r = rec_decode(s)
 if not holds(r, epoch, ARGV[3], ARGV[4]) then return {0, 0} end
 redis.call('ZREM', leased_key, id)
+if ARGV[7] == '2' then
+  -- The nominal stays explicit (the occurrence's identity): a recurring job's next
+  -- occurrence is planned from it at the ack, not from the deferred due.
+  r[F_EPOCH] = 0
+  local due = now + tonumber(ARGV[5])
+  redis.call('HSET', jobs_key, id, rec_encode(r))
+  redis.call('ZADD', KEYS[2], fmt(due), id)
+  return {3, due}
+end
 r[F_EPOCH], r[F_ERROR] = 0, ARGV[6]
 if r[F_ATTEMPT] >= r[F_MAX] or ARGV[7] == '1' then
   redis.call('HSET', jobs_key, id, rec_encode(r))
