@@ -17,6 +17,7 @@ def test_all_is_pinned() -> None:
             "ClaimBatch",
             "Client",
             "DeadPage",
+            "Defer",
             "DurableError",
             "Fenced",
             "Job",

@@ -6,10 +6,16 @@ from __future__ import annotations
 
 import math
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from ._args import finite_seconds_ms
 
-__all__ = ["MAX_DEFER_S", "Defer", "flow_ms"]
+if TYPE_CHECKING:
+    from ._jobs import JobSpec
+
+__all__ = ["MAX_DEFER_S", "NO_FLOW", "Defer", "flow_args", "flow_ms"]
+
+NO_FLOW = ("", 0, 0)
 
 # The longest Defer (and debounce, max_wait, throttle): one year, in seconds.
 MAX_DEFER_S = 366 * 86400
@@ -58,3 +64,31 @@ def flow_ms(name: str, value: float | timedelta | None) -> int:
     if value is None:
         return 0
     return _positive_ms(name, value)
+
+
+def flow_args(spec: JobSpec) -> tuple[str, int, int]:
+    """The ``(kind, window_ms, max_wait_ms)`` of a spec's debounce or throttle.
+
+    Raises:
+        TypeError, ValueError: naming the bad parameter: a duration not in (0, a year];
+            ``max_wait`` without ``debounce`` or shorter than it; ``debounce`` with
+            ``throttle``; either with ``delay``, ``at`` or a recurrence (their due is
+            computed from Redis's now, and a series has its own times).
+    """
+    debounce = flow_ms("debounce", spec.debounce)
+    max_wait = flow_ms("max_wait", spec.max_wait)
+    throttle = flow_ms("throttle", spec.throttle)
+    name = "debounce" if debounce else "throttle"
+    if debounce and throttle:
+        raise ValueError("give debounce or throttle, not both")
+    if max_wait and not debounce:
+        raise ValueError("max_wait needs debounce")
+    if max_wait and max_wait < debounce:
+        raise ValueError(f"max_wait must be at least debounce, got {spec.max_wait!r}")
+    if spec.delay is not None or spec.at is not None:
+        raise ValueError(f"{name} computes the due from now: give no delay or at")
+    if spec.recurrence is not None:
+        raise ValueError(f"{name} applies to one-shot jobs, not a recurrence")
+    if debounce:
+        return ("d", debounce, max_wait)
+    return ("t", throttle, 0)

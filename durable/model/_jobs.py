@@ -17,6 +17,7 @@ from enum import IntEnum
 from typing import Any
 
 from ._args import finite_seconds_ms, int_between
+from ._flow import NO_FLOW, flow_args
 from ._recurrence import Recurrence
 
 __all__ = [
@@ -86,6 +87,7 @@ class ScheduleStatus(IntEnum):
     REPLACED = 3  # the id was due or dead and replace was True: overwritten, now due
     BUSY = 4  # the id is leased (running): never replaced
     DONE = 5  # this occurrence (id, nominal due) completed already: nothing written
+    COALESCED = 6  # debounce/throttle: folded into the id's waiting run (payload replaced)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +223,12 @@ class JobSpec:
             then a newline and the ``tracestate`` if any; ASCII, at most
             ``MAX_TRACE_BYTES``). A scheduler made with ``tracing=True`` sets it to its
             schedule span's; "" (the default): none.
+        debounce: seconds: each schedule of the id while its job waits moves its due
+            to now + ``debounce`` (docs/durable.md, "Debounce and throttle").
+        max_wait: with ``debounce``: the job is due at most this long after the first
+            schedule of the burst.
+        throttle: seconds: at most one run of the id per period; schedules while its
+            job waits coalesce into that run.
 
     Raises:
         TypeError, ValueError: naming the bad parameter.
@@ -235,9 +243,14 @@ class JobSpec:
     recurrence: Recurrence | None = None
     timeout: float | timedelta | None = None
     trace: str = field(default="", repr=False, compare=False)
+    debounce: float | timedelta | None = None
+    max_wait: float | timedelta | None = None
+    throttle: float | timedelta | None = None
     mode: int = field(init=False, repr=False, compare=False)  # 1 delay, 0 absolute
     time_ms: int = field(init=False, repr=False, compare=False)  # delay or epoch ms
     timeout_ms: int = field(init=False, repr=False, compare=False)  # 0: none
+    # debounce/throttle (flow.lua): kind "" none, "d" or "t"; its window and max_wait (ms)
+    flow: tuple[str, int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # The common spec passes on the fast path: an ASCII str id and task without NUL,
@@ -276,6 +289,10 @@ class JobSpec:
             timeout_ms = finite_seconds_ms("timeout", self.timeout, minimum_ms=1)
             int_between("timeout", timeout_ms, 1, MAX_TIME_MS)
         object.__setattr__(self, "timeout_ms", timeout_ms)
+        flow = NO_FLOW
+        if self.debounce is not None or self.max_wait is not None or self.throttle is not None:
+            flow = flow_args(self)
+        object.__setattr__(self, "flow", flow)
 
 
 def check_trace(trace: object) -> str:

@@ -33,7 +33,9 @@ from tickwheel.durable.model import (
 )
 from tickwheel.durable.store import EncodedJob, Keys, Store, encode_job
 
+from ._flow import check_flow_mode, schedule_flow
 from ._leases import MAX_BATCH
+from ._task_names import check_tasks, known_task
 from ._tracing import Tracing
 
 if TYPE_CHECKING:
@@ -108,36 +110,6 @@ def recurrence(
     return None
 
 
-def check_tasks(tasks: object) -> Collection[str] | None:
-    """The ``tasks=`` of a producer: None (any name is scheduled), or a collection of
-    task names (a ``TaskRegistry``, a set, ...), kept by reference (tasks registered
-    later are known).
-
-    Raises:
-        TypeError: naming ``tasks``.
-    """
-    if tasks is None:
-        return None
-    if isinstance(tasks, (str, bytes)) or not isinstance(tasks, Collection):
-        raise TypeError(
-            "tasks must be a collection of task names (a TaskRegistry, a set), "
-            f"got {type(tasks).__name__}"
-        )
-    return tasks
-
-
-def known_task(tasks: Collection[str] | None, task: str) -> None:
-    """Refuse a task name that ``tasks`` (when given) does not hold.
-
-    Raises:
-        ValueError: naming ``task`` and the registered names.
-    """
-    if tasks is not None and task not in tasks:
-        names = sorted(tasks)
-        shown = ", ".join(map(repr, names[:20])) + (", ..." if len(names) > 20 else "")
-        raise ValueError(f"task {task!r} is not registered (tasks= holds {shown or 'none'})")
-
-
 def build_spec(
     job_id: str,
     task: str,
@@ -154,6 +126,9 @@ def build_spec(
     misfire_grace: float | timedelta = DEFAULT_GRACE_S,
     jitter: float | timedelta | None = None,
     timeout: float | timedelta | None = None,
+    debounce: float | timedelta | None = None,
+    max_wait: float | timedelta | None = None,
+    throttle: float | timedelta | None = None,
 ) -> JobSpec:
     """The :class:`JobSpec` of ``schedule()``'s keyword arguments (every producer's:
     ``Scheduler.schedule`` and ``SyncScheduler.schedule`` build theirs here).
@@ -170,7 +145,19 @@ def build_spec(
         misfire_grace=misfire_grace,
         jitter=jitter,
     )
-    return JobSpec(job_id, task, payload, delay, at, max_attempts, rec, timeout)
+    return JobSpec(
+        job_id,
+        task,
+        payload,
+        delay,
+        at,
+        max_attempts,
+        rec,
+        timeout,
+        debounce=debounce,
+        max_wait=max_wait,
+        throttle=throttle,
+    )
 
 
 def first_run_needs_now(spec: JobSpec) -> bool:
@@ -209,6 +196,7 @@ def encode_specs(
     for spec in specs:
         if not isinstance(spec, JobSpec):
             raise TypeError(f"specs must hold JobSpec values, got {spec!r}")
+        check_flow_mode(spec, False, many=True)
         pending.append((shard_of(spec.id), spec, encode_job(spec, limit)))
     return pending
 
@@ -288,6 +276,8 @@ class Producer:
         """
         if self.tasks is not None:
             known_task(self.tasks, spec.task)
+        if spec.flow[0]:
+            return schedule_flow(self, spec)
         if self.tracer is not None:
             return self._traced_one(self.tracer, spec, replace, conn)
         if self.pg is not None or conn is not None:
@@ -310,12 +300,15 @@ class Producer:
     async def _schedule_one(
         self, spec: JobSpec, encoded: EncodedJob, replace: bool
     ) -> ScheduleResult:
-        if not self._opened:
-            await self._open()
-            self._opened = True  # open() is idempotent: no need to await it again
+        await self.opened()
         shard = self.keys.shard_of(spec.id)
         encoded = await self._first_run(shard, spec, encoded)
         return await self.store.schedule_one(shard, encoded, replace)
+
+    async def opened(self) -> None:
+        if not self._opened:
+            await self._open()
+            self._opened = True  # open() is idempotent: no need to await it again
 
     async def _pg_schedule_one(self, spec: JobSpec, replace: bool, conn: Any) -> ScheduleResult:
         return (await self._pg_schedule([spec], replace, conn))[0]

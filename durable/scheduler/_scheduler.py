@@ -298,6 +298,9 @@ class Scheduler:
         misfire_grace: float | timedelta = DEFAULT_GRACE_S,
         jitter: float | timedelta | None = None,
         timeout: float | timedelta | None = None,  # noqa: ASYNC109 (the job's, not the call's)
+        debounce: float | timedelta | None = None,
+        max_wait: float | timedelta | None = None,
+        throttle: float | timedelta | None = None,
         conn: Any = None,
     ) -> ScheduleResult:
         """Schedule one job by id. One script call.
@@ -329,6 +332,15 @@ class Scheduler:
                 attempt fails with reason timeout), before its task's ``timeout`` and
                 the worker's ``default_timeout``; None: theirs. Not in the Postgres
                 mode yet (a ValueError).
+            debounce: seconds: each schedule of this id while its job waits moves its
+                due to now + ``debounce`` (the payload is the latest one); one-shot
+                jobs without ``delay``/``at`` only; not in the Postgres mode.
+            max_wait: with ``debounce``: due at most this long after the burst's first
+                schedule.
+            throttle: seconds: at most one run of this id per ``throttle`` (by due
+                time); a schedule while its job waits coalesces into it
+                (``COALESCED``, payload replaced). docs/durable.md, "Debounce and
+                throttle".
             conn: Postgres mode only: the application's open asyncpg connection. The
                 job is written in its current transaction and exists iff that commits;
                 the relay indexes it in Redis after the commit.
@@ -358,6 +370,9 @@ class Scheduler:
             misfire_grace=misfire_grace,
             jitter=jitter,
             timeout=timeout,
+            debounce=debounce,
+            max_wait=max_wait,
+            throttle=throttle,
         )
         return await self.producer.schedule(spec, replace, conn)
 

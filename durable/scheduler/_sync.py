@@ -52,6 +52,7 @@ from tickwheel.durable.store import (
     sync_client_from_url,
 )
 
+from ._flow import check_flow_mode
 from ._pause import pause_field
 from ._producer import (
     DEFAULT_GRACE_S,
@@ -216,6 +217,9 @@ class SyncScheduler:
         misfire_grace: float | timedelta = DEFAULT_GRACE_S,
         jitter: float | timedelta | None = None,
         timeout: float | timedelta | None = None,
+        debounce: float | timedelta | None = None,
+        max_wait: float | timedelta | None = None,
+        throttle: float | timedelta | None = None,
         conn: Any = None,
     ) -> ScheduleResult:
         """Schedule one job by id: :meth:`Scheduler.schedule`, blocking. ``conn``: the
@@ -240,8 +244,16 @@ class SyncScheduler:
             misfire_grace=misfire_grace,
             jitter=jitter,
             timeout=timeout,
+            debounce=debounce,
+            max_wait=max_wait,
+            throttle=throttle,
         )
         known_task(self.tasks, spec.task)
+        if spec.flow[0]:
+            check_flow_mode(spec, self.postgres_url is not None or conn is not None)
+            self.open()
+            encoded = encode_job(spec, self.max_payload_bytes)
+            return self.store.schedule_flow(self.keys.shard_of(spec.id), encoded, spec.flow)
         if self.postgres_url is not None:
             return self._pg_schedule([spec], replace, conn)[0]
         _no_conn(conn)

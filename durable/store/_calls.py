@@ -31,6 +31,7 @@ __all__ = [
     "ScheduleCall",
     "cancel_call",
     "cancel_result",
+    "flow_call",
     "get_call",
     "get_result",
     "init_call",
@@ -191,6 +192,24 @@ def schedule_one_call(keys: Keys, shard: int, job: EncodedJob, replace: bool) ->
 def schedule_one_result(job: EncodedJob, reply: Sequence[Any]) -> ScheduleResult:
     """schedule_one.lua's reply."""
     return ScheduleResult(job.id, STATUSES[reply[1]], reply[2])
+
+
+def flow_call(keys: Keys, shard: int, job: EncodedJob, flow: tuple[str, int, int]) -> Call:
+    """flow.lua for one job; ``flow`` is ``JobSpec.flow``: ("d", debounce, max_wait) (0:
+    none) or ("t", throttle, 0), in ms. The job's delay/at is not sent: the script
+    computes the due from now."""
+    kind, window_ms, max_wait_ms = flow
+    if kind not in ("d", "t"):
+        raise ValueError(f"kind must be 'd' or 't', got {kind!r}")
+    k = keys.shard(shard)
+    tag = k.due[: -len(":due")]
+    flow_key = f"{tag}:{'deb' if kind == 'd' else 'thr'}:{job.id}"
+    ident, _, _, record = job.values
+    bucket = keys.jobs_key(shard, job.id)
+    return (
+        [k.due, k.leased, k.dead, k.clock, bucket, k.parked, k.parkedx, flow_key],
+        [kind, ident, window_ms, max_wait_ms, record],
+    )
 
 
 def cancel_call(keys: Keys, shard: int, job_id: str) -> Call:

@@ -28,6 +28,7 @@ SCRIPT_NAMES = (
     "now",
     "schedule",
     "schedule_one",
+    "flow",
     "cancel",
     "reschedule",
     "get",
@@ -142,6 +143,7 @@ class Scripts:
     now: AsyncScript
     schedule: AsyncScript
     schedule_one: AsyncScript
+    flow: AsyncScript
     cancel: AsyncScript
     reschedule: AsyncScript
     get: AsyncScript

@@ -174,6 +174,15 @@ class Store:
         reply = await self.transport.write(self._scripts.schedule_one, keys, args, shard)
         return calls.schedule_one_result(job, reply)
 
+    async def schedule_flow(
+        self, shard: int, job: EncodedJob, flow: tuple[str, int, int]
+    ) -> ScheduleResult:
+        """Schedule one job under debounce or throttle (flow.lua; ``flow``: ``JobSpec.flow``).
+        O(log N)."""
+        keys, args = calls.flow_call(self.keys, shard, job, flow)
+        reply = await self.transport.write(self._scripts.flow, keys, args, shard)
+        return calls.schedule_one_result(job, reply)
+
     async def schedule_many(
         self, groups: Mapping[int, Sequence[Sequence[EncodedJob]]], replace: bool
     ) -> list[ScheduleResult]:

@@ -106,7 +106,7 @@ class SyncScript:
 
 
 _PRODUCER_SCRIPTS = (
-    *("init", "now", "schedule", "schedule_one", "cancel", "reschedule", "get"),
+    *("init", "now", "schedule", "schedule_one", "flow", "cancel", "reschedule", "get"),
     *("pause", "pause_state"),
 )
 
@@ -202,6 +202,13 @@ class SyncStore:
         """Create, keep or replace one job (schedule_one.lua)."""
         call = calls.schedule_one_call(self.keys, shard, job, replace)
         return calls.schedule_one_result(job, self._run("schedule_one", call, shard))
+
+    def schedule_flow(
+        self, shard: int, job: EncodedJob, flow: tuple[str, int, int]
+    ) -> ScheduleResult:
+        """Schedule one job under debounce or throttle (flow.lua)."""
+        call = calls.flow_call(self.keys, shard, job, flow)
+        return calls.schedule_one_result(job, self._run("flow", call, shard))
 
     def schedule_many(
         self, groups: Mapping[int, Sequence[Sequence[EncodedJob]]], replace: bool

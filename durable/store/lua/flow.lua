@@ -1,0 +1,69 @@
+-- flow.lua: schedule one job under debounce or throttle, atomic under concurrent
+-- producers. The due is computed here from now (TIME), never from the client's clock.
+-- KEYS[1] due  KEYS[2] leased  KEYS[3] dead  KEYS[4] clock  KEYS[5] the job's record
+-- bucket  KEYS[6] parked  KEYS[7] parkedx  KEYS[8] the id's flow key: {ns:s}:deb:<id>
+--   (debounce: the deadline first schedule + max_wait, ms) or {ns:s}:thr:<id>
+--   (throttle: the due of the id's last throttled run, ms); a STRING with a TTL
+-- ARGV[1]  kind      'd' debounce, 't' throttle
+-- ARGV[2]  id
+-- ARGV[3]  window    ms: the debounce quiet time, or the throttle period
+-- ARGV[4]  max_wait  ms (debounce; 0: none)
+-- ARGV[5]  record    the packed record, nominal 0 (the due score), encoded by the client
+-- Returns: {now, status, when}: status 1 created, 3 replaced (debounce: a waiting job's
+--   due moved and payload replaced), 4 busy (leased: nothing written; when = lease
+--   deadline), 6 coalesced (a waiting job kept at its due, payload replaced).
+-- A job of the id that is dead, parked or in the far index is replaced as if absent.
+-- Sent twice: the second call is one more schedule of the same id a moment later; it
+-- finds the job the first made waiting and coalesces (throttle) or moves its due to
+-- now + window within the same deadline (debounce): the state any two calls give.
+local due_key, leased_key, dead_key, jobs_key = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
+local flow_key = KEYS[8]
+local id, window, max_wait = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local now = clock_now(KEYS[4], true)
+local s = redis.call('HGET', jobs_key, id)
+local waiting = nil
+if s then
+  local lease = redis.call('ZSCORE', leased_key, id)
+  if lease then return {now, 4, tonumber(lease)} end
+  waiting = redis.call('ZSCORE', due_key, id)
+  if waiting then
+    waiting = tonumber(waiting)
+  else
+    redis.call('ZREM', dead_key, id)  -- if far, its entry there is left behind
+    unpark_drop(KEYS[6], KEYS[7], id, s)
+  end
+end
+if ARGV[1] == 't' then
+  if waiting then
+    redis.call('HSET', jobs_key, id, ARGV[5])
+    return {now, 6, waiting}
+  end
+  local last = tonumber(redis.call('GET', flow_key))
+  local due = now
+  if last and last + window > due then due = last + window end
+  redis.call('HSET', jobs_key, id, ARGV[5])
+  redis.call('ZADD', due_key, fmt(due), id)
+  redis.call('SET', flow_key, fmt(due), 'PX', fmt(due - now + window))
+  return {now, s and 3 or 1, due}
+end
+-- debounce
+if waiting and waiting <= now then
+  -- Due already (a worker is on its way): the burst's run is this one.
+  redis.call('HSET', jobs_key, id, ARGV[5])
+  return {now, 6, waiting}
+end
+local due = now + window
+local deadline = waiting and tonumber(redis.call('GET', flow_key))
+if not deadline then
+  if max_wait > 0 then
+    -- The first schedule of a burst: its deadline lives as long as it can matter.
+    deadline = now + max_wait
+    redis.call('SET', flow_key, fmt(deadline), 'PX', fmt(max_wait + window))
+  else
+    redis.call('DEL', flow_key)
+  end
+end
+if deadline and due > deadline then due = deadline end
+redis.call('HSET', jobs_key, id, ARGV[5])
+redis.call('ZADD', due_key, fmt(due), id)
+return {now, s and 3 or 1, due}
