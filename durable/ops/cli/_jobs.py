@@ -9,6 +9,7 @@ from tickwheel.durable.model import (
     DEFAULT_MAX_ATTEMPTS,
     CancelResult,
     JobInfo,
+    JobSpec,
     MissedRun,
     ScheduleStatus,
     ShardInfo,
@@ -56,6 +57,14 @@ def _schedule(args: argparse.Namespace) -> int:
                 Scheduler.recurrence(every=every, cron=args.cron, tz=args.tz, jitter=args.jitter)
             except (TypeError, ValueError) as exc:
                 raise CliError(EXIT_USAGE, f"--{exc}") from exc
+        flow = {"debounce": args.debounce, "max_wait": args.max_wait, "throttle": args.throttle}
+        if any(v is not None for v in flow.values()):
+            if every is not None or args.cron is not None:
+                raise CliError(EXIT_USAGE, "--debounce/--throttle apply to one-shot jobs")
+            try:
+                JobSpec(args.id, args.task, delay=delay, at=at, **flow)
+            except (TypeError, ValueError) as exc:
+                raise CliError(EXIT_USAGE, f"--{exc}") from exc
     except CliError as error:
         return fail(args, error)
 
@@ -74,6 +83,7 @@ def _schedule(args: argparse.Namespace) -> int:
             missed=args.missed,
             jitter=args.jitter,
             timeout=args.timeout,
+            **flow,
         )
         data = {
             "id": result.id,
@@ -366,6 +376,12 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
         type=positive_float,
         help="seconds its handler may run (before the task's and the worker's timeout)",
     )
+    for flag, what in (
+        ("--debounce", "seconds: each schedule of this id while it waits moves it to now + this"),
+        ("--max-wait", "with --debounce: due at most this long after the first schedule"),
+        ("--throttle", "seconds: at most one run of this id per period; calls coalesce"),
+    ):
+        sched.add_argument(flag, type=positive_float, help=what)
     sched.set_defaults(func=_schedule)
 
     cancel = add("cancel", "remove a job in any state", parents=[common])
