@@ -138,6 +138,7 @@ def test_all_keys_of_each_script_land_in_one_slot(
             await s.now(1)
             await s.schedule_many([JobSpec(f"k{i}", "t", max_attempts=1) for i in range(20)])
             await s.schedule("r", "t", every=5)
+            await s.schedule("deb", "t", debounce=5)  # flow.lua
             await s.reschedule("r", delay=0)
             await s.get("k1")
             await s.pause("other")  # claims read the copy; t still runs

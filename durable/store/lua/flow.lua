@@ -12,6 +12,7 @@
 -- Returns: {now, status, when}: status 1 created, 3 replaced (debounce: a waiting job's
 --   due moved and payload replaced), 4 busy (leased: nothing written; when = lease
 --   deadline), 6 coalesced (a waiting job kept at its due, payload replaced).
+-- Errors: none (the client validates every argument).
 -- A job of the id that is dead, parked or in the far index is replaced as if absent.
 -- Sent twice: the second call is one more schedule of the same id a moment later; it
 -- finds the job the first made waiting and coalesces (throttle) or moves its due to
