@@ -15,6 +15,7 @@ import pytest
 from tests.durable_support import open_scheduler, run
 from tests.spill_support import running_worker, until
 from tickwheel.durable import Defer, JobState, LeaseLost, TaskContext, TaskRegistry
+from tickwheel.durable.servers import RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -100,5 +101,36 @@ def test_a_recurring_job_defers_this_occurrence_only(redis_url: str) -> None:
             info = await s.get("r")
             assert info is not None and info.state is JobState.DUE
             assert info.nominal_ms == nominal + 60_000  # the series did not move
+
+    run(main())
+
+
+def test_the_postgres_mode_records_a_deferral_and_refuses_debounce(
+    redis_server: RedisServer, pg_url: str
+) -> None:
+    """A Defer is recorded in PostgreSQL as a retry at the same attempt (reconcile would
+    bring it back at its deferred time); debounce and throttle are refused there."""
+    from tests.durable_support import snapshot
+    from tests.pg_support import migrated, pg_scheduler, rows, table_counts
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(redis_server.url, pg_url, shards=1) as s:
+            ns = s.keys.namespace
+            await s.schedule("f", "t", b"x", delay=0, max_attempts=4)
+            await s.take(0)
+            [job] = (await s.claim(0, limit=10)).jobs
+            when = await s.leases.defer(job, 60)
+            (row,) = await rows(
+                pg_url,
+                "SELECT attempt, run_ms, due_ms FROM tickwheel_jobs WHERE ns = $1 AND id = 'f'",
+                ns,
+            )
+            assert tuple(row) == (1, when, job.nominal_ms)
+            before, counts = await snapshot(s), await table_counts(pg_url)
+            for flow in ({"debounce": 5}, {"throttle": 5}):
+                with pytest.raises(ValueError, match="Postgres"):
+                    await s.schedule("g", "t", **flow)
+            assert await snapshot(s) == before and await table_counts(pg_url) == counts
 
     run(main())

@@ -202,8 +202,7 @@ def flow_call(keys: Keys, shard: int, job: EncodedJob, flow: tuple[str, int, int
     if kind not in ("d", "t"):
         raise ValueError(f"kind must be 'd' or 't', got {kind!r}")
     k = keys.shard(shard)
-    tag = k.due[: -len(":due")]
-    flow_key = f"{tag}:{'deb' if kind == 'd' else 'thr'}:{job.id}"
+    flow_key = keys.flow_key(shard, kind, job.id)
     ident, _, _, record = job.values
     bucket = keys.jobs_key(shard, job.id)
     return (

@@ -157,6 +157,11 @@ class Keys:
         """Return the record hash of ``job_id`` in ``shard``."""
         return self.shard(shard).jobs[self.bucket_of(job_id)]
 
+    def flow_key(self, shard: int, kind: str, job_id: str) -> str:
+        """Return the debounce (``kind`` "d": ``{ns:s}:deb:<id>``) or throttle ("t":
+        ``{ns:s}:thr:<id>``) STRING of ``job_id`` (flow.lua; a TTL bounds it)."""
+        return f"{{{self.namespace}:{shard}}}:{'deb' if kind == 'd' else 'thr'}:{job_id}"
+
     def worker_stats(self, token: str) -> str:
         """Return the STRING where the worker ``token`` publishes its counters
         (``{ns}:wstats:<token>``, JSON with a TTL; same slot as :attr:`workers`)."""
