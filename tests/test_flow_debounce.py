@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
 from tests.durable_support import client_of, open_scheduler, run, snapshot, unique_ns
-from tickwheel.durable import JobSpec, ScheduleStatus, SyncScheduler
+from tickwheel.durable import JobSpec, JobState, ScheduleStatus, SyncScheduler
 from tickwheel.durable.servers import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -148,7 +148,7 @@ def test_eight_threads_throttle_one_id_against_a_consumer(redis_url: str) -> Non
             return dues
 
     dues = run(main())
-    assert len(dues) >= 2
+    assert dues  # at least the first run (more unless the machine starves the consumer)
     assert all(b - a >= 300 for a, b in itertools.pairwise(dues)), dues
     created = [c for c in calls if c.status in {C, R}]
     assert len(created) == len(dues)  # each run is one created (or replaced) job
@@ -205,6 +205,7 @@ def test_debounce_and_throttle_follow_a_model(redis_server: RedisServer) -> None
             self.model: Model | None = None
             self.id = "j"
             self.n = 0
+            self.held: Any = None  # a claimed job not acked yet (its run in progress)
 
         def set_clock(self) -> None:
             key = self.s.keys.shard(0).clock
@@ -234,6 +235,9 @@ def test_debounce_and_throttle_follow_a_model(redis_server: RedisServer) -> None
                 | ({"max_wait": m.max_wait / 1000} if m.max_wait < 10**15 else {})
             )
             got = self.loop.run_until_complete(self.s.schedule(self.id, "t", self.n, **flow))
+            if self.held is not None:  # running: refused, nothing written
+                assert got.status is B
+                return
             want = m.schedule(self.now, self.n)
             assert (got.status, got.when_ms) == want
 
@@ -242,8 +246,10 @@ def test_debounce_and_throttle_follow_a_model(redis_server: RedisServer) -> None
             self.now += seconds * 1000
             self.set_clock()
 
-        @rule()
-        def run_due(self) -> None:
+        @rule(hold=st.booleans())
+        def run_due(self, hold: bool) -> None:
+            if self.held is not None:
+                return
             batch = self.loop.run_until_complete(self.s.claim(0, limit=10))
             m = self.model
             if m is None or m.due is None or m.due > self.now:
@@ -251,19 +257,31 @@ def test_debounce_and_throttle_follow_a_model(redis_server: RedisServer) -> None
                 return
             [job] = batch.jobs
             assert job.nominal_ms == m.due and job.payload == m.payload
-            self.loop.run_until_complete(self.s.ack_many([job]))
+            if hold:  # left running (leased) until finish()
+                self.held = job
+            else:
+                self.loop.run_until_complete(self.s.ack_many([job]))
             m.due = None
+
+        @rule()
+        def finish(self) -> None:
+            if self.held is not None:
+                self.loop.run_until_complete(self.s.ack_many([self.held]))
+                self.held = None
 
         @invariant()
         def stored_due_matches(self) -> None:
             info = self.loop.run_until_complete(self.s.get(self.id))
             want = None if self.model is None else self.model.due
+            if self.held is not None:
+                assert info is not None and info.state is JobState.LEASED
+                return
             assert (info.when_ms if info is not None else None) == want
 
     run_state_machine_as_test(
         Machine,
         settings=settings(
-            max_examples=25,
+            max_examples=60,
             stateful_step_count=20,
             deadline=None,
             suppress_health_check=list(HealthCheck),
