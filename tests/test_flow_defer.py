@@ -134,3 +134,20 @@ def test_the_postgres_mode_records_a_deferral_and_refuses_debounce(
             assert await snapshot(s) == before and await table_counts(pg_url) == counts
 
     run(main())
+
+
+def test_process_hands_a_deferred_job_back(redis_url: str) -> None:
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            await s.schedule("p", "t", max_attempts=1)
+            await s.take(0)
+
+            async def handler(job: Any) -> None:
+                raise Defer(30)
+
+            assert await s.leases.process(handler) == 1
+            info = await s.get("p")
+            assert info is not None and info.state is JobState.DUE and info.attempt == 1
+            assert info.when_ms >= await s.now() + 29_000
+
+    run(main())
