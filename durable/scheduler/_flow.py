@@ -39,4 +39,4 @@ async def schedule_flow(producer: Producer, spec: JobSpec) -> ScheduleResult:
     encoded = encode_job(spec, producer.max_payload_bytes)
     await producer.opened()
     shard = producer.keys.shard_of(spec.id)
-    return await producer.store.schedule_flow(shard, encoded, spec.flow)
+    return await producer.store.schedule_one(shard, encoded, False, spec.flow)

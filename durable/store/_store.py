@@ -168,19 +168,17 @@ class Store:
         reply = await self.transport.write(self._scripts.schedule, keys, args, shard)
         return self._schedule_results(jobs, reply)
 
-    async def schedule_one(self, shard: int, job: EncodedJob, replace: bool) -> ScheduleResult:
-        """Create, keep or replace one job (schedule_one.lua). O(log N)."""
-        keys, args = calls.schedule_one_call(self.keys, shard, job, replace)
-        reply = await self.transport.write(self._scripts.schedule_one, keys, args, shard)
-        return calls.schedule_one_result(job, reply)
-
-    async def schedule_flow(
-        self, shard: int, job: EncodedJob, flow: tuple[str, int, int]
+    async def schedule_one(
+        self, shard: int, job: EncodedJob, replace: bool, flow: tuple[str, int, int] | None = None
     ) -> ScheduleResult:
-        """Schedule one job under debounce or throttle (flow.lua; ``flow``: ``JobSpec.flow``).
-        O(log N)."""
-        keys, args = calls.flow_call(self.keys, shard, job, flow)
-        reply = await self.transport.write(self._scripts.flow, keys, args, shard)
+        """Create, keep or replace one job (schedule_one.lua); with ``flow`` (a
+        ``JobSpec.flow``), under its debounce or throttle (flow.lua). O(log N)."""
+        if flow is not None:
+            keys, args = calls.flow_call(self.keys, shard, job, flow)
+            reply = await self.transport.write(self._scripts.flow, keys, args, shard)
+        else:
+            keys, args = calls.schedule_one_call(self.keys, shard, job, replace)
+            reply = await self.transport.write(self._scripts.schedule_one, keys, args, shard)
         return calls.schedule_one_result(job, reply)
 
     async def schedule_many(
@@ -387,15 +385,7 @@ class Store:
         reply = await self.transport.write(
             self._scripts.retry,
             [k.leased, k.due, k.dead, k.epoch, k.clock, self.keys.jobs_key(shard, job_id)],
-            [
-                epoch,
-                job_id,
-                attempt,
-                nominal_ms,
-                delay_ms,
-                error,
-                2 if defer else 1 if final else 0,
-            ],
+            [epoch, job_id, attempt, nominal_ms, delay_ms, error, 2 if defer else int(final)],
             shard,
         )
         return int(reply[0]), int(reply[1])
