@@ -330,10 +330,6 @@ class SyncScheduler:
 
         assert self._pg_pool is not None
         refuse_pg_timeouts(specs)
-        # The namespace's shard count is checked (and its mode recorded) before anything
-        # is written; a Redis that is down does not stop the enqueue (the relay's).
-        with contextlib.suppress(RedisUnavailable):
-            self.open()
         return enqueue_sync(
             conn,
             self._pg_pool,
@@ -341,7 +337,14 @@ class SyncScheduler:
             specs,
             shard_of=self.keys.shard_of,
             limit=self.max_payload_bytes,
+            before_write=self._open_for_pg,
         )
+
+    def _open_for_pg(self) -> None:
+        """The namespace's shard count checked (and its mode recorded) before a Postgres
+        enqueue writes; a Redis that is down does not stop the enqueue (the relay's)."""
+        with contextlib.suppress(RedisUnavailable):
+            self.open()
 
     def cancel(self, job_id: str) -> bool:
         """Remove a job in any state; True if there was one (:meth:`Scheduler.cancel`).
