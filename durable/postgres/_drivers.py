@@ -370,11 +370,14 @@ def enqueue_sync(
     *,
     shard_of: Callable[[str], int],
     limit: int,
+    before_write: Callable[[], object] = lambda: None,
 ) -> list[ScheduleResult]:
     """The Postgres mode's schedule for :class:`SyncScheduler`: the job rows and their
     outbox rows in ``conn``'s transaction (the job exists iff it commits), or, with
     ``conn`` None, in a transaction of its own on a connection of ``pool``. Either way
-    the relays, notified at the commit, write the jobs to Redis.
+    the relays, notified at the commit, write the jobs to Redis. ``before_write`` runs
+    once the specs and ``conn`` passed their checks, before the first write (the
+    producer's check of the namespace's layout).
 
     Raises:
         TypeError, ValueError: for bad specs or a bad ``conn`` (nothing written).
@@ -385,7 +388,9 @@ def enqueue_sync(
     if conn is not None:
         db = sync_connection(conn)
         pool.check_schema(db)
+        before_write()
         return _enqueue_on(db, namespace, specs, jobs, shard_of=shard_of, limit=limit)
+    before_write()
     with pool.transaction() as own:
         return _enqueue_on(own, namespace, specs, jobs, shard_of=shard_of, limit=limit)
 

@@ -126,6 +126,7 @@ class AckBatcher:
         except BaseException:  # cancelled (a drain's grace ran out): left to the reaper
             left = batch + self._pending.pop(key, [])
             self._settled(left)
+            self._unsettled(left)
             self.waiting -= len(left)
             raise
         finally:

@@ -23,6 +23,7 @@ was checked, under a lock.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Collection, Iterable
@@ -35,6 +36,7 @@ from tickwheel.durable.model import (
     JobInfo,
     JobSpec,
     MissedRun,
+    RedisUnavailable,
     ScheduleResult,
     ShardCountMismatch,
     check_job_id,
@@ -63,6 +65,7 @@ from ._producer import (
     first_run_needs_now,
     known_task,
     recurrence,
+    refuse_pg_timeouts,
     with_first_run,
 )
 from ._scheduler import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_SHARDS
@@ -168,7 +171,7 @@ class SyncScheduler:
             return self
         with self._lock:
             if not self._opened:
-                stored = self.store.init()
+                stored = self.store.init(postgres=self._pg_pool is not None)
                 wanted = (self.keys.shards, self.keys.buckets)
                 if stored != wanted:
                     raise ShardCountMismatch(self.keys.namespace, stored, wanted)
@@ -254,16 +257,17 @@ class SyncScheduler:
             self.open()
             encoded = encode_job(spec, self.max_payload_bytes)
             return self.store.schedule_flow(self.keys.shard_of(spec.id), encoded, spec.flow)
-        if self.postgres_url is not None:
-            return self._pg_schedule([spec], replace, conn)[0]
-        _no_conn(conn)
+        if self.postgres_url is None:
+            _no_conn(conn)
         if self.tracer is not None:
             with self.tracer.producing("schedule", [spec.id]) as header:
                 (spec,) = self.tracer.traced([spec], header)
-                return self._schedule_one(spec, replace)
-        return self._schedule_one(spec, replace)
+                return self._schedule_one(spec, replace, conn)
+        return self._schedule_one(spec, replace, conn)
 
-    def _schedule_one(self, spec: JobSpec, replace: bool) -> ScheduleResult:
+    def _schedule_one(self, spec: JobSpec, replace: bool, conn: Any) -> ScheduleResult:
+        if self.postgres_url is not None:
+            return self._pg_schedule([spec], replace, conn)[0]
         encoded = encode_job(spec, self.max_payload_bytes)
         self.open()
         shard = self.keys.shard_of(spec.id)
@@ -289,20 +293,23 @@ class SyncScheduler:
         if self.tasks is not None:
             specs = list(specs)
             for spec in specs:
-                known_task(self.tasks, spec.task)
-        if self.postgres_url is not None:
-            pending = encode_specs(specs, self.keys, self.max_payload_bytes)
-            return self._pg_schedule([spec for _, spec, _ in pending], replace, conn)
-        _no_conn(conn)
+                if isinstance(spec, JobSpec):  # anything else: encode_specs' TypeError
+                    known_task(self.tasks, spec.task)
+        if self.postgres_url is None:
+            _no_conn(conn)
         if self.tracer is not None:
             specs = list(specs)
             ids = [s.id if isinstance(s, JobSpec) else "" for s in specs]
             with self.tracer.producing("schedule_many", ids) as header:
-                return self._schedule_many(self.tracer.traced(specs, header), replace)
-        return self._schedule_many(specs, replace)
+                return self._schedule_many(self.tracer.traced(specs, header), replace, conn)
+        return self._schedule_many(specs, replace, conn)
 
-    def _schedule_many(self, specs: Iterable[JobSpec], replace: bool) -> list[ScheduleResult]:
+    def _schedule_many(
+        self, specs: Iterable[JobSpec], replace: bool, conn: Any
+    ) -> list[ScheduleResult]:
         pending = encode_specs(specs, self.keys, self.max_payload_bytes)
+        if self.postgres_url is not None:
+            return self._pg_schedule([spec for _, spec, _ in pending], replace, conn)
         self.open()
         limit = self.max_payload_bytes
         chunked = chunk_groups(
@@ -334,6 +341,7 @@ class SyncScheduler:
         from tickwheel.durable.postgres import enqueue_sync  # noqa: PLC0415
 
         assert self._pg_pool is not None
+        refuse_pg_timeouts(specs)
         return enqueue_sync(
             conn,
             self._pg_pool,
@@ -341,7 +349,14 @@ class SyncScheduler:
             specs,
             shard_of=self.keys.shard_of,
             limit=self.max_payload_bytes,
+            before_write=self._open_for_pg,
         )
+
+    def _open_for_pg(self) -> None:
+        """The namespace's shard count checked (and its mode recorded) before a Postgres
+        enqueue writes; a Redis that is down does not stop the enqueue (the relay's)."""
+        with contextlib.suppress(RedisUnavailable):
+            self.open()
 
     def cancel(self, job_id: str) -> bool:
         """Remove a job in any state; True if there was one (:meth:`Scheduler.cancel`).

@@ -196,7 +196,7 @@ local function fmt(n)
   return string.format('%d', n)
 end
 
--- Append the reply row of a record to out (whose length is n): fields 1..14 with the
+-- Append the reply row of a record to out (whose length is n): fields 1..15 with the
 -- nominal resolved against the due score. Returns the new length. (Hot loops keep their
 -- own length: Lua 5.1's #t is a binary search, measured at 1.7 us per 17 appends.)
 local function rec_row(out, n, r, score)
