@@ -62,3 +62,101 @@ def test_a_far_retry_restored_by_reconcile_keeps_its_nominal(
             assert (await _row(pg_url, s.keys.namespace, "f")) == (1, 2, job.nominal_ms)
 
     run(main())
+
+
+def test_failed_attempts_survive_a_redis_loss(private_redis: RedisServer, pg_url: str) -> None:
+    """A job that failed twice, then FLUSHALL and a reconcile: its third run is its last
+    (attempt 3 of 3), and its failure dead-letters it in PostgreSQL for good."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            ns = s.keys.namespace
+            await s.schedule("p", "t", b"", delay=0, max_attempts=3)
+            runs = 0
+            for attempt in (1, 2):
+                (job,) = (await _claim_all(s)).jobs
+                runs += 1
+                assert job.attempt == attempt
+                assert await s.retry(job, "boom", delay=0) is JobState.DUE
+                row = await _row(pg_url, ns, "p")
+                assert row is not None and row[:2] == (0, attempt + 1)
+            await client_of(s).flushall()
+            assert (await s.reconcile()).restored == 1
+            (job,) = (await _claim_all(s)).jobs
+            runs += 1
+            assert job.attempt == 3
+            assert await s.retry(job, "boom", delay=0) is JobState.DEAD
+            assert runs == 3
+            assert (await _row(pg_url, ns, "p")) == (2, 3, job.nominal_ms)
+            await client_of(s).flushall()
+            assert (await s.reconcile()).pending == 0
+            await push_clock(s, 0, 60_000)
+            assert not (await _claim_all(s)).jobs
+
+    run(main())
+
+
+def test_reaped_attempts_survive_a_redis_loss(private_redis: RedisServer, pg_url: str) -> None:
+    """A job whose worker was killed twice (its started lease expired, the reaper
+    returned it): the attempts are in PostgreSQL before Redis, so after FLUSHALL and a
+    reconcile it runs as attempt 3 of 3, and a third expiry dead-letters it in
+    PostgreSQL. It ran three times in all."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            ns = s.keys.namespace
+            await s.schedule("k", "t", b"", delay=0, max_attempts=3)
+            for attempt in (1, 2):
+                (job,) = (await _claim_all(s, lease=1.0)).jobs
+                assert job.attempt == attempt
+                await push_clock(s, 0, 2_000)  # the worker died: its lease runs out
+                result = await s.reap(0)
+                assert result.requeued == ["k"]
+                row = await _row(pg_url, ns, "k")
+                assert row is not None and row[:2] == (0, attempt + 1)
+            await client_of(s).flushall()
+            assert (await s.reconcile()).restored == 1
+            await push_clock(s, 0, 5_000)  # Redis lost the pushed clock: catch up
+            (job,) = (await _claim_all(s, lease=1.0)).jobs
+            assert job.attempt == 3
+            await push_clock(s, 0, 2_000)
+            assert (await s.reap(0)).dead == ["k"]
+            assert (await _row(pg_url, ns, "k")) == (2, 3, job.nominal_ms)
+            await client_of(s).flushall()
+            assert (await s.reconcile()).pending == 0
+
+    run(main())
+
+
+def test_a_reap_killed_after_postgres_keeps_the_attempt(
+    private_redis: RedisServer, pg_url: str
+) -> None:
+    """The reaper records its return in PostgreSQL, then dies before reap.lua: Redis
+    still holds the expired lease; after a Redis loss the job comes back at the attempt
+    PostgreSQL recorded, never lower."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            ns = s.keys.namespace
+            await s.schedule("r", "t", b"", delay=0, max_attempts=5)
+            (job,) = (await _claim_all(s, lease=1.0)).jobs
+            await push_clock(s, 0, 2_000)
+            epoch = s.ownership.epoch(0)
+            now, plan = await s.store.reap_look(0, epoch, 100)
+            assert plan == [("r", job.nominal_ms, 2, 1)]
+            hook = s.ownership.before_reap
+            assert hook is not None
+            await hook(0, epoch, now, plan)  # ... and the reaper dies here
+            assert (await s.get("r")).state is JobState.LEASED  # type: ignore[union-attr]
+            row = await _row(pg_url, ns, "r")
+            assert row is not None and row[:2] == (0, 2)
+            await client_of(s).flushall()
+            assert (await s.reconcile()).restored == 1
+            await push_clock(s, 0, 3_000)  # Redis lost the pushed clock: catch up
+            (again,) = (await _claim_all(s)).jobs
+            assert (again.attempt, again.nominal_ms) == (2, job.nominal_ms)
+
+    run(main())

@@ -339,6 +339,36 @@ class PostgresMode:
             nxt = job.recurrence.next_after(job.nominal_ms, job.nominal_ms)
         return ClaimedRef(job.id, job.attempt, job.nominal_ms, nxt)
 
+    async def before_reap(
+        self,
+        sched: RedisSide,
+        shard: int,
+        epoch: int,
+        now: int,
+        plan: list[tuple[str, int, int, int]],
+    ) -> None:
+        """Record in PostgreSQL what a reap is about to do (``Store.reap_look``'s plan:
+        id, nominal, attempt after, action), before Redis does it: a lease returned at
+        attempt + 1, or dead. A pre-start lease returned at the same attempt writes
+        nothing; ``now`` is Redis's at the look (the run time of a returned one). If
+        the reap then finds a lease gone (acked, retried meanwhile), the row
+        is at most one attempt ahead of Redis: never behind.
+
+        Raises:
+            Fenced: if PostgreSQL holds a higher epoch (the Redis epoch is lifted above
+                it first, as :meth:`after_claim` does); PostgresUnavailable: nothing is
+                reaped this round.
+        """
+        writes = [(i, nominal, attempt, act == 2) for i, nominal, attempt, act in plan if act]
+        if not writes:
+            return
+        try:
+            await self.store.reaped(shard, epoch, writes, now)
+        except Fenced as exc:
+            with contextlib.suppress(RedisUnavailable):
+                await sched.store.raise_epoch(shard, stored_epoch(exc))
+            raise
+
     async def ack(self, shard: int, epoch: int, refs: Sequence[ClaimedRef]) -> list[int]:
         """The PostgreSQL half of an ack (before the Redis half)."""
         return await self.store.ack(shard, epoch, refs)

@@ -375,6 +375,20 @@ class PgStore:
                 run_ms=run_ms,
             )
 
+    async def reaped(
+        self, shard: int, epoch: int, plan: Sequence[tuple[str, int, int, bool]], run_ms: int
+    ) -> None:
+        """Record, before Redis does it, what a reap is about to do: per ``(id, nominal,
+        attempt, dead)`` lease, its occurrence runs next at ``run_ms`` as ``attempt``
+        (never lowered), or it is dead. One round trip (migration 0007).
+
+        Raises:
+            Fenced: if ``epoch`` is not the shard's stored epoch (nothing written).
+        """
+        await self.open()
+        async with self._conn(shard=shard) as c:
+            await _writes.reaped(c, self.namespace, shard, epoch, plan=plan, run_ms=run_ms)
+
     async def undead(self, ids: Sequence[str], *, purge: bool) -> None:
         """Dead letters that Redis requeued (pending again) or purged (deleted)."""
         if not ids:

@@ -4,7 +4,8 @@ Each function runs its statements on the connection it is given and returns plai
 values; which connection, which transaction and the translation of the driver's errors
 are :class:`PgStore`'s (``_pg_store.py``). The writes are calls of the functions the
 migrations made (``tickwheel_put``, ``tickwheel_put_many``, ``tickwheel_claim_check``,
-``tickwheel_ack``, ``tickwheel_moved``, ``tickwheel_dead``, ``tickwheel_retried``): one
+``tickwheel_ack``, ``tickwheel_moved``, ``tickwheel_dead``, ``tickwheel_retried``,
+``tickwheel_reaped``): one
 round trip each.
 
 Lock order: every write that locks several job rows takes them in id order (``COLLATE
@@ -40,6 +41,7 @@ __all__ = [
     "now",
     "overwrite",
     "raced_statement",
+    "reaped",
     "retried",
     "schedule",
     "schedule_replies",
@@ -317,6 +319,31 @@ async def retried(
         job_id,
         nominal_ms,
         attempt,
+        run_ms,
+    )
+
+
+async def reaped(
+    conn: Any,
+    ns: str,
+    shard: int,
+    epoch: int,
+    *,
+    plan: Sequence[tuple[str, int, int, bool]],
+    run_ms: int,
+) -> None:
+    """``tickwheel_reaped`` over ``(id, nominal, attempt, dead)`` leases, in id order: what
+    a reap is about to do (returned to due at ``run_ms`` as ``attempt``, or dead)."""
+    ordered = sorted(plan)  # in id order: locked as lock() locks
+    await conn.execute(
+        "SELECT tickwheel_reaped($1, $2, $3, $4, $5, $6, $7, $8)",
+        ns,
+        shard,
+        epoch,
+        [p[0] for p in ordered],
+        [p[1] for p in ordered],
+        [p[2] for p in ordered],
+        [p[3] for p in ordered],
         run_ms,
     )
 

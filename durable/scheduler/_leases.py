@@ -287,6 +287,10 @@ class Leases:
         """Give a failed job back for another attempt after a backoff, or kill it after
         its last attempt. The delay is added to Redis's now.
 
+        In the Postgres mode PostgreSQL records the outcome first (the dead job, or the
+        next attempt, which never goes down), then Redis: a PostgreSQL failure raises
+        with nothing changed in Redis (the lease runs out and the reaper returns it).
+
         Args:
             job: the claimed job.
             error: text kept with the job (shown in dead letters).
@@ -305,9 +309,20 @@ class Leases:
             self.backoff_ms(job.attempt) if delay is None else finite_seconds_ms("delay", delay)
         )
         with self.ownership.guard(job.shard, job.epoch):
-            if self.pg is not None and (final or job.attempt >= job.max_attempts):
-                # The end state goes to the source of truth first, under the epoch.
-                await self.pg.store.dead(job.shard, job.epoch, job.id, job.attempt, job.nominal_ms)
+            if self.pg is not None:  # the source of truth first, under the epoch
+                if final or job.attempt >= job.max_attempts:
+                    await self.pg.store.dead(
+                        job.shard, job.epoch, job.id, job.attempt, job.nominal_ms
+                    )
+                else:  # the next attempt (never lowered), at this host's estimate of when
+                    await self.pg.store.retried(
+                        job.shard,
+                        job.epoch,
+                        job.id,
+                        job.nominal_ms,
+                        attempt=job.attempt + 1,
+                        run_ms=int(time.time() * 1000) + delay_ms,
+                    )
             status, when = await self.store.retry(
                 job.shard,
                 job.epoch,
@@ -347,10 +362,10 @@ class Leases:
 
     @staticmethod
     async def _pg_retried(pg: PostgresMode, job: Job, when: int) -> None:
-        """Postgres mode: record the retry Redis took (attempt + 1 at ``when``), for
-        reconcile. Best effort: the retry stands in Redis either way; if PostgreSQL
-        cannot take it, a Redis loss before the next write of the row brings the
-        occurrence back at its nominal due and attempt as PostgreSQL last had them."""
+        """Postgres mode: record the run time Redis gave the retry (``when``), for
+        reconcile. The attempt was recorded before Redis (:meth:`retry`); this second
+        write only corrects the run time, best effort: if PostgreSQL cannot take it, a
+        Redis loss brings the retry back at this host's estimate of that time."""
         try:
             await pg.store.retried(
                 job.shard, job.epoch, job.id, job.nominal_ms, attempt=job.attempt + 1, run_ms=when

@@ -415,22 +415,32 @@ class Store:
         )
         return [bool(s) for s in reply]
 
-    async def reap(self, shard: int, epoch: int, limit: int) -> ReapResult:
-        """Expired leases back to due or to dead (reap.lua). O(limit log N).
+    async def reap(self, shard: int, epoch: int, limit: int, *, upto_ms: int = 0) -> ReapResult:
+        """Expired leases (by ``upto_ms`` when set) back to due or to dead (reap.lua).
 
         Raises:
             Fenced: if ``epoch`` is stale.
         """
-        k = self.keys.shard(shard)
-        reply = await self.transport.run(
-            self._scripts.reap,
-            [k.leased, k.due, k.dead, k.epoch, k.clock, *k.jobs],
-            [epoch, limit],
-            shard,
-        )
+        reply = await self._reap(shard, [epoch, limit, 0, upto_ms])
         n = int(reply[1])
         ids = [b.decode() for b in reply[2:]]
         return ReapResult(shard, int(reply[0]), ids[:n], ids[n:])
+
+    async def reap_look(
+        self, shard: int, epoch: int, limit: int
+    ) -> tuple[int, list[tuple[str, int, int, int]]]:
+        """What :meth:`reap` would do now, writing nothing: Redis's now and, per expired
+        lease, (id, nominal, attempt after, 0 same attempt / 1 attempt + 1 / 2 dead)."""
+        r = await self._reap(shard, [epoch, limit, 1])
+        return int(r[0]), [
+            (r[i].decode(), int(r[i + 1]), int(r[i + 2]), int(r[i + 3]))
+            for i in range(1, len(r), 4)
+        ]
+
+    async def _reap(self, shard: int, args: list[Any]) -> Any:
+        k = self.keys.shard(shard)
+        keys = [k.leased, k.due, k.dead, k.epoch, k.clock, *k.jobs]
+        return await self.transport.run(self._scripts.reap, keys, args, shard)
 
     # -- ownership: one call each, handed to _fencing.py ---------------------------
 
