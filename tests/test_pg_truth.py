@@ -160,3 +160,45 @@ def test_a_reap_killed_after_postgres_keeps_the_attempt(
             assert (again.attempt, again.nominal_ms) == (2, job.nominal_ms)
 
     run(main())
+
+
+def test_requeue_and_purge_killed_between_the_stores(
+    private_redis: RedisServer, pg_url: str
+) -> None:
+    """A requeue and a purge whose process dies after PostgreSQL and before Redis (the
+    PostgreSQL half run alone): PostgreSQL decides. The requeue repeated finishes it in
+    Redis; a purged job is never requeued (PostgreSQL says it is gone), the purge
+    repeated removes it from Redis, and it does not come back after a Redis loss."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            ns = s.keys.namespace
+            for job_id in ("q", "g", "z"):
+                await s.schedule(job_id, "t", b"", delay=0, max_attempts=1)
+            for job in (await _claim_all(s)).jobs:
+                assert await s.retry(job, "boom") is JobState.DEAD
+            assert s.pg is not None
+            # Killed between the stores: PostgreSQL changed, Redis not yet.
+            assert await s.pg.store.undead(["q"], purge=False) == (["q"], ["q"])
+            assert await s.pg.store.undead(["g"], purge=True) == (["g"], ["g"])
+            assert (await s.get("q")).state is JobState.DEAD  # type: ignore[union-attr]
+            assert (await s.get("g")).state is JobState.DEAD  # type: ignore[union-attr]
+            assert (await _row(pg_url, ns, "q")) is not None
+            assert (await _row(pg_url, ns, "g")) is None
+            # PostgreSQL decides: g is gone, so it is never requeued; z is dead there.
+            assert await s.requeue_dead(["g"]) == []
+            assert (await s.get("g")).state is JobState.DEAD  # type: ignore[union-attr]
+            assert await s.requeue_dead(["q"]) == ["q"]  # the repeat finishes it
+            assert (await s.get("q")).state is JobState.DUE  # type: ignore[union-attr]
+            assert await s.purge_dead(["q"]) == []  # pending in PostgreSQL: not dead
+            assert await s.purge_dead(["g"]) == ["g"]
+            assert await s.get("g") is None
+            assert sorted(await s.purge_all_dead(0)) == ["z"]
+            assert await s.get("z") is None and await _row(pg_url, ns, "z") is None
+            await client_of(s).flushall()
+            result = await s.reconcile()
+            assert (result.pending, result.restored) == (1, 1)  # q only
+            assert await s.get("g") is None and await s.get("z") is None
+
+    run(main())

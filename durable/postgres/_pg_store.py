@@ -389,13 +389,21 @@ class PgStore:
         async with self._conn(shard=shard) as c:
             await _writes.reaped(c, self.namespace, shard, epoch, plan=plan, run_ms=run_ms)
 
-    async def undead(self, ids: Sequence[str], *, purge: bool) -> None:
-        """Dead letters that Redis requeued (pending again) or purged (deleted)."""
+    async def undead(self, ids: Sequence[str], *, purge: bool) -> tuple[list[str], list[str]]:
+        """Requeue (pending again at attempt 1) or purge (delete) the dead rows of
+        ``ids``, before Redis. One round trip.
+
+        Returns:
+            The ids whose rows changed, and the ids Redis is to requeue or purge: those,
+            and the ones a call that died between the stores left behind (a pending row
+            for a requeue, no row for a purge). A dead letter that is not dead in
+            PostgreSQL is never requeued or purged in Redis.
+        """
         if not ids:
-            return
+            return [], []
         await self.open()
         async with self._conn() as c:
-            await _writes.undead(c, self.namespace, ids, purge)
+            return await _writes.undead(c, self.namespace, ids, purge)
 
     # -- relay and reconcile -------------------------------------------------------
 

@@ -348,12 +348,41 @@ async def reaped(
     )
 
 
-async def undead(conn: Any, ns: str, ids: Sequence[str], purge: bool) -> None:
-    """Dead rows of ``ids`` deleted (``purge``) or made pending again at attempt 1."""
-    sql = (
-        "DELETE FROM tickwheel_jobs WHERE ns = $1 AND state = 2 AND id = ANY($2::text[])"
-        if purge
-        else "UPDATE tickwheel_jobs SET state = 0, attempt = 1, run_ms = 0, epoch = 0,"
-        " updated_at = now() WHERE ns = $1 AND state = 2 AND id = ANY($2::text[])"
-    )
-    await conn.execute(sql, ns, list(ids))
+# The ids' dead rows, locked in id order (as lock() locks), made pending at attempt 1
+# or deleted; then the ids Redis is to requeue or purge: the rows changed, and those a
+# requeue or purge that died between the stores left behind (pending ones for a
+# requeue, ids without a row for a purge). One statement (one snapshot: a row changed
+# here is not seen again by the second half).
+_UNDEAD_LOCK = (
+    "SELECT id FROM tickwheel_jobs WHERE ns = $1 AND state = 2 AND id = ANY($2::text[])"
+    ' ORDER BY id COLLATE "C" FOR UPDATE'
+)
+_REQUEUE = f"""
+WITH c AS (UPDATE tickwheel_jobs SET state = 0, attempt = 1, run_ms = 0, epoch = 0,
+           updated_at = now()
+           WHERE ns = $1 AND id IN ({_UNDEAD_LOCK}) RETURNING id)
+SELECT id, true FROM c
+UNION ALL
+SELECT id, false FROM tickwheel_jobs WHERE ns = $1 AND state = 0 AND id = ANY($2::text[])
+"""
+_PURGE = f"""
+WITH c AS (DELETE FROM tickwheel_jobs WHERE ns = $1 AND id IN ({_UNDEAD_LOCK}) RETURNING id)
+SELECT id, true FROM c
+UNION ALL
+SELECT u.i, false FROM unnest($2::text[]) AS u(i)
+WHERE NOT EXISTS (SELECT 1 FROM tickwheel_jobs j WHERE j.ns = $1 AND j.id = u.i)
+"""
+
+
+async def undead(
+    conn: Any, ns: str, ids: Sequence[str], purge: bool
+) -> tuple[list[str], list[str]]:
+    """Dead rows of ``ids`` deleted (``purge``) or made pending again at attempt 1.
+
+    Returns:
+        The ids whose rows changed, and the ids Redis is to act on (those, and the
+        ones an earlier call that died before Redis left to it).
+    """
+    got = await conn.fetch(_PURGE if purge else _REQUEUE, ns, list(ids))
+    changed = [r[0] for r in got if r[1]]
+    return changed, [r[0] for r in got]

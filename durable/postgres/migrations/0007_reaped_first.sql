@@ -8,8 +8,10 @@
 -- what it is about to do, then reaps. A lease that an ack or a retry took meanwhile is
 -- not reaped, and PostgreSQL is then at most one attempt ahead: never behind.
 --
--- tickwheel_reaped(): per lease k, under the caller's epoch (one round trip, ids in
--- code point order as every writer locks them, 0003):
+-- tickwheel_reaped(): per lease k, under the caller's epoch, checked as
+-- tickwheel_claimed checks it (a new owner reaps before its first claim: a higher epoch
+-- is recorded, a lower one refused), in one round trip, ids in code point order as every
+-- writer locks them (0003):
 --   p_dead[k] false: occurrence p_nominals[k] runs next as attempt p_attempts[k] from
 --     p_run (tickwheel_retried: only the current occurrence, the attempt never goes down);
 --   p_dead[k] true: it died at attempt p_attempts[k] (tickwheel_dead).
@@ -19,7 +21,7 @@ CREATE FUNCTION tickwheel_reaped(
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM tickwheel_fence(p_ns, p_shard, p_epoch);
+    PERFORM * FROM tickwheel_claimed(p_ns, p_shard, p_epoch, '{}', '{}');
     FOR k IN 1 .. coalesce(array_length(p_ids, 1), 0) LOOP
         IF p_dead[k] THEN
             PERFORM tickwheel_dead(p_ns, p_shard, p_epoch, p_ids[k], p_attempts[k],
