@@ -5,6 +5,7 @@ comes back. Real redis-server and PostgreSQL processes."""
 
 from __future__ import annotations
 
+import asyncpg
 import pytest
 from durable_support import client_of, push_clock, run
 from pg_support import migrated, pg_scheduler, rows
@@ -200,5 +201,84 @@ def test_requeue_and_purge_killed_between_the_stores(
             result = await s.reconcile()
             assert (result.pending, result.restored) == (1, 1)  # q only
             assert await s.get("g") is None and await s.get("z") is None
+
+    run(main())
+
+
+def test_cancel_in_the_applications_transaction(private_redis: RedisServer, pg_url: str) -> None:
+    """``cancel(conn=)``: a rollback changes neither store; a commit removes the row at
+    once and the Redis entry through the relay, and the job never runs."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            ns = s.keys.namespace
+            assert s.pg is not None
+            await s.schedule("c", "t", b"", delay=0)
+            await s.pg.relay_all(s)  # the producer's own outbox row, if still there
+            conn = await asyncpg.connect(pg_url)
+            try:
+                tx = conn.transaction()
+                await tx.start()
+                assert await s.cancel("c", conn=conn) is True
+                await tx.rollback()
+                assert await _row(pg_url, ns, "c") is not None
+                assert await s.pg.relay_all(s) == 0  # the mark rolled back too
+                assert (await s.get("c")).state is JobState.DUE  # type: ignore[union-attr]
+
+                async with conn.transaction():
+                    assert await s.cancel("c", conn=conn) is True
+                    assert (await s.get("c")).state is JobState.DUE  # type: ignore[union-attr]
+                assert await _row(pg_url, ns, "c") is None
+                assert await s.pg.relay_all(s) == 1
+                assert await s.get("c") is None
+                assert not (await _claim_all(s)).jobs
+                async with conn.transaction():  # an id with no job: False, a no-op
+                    assert await s.cancel("c", conn=conn) is False
+                assert await s.pg.relay_all(s) == 1
+            finally:
+                await conn.close()
+
+    run(main())
+
+
+def test_a_cancel_mark_waits_for_the_id(private_redis: RedisServer, pg_url: str) -> None:
+    """A relay never waits on a transaction that holds the id: its cancel mark stays
+    for a later round, which removes the job from Redis. A claim before the relay
+    removes a cancelled job unrun."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            assert s.pg is not None
+            await s.schedule("a", "t", b"", delay=0)
+            await s.schedule("b", "t", b"", delay=0)
+            await s.pg.relay_all(s)  # the producer's own outbox rows, if still there
+            app = await asyncpg.connect(pg_url)
+            other = await asyncpg.connect(pg_url)
+            try:
+                async with app.transaction():
+                    await s.cancel("a", conn=app)
+                    await s.cancel("b", conn=app)
+                # Another transaction holds a's id: a's mark is kept, b's is done.
+                tx = other.transaction()
+                await tx.start()
+                await other.execute(
+                    "SELECT pg_advisory_xact_lock(hashtextextended($1 || ':' || 'a', 0))",
+                    s.keys.namespace,
+                )
+                assert await s.pg.relay_all(s) == 1
+                assert await s.get("b") is None and await s.get("a") is not None
+                await tx.rollback()
+                assert await s.pg.relay_all(s) == 1
+                assert await s.get("a") is None
+                await s.schedule("z", "t", b"", delay=0)
+                async with app.transaction():
+                    await s.cancel("z", conn=app)
+                batch = await _claim_all(s)  # before any relay: removed unrun
+                assert not batch.jobs and await s.get("z") is None
+            finally:
+                await app.close()
+                await other.close()
 
     run(main())

@@ -348,11 +348,8 @@ class PostgresMode:
         plan: list[tuple[str, int, int, int]],
     ) -> None:
         """Record in PostgreSQL what a reap is about to do (``Store.reap_look``'s plan:
-        id, nominal, attempt after, action), before Redis does it: a lease returned at
-        attempt + 1, or dead. A pre-start lease returned at the same attempt writes
-        nothing; ``now`` is Redis's at the look (the run time of a returned one). If
-        the reap then finds a lease gone (acked, retried meanwhile), the row
-        is at most one attempt ahead of Redis: never behind.
+        id, nominal, attempt after, action; ``now``: Redis's at the look), before Redis
+        does it. A pre-start lease returned at the same attempt writes nothing.
 
         Raises:
             Fenced: if PostgreSQL holds a higher epoch (the Redis epoch is lifted above
@@ -391,6 +388,9 @@ class PostgresMode:
                     groups.setdefault(sched.keys.shard_of(row.job.id), []).append(row.job)
             for shard, jobs in groups.items():
                 await sched.store.schedule(shard, jobs, False)
+            for row in rows:  # cancel(conn=) committed: Redis follows, the id held
+                if row.cancel:
+                    await sched.store.cancel(sched.keys.shard_of(row.cancel), row.cancel)
         return len(rows)
 
     async def relay_all(self, sched: RedisSide) -> int:

@@ -33,6 +33,7 @@ __all__ = [
     "RACED",
     "ack",
     "cancel",
+    "cancel_in",
     "claim_check",
     "dead",
     "done_of",
@@ -225,6 +226,30 @@ async def cancel(conn: Any, ns: str, job_id: str) -> bool:
     await conn.execute(_CANCEL_OUTBOX, ns, job_id)
     state = await conn.fetchval(_CANCEL_ROW, ns, job_id)
     return bool(state == 0)
+
+
+# cancel_in(): after the id's lock, in one statement: the outbox rows and the row
+# deleted, a cancel mark left for the relays (due_ms -1: the Redis removal, after the
+# commit), the relays notified at the commit.
+_CANCEL_IN = """
+WITH o AS (DELETE FROM tickwheel_outbox WHERE ns = $1::text AND id = $2::text RETURNING 1),
+     r AS (DELETE FROM tickwheel_jobs WHERE ns = $1::text AND id = $2::text RETURNING state),
+     m AS (INSERT INTO tickwheel_outbox (ns, id, due_ms) VALUES ($1::text, $2::text, -1)
+           RETURNING 1)
+SELECT (SELECT state FROM r), (SELECT count(*) FROM m), (SELECT count(*) FROM o)
+FROM (SELECT pg_notify('tickwheel_outbox', $1::text)) AS n
+"""
+
+
+async def cancel_in(conn: Any, ns: str, job_id: str) -> bool:
+    """``cancel(conn=)``: in the caller's transaction, hold the id (its advisory lock,
+    as replace and cancel take it), delete its row and outbox rows, and leave a cancel
+    mark that the relays turn into the Redis removal once the transaction commits (a
+    rollback leaves both stores as they were). ``conn`` is asyncpg's, or a driver's
+    behind ``_drivers.py``'s facade. True if the row was pending."""
+    await conn.fetch(_LOCK_IDS, ns, [job_id])
+    rows = await conn.fetch(_CANCEL_IN, ns, job_id)
+    return bool(rows and rows[0][0] == 0)
 
 
 # -- workers -----------------------------------------------------------------------

@@ -424,10 +424,23 @@ class Producer:
             return []
         return await self.store.schedule_many(chunked, replace)
 
-    async def cancel(self, job_id: str) -> bool:
+    async def cancel(self, job_id: str, *, conn: Any = None) -> bool:
         """Remove a job in any state; True if there was one. A leased job's holder
-        gets :class:`LeaseLost` on ack. O(log N)."""
+        gets :class:`LeaseLost` on ack. O(log N).
+
+        ``conn`` (Postgres mode): the application's connection in its transaction
+        (asyncpg, or async psycopg 3 / SQLAlchemy): the job is removed iff that
+        transaction commits (its row in it, Redis by the relays after the commit);
+        True if PostgreSQL had it pending.
+
+        Raises:
+            TypeError, ValueError: naming a bad id or ``conn`` (nothing written).
+        """
         check_job_id(job_id)
+        if conn is not None:
+            if self.pg is None:
+                raise ValueError("conn needs the Postgres mode (Scheduler(..., postgres_url=...))")
+            return await self.pg.store.cancel_in(job_id, await self.pg.connection(conn))
         if self.pg is not None:  # both stores, in a transaction holding the id
             found, state = await self.pg.cancel(self._side, job_id)
             return state is not None or found
