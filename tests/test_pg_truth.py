@@ -282,3 +282,27 @@ def test_a_cancel_mark_waits_for_the_id(private_redis: RedisServer, pg_url: str)
                 await other.close()
 
     run(main())
+
+
+def test_cancel_in_a_psycopg_transaction(private_redis: RedisServer, pg_url: str) -> None:
+    """``cancel(conn=)`` through an async psycopg 3 connection (``_drivers.py``): a
+    rollback keeps the job, a commit removes it from both stores."""
+    import psycopg
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            assert s.pg is not None
+            await s.schedule("p", "t", b"", delay=0)
+            await s.pg.relay_all(s)
+            async with await psycopg.AsyncConnection.connect(pg_url) as conn:
+                async with conn.transaction(force_rollback=True):
+                    assert await s.cancel("p", conn=conn) is True
+                assert await _row(pg_url, s.keys.namespace, "p") is not None
+                async with conn.transaction():
+                    assert await s.cancel("p", conn=conn) is True
+            assert await _row(pg_url, s.keys.namespace, "p") is None
+            assert await s.pg.relay_all(s) == 1
+            assert await s.get("p") is None
+
+    run(main())
