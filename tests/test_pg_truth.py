@@ -306,3 +306,30 @@ def test_cancel_in_a_psycopg_transaction(private_redis: RedisServer, pg_url: str
             assert await s.get("p") is None
 
     run(main())
+
+
+def test_a_requeue_writes_back_a_dead_letter_redis_lost(
+    private_redis: RedisServer, pg_url: str
+) -> None:
+    """A dead letter that Redis lost (FLUSHALL: reconcile does not bring dead rows back)
+    is requeued by PostgreSQL, and the relay writes it back to Redis due."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            assert s.pg is not None
+            await s.schedule("l", "t", b"", delay=0, max_attempts=1)
+            (job,) = (await _claim_all(s)).jobs
+            assert await s.retry(job, "boom") is JobState.DEAD
+            await client_of(s).flushall()
+            assert (await s.reconcile()).pending == 0
+            assert await s.get("l") is None
+            assert await s.requeue_dead(["l"]) == ["l"]  # decided in PostgreSQL
+            await s.pg.relay_all(s)
+            back = await s.get("l")
+            assert back is not None and back.state is JobState.DUE and back.attempt == 1
+            (again,) = (await _claim_all(s)).jobs
+            await s.ack(again)
+            assert (await _row(pg_url, s.keys.namespace, "l"))[:2] == (1, 1)  # type: ignore[index]
+
+    run(main())

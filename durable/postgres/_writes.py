@@ -374,10 +374,11 @@ async def reaped(
 
 
 # The ids' dead rows, locked in id order (as lock() locks), made pending at attempt 1
-# or deleted; then the ids Redis is to requeue or purge: the rows changed, and those a
-# requeue or purge that died between the stores left behind (pending ones for a
-# requeue, ids without a row for a purge). One statement (one snapshot: a row changed
-# here is not seen again by the second half).
+# (with an outbox row each: the relays write back a job Redis no longer holds; one it
+# holds is kept as it is) or deleted; then the ids Redis is to requeue or purge: the
+# rows changed, and those a requeue or purge that died between the stores left behind
+# (pending ones for a requeue, ids without a row for a purge). One statement (one
+# snapshot: a row changed here is not seen again by the second half).
 _UNDEAD_LOCK = (
     "SELECT id FROM tickwheel_jobs WHERE ns = $1 AND state = 2 AND id = ANY($2::text[])"
     ' ORDER BY id COLLATE "C" FOR UPDATE'
@@ -385,7 +386,8 @@ _UNDEAD_LOCK = (
 _REQUEUE = f"""
 WITH c AS (UPDATE tickwheel_jobs SET state = 0, attempt = 1, run_ms = 0, epoch = 0,
            updated_at = now()
-           WHERE ns = $1 AND id IN ({_UNDEAD_LOCK}) RETURNING id)
+           WHERE ns = $1 AND id IN ({_UNDEAD_LOCK}) RETURNING id, due_ms),
+     o AS (INSERT INTO tickwheel_outbox (ns, id, due_ms) SELECT $1, id, due_ms FROM c)
 SELECT id, true FROM c
 UNION ALL
 SELECT id, false FROM tickwheel_jobs WHERE ns = $1 AND state = 0 AND id = ANY($2::text[])
