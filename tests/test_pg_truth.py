@@ -333,3 +333,29 @@ def test_a_requeue_writes_back_a_dead_letter_redis_lost(
             assert (await _row(pg_url, s.keys.namespace, "l"))[:2] == (1, 1)  # type: ignore[index]
 
     run(main())
+
+
+def test_a_pre_start_return_costs_no_attempt_in_either_store(
+    private_redis: RedisServer, pg_url: str
+) -> None:
+    """The pre-start lease keeps its behaviour: its first return is at the same attempt
+    and writes nothing to PostgreSQL; a second one in a row is charged, in PostgreSQL
+    first."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            ns = s.keys.namespace
+            await s.schedule("u", "t", b"", delay=0, max_attempts=5)
+            for attempt in (1, 2):
+                await s.take(0)
+                (job,) = (await s.claim(0, lease=1.0, prestart=True)).jobs
+                assert job.attempt == 1
+                await push_clock(s, 0, 2_000)
+                assert (await s.reap(0)).requeued == ["u"]
+                row = await _row(pg_url, ns, "u")
+                assert row is not None and row[1] == attempt
+            info = await s.get("u")
+            assert info is not None and info.attempt == 2
+
+    run(main())
