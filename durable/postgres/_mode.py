@@ -339,6 +339,33 @@ class PostgresMode:
             nxt = job.recurrence.next_after(job.nominal_ms, job.nominal_ms)
         return ClaimedRef(job.id, job.attempt, job.nominal_ms, nxt)
 
+    async def before_reap(
+        self,
+        sched: RedisSide,
+        shard: int,
+        epoch: int,
+        now: int,
+        plan: list[tuple[str, int, int, int]],
+    ) -> None:
+        """Record in PostgreSQL what a reap is about to do (``Store.reap_look``'s plan:
+        id, nominal, attempt after, action; ``now``: Redis's at the look), before Redis
+        does it. A pre-start lease returned at the same attempt writes nothing.
+
+        Raises:
+            Fenced: if PostgreSQL holds a higher epoch (the Redis epoch is lifted above
+                it first, as :meth:`after_claim` does); PostgresUnavailable: nothing is
+                reaped this round.
+        """
+        writes = [(i, nominal, attempt, act == 2) for i, nominal, attempt, act in plan if act]
+        if not writes:
+            return
+        try:
+            await self.store.reaped(shard, epoch, writes, now)
+        except Fenced as exc:
+            with contextlib.suppress(RedisUnavailable):
+                await sched.store.raise_epoch(shard, stored_epoch(exc))
+            raise
+
     async def ack(self, shard: int, epoch: int, refs: Sequence[ClaimedRef]) -> list[int]:
         """The PostgreSQL half of an ack (before the Redis half)."""
         return await self.store.ack(shard, epoch, refs)
@@ -361,6 +388,9 @@ class PostgresMode:
                     groups.setdefault(sched.keys.shard_of(row.job.id), []).append(row.job)
             for shard, jobs in groups.items():
                 await sched.store.schedule(shard, jobs, False)
+            for row in rows:  # cancel(conn=) committed: Redis follows, the id held
+                if row.cancel:
+                    await sched.store.cancel(sched.keys.shard_of(row.cancel), row.cancel)
         return len(rows)
 
     async def relay_all(self, sched: RedisSide) -> int:

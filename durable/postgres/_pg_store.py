@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -280,6 +281,20 @@ class PgStore:
         async with self._conn() as c:
             await _relay.relayed(c, self.namespace, seqs)
 
+    async def cancel_in(self, job_id: str, conn: Any) -> bool:
+        """``cancel(conn=)``: remove the job iff the caller's transaction commits. Its
+        row and outbox rows are deleted in that transaction, which holds the id to its
+        end, beside a cancel mark; after the commit a relay (notified) removes the job
+        from Redis, holding the id. Until then a claim of it finds no row and removes it
+        unrun. A rollback leaves both stores as they were. True if the row was pending
+        (Redis's state is not known in the transaction).
+
+        Raises:
+            PostgresUnavailable: if PostgreSQL fails.
+        """
+        async with self._on(conn) as c:
+            return await _writes.cancel_in(c, self.namespace, job_id)
+
     async def cancel(self, job_id: str, conn: Any = None) -> bool:
         """Delete a job's row (and its outbox rows); True if there was a pending one."""
         async with self._on(conn) as c:
@@ -375,13 +390,35 @@ class PgStore:
                 run_ms=run_ms,
             )
 
-    async def undead(self, ids: Sequence[str], *, purge: bool) -> None:
-        """Dead letters that Redis requeued (pending again) or purged (deleted)."""
+    async def reaped(
+        self, shard: int, epoch: int, plan: Sequence[tuple[str, int, int, bool]], run_ms: int
+    ) -> None:
+        """Record, before Redis does it, what a reap is about to do: per ``(id, nominal,
+        attempt, dead)`` lease, its occurrence runs next at ``run_ms`` as ``attempt``
+        (never lowered), or it is dead. One round trip (migration 0007).
+
+        Raises:
+            Fenced: if ``epoch`` is not the shard's stored epoch (nothing written).
+        """
+        await self.open()
+        async with self._conn(shard=shard) as c:
+            await _writes.reaped(c, self.namespace, shard, epoch, plan=plan, run_ms=run_ms)
+
+    async def undead(self, ids: Sequence[str], *, purge: bool) -> tuple[list[str], list[str]]:
+        """Requeue (pending again at attempt 1) or purge (delete) the dead rows of
+        ``ids``, before Redis. One round trip.
+
+        Returns:
+            The ids whose rows changed, and the ids Redis is to requeue or purge: those,
+            and the ones a call that died between the stores left behind (a pending row
+            for a requeue, no row for a purge). A dead letter that is not dead in
+            PostgreSQL is never requeued or purged in Redis.
+        """
         if not ids:
-            return
+            return [], []
         await self.open()
         async with self._conn() as c:
-            await _writes.undead(c, self.namespace, ids, purge)
+            return await _writes.undead(c, self.namespace, ids, purge)
 
     # -- relay and reconcile -------------------------------------------------------
 
@@ -395,10 +432,21 @@ class PgStore:
     async def outbox(self, limit: int) -> AsyncIterator[list[OutboxRow]]:
         """Lock up to ``limit`` outbox rows (oldest first, skipping rows another relay
         holds) for the body to write to Redis; delete them when the body returns. If it
-        raises, the transaction rolls back and the rows stay for the next relay."""
+        raises, the transaction rolls back and the rows stay for the next relay. A
+        cancel mark comes with its id in ``cancel`` when the job has no row (the body
+        removes it from Redis, holding the id), without it when the job has one again,
+        and not at all (kept) while another transaction holds the id."""
         await self.open()
         async with self._conn() as c, c.transaction():
             batch = await _relay.take_outbox(c, self.namespace, limit)
+            ids = [b.cancel for b in batch if b.cancel]
+            if ids:  # cancel marks: kept while the id is held, dropped if it has a row
+                locked, gone = await _relay.marks(c, self.namespace, ids)
+                batch = [
+                    b if b.cancel in gone else dataclasses.replace(b, cancel="")
+                    for b in batch
+                    if not b.cancel or b.cancel in locked
+                ]
             yield batch
             if batch:
                 await _relay.delete_outbox(c, [b.seq for b in batch])

@@ -12,13 +12,14 @@ from typing import Any
 
 from ._rows import OutboxRow, PendingRow, redis_job, retried_job
 
-__all__ = ["delete_outbox", "pending", "relayed", "shard_epochs", "take_outbox"]
+__all__ = ["delete_outbox", "marks", "pending", "relayed", "shard_epochs", "take_outbox"]
 
 # Oldest first, skipping rows another relay holds; ``live``: the job is still pending at
-# the outbox row's due (else there is nothing to write: gone, or moved on since).
+# the outbox row's due (else there is nothing to write: gone, or moved on since);
+# ``mark``: a cancel mark (due -1, ``cancel(conn=)``), resolved by :func:`marks`.
 _TAKE_OUTBOX = """
 SELECT o.seq, o.id, o.due_ms, j.shard, j.record,
-       coalesce(j.state = 0 AND j.due_ms = o.due_ms, false) AS live
+       coalesce(j.state = 0 AND j.due_ms = o.due_ms, false) AS live, o.due_ms < 0 AS mark
 FROM (SELECT seq, id, due_ms FROM tickwheel_outbox
       WHERE ns = $1 ORDER BY seq LIMIT $2
       FOR UPDATE SKIP LOCKED) o
@@ -44,9 +45,30 @@ async def take_outbox(conn: Any, ns: str, limit: int) -> list[OutboxRow]:
             int(r[0]),
             redis_job(r[1], int(r[2]), bytes(r[4])) if r[5] else None,
             int(r[3]) if r[3] is not None else -1,
+            r[1] if r[6] else "",
         )
         for r in rows
     ]
+
+
+_TRY_IDS = (
+    "SELECT u.id FROM unnest($2::text[]) AS u(id)"
+    " WHERE pg_try_advisory_xact_lock(hashtextextended($1 || ':' || u.id, 0))"
+)
+_GONE = (
+    "SELECT u.id FROM unnest($2::text[]) AS u(id) WHERE NOT EXISTS"
+    " (SELECT 1 FROM tickwheel_jobs j WHERE j.ns = $1 AND j.id = u.id)"
+)
+
+
+async def marks(conn: Any, ns: str, ids: Sequence[str]) -> tuple[set[str], set[str]]:
+    """Resolve cancel marks in the relay's transaction: the ids whose advisory lock was
+    free (taken, without waiting: a replace, cancel or application transaction holding
+    one is never waited for, its mark is kept for a later round), and of those the ids
+    with no row, read after the lock (a statement of its own): to remove from Redis."""
+    locked = {r[0] for r in await conn.fetch(_TRY_IDS, ns, sorted(set(ids)))}
+    gone = {r[0] for r in await conn.fetch(_GONE, ns, sorted(locked))} if locked else set()
+    return locked, gone
 
 
 async def delete_outbox(conn: Any, seqs: Sequence[int]) -> None:

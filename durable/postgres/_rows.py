@@ -104,6 +104,7 @@ class OutboxRow:
     seq: int
     job: EncodedJob | None  # None: the job is gone or moved on (nothing to write)
     shard: int
+    cancel: str = ""  # a cancel mark's id (cancel(conn=)): remove it from Redis
 
 
 @dataclass(frozen=True, slots=True)

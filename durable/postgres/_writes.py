@@ -4,7 +4,8 @@ Each function runs its statements on the connection it is given and returns plai
 values; which connection, which transaction and the translation of the driver's errors
 are :class:`PgStore`'s (``_pg_store.py``). The writes are calls of the functions the
 migrations made (``tickwheel_put``, ``tickwheel_put_many``, ``tickwheel_claim_check``,
-``tickwheel_ack``, ``tickwheel_moved``, ``tickwheel_dead``, ``tickwheel_retried``): one
+``tickwheel_ack``, ``tickwheel_moved``, ``tickwheel_dead``, ``tickwheel_retried``,
+``tickwheel_reaped``): one
 round trip each.
 
 Lock order: every write that locks several job rows takes them in id order (``COLLATE
@@ -32,6 +33,7 @@ __all__ = [
     "RACED",
     "ack",
     "cancel",
+    "cancel_in",
     "claim_check",
     "dead",
     "done_of",
@@ -40,6 +42,7 @@ __all__ = [
     "now",
     "overwrite",
     "raced_statement",
+    "reaped",
     "retried",
     "schedule",
     "schedule_replies",
@@ -225,6 +228,30 @@ async def cancel(conn: Any, ns: str, job_id: str) -> bool:
     return bool(state == 0)
 
 
+# cancel_in(): after the id's lock, in one statement: the outbox rows and the row
+# deleted, a cancel mark left for the relays (due_ms -1: the Redis removal, after the
+# commit), the relays notified at the commit.
+_CANCEL_IN = """
+WITH o AS (DELETE FROM tickwheel_outbox WHERE ns = $1::text AND id = $2::text RETURNING 1),
+     r AS (DELETE FROM tickwheel_jobs WHERE ns = $1::text AND id = $2::text RETURNING state),
+     m AS (INSERT INTO tickwheel_outbox (ns, id, due_ms) VALUES ($1::text, $2::text, -1)
+           RETURNING 1)
+SELECT (SELECT state FROM r), (SELECT count(*) FROM m), (SELECT count(*) FROM o)
+FROM (SELECT pg_notify('tickwheel_outbox', $1::text)) AS n
+"""
+
+
+async def cancel_in(conn: Any, ns: str, job_id: str) -> bool:
+    """``cancel(conn=)``: in the caller's transaction, hold the id (its advisory lock,
+    as replace and cancel take it), delete its row and outbox rows, and leave a cancel
+    mark that the relays turn into the Redis removal once the transaction commits (a
+    rollback leaves both stores as they were). ``conn`` is asyncpg's, or a driver's
+    behind ``_drivers.py``'s facade. True if the row was pending."""
+    await conn.fetch(_LOCK_IDS, ns, [job_id])
+    rows = await conn.fetch(_CANCEL_IN, ns, job_id)
+    return bool(rows and rows[0][0] == 0)
+
+
 # -- workers -----------------------------------------------------------------------
 
 
@@ -321,12 +348,68 @@ async def retried(
     )
 
 
-async def undead(conn: Any, ns: str, ids: Sequence[str], purge: bool) -> None:
-    """Dead rows of ``ids`` deleted (``purge``) or made pending again at attempt 1."""
-    sql = (
-        "DELETE FROM tickwheel_jobs WHERE ns = $1 AND state = 2 AND id = ANY($2::text[])"
-        if purge
-        else "UPDATE tickwheel_jobs SET state = 0, attempt = 1, run_ms = 0, epoch = 0,"
-        " updated_at = now() WHERE ns = $1 AND state = 2 AND id = ANY($2::text[])"
+async def reaped(
+    conn: Any,
+    ns: str,
+    shard: int,
+    epoch: int,
+    *,
+    plan: Sequence[tuple[str, int, int, bool]],
+    run_ms: int,
+) -> None:
+    """``tickwheel_reaped`` over ``(id, nominal, attempt, dead)`` leases, in id order: what
+    a reap is about to do (returned to due at ``run_ms`` as ``attempt``, or dead)."""
+    ordered = sorted(plan)  # in id order: locked as lock() locks
+    await conn.execute(
+        "SELECT tickwheel_reaped($1, $2, $3, $4, $5, $6, $7, $8)",
+        ns,
+        shard,
+        epoch,
+        [p[0] for p in ordered],
+        [p[1] for p in ordered],
+        [p[2] for p in ordered],
+        [p[3] for p in ordered],
+        run_ms,
     )
-    await conn.execute(sql, ns, list(ids))
+
+
+# The ids' dead rows, locked in id order (as lock() locks), made pending at attempt 1
+# (with an outbox row each: the relays write back a job Redis no longer holds; one it
+# holds is kept as it is) or deleted; then the ids Redis is to requeue or purge: the
+# rows changed, and those a requeue or purge that died between the stores left behind
+# (pending ones for a requeue, ids without a row for a purge). One statement (one
+# snapshot: a row changed here is not seen again by the second half).
+_UNDEAD_LOCK = (
+    "SELECT id FROM tickwheel_jobs WHERE ns = $1 AND state = 2 AND id = ANY($2::text[])"
+    ' ORDER BY id COLLATE "C" FOR UPDATE'
+)
+_REQUEUE = f"""
+WITH c AS (UPDATE tickwheel_jobs SET state = 0, attempt = 1, run_ms = 0, epoch = 0,
+           updated_at = now()
+           WHERE ns = $1 AND id IN ({_UNDEAD_LOCK}) RETURNING id, due_ms),
+     o AS (INSERT INTO tickwheel_outbox (ns, id, due_ms) SELECT $1, id, due_ms FROM c)
+SELECT id, true FROM c
+UNION ALL
+SELECT id, false FROM tickwheel_jobs WHERE ns = $1 AND state = 0 AND id = ANY($2::text[])
+"""
+_PURGE = f"""
+WITH c AS (DELETE FROM tickwheel_jobs WHERE ns = $1 AND id IN ({_UNDEAD_LOCK}) RETURNING id)
+SELECT id, true FROM c
+UNION ALL
+SELECT u.i, false FROM unnest($2::text[]) AS u(i)
+WHERE NOT EXISTS (SELECT 1 FROM tickwheel_jobs j WHERE j.ns = $1 AND j.id = u.i)
+"""
+
+
+async def undead(
+    conn: Any, ns: str, ids: Sequence[str], purge: bool
+) -> tuple[list[str], list[str]]:
+    """Dead rows of ``ids`` deleted (``purge``) or made pending again at attempt 1.
+
+    Returns:
+        The ids whose rows changed, and the ids Redis is to act on (those, and the
+        ones an earlier call that died before Redis left to it).
+    """
+    got = await conn.fetch(_PURGE if purge else _REQUEUE, ns, list(ids))
+    changed = [r[0] for r in got if r[1]]
+    return changed, [r[0] for r in got]

@@ -26,7 +26,6 @@ from tickwheel.durable.model import (
     Job,
     JobState,
     LeaseLost,
-    PostgresUnavailable,
     ReapResult,
     finite_seconds_ms,
     int_between,
@@ -34,6 +33,7 @@ from tickwheel.durable.model import (
 from tickwheel.durable.store import ClaimedRef, Keys, Store
 
 from ._claim_plan import plan_batch
+from ._pg_leases import pg_retried, pg_skipped
 from ._shard_owner import Ownership
 
 if TYPE_CHECKING:
@@ -202,13 +202,13 @@ class Leases:
             if self.pg is not None:
                 done = [m for m, ok in zip(runs_as, moved, strict=True) if ok]
                 if done:
-                    await self._pg_skipped(self.pg, batch.shard, epoch, done)
+                    await pg_skipped(self.pg, batch.shard, epoch, done)
         if moves:
             released = await self.store.release(batch.shard, epoch, moves)
             if self.pg is not None:
                 done = [m for m, ok in zip(moves, released, strict=True) if ok]
                 if done:
-                    await self._pg_skipped(self.pg, batch.shard, epoch, done)
+                    await pg_skipped(self.pg, batch.shard, epoch, done)
         if dups:
             await self.store.ack(batch.shard, epoch, dups, self.dedup_window_ms)
         if waits:
@@ -288,6 +288,10 @@ class Leases:
         """Give a failed job back for another attempt after a backoff, or kill it after
         its last attempt. The delay is added to Redis's now.
 
+        In the Postgres mode PostgreSQL records the outcome first (the dead job, or the
+        next attempt, which never goes down), then Redis: a PostgreSQL failure raises
+        with nothing changed in Redis (the lease runs out and the reaper returns it).
+
         Args:
             job: the claimed job.
             error: text kept with the job (shown in dead letters).
@@ -306,9 +310,20 @@ class Leases:
             self.backoff_ms(job.attempt) if delay is None else finite_seconds_ms("delay", delay)
         )
         with self.ownership.guard(job.shard, job.epoch):
-            if self.pg is not None and (final or job.attempt >= job.max_attempts):
-                # The end state goes to the source of truth first, under the epoch.
-                await self.pg.store.dead(job.shard, job.epoch, job.id, job.attempt, job.nominal_ms)
+            if self.pg is not None:  # the source of truth first, under the epoch
+                if final or job.attempt >= job.max_attempts:
+                    await self.pg.store.dead(
+                        job.shard, job.epoch, job.id, job.attempt, job.nominal_ms
+                    )
+                else:  # the next attempt (never lowered), at this host's estimate of when
+                    await self.pg.store.retried(
+                        job.shard,
+                        job.epoch,
+                        job.id,
+                        job.nominal_ms,
+                        attempt=job.attempt + 1,
+                        run_ms=int(time.time() * 1000) + delay_ms,
+                    )
             status, when = await self.store.retry(
                 job.shard,
                 job.epoch,
@@ -320,7 +335,7 @@ class Leases:
                 final=final,
             )
             if self.pg is not None and status == 1:
-                await self._pg_retried(self.pg, job, when)
+                await pg_retried(self.pg, job, when)
         if status == 0:
             raise LeaseLost(f"lease of job {job.id!r} attempt {job.attempt} is lost")
         if status == 1:
@@ -355,45 +370,10 @@ class Leases:
             )
             if self.pg is not None and status == 3:
                 # Recorded as a retry at the same attempt: reconcile brings it back then.
-                await self._pg_retried(self.pg, job, when, job.attempt)
+                await pg_retried(self.pg, job, when, job.attempt)
         if status == 0:
             raise LeaseLost(f"lease of job {job.id!r} attempt {job.attempt} is lost")
         return when
-
-    @staticmethod
-    async def _pg_skipped(
-        pg: PostgresMode, shard: int, epoch: int, moves: Sequence[ClaimedRef]
-    ) -> None:
-        """Postgres mode: record the recurring jobs a claim moved on unrun (their
-        missed-run policy), so that their rows follow Redis. Best effort, after Redis:
-        if PostgreSQL cannot take it, the row stays at the occurrence it had, and a
-        Redis loss brings that one back, to be moved on again by the next claim."""
-        try:
-            await pg.store.skipped(shard, epoch, [(m.id, m.nominal_ms, m.time_ms) for m in moves])
-        except (PostgresUnavailable, Fenced) as exc:
-            logger.warning(
-                "%d missed-run move(s) not recorded in PostgreSQL (%s)",
-                len(moves),
-                exc,
-            )
-
-    @staticmethod
-    async def _pg_retried(pg: PostgresMode, job: Job, when: int, attempt: int = 0) -> None:
-        """Postgres mode: record the retry Redis took (attempt + 1 at ``when``), for
-        reconcile. Best effort: the retry stands in Redis either way; if PostgreSQL
-        cannot take it, a Redis loss before the next write of the row brings the
-        occurrence back at its nominal due and attempt as PostgreSQL last had them."""
-        try:
-            await pg.store.retried(
-                job.shard,
-                job.epoch,
-                job.id,
-                job.nominal_ms,
-                attempt=attempt or job.attempt + 1,
-                run_ms=when,
-            )
-        except (PostgresUnavailable, Fenced) as exc:
-            logger.warning("retry of %r not recorded in PostgreSQL (%s)", job.id, exc)
 
     async def extend(self, job: Job, lease: float | timedelta = DEFAULT_LEASE) -> int:
         """Extend a lease to Redis's now + ``lease`` for a long handler.

@@ -2,7 +2,8 @@
 (list, requeue, purge), one shard or a set of ids at a time.
 
 They open the scheduler first (its ``open``, given here), so the shard count is checked
-before anything is written; the Postgres mode gets the outcome after Redis (``undead``).
+before anything is written. In the Postgres mode PostgreSQL decides a requeue or purge
+first (``undead``), and Redis follows for the ids it returned.
 :class:`~tickwheel.durable.Scheduler` delegates its methods of the same names here. The
 dashboard's reads, which never open, are the :class:`~._console.Console`'s.
 """
@@ -81,12 +82,17 @@ class Operator:
         groups = self._by_shard(job_ids)
         await self._open()  # the shard count is checked before anything is written
         act = self.store.dead_purge if purge else self.store.dead_requeue
+        changed: list[str] = []
+        if self.pg is not None:  # PostgreSQL decides; Redis follows for what it returned
+            changed, follow = await self.pg.store.undead(
+                [i for ids in groups.values() for i in ids], purge=purge
+            )
+            groups = self._by_shard(follow)
         out: list[str] = []
         for shard, ids in groups.items():
             out += await act(shard, ids, len(ids))
-        if self.pg is not None:
-            await self.pg.store.undead(out, purge=purge)
-        return out
+        seen = set(out)
+        return out + [i for i in changed if i not in seen]  # changed in PostgreSQL only
 
     async def requeue_all_dead(self, shard: int, *, limit: int = MAX_BATCH) -> list[str]:
         """Put the oldest ``limit`` dead letters of ``shard`` back to due now, attempt 1;
@@ -105,11 +111,11 @@ class Operator:
         self.keys.shard(shard)
         int_between("limit", limit, 1, MAX_BATCH)
         await self._open()
+        if self.pg is not None:  # Redis's oldest, then as by id: PostgreSQL decides
+            page = await self.store.dead_list(shard, 0, limit)
+            return await self._undead([j.id for j in page.jobs], purge=purge)
         act = self.store.dead_purge if purge else self.store.dead_requeue
-        out = await act(shard, [], limit)
-        if self.pg is not None:
-            await self.pg.store.undead(out, purge=purge)
-        return out
+        return await act(shard, [], limit)
 
     def _by_shard(self, job_ids: Sequence[str]) -> dict[int, list[str]]:
         if isinstance(job_ids, str):

@@ -35,7 +35,7 @@ from tickwheel.durable.store import EncodedJob, Keys, Store, encode_job
 
 from ._flow import check_flow_mode, schedule_flow
 from ._leases import MAX_BATCH
-from ._task_names import check_tasks, known_task
+from ._spec_checks import check_tasks, known_task, refuse_pg_timeouts
 from ._tracing import Tracing
 
 if TYPE_CHECKING:
@@ -108,17 +108,6 @@ def recurrence(
             1, missed=missed, max_catch_up=max_catch_up, misfire_grace=misfire_grace
         )
     return None
-
-
-def refuse_pg_timeouts(specs: Sequence[JobSpec]) -> None:
-    """The Postgres mode has no job's own timeout yet (a retry rebuilds the record from
-    the row's columns, which have none for it): refused before anything is written.
-
-    Raises:
-        ValueError: naming ``timeout``.
-    """
-    if any(spec.timeout_ms for spec in specs):
-        raise ValueError("timeout= (a job's own timeout) is not in the Postgres mode yet")
 
 
 def build_spec(
@@ -430,10 +419,23 @@ class Producer:
             return []
         return await self.store.schedule_many(chunked, replace)
 
-    async def cancel(self, job_id: str) -> bool:
+    async def cancel(self, job_id: str, *, conn: Any = None) -> bool:
         """Remove a job in any state; True if there was one. A leased job's holder
-        gets :class:`LeaseLost` on ack. O(log N)."""
+        gets :class:`LeaseLost` on ack. O(log N).
+
+        ``conn`` (Postgres mode): the application's connection in its transaction
+        (asyncpg, or async psycopg 3 / SQLAlchemy): the job is removed iff that
+        transaction commits (its row in it, Redis by the relays after the commit);
+        True if PostgreSQL had it pending.
+
+        Raises:
+            TypeError, ValueError: naming a bad id or ``conn`` (nothing written).
+        """
         check_job_id(job_id)
+        if conn is not None:
+            if self.pg is None:
+                raise ValueError("conn needs the Postgres mode (Scheduler(..., postgres_url=...))")
+            return await self.pg.store.cancel_in(job_id, await self.pg.connection(conn))
         if self.pg is not None:  # both stores, in a transaction holding the id
             found, state = await self.pg.cancel(self._side, job_id)
             return state is not None or found

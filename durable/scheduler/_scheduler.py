@@ -226,6 +226,8 @@ class Scheduler:
             pg=self.pg,
             after_claim=None if self.pg is None else functools.partial(self.pg.after_claim, self),
         )
+        if self.pg is not None:  # a reap is recorded in PostgreSQL before Redis makes it
+            self.ownership.before_reap = functools.partial(self.pg.before_reap, self)
 
     # -- lifecycle -----------------------------------------------------------------
 

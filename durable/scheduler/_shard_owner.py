@@ -25,7 +25,7 @@ import contextlib
 import logging
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from datetime import timedelta
 
 from tickwheel.durable.model import (
@@ -85,6 +85,11 @@ class Ownership:
         # the loader forgets the shard's loaded jobs, the scheduler its claim token.
         # Bound methods are held weakly: a loader that is dropped stops being told.
         self._on_fenced: list[Callable[[], Callable[[int, int], None] | None]] = []
+        # The Postgres mode's record of a reap before Redis makes it (its
+        # ``before_reap``, bound to the scheduler): (shard, epoch, now, plan); None: off.
+        self.before_reap: (
+            Callable[[int, int, int, list[tuple[str, int, int, int]]], Awaitable[None]] | None
+        ) = None
 
     def on_fenced(self, fn: Callable[[int, int], None]) -> Callable[[], None]:
         """Call ``fn(shard, epoch)`` whenever a call made under ``epoch`` is refused as
@@ -191,13 +196,23 @@ class Ownership:
 
     async def reap(self, shard: int, epoch: int, limit: int) -> ReapResult:
         """Return ``shard``'s expired leases to due (attempt + 1) or dead, under ``epoch``;
-        counted. The one reap call of the scheduler and the reaper.
+        counted. The one reap call of the scheduler and the reaper. With
+        ``before_reap`` (the Postgres mode) the leases expired by Redis's now are read
+        first, handed to it, then reaped (those only: a lease that expires meanwhile
+        waits for the next round).
 
         Raises:
             Fenced: if ``epoch`` is stale (the shard is dropped first).
         """
         with self.guard(shard, epoch):
-            result = await self.store.reap(shard, epoch, limit)
+            if self.before_reap is None:
+                result = await self.store.reap(shard, epoch, limit)
+            else:  # look, record in PostgreSQL, then reap what was looked at only
+                now, plan = await self.store.reap_look(shard, epoch, limit)
+                if not plan:
+                    return ReapResult(shard, now, [], [])
+                await self.before_reap(shard, epoch, now, plan)
+                result = await self.store.reap(shard, epoch, limit, upto_ms=now)
         count_reap(self.counters, result)
         return result
 

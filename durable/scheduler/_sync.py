@@ -65,10 +65,10 @@ from ._producer import (
     first_run_needs_now,
     known_task,
     recurrence,
-    refuse_pg_timeouts,
     with_first_run,
 )
 from ._scheduler import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_SHARDS
+from ._spec_checks import refuse_pg_timeouts
 from ._tracing import Tracing, make_tracing
 
 if TYPE_CHECKING:

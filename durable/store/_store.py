@@ -63,6 +63,7 @@ from ._keys import Keys
 from ._msgpack import pack_ack_batch, unpack_reply
 from ._operator_calls import OperatorCalls
 from ._pauses import PauseCalls
+from ._reaping import ReapCalls
 from ._scripts import Scripts
 from ._transport import DEFAULT_CALL_TIMEOUT, Transport
 
@@ -87,7 +88,7 @@ class Store:
             ``call_timeout`` is not positive.
     """
 
-    __slots__ = ("_fencing", "_operator", "_scripts", "keys", "pauses", "transport")
+    __slots__ = ("_fencing", "_operator", "_reaping", "_scripts", "keys", "pauses", "transport")
 
     def __init__(
         self,
@@ -110,6 +111,7 @@ class Store:
         # The ownership and operator calls, which the methods at the end hand on to.
         self._fencing = FencingCalls(self.transport, self._scripts, keys)  # _fencing.py
         self._operator = OperatorCalls(self.transport, self._scripts, keys)  # _operator_calls.py
+        self._reaping = ReapCalls(self.transport, self._scripts, keys)  # _reaping.py
         self.pauses = PauseCalls(self.transport, self._scripts, keys)  # _pauses.py
 
     @property
@@ -424,22 +426,15 @@ class Store:
         )
         return [bool(s) for s in reply]
 
-    async def reap(self, shard: int, epoch: int, limit: int) -> ReapResult:
-        """Expired leases back to due or to dead (reap.lua). O(limit log N).
+    async def reap(self, shard: int, epoch: int, limit: int, *, upto_ms: int = 0) -> ReapResult:
+        """:meth:`ReapCalls.reap`: expired leases back to due or to dead."""
+        return await self._reaping.reap(shard, epoch, limit, upto_ms=upto_ms)
 
-        Raises:
-            Fenced: if ``epoch`` is stale.
-        """
-        k = self.keys.shard(shard)
-        reply = await self.transport.run(
-            self._scripts.reap,
-            [k.leased, k.due, k.dead, k.epoch, k.clock, *k.jobs],
-            [epoch, limit],
-            shard,
-        )
-        n = int(reply[1])
-        ids = [b.decode() for b in reply[2:]]
-        return ReapResult(shard, int(reply[0]), ids[:n], ids[n:])
+    async def reap_look(
+        self, shard: int, epoch: int, limit: int
+    ) -> tuple[int, list[tuple[str, int, int, int]]]:
+        """:meth:`ReapCalls.look`: what :meth:`reap` would do now, writing nothing."""
+        return await self._reaping.look(shard, epoch, limit)
 
     # -- ownership: one call each, handed to _fencing.py ---------------------------
 

@@ -351,6 +351,15 @@ local function rec_with_nominal(s, due, tails)
   return rec_encode(r)
 end
 
+-- True when record s carries a nominal of its own other than `due`: a retried
+-- occurrence written back by a reconcile (the Postgres mode), due at its run time. The
+-- far index keeps no due beside the nominal (a far job's due is its nominal), so such a
+-- job goes to due whatever its time (rec_with_nominal would overwrite its identity).
+local function own_nominal(s, due)
+  local _, _, _, _, nom = cmsgpack.unpack(s)
+  return type(nom) == 'number' and nom ~= 0 and nom ~= due
+end
+
 -- The due time of a job with record s that is in none of due, leased and dead: a far
 -- job, whose nominal is its due.
 local function far_due(s)

@@ -10,7 +10,8 @@
 --   status 1 created, 2 kept (exists; when = its due, lease deadline or time of death),
 --          3 replaced, 4 busy (leased: never replaced; when = lease deadline),
 --          5 done (this occurrence completed already; nothing written)
--- A job due from the slot after next on goes to the far index (_lib.lua), else to due.
+-- A job due from the slot after next on goes to the far index (_lib.lua), else to due
+-- (a record with a nominal of its own other than its due always to due: own_nominal).
 -- Errors: none (the client validates every argument).
 local FIRST = 9
 local due_key, leased_key, done_key, dead_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -89,7 +90,7 @@ for k = 1, n do
   local id = ids[k]
   if last[id] == k then
     local due = dues[k]
-    if goes_far(now, due) then
+    if goes_far(now, due) and not own_nominal(items[4 * k], due) then
       buffer(hset, key_of[k], id, rec_with_nominal(items[4 * k], due, tails))
       far_group(slots, by_slot, due, id)
       if in_due[id] then

@@ -44,7 +44,7 @@ if s then
 elseif done then
   return {now, 5, due}
 end
-if goes_far(now, due) then
+if goes_far(now, due) and not own_nominal(ARGV[5], due) then
   redis.call('HSET', jobs_key, id, rec_with_nominal(ARGV[5], due))
   if in_due then redis.call('ZREM', due_key, id) end
   far_push_one(far_key, faro_key, due, id)
