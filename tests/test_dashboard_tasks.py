@@ -104,7 +104,9 @@ def test_the_first_screen_counts_per_task(redis_url: str) -> None:
         row = re.search(r'<tr data-task="charge">.*?</tr>', html, re.S)
         assert row is not None
         assert re.search(r'data-c="dead"[^>]*><a href="/dead\?task=charge">2</a>', row[0])
-        assert re.search(r'data-c="next"><time datetime="[^"]+" title="[^"]+ UTC">in 9 min 5\d s', row[0])
+        assert re.search(
+            r'data-c="next"><time datetime="[^"]+" title="[^"]+ UTC">in 9 min 5\d s', row[0]
+        )
         assert "<script>alert" not in html and "&lt;script&gt;alert" in html
         assert 'id="shards"' not in html  # the shard table lives on /internals
         assert "every shard fit" in html.lower()
