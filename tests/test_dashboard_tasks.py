@@ -14,7 +14,7 @@ from durable_support import open_scheduler, run, unique_ns
 
 from tickwheel.durable import JobSpec, JobState
 from tickwheel.durable.ops.dashboard import _tasks
-from tickwheel.durable.ops.dashboard._human import duration, relative, time_tag
+from tickwheel.durable.ops.dashboard._human import duration, relative, time_tag, utc
 
 SHARDS = 4
 XSS = "<script>alert('x')</script>"
@@ -57,6 +57,7 @@ def test_a_time_tag_carries_the_exact_utc_time_on_hover() -> None:
         'title="2027-01-15 07:58:00.000 UTC">2 min ago</time>'
     )
     assert str(time_tag(0, now)) == "-"
+    assert utc(now) == "2027-01-15 08:00:00.000 UTC" and utc(0) == "-"
     # Out of a datetime's range: the ms, still text.
     assert "ms" in str(time_tag(10**17, now))
 

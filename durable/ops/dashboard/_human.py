@@ -17,7 +17,7 @@ from markupsafe import Markup
 
 from ._rows import iso
 
-__all__ = ["duration", "relative", "time_tag"]
+__all__ = ["duration", "relative", "time_tag", "utc"]
 
 _UNITS = (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000), ("s", 1000))
 # Past this many days a span reads in years (a date in 9999, a far-off cron).
@@ -58,13 +58,18 @@ def relative(when_ms: int, now_ms: int) -> str:
     return f"in {text}" if delta > 0 else f"{text} ago"
 
 
+def utc(ms: int) -> str:
+    """Epoch ms as ``2026-12-06 00:00:08.696 UTC`` (``-`` for 0)."""
+    return iso(ms).replace("T", " ").replace("+00:00", " UTC")
+
+
 def time_tag(when_ms: int, now_ms: int) -> Markup:
     """``<time>`` with :func:`relative` as its text and the exact UTC time (ISO 8601) as
     its ``title`` and ``datetime``; ``-`` when ``when_ms`` is 0."""
     if not when_ms:
         return Markup("-")
     exact = iso(when_ms)
-    shown = exact.replace("T", " ").replace("+00:00", " UTC")
+    shown = utc(when_ms)
     return Markup('<time datetime="{0}" title="{1}">{2}</time>').format(
         exact, shown, relative(when_ms, now_ms)
     )
