@@ -32,8 +32,10 @@ from tickwheel.durable.servers._redis import RedisServer
 pytestmark = pytest.mark.redis
 
 SECRET = "Hunter2secret"
-PAGES = ["/", "/login", "/scheduled", "/dead", "/recurring", "/job?id=x"]
+PAGES = ["/", "/login", "/scheduled", "/scheduled?shard=0", "/dead", "/recurring", "/job?id=x"]
+PAGES += ["/internals"]
 APIS = ["/api/overview", "/api/scheduled", "/api/dead", "/api/job?id=x", "/api/charts"]
+APIS += ["/api/internals", "/api/scheduled?shard=0"]
 
 
 async def _schedule(url: str, ns: str) -> None:
