@@ -214,10 +214,13 @@ def test_odd_digits_in_query_strings_are_a_400(redis_server: RedisServer, odd: s
             ("/api/dead", "count"),
             ("/api/scheduled", "shard"),
             ("/scheduled", "shard"),
-            ("/api/scheduled", "offset"),
+            ("/api/scheduled?shard=0", "offset"),
+            ("/api/scheduled?shard=0", "count"),
+            ("/api/scheduled", "skip"),  # every shard merged
             ("/api/scheduled", "count"),
         ]:
-            r = client.get(path, params={name: odd})
+            path, _, shard = path.partition("?shard=")
+            r = client.get(path, params={name: odd, **({"shard": shard} if shard else {})})
             assert r.status_code == 400, (path, name, r.status_code, r.text)
             assert name in r.text
         r = client.post("/api/job/reschedule", json={"id": "a", "at": odd}, headers=bearer())
