@@ -29,9 +29,9 @@ from tickwheel.durable.scheduler import Scheduler
 __all__ = ["DEAD_SAMPLE", "DUE_SAMPLE", "ERROR_PREVIEW_CHARS", "TaskRow", "task_rows"]
 
 # Scheduled jobs read per shard from the head of its list (due order).
-DUE_SAMPLE = 100
+DUE_SAMPLE = 40
 # Dead letters read per shard (oldest first).
-DEAD_SAMPLE = 50
+DEAD_SAMPLE = 25
 # Characters of a task's last error the first screen shows.
 ERROR_PREVIEW_CHARS = 160
 
