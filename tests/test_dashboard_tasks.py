@@ -98,7 +98,7 @@ def test_the_first_screen_counts_per_task(redis_url: str) -> None:
         assert email["oldest_overdue_ms"] > 0 and email["lateness_ms"] >= 0
         assert (charge["pending"], charge["overdue"], charge["dead"]) == (4, 0, 2)
         assert charge["retrying"] == 1 and charge["next_due_ms"] > data["now_ms"]
-        assert "CardDeclined" in charge["last_error"]
+        assert "CardDeclined" in charge["last_error"] and "\n" not in charge["last_error"]
         # Worst first: the task with dead letters leads.
         assert data["tasks"][0]["task"] == "charge"
         html = client.get("/").text

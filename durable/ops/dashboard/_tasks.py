@@ -26,14 +26,23 @@ from typing import Any
 from tickwheel.durable.model import DeadPage, JobInfo, ListingTooLong, ShardInfo
 from tickwheel.durable.scheduler import Scheduler
 
-__all__ = ["DEAD_SAMPLE", "DUE_SAMPLE", "ERROR_PREVIEW_CHARS", "TaskRow", "task_rows"]
+__all__ = [
+    "DEAD_SAMPLE",
+    "DUE_SAMPLE",
+    "ERROR_HOVER_CHARS",
+    "ERROR_PREVIEW_CHARS",
+    "TaskRow",
+    "task_rows",
+]
 
 # Scheduled jobs read per shard from the head of its list (due order).
 DUE_SAMPLE = 40
 # Dead letters read per shard (oldest first).
 DEAD_SAMPLE = 25
-# Characters of a task's last error the first screen shows.
+# Characters of a task's last error the first screen shows (its first line), and
+# those shown on hover.
 ERROR_PREVIEW_CHARS = 160
+ERROR_HOVER_CHARS = 2000
 
 
 @dataclass(slots=True)
@@ -67,7 +76,9 @@ class TaskRow:
             "oldest_overdue_ms": self.oldest_overdue_ms,
             "lateness_ms": max(late, 0),
             "next_due_ms": self.next_due_ms,
-            "last_error": self.last_error[:ERROR_PREVIEW_CHARS],
+            # Its first line (the exception, not a traceback), then the whole on hover.
+            "last_error": self.last_error.strip().split("\n", 1)[0][:ERROR_PREVIEW_CHARS],
+            "last_error_full": self.last_error[:ERROR_HOVER_CHARS],
         }
 
 
