@@ -207,7 +207,7 @@ def test_odd_digits_in_query_strings_are_a_400(redis_server: RedisServer, odd: s
     ns = unique_ns()
     run(_schedule(redis_server.url, ns))
     with api_client(redis_server.url, ns) as client:
-        for path, name in [
+        for where, name in [
             ("/api/dead", "shard"),
             ("/dead", "shard"),
             ("/api/dead", "offset"),
@@ -219,7 +219,7 @@ def test_odd_digits_in_query_strings_are_a_400(redis_server: RedisServer, odd: s
             ("/api/scheduled", "skip"),  # every shard merged
             ("/api/scheduled", "count"),
         ]:
-            path, _, shard = path.partition("?shard=")
+            path, _, shard = where.partition("?shard=")
             r = client.get(path, params={name: odd, **({"shard": shard} if shard else {})})
             assert r.status_code == 400, (path, name, r.status_code, r.text)
             assert name in r.text
