@@ -58,8 +58,8 @@ class TaskRow:
     oldest_overdue_ms: int = 0  # due time of its oldest overdue job seen; 0: none
     next_due_ms: int = 0  # its earliest due time after now seen; 0: none
     last_error: str = ""  # the last error of a retrying job or a dead letter seen
-    exact: bool = True  # every count is exact (each shard fit in its sample)
-    at_least: bool = False  # pending is a lower bound
+    exact: bool = True  # due now and dead are exact (no shard's was scaled)
+    at_least: bool = False  # pending is a lower bound (a shard held more than its sample)
 
     def as_dict(self, now_ms: int) -> dict[str, Any]:
         """The row as the page and the JSON API show it."""
@@ -89,8 +89,12 @@ def _row(rows: dict[str, TaskRow], task: str) -> TaskRow:
     return got
 
 
-def _add_scheduled(rows: dict[str, TaskRow], info: ShardInfo, jobs: Sequence[JobInfo]) -> None:
-    """One shard's head of the scheduled list into ``rows`` (parked jobs come first)."""
+def _add_scheduled(
+    rows: dict[str, TaskRow], info: ShardInfo, jobs: Sequence[JobInfo]
+) -> tuple[bool, bool]:
+    """One shard's head of the scheduled list into ``rows`` (parked jobs come first);
+    return whether the shard held more than the sample, and whether its overdue count
+    was scaled."""
     now = info.now_ms
     cut = len(jobs) < info.due  # the shard has more than the sample
     parked = min(info.parked, len(jobs))
@@ -98,7 +102,6 @@ def _add_scheduled(rows: dict[str, TaskRow], info: ShardInfo, jobs: Sequence[Job
     for i, job in enumerate(jobs):
         row = _row(rows, job.task)
         row.pending += 1
-        row.at_least = row.at_least or cut
         if job.attempt > 1:
             row.retrying += 1
             row.last_error = row.last_error or job.last_error
@@ -114,18 +117,19 @@ def _add_scheduled(rows: dict[str, TaskRow], info: ShardInfo, jobs: Sequence[Job
     scale = info.overdue / seen if seen and info.overdue > seen else 1.0
     for task, n in overdue_seen.items():
         rows[task].overdue += n * scale
-        rows[task].exact = rows[task].exact and scale == 1.0
+    return cut, scale != 1.0
 
 
-def _add_dead(rows: dict[str, TaskRow], total: int, jobs: Sequence[JobInfo]) -> None:
-    """One shard's oldest dead letters into ``rows``, scaled to its ``total``."""
+def _add_dead(rows: dict[str, TaskRow], total: int, jobs: Sequence[JobInfo]) -> bool:
+    """One shard's oldest dead letters into ``rows``, scaled to its ``total``; return
+    whether they were scaled."""
     scale = total / len(jobs) if jobs and total > len(jobs) else 1.0
     for job in jobs:  # oldest first: the latest dead letter's error wins
         row = _row(rows, job.task)
         row.dead += scale
-        row.exact = row.exact and scale == 1.0
         if job.last_error:
             row.last_error = job.last_error
+    return scale != 1.0
 
 
 async def task_rows(
@@ -153,10 +157,15 @@ async def task_rows(
         asyncio.gather(*(dead(i) for i in shards)),
     )
     rows: dict[str, TaskRow] = {}
+    cut = scaled = False
     for info, jobs in zip(shards, heads, strict=True):
-        _add_scheduled(rows, info, jobs)
+        more, shrunk = _add_scheduled(rows, info, jobs)
+        cut, scaled = cut or more, scaled or shrunk
     for page in deads:
-        _add_dead(rows, page.total, page.jobs)
+        scaled = _add_dead(rows, page.total, page.jobs) or scaled
+    # A task may hide past any shard's sample: then no row's count is exact.
+    for row in rows.values():
+        row.at_least, row.exact = cut, not scaled
     now = max((i.now_ms for i in shards), default=0)
     out = [r.as_dict(now) for r in rows.values()]
     out.sort(key=lambda r: (-r["dead"], -r["overdue"], -r["lateness_ms"], r["task"]))
