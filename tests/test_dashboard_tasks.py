@@ -205,7 +205,13 @@ def test_the_scheduled_list_merges_every_shard_in_due_order(redis_url: str) -> N
         assert sorted(str(j["id"]) for j in ties) == sorted(f"tie{i}" for i in range(12))
         html = client.get("/scheduled", params={"count": "7"}).text
         assert 'id="next"' in html and "every shard" in html and "<time datetime=" in html
-        for bad in ({"count": "0"}, {"count": "999"}, {"skip": "-1"}, {"from": "later"}):
+        for bad in (
+            {"count": "0"},
+            {"count": "999"},
+            {"skip": "-1"},
+            {"skip": "990"},
+            {"from": "later"},
+        ):
             assert client.get("/api/scheduled", params=bad).status_code == 400, bad
         r = client.get("/api/scheduled", params={"task": "x" * 300})
         assert r.status_code == 400 and "task" in r.json()["error"]

@@ -6,8 +6,9 @@ Ground rules:
 - A page starts at a cursor: a due time ``from_ms`` and ``skip``, how many jobs due at
   exactly that time the pages before showed. Each shard is read from its rank of
   ``from_ms`` (``due_rank``), all shards at once: ``count + skip`` jobs without a filter,
-  :data:`FILTER_READ` with one (a task, an id prefix). Two calls per shard per page,
-  whatever the number of pending jobs.
+  at least :data:`FILTER_READ` with one (a task, an id prefix). Two calls per shard per
+  page, whatever the number of pending jobs. Past ``PAGE`` (1,000) jobs due at one same
+  ms, the next page starts after that ms (the rest of them are not listed).
 - The rows are merged by (due, shard, rank). A shard that has more than was read
   ("cut") bounds the page: no row past its last read one is shown, since its unread
   jobs may come first. So a filtered page may be short, or empty when the filter
@@ -26,7 +27,7 @@ from typing import Any
 
 from tickwheel.durable.model import DeadPage, JobInfo, ListingTooLong, check_task_name
 
-from ._namespace import Namespace
+from ._namespace import PAGE, Namespace
 from ._refusals import ActionError
 from ._rows import job_row
 
@@ -81,9 +82,9 @@ async def scheduled_all(
     (``from_ms``, ``skip``): see the module's rules."""
     if not 1 <= count <= MAX_COUNT:
         raise ActionError(f"count must be from 1 to {MAX_COUNT}, got {count}")
-    read = FILTER_READ if not flt.empty else count + skip
-    if skip < 0 or skip + count > FILTER_READ:
-        raise ActionError(f"skip must be from 0 to {FILTER_READ - count}, got {skip}")
+    if skip < 0 or skip + count > PAGE:
+        raise ActionError(f"skip must be from 0 to {PAGE - count}, got {skip}")
+    read = max(FILTER_READ if not flt.empty else 0, count + skip)
     sched = await ns.need()
     console = sched.console
 
@@ -135,8 +136,8 @@ async def scheduled_all(
         same = sum(1 for j in rows if j.when_ms == last) + (skip if last == from_ms else 0)
         more = len(rows) == count or bool(cut)
         if more:
-            nxt = {"from_ms": last, "skip": same} if same + count <= FILTER_READ else None
-            if nxt is None:  # too many at one ms to page through: go on past it
+            nxt = {"from_ms": last, "skip": same} if same + count <= PAGE else None
+            if nxt is None:  # too many due at one ms to page through: go on past it
                 nxt = {"from_ms": last + 1, "skip": 0}
     elif cut:
         start = min(last for last, _ in cut)
