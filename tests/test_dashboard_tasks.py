@@ -67,7 +67,7 @@ def test_a_time_tag_carries_the_exact_utc_time_on_hover() -> None:
 
 async def _fill(url: str, ns: str) -> None:
     """email: 6 due now; charge: 3 due in an hour, 2 dead, 1 waiting to retry;
-    XSS-named task: 1 due now."""
+    sync: 3 running (leased); XSS-named task: 1 due now."""
     async with open_scheduler(url, ns, shards=SHARDS) as sched:
         await sched.schedule_many([JobSpec(f"dead{i}", "charge", {"n": i}) for i in range(2)])
         await sched.schedule_many([JobSpec("retry1", "charge", max_attempts=5)])
@@ -78,6 +78,9 @@ async def _fill(url: str, ns: str) -> None:
                 error = "CardDeclined: " + XSS if final else "timeout"
                 got = await sched.retry(job, error, final=final, delay=None if final else 600)
                 assert got is (JobState.DEAD if final else JobState.DUE)
+        await sched.schedule_many([JobSpec(f"sync{i}", "sync") for i in range(3)])
+        for shard in range(SHARDS):  # leased, never acked: running
+            await sched.claim(shard, limit=100)
         await sched.close()
         await sched.schedule_many([JobSpec(f"mail{i}", "email") for i in range(6)])
         await sched.schedule_many([JobSpec(f"pay{i}", "charge", delay=3600) for i in range(3)])
@@ -91,7 +94,9 @@ def test_the_first_screen_counts_per_task(redis_url: str) -> None:
     with api_client(redis_url, ns) as client:
         data = client.get("/api/overview").json()
         rows = {r["task"]: r for r in data["tasks"]}
-        assert set(rows) == {"email", "charge", XSS}
+        assert set(rows) == {"email", "charge", "sync", XSS}
+        assert rows["sync"]["running"] == 3 and rows["sync"]["pending"] == 0
+        assert rows["email"]["running"] == 0
         assert data["tasks_exact"] is True
         email, charge = rows["email"], rows["charge"]
         assert (email["pending"], email["overdue"], email["dead"]) == (6, 6, 0)
@@ -253,3 +258,13 @@ def test_new_pages_escape_what_jobs_carry_and_keep_the_guards(redis_url: str) ->
             assert client.get(path, headers=bearer()).status_code == 200, path
         r = client.post("/login", data={"token": TOKEN}, headers={"Origin": BASE})
         assert client.get("/internals").status_code == 200
+
+
+def test_a_records_task_is_read_or_none() -> None:
+    import msgpack  # type: ignore[import-untyped]
+
+    assert _tasks._task_of(msgpack.packb(b"email") + msgpack.packb(5)) == "email"
+    assert _tasks._task_of(None) is None
+    assert _tasks._task_of(b"") is None
+    assert _tasks._task_of(b"\xc1") is None  # a byte msgpack never uses
+    assert _tasks._task_of(msgpack.packb(7)) is None  # not a name

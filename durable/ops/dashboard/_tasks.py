@@ -7,7 +7,9 @@ Ground rules:
   the view reads the head of each shard's scheduled list (:data:`DUE_SAMPLE` jobs, in due
   order: the overdue ones come first) and of its dead letters (:data:`DEAD_SAMPLE`),
   one call each per shard, all at once: 2 x shards calls, bounded whatever the number
-  of pending jobs (no scan).
+  of pending jobs (no scan). Running per task: the task of up to
+  :data:`RUNNING_SAMPLE` leases per shard (a ZRANGE, then one pipeline reading their
+  records), only for shards holding leases.
 - Per shard, a count is exact when the shard's whole list fit in the sample (the
   shard's totals come from ``inspect.lua``, exact); otherwise the task's share of the
   sample is scaled to the shard's exact total and the row says it is an estimate.
@@ -21,7 +23,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+from io import BytesIO
 from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
 
 from tickwheel.durable.model import DeadPage, JobInfo, ListingTooLong, ShardInfo
 from tickwheel.durable.scheduler import Scheduler
@@ -31,6 +36,7 @@ __all__ = [
     "DUE_SAMPLE",
     "ERROR_HOVER_CHARS",
     "ERROR_PREVIEW_CHARS",
+    "RUNNING_SAMPLE",
     "TaskRow",
     "task_rows",
 ]
@@ -39,6 +45,8 @@ __all__ = [
 DUE_SAMPLE = 40
 # Dead letters read per shard (oldest first).
 DEAD_SAMPLE = 25
+# Leases read per shard for the running count per task.
+RUNNING_SAMPLE = 20
 # Characters of a task's last error the first screen shows (its first line), and
 # those shown on hover.
 ERROR_PREVIEW_CHARS = 160
@@ -53,6 +61,7 @@ class TaskRow:
     pending: float = 0.0  # scheduled jobs seen (a lower bound past the sample)
     overdue: float = 0.0  # due now and not yet claimed (scaled past the sample)
     paused: int = 0  # due jobs set aside while the task (or all) is paused
+    running: float = 0.0  # leased now (scaled past the sample)
     retrying: int = 0  # seen waiting for another attempt (attempt > 1)
     dead: float = 0.0  # dead letters (scaled past the sample)
     oldest_overdue_ms: int = 0  # due time of its oldest overdue job seen; 0: none
@@ -70,6 +79,7 @@ class TaskRow:
             "pending_at_least": self.at_least,
             "overdue": round(self.overdue),
             "paused": self.paused,
+            "running": round(self.running),
             "retrying": self.retrying,
             "dead": round(self.dead),
             "exact": self.exact,
@@ -132,6 +142,41 @@ def _add_dead(rows: dict[str, TaskRow], total: int, jobs: Sequence[JobInfo]) -> 
     return scale != 1.0
 
 
+def _task_of(record: bytes | None) -> str | None:
+    """The task name of a stored record (its first msgpack value); None if unreadable."""
+    if record is None:
+        return None
+    try:
+        first = next(iter(msgpack.Unpacker(BytesIO(record), raw=True)))
+    except (ValueError, StopIteration, msgpack.UnpackException):
+        return None
+    return first.decode("utf-8", "replace") if isinstance(first, bytes) else None
+
+
+async def _leased_tasks(sched: Scheduler, info: ShardInfo) -> list[str]:
+    """The tasks of up to :data:`RUNNING_SAMPLE` of the shard's leases: a ZRANGE, then
+    one pipeline of HGETs of their records (all in the shard's slot)."""
+    if not info.leased:
+        return []
+    store, keys = sched.store, sched.keys
+    leased = keys.shard(info.shard).leased
+    ids: Any = await store.transport.bounded(
+        lambda: store.client.zrange(leased, 0, RUNNING_SAMPLE - 1), info.shard
+    )
+    if not ids:
+        return []
+
+    async def records() -> Any:
+        pipe = store.client.pipeline(transaction=False)
+        for raw in ids:
+            job_id = raw.decode("utf-8", "replace")
+            pipe.hget(keys.jobs_key(info.shard, job_id), raw)
+        return await pipe.execute()
+
+    got = await store.transport.bounded(records, info.shard)
+    return [t for t in map(_task_of, got) if t is not None]
+
+
 async def task_rows(
     sched: Scheduler, shards: Sequence[ShardInfo]
 ) -> tuple[list[dict[str, Any]], bool]:
@@ -152,9 +197,10 @@ async def task_rows(
             return DeadPage(0, [])
         return await console.dead_list(info.shard, 0, DEAD_SAMPLE)
 
-    heads, deads = await asyncio.gather(
+    heads, deads, leases = await asyncio.gather(
         asyncio.gather(*(head(i) for i in shards)),
         asyncio.gather(*(dead(i) for i in shards)),
+        asyncio.gather(*(_leased_tasks(sched, i) for i in shards)),
     )
     rows: dict[str, TaskRow] = {}
     cut = scaled = False
@@ -163,6 +209,11 @@ async def task_rows(
         cut, scaled = cut or more, scaled or shrunk
     for page in deads:
         scaled = _add_dead(rows, page.total, page.jobs) or scaled
+    for info, tasks in zip(shards, leases, strict=True):
+        scale = info.leased / len(tasks) if tasks and info.leased > len(tasks) else 1.0
+        scaled = scaled or scale != 1.0
+        for task in tasks:
+            _row(rows, task).running += scale
     # A task may hide past any shard's sample: then no row's count is exact.
     for row in rows.values():
         row.at_least, row.exact = cut, not scaled
