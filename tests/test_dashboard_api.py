@@ -536,7 +536,9 @@ def test_workers_and_live_charts_from_published_stats(redis_url: str) -> None:
             "timeouts",
         ]
         html = client.get("/").text
-        assert 'id="workers"' in html and "live workers" in html
+        assert 'id="tasks"' in html and "live workers" in html
+        assert 'id="workers"' in client.get("/internals").text  # moved off the first screen
+        assert client.get("/api/internals").json()["workers"][0]["token"] == worker["token"]
         token = worker["token"]
         # The document under {ns}:wstats:<token>, with the member TTL (10 s).
         doc, ttl = run(_stats_key(redis_url, ns, token))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import os
+import re
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -109,18 +110,23 @@ def test_overview_counts_change_as_a_worker_runs_jobs(
         page.goto("/")
         expect(page.locator("#total-due")).to_have_text("35")
         expect(page.locator("#total-overdue")).to_have_text("30")
-        expect(page.locator("#no-workers")).to_be_visible()
+        expect(page.locator("#total-workers")).to_have_text("0")
+        expect(page.locator("#tasks tr[data-task=email] td[data-c=overdue]")).to_have_text("30")
         with WorkerThread(redis_url, ns, reg):
             # The page refreshes itself: no reload.
             expect(page.locator("#total-due")).to_have_text("5", timeout=30_000)
             expect(page.locator("#total-workers")).to_have_text("1", timeout=30_000)
             expect(page.locator("#total-owned")).to_have_text(f"{SHARDS}/{SHARDS}")
             expect(page.locator("#total-overdue")).to_have_text("0")
-            # The worker's published counters reach the page within a few beats.
+            expect(page.locator("#tasks tr[data-task=email] td[data-c=overdue]")).to_have_text("0")
+            expect(page.locator("[data-last=acked]")).not_to_have_text("-", timeout=30_000)
+            expect(page.locator("#total-acks")).not_to_have_text("-", timeout=30_000)
+            shot(page, tmp_path, f"overview-{'cluster' if 'cluster' in redis_url else 'redis'}")
+            # The worker's published counters reach the internals page within a few beats.
+            page.click("header a[href='/internals']")
             acked = page.locator("#workers td[data-c=acked]")
             expect(acked).to_have_text("30", timeout=30_000)
-            expect(page.locator("[data-last=acked]")).not_to_have_text("-", timeout=30_000)
-            shot(page, tmp_path, f"overview-{'cluster' if 'cluster' in redis_url else 'redis'}")
+            shot(page, tmp_path, f"internals-{'cluster' if 'cluster' in redis_url else 'redis'}")
         page.close()
 
 
@@ -234,6 +240,12 @@ def test_an_xss_payload_stays_text(browser: Browser, redis_url: str, tmp_path: P
         page.goto("/scheduled?shard=" + str(_shard(ns, "xss" + evil)))
         expect(page.locator("#jobs")).to_contain_text("xss<script>")
         assert page.evaluate("window.__xss") is None
+        for path in ("/", "/internals", "/scheduled"):  # the first screen, the new pages
+            page.goto(path)
+            page.wait_for_timeout(300)  # a refresh of the live part
+            assert page.evaluate("window.__xss") is None, path
+            assert page.locator("main img").count() == 0, path
+        expect(page.locator("#jobs")).to_contain_text("xss<script>")
         assert page.locator("#job-payload img, #dead img, #jobs img").count() == 0
         assert dialogs == []
         page.close()
@@ -286,4 +298,41 @@ def test_redis_down_is_said_and_the_page_recovers(browser: Browser, tmp_path: Pa
             expect(page.locator("#redis-error")).to_have_count(0)
         expect(page.locator("#redis-error")).to_be_visible(timeout=30_000)
         assert "pw-secret-1" not in page.content()
+        page.close()
+
+
+def test_the_first_screen_per_task_with_human_times(
+    browser: Browser, redis_url: str, tmp_path: Path
+) -> None:
+    ns = unique_ns()
+    run(
+        kill(
+            redis_url,
+            ns,
+            {"pay:1": ("charge_card", "CardDeclined: expired"), "pay:2": ("charge_card", "x")},
+        )
+    )
+    run(schedule(redis_url, ns, [JobSpec(f"mail:{i}", "send_email") for i in range(12)]))
+    specs = [JobSpec(f"report:{i}", "nightly_report", delay=3 * 3600 + 720) for i in range(3)]
+    run(schedule(redis_url, ns, specs))
+    with LiveDashboard(config(redis_url, ns)) as live:
+        page = browser.new_page(base_url=live.url, viewport={"width": 1280, "height": 800})
+        page.goto("/")
+        tasks = page.locator("#tasks tr[data-task]")
+        expect(tasks).to_have_count(3)
+        expect(tasks.first).to_have_attribute("data-task", "charge_card")  # dead first
+        card = page.locator("#tasks tr[data-task=charge_card] td[data-c=dead]")
+        expect(card).to_have_text("2")
+        email = page.locator("#tasks tr[data-task=send_email]")
+        expect(email.locator("td[data-c=overdue]")).to_have_text("12")
+        nxt = page.locator("#tasks tr[data-task=nightly_report] td[data-c=next] time")
+        expect(nxt).to_have_text(re.compile(r"^in 3 h 1[12] min$"))
+        expect(nxt).to_have_attribute("title", re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:.* UTC$"))
+        expect(page.locator("#shards")).to_have_count(0)
+        shot(page, tmp_path, "first-screen")
+        # From a task to its scheduled jobs, merged across shards in due order.
+        page.click("#tasks tr[data-task=send_email] a")
+        expect(page.locator("#jobs tr")).to_have_count(13)  # the header and 12 rows
+        expect(page.locator("#scheduled-summary")).to_contain_text("filtered")
+        shot(page, tmp_path, "scheduled-all")
         page.close()

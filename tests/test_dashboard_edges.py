@@ -32,8 +32,10 @@ from tickwheel.durable.servers._redis import RedisServer
 pytestmark = pytest.mark.redis
 
 SECRET = "Hunter2secret"
-PAGES = ["/", "/login", "/scheduled", "/dead", "/recurring", "/job?id=x"]
+PAGES = ["/", "/login", "/scheduled", "/scheduled?shard=0", "/dead", "/recurring", "/job?id=x"]
+PAGES += ["/internals"]
 APIS = ["/api/overview", "/api/scheduled", "/api/dead", "/api/job?id=x", "/api/charts"]
+APIS += ["/api/internals", "/api/scheduled?shard=0"]
 
 
 async def _schedule(url: str, ns: str) -> None:
@@ -205,17 +207,20 @@ def test_odd_digits_in_query_strings_are_a_400(redis_server: RedisServer, odd: s
     ns = unique_ns()
     run(_schedule(redis_server.url, ns))
     with api_client(redis_server.url, ns) as client:
-        for path, name in [
+        for where, name in [
             ("/api/dead", "shard"),
             ("/dead", "shard"),
             ("/api/dead", "offset"),
             ("/api/dead", "count"),
             ("/api/scheduled", "shard"),
             ("/scheduled", "shard"),
-            ("/api/scheduled", "offset"),
+            ("/api/scheduled?shard=0", "offset"),
+            ("/api/scheduled?shard=0", "count"),
+            ("/api/scheduled", "skip"),  # every shard merged
             ("/api/scheduled", "count"),
         ]:
-            r = client.get(path, params={name: odd})
+            path, _, shard = where.partition("?shard=")
+            r = client.get(path, params={name: odd, **({"shard": shard} if shard else {})})
             assert r.status_code == 400, (path, name, r.status_code, r.text)
             assert name in r.text
         r = client.post("/api/job/reschedule", json={"id": "a", "at": odd}, headers=bearer())

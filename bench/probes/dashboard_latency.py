@@ -6,7 +6,9 @@ a thread, and times over HTTP (httpx, one keep-alive connection, ``--repeats`` r
 each, in turn):
 
 * the overview page (``/``) and its JSON (``/api/overview``): one pipeline of
-  inspect.lua over the shards plus two commands for the workers;
+  inspect.lua over the shards plus two commands for the workers, plus the view per
+  task (the head of each shard's scheduled list and dead letters, two calls a shard);
+* the internals page (``/internals``): the overview without the view per task;
 * a lookup by id (``/job?id=...``, ``/api/job?id=...``) of a random pending job: one
   pipeline of get.lua and now.lua to the id's shard (one round trip).
 
@@ -106,6 +108,8 @@ def main() -> None:
             for name, path, params in (
                 ("overview page /", "/", None),
                 ("overview JSON /api/overview", "/api/overview", None),
+                ("internals page /internals", "/internals", None),
+                ("scheduled, every shard /scheduled", "/scheduled", None),
             ):
                 samples = []
                 for _ in range(args.repeats):

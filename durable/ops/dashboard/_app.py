@@ -17,7 +17,15 @@ from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from . import _page_dead, _page_jobs, _page_login, _page_overview, _page_pause, _page_recurring
+from . import (
+    _page_dead,
+    _page_internals,
+    _page_jobs,
+    _page_login,
+    _page_overview,
+    _page_pause,
+    _page_recurring,
+)
 from ._config import DashboardConfig
 from ._sessions import SESSION_COOKIE
 from ._web import Web
@@ -40,7 +48,15 @@ MAX_BODY_BYTES = 2 * 1024 * 1024
 # The largest body of a login or a logout (a token and a path).
 MAX_LOGIN_BODY_BYTES = 8 * 1024
 # The pages, in the order their routes are matched.
-PAGES = (_page_overview, _page_jobs, _page_dead, _page_recurring, _page_pause, _page_login)
+PAGES = (
+    _page_overview,
+    _page_internals,
+    _page_jobs,
+    _page_dead,
+    _page_recurring,
+    _page_pause,
+    _page_login,
+)
 
 
 def create_app(config: DashboardConfig) -> Starlette:

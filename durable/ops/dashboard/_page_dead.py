@@ -93,7 +93,7 @@ async def dead(ns: Namespace, flt: DeadFilter, offset: int, count: int) -> dict[
     rows: list[dict[str, Any]] = []
     total = skipped = looked = 0
     complete = True
-    now = 0
+    now = await sched.console.now(0)  # for "2 min ago"
     for shard in shards:
         if len(rows) >= count:
             break
@@ -123,6 +123,7 @@ async def dead(ns: Namespace, flt: DeadFilter, offset: int, count: int) -> dict[
         "total_dead": total,
         "looked_at": looked,
         "complete": complete,
+        "now_ms": now,
         "jobs": rows,
     }
 

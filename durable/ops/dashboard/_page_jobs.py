@@ -7,8 +7,10 @@ Ground rules:
 - Every action names what the operator saw (``seen``: state, nominal due and attempt):
   if the job moved on since, nothing is written and :class:`Stale` says so.
 - Routes: ``/job`` and ``/api/job`` (``?id=``), ``/scheduled`` and ``/api/scheduled``
-  (``?shard=&offset=&count=&from=``), and the POSTs ``/job/{action}`` and
-  ``/api/job/{action}`` for ``cancel``, ``run-now`` and ``reschedule``.
+  (``?shard=&offset=&count=&from=``: one shard; without ``shard``, every shard merged
+  in due order, ``?task=&prefix=&from=&skip=&count=``: ``_merge.py``), and the POSTs
+  ``/job/{action}`` and ``/api/job/{action}`` for ``cancel``, ``run-now`` and
+  ``reschedule``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from starlette.routing import Route
 from tickwheel.durable.model import JobInfo, JobState
 from tickwheel.durable.scheduler import Scheduler
 
+from ._merge import MergeFilter, scheduled_all
 from ._namespace import PAGE, Namespace
 from ._refusals import (
     ActionError,
@@ -165,7 +168,14 @@ async def _job_page(web: Web, request: Request) -> Response:
             error=str(exc),
             title="Job lookup",
         )
-    return web.render(request, "job.html", job=data["job"], job_id=job_id, title=f"Job {job_id}")
+    return web.render(
+        request,
+        "job.html",
+        job=data["job"],
+        job_id=job_id,
+        now_ms=data["now_ms"],
+        title=f"Job {job_id}",
+    )
 
 
 async def _api_job(web: Web, request: Request) -> Response:
@@ -184,13 +194,31 @@ async def _scheduled_data(web: Web, request: Request) -> dict[str, Any]:
     ) | {"from": from_text}
 
 
+async def _merged_data(web: Web, request: Request) -> dict[str, Any]:
+    q = request.query_params
+    from_text = q.get("from", "").strip()
+    flt = MergeFilter.parse(q.get("task", ""), q.get("prefix", ""))
+    return await scheduled_all(
+        web.ns,
+        flt,
+        parse_when(from_text) if from_text else None,
+        whole_number(q.get("skip", "0"), "skip"),
+        whole_number(q.get("count", str(PAGE_ROWS)), "count"),
+    ) | {"from": from_text}
+
+
 async def _scheduled_page(web: Web, request: Request) -> Response:
-    data = await _scheduled_data(web, request)
-    return web.render(request, "scheduled.html", s=data, title="Scheduled")
+    if request.query_params.get("shard", "").strip():
+        data = await _scheduled_data(web, request)
+        return web.render(request, "scheduled.html", s=data, title="Scheduled")
+    data = await _merged_data(web, request)
+    return web.render(request, "scheduled_all.html", s=data, title="Scheduled")
 
 
 async def _api_scheduled(web: Web, request: Request) -> Response:
-    return JSONResponse(await _scheduled_data(web, request))
+    if request.query_params.get("shard", "").strip():
+        return JSONResponse(await _scheduled_data(web, request))
+    return JSONResponse(await _merged_data(web, request))
 
 
 async def _action(web: Web, request: Request) -> Response:

@@ -1,17 +1,19 @@
-"""The overview page: every shard's counts, lag, owner and next due, the live workers,
-and the charts sampled from the workers' stats.
+"""The first screen ("is anything wrong"): the namespace's totals, the view per task
+(``_tasks.py``), what is paused, and the charts sampled from the workers' stats; and
+the data of the internals page (every shard's counts, lag, owner and epoch, the live
+workers: ``_page_internals.py``).
 
 Ground rules:
 
-- The overview is a bounded number of round trips: one pipeline of inspect.lua over the
-  shards (one round trip per node) and two commands for the workers (their member set,
-  then one MGET of their stats documents, all in the ``{ns}`` slot). Nothing runs SCAN
-  or KEYS.
+- The internals are a bounded number of round trips: one pipeline of inspect.lua over
+  the shards (one round trip per node) and two commands for the workers (their member
+  set, then one MGET of their stats documents, all in the ``{ns}`` slot). The first
+  screen adds two bounded reads per shard (``_tasks.py``). Nothing runs SCAN or KEYS.
 - A member counts as live while its stats document lives (it has the member TTL) or,
   without one, while its last beat is younger than the default member TTL: the member
   set is pruned only when a worker beats.
-- Routes: ``/`` (``?fragment=1``: the part the page refreshes), ``/api/overview``,
-  ``/api/charts``.
+- Routes: ``/`` (``?fragment=1``: the part the page refreshes), ``/api/overview`` (the
+  first screen's data and the internals'), ``/api/charts``.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ from ._namespace import Namespace
 from ._page_pause import paused_rows
 from ._refusals import ActionError
 from ._rows import iso, shard_row
+from ._tasks import task_rows
 from ._web import REDIS_DOWN, Web
 
-__all__ = ["STALE_BEAT_MS", "overview", "routes", "sample_charts", "workers"]
+__all__ = ["STALE_BEAT_MS", "internals", "overview", "routes", "sample_charts", "workers"]
 
 logger = logging.getLogger("tickwheel.dashboard")
 
@@ -42,12 +45,20 @@ logger = logging.getLogger("tickwheel.dashboard")
 STALE_BEAT_MS = int(DEFAULT_OWNER_TTL * 1000)
 
 
-async def overview(ns: Namespace) -> dict[str, Any]:
-    """Per shard counts, lag, owner, epoch and next due; live workers; totals."""
+async def internals(ns: Namespace, with_tasks: bool = False) -> dict[str, Any]:
+    """Per shard counts, lag, owner, epoch and next due; live workers; totals; with
+    ``with_tasks`` the view per task too (``_tasks.py``)."""
     sched = await ns.scheduler()
     if sched is None:
-        return {"namespace": ns.namespace, "created": False, "shards": [], "workers": []}
+        return {
+            "namespace": ns.namespace,
+            "created": False,
+            "shards": [],
+            "workers": [],
+            "tasks": [],
+        }
     rows = await sched.console.inspect_all()
+    tasks, exact = await task_rows(sched, rows) if with_tasks else ([], True)
     now = max(r.now_ms for r in rows)
     live = await workers(sched, now)
     names = {w["token"]: w["name"] for w in live}
@@ -60,6 +71,10 @@ async def overview(ns: Namespace) -> dict[str, Any]:
     totals["owned"] = sum(1 for r in rows if r.owner)
     nexts = [r.next_due_ms for r in rows if r.next_due_ms]
     totals["next_due_ms"] = min(nexts, default=0)
+    totals["oldest_overdue_ms"] = min(
+        (r.oldest_overdue_ms for r in rows if r.oldest_overdue_ms), default=0
+    )
+    totals["running"] = sum(w["running"] or 0 for w in live)
     return {
         "namespace": ns.namespace,
         "created": True,
@@ -73,7 +88,14 @@ async def overview(ns: Namespace) -> dict[str, Any]:
             {**row, "since": iso(row["since_ms"])}
             for row in paused_rows(await sched.console.paused())
         ],
+        "tasks": tasks,
+        "tasks_exact": exact,
     }
+
+
+async def overview(ns: Namespace) -> dict[str, Any]:
+    """The first screen's data: :func:`internals` with the view per task."""
+    return await internals(ns, with_tasks=True)
 
 
 async def workers(sched: Scheduler, now_ms: int) -> list[dict[str, Any]]:
@@ -126,10 +148,11 @@ async def _page(web: Web, request: Request) -> Response:
     try:
         data, status, error = await overview(web.ns), 200, ""
     except REDIS_DOWN as exc:
-        data = {"created": False, "shards": [], "workers": []}
+        data = {"created": False, "shards": [], "workers": [], "tasks": []}
         status, error = 503, web.unreachable(exc)
     name = "overview_live.html" if request.query_params.get("fragment") else "overview.html"
-    return web.render(request, name, status, o=data, error=error, title="Overview")
+    last = web.charts.points[-1] if web.charts.points else None
+    return web.render(request, name, status, o=data, error=error, last=last, title="Overview")
 
 
 async def _api(web: Web, request: Request) -> Response:

@@ -36,10 +36,12 @@ from tickwheel.durable.store import CLUSTER_ERRORS, NO_REPLY_ERRORS, REDIS_ERROR
 
 from ._charts import Charts
 from ._config import DashboardConfig
+from ._human import duration, time_tag, utc
 from ._namespace import Namespace
 from ._refusals import ActionError
 from ._rows import iso
 from ._sessions import LoginLimiter, Sessions, origin_ok, same
+from ._tasks import DEAD_SAMPLE, DUE_SAMPLE
 
 __all__ = ["PAGE_ROWS", "REDIS_DOWN", "Handler", "Refused", "Web", "form", "next_path"]
 
@@ -100,6 +102,11 @@ class Web:
         self.env.filters["iso"] = iso
         self.env.filters["secs"] = _secs
         self.env.filters["q"] = lambda v: quote(str(v), safe="")
+        self.env.filters["dur"] = duration
+        self.env.filters["utc"] = utc
+        self.env.globals["when"] = time_tag
+        self.env.globals["due_sample"] = DUE_SAMPLE
+        self.env.globals["dead_sample"] = DEAD_SAMPLE
 
     # -- routes ------------------------------------------------------------------------
 
