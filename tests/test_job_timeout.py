@@ -74,6 +74,31 @@ def test_the_job_timeout_is_stored_and_old_records_read_as_none(redis_url: str) 
     run(main())
 
 
+def test_a_claim_parks_and_leases_a_timed_record_keeping_its_timeout(redis_url: str) -> None:
+    """claim.lua's row of a one-shot job with its own timeout is the short one and the
+    timeout (7 fields); parked under a pause, its record gets the nominal explicit and
+    keeps the timeout, and the claim after the resume leases it with it."""
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            await s.pause("t")
+            await s.schedule("own", "t", timeout=1.5, at=1_700_000_000_000)
+            await s.schedule("other", "u", timeout=2)
+            await s.take(0)
+            batch = await s.claim(0, limit=10)
+            assert [(j.id, j.timeout_ms) for j in batch.jobs] == [("other", 2000)]
+            assert batch.parked == 1
+            raw = await client_of(s).hget(s.keys.jobs_key(0, "own"), "own")
+            nominal = [b"t", b"", 5, 0, 1_700_000_000_000, 1, 0, 0, b"", 0, 0, 0, b"", 1500]
+            assert raw == pack_record(nominal)
+            await s.resume("t")
+            [job] = (await s.claim(0, limit=10)).jobs
+            assert (job.id, job.timeout_ms, job.nominal_ms) == ("own", 1500, 1_700_000_000_000)
+            assert await s.ack_many([job, *batch.jobs]) == [True, True]
+
+    run(main())
+
+
 def test_the_job_timeout_comes_before_the_task_and_worker_ones(redis_url: str) -> None:
     async def main() -> None:
         starts: dict[str, float] = {}

@@ -55,6 +55,7 @@ __all__ = [
     "CLAIM_FULL_ROW",
     "CLAIM_JOB_FIELDS",
     "CLAIM_SHORT_ROW",
+    "CLAIM_TIMED_ROW",
     "DEFAULTS",
     "DUPLICATE",
     "FIELDS",
@@ -110,8 +111,10 @@ FLAG_JSON = 1  # record field 4, bit 0: the payload is JSON text
 _ROW_STRIDE = 2 + len(FIELDS)
 # A claim.lua row: id, due, deadline, tag (bit 0: the occurrence is done already; the
 # rest: the index of the job's record hash), count, then ``count`` record fields: 6 for a
-# one-shot job without an error, a timeout of its own or a trace, all 15 otherwise.
+# one-shot job without an error, a timeout of its own or a trace; 7 (those 6, then the
+# timeout) for such a job with a timeout of its own; all 15 otherwise.
 CLAIM_SHORT_ROW = 6
+CLAIM_TIMED_ROW = 7
 DUPLICATE = (False, True)  # a row's tag bit 0 as a bool, indexed (no call of bool())
 
 # A claim builds one Job per row as ``init_job(new_job(Job), *CLAIM_JOB_FIELDS values)``:
