@@ -150,21 +150,53 @@ def test_cli_schedule_takes_timeout(redis_server: RedisServer) -> None:
     assert cli_json("schedule", "j", "t", "--timeout", "2.5", *o)["status"] == "created"
 
 
-def test_the_postgres_mode_refuses_a_job_timeout_and_writes_nothing(
-    redis_server: RedisServer, pg_url: str
+def test_the_postgres_mode_keeps_a_job_timeout_through_retries_and_a_redis_loss(
+    private_redis: RedisServer, pg_url: str
 ) -> None:
-    from tests.durable_support import snapshot
-    from tests.pg_support import migrated, pg_scheduler, table_counts
+    """In the Postgres mode a job's own timeout is stored in the row's record: its
+    attempt times out and retries, FLUSHALL loses Redis, reconcile rebuilds the retried
+    occurrence from the row (attempt 2), and it keeps its timeout until it is dead."""
+    from tests.pg_support import migrated, pg_scheduler
+
+    stops: list[tuple[int, float]] = []
+    reg = TaskRegistry()
+
+    @reg.task(name="hang")
+    async def hang(ctx: TaskContext) -> None:
+        start = time.monotonic()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            stops.append((ctx.attempt, time.monotonic() - start))
+            raise
+
+    async def state(s: Any, want: JobState, attempt: int) -> Any:
+        for _ in range(200):
+            info = await s.get("own")
+            if info is not None and info.state is want and info.attempt == attempt:
+                return info
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"own: {await s.get('own')}")
 
     async def main() -> None:
         await migrated(pg_url)
-        async with pg_scheduler(redis_server.url, pg_url, shards=1) as s:
-            await s.open()
-            before, rows = await snapshot(s), await table_counts(pg_url)
-            with pytest.raises(ValueError, match="timeout"):
-                await s.schedule("a", "t", timeout=5)
-            with pytest.raises(ValueError, match="timeout"):
-                await s.schedule_many([JobSpec("b", "t", timeout=5)])
-            assert await snapshot(s) == before and await table_counts(pg_url) == rows
+        opts: dict[str, Any] = {"shards": 1, "retry_base": 1.0, "retry_max": 1.0}
+        async with pg_scheduler(private_redis.url, pg_url, **opts) as s:
+            ns = s.keys.namespace
+            await s.schedule("own", "hang", timeout=0.4, max_attempts=3)
+            async with running_worker(s, reg, reconcile_interval=600, **FAST):
+                assert await until(lambda: len(stops) == 1, 10)
+            await state(s, JobState.DUE, 2)  # retried (after 0.5 s at least): not begun
+            await client_of(s).flushall()
+        async with pg_scheduler(private_redis.url, pg_url, ns, **opts) as s:
+            assert await s.get("own") is None
+            assert (await s.reconcile()).restored == 1
+            info = await state(s, JobState.DUE, 2)
+            assert info.timeout_ms == 400
+            async with running_worker(s, reg, reconcile_interval=600, **FAST):
+                info = await state(s, JobState.DEAD, 3)
+            assert "timeout" in info.last_error and info.timeout_ms == 400
+        assert [a for a, _ in stops] == [1, 2, 3]
+        assert all(0.4 <= took < 5.0 for _, took in stops)  # never early
 
     run(main())

@@ -60,6 +60,7 @@ __all__ = [
     "DUPLICATE",
     "FIELDS",
     "FLAG_JSON",
+    "TIMEOUT_FIELD",
     "TRACE_FIELD",
     "ClaimedRef",
     "EncodedJob",
@@ -75,6 +76,7 @@ __all__ = [
     "pack_record",
     "record_fields",
     "recurrence_of",
+    "with_timeout",
     "with_trace",
 ]
 
@@ -299,8 +301,14 @@ def record_fields(spec: JobSpec, data: bytes, flags: int) -> list[int | bytes]:
         fields += [kind, rec.spec.encode(), POLICY_CODES[rec.missed], rec.max_catch_up]
         fields.append(rec.misfire_grace_ms)
     if spec.timeout_ms:
-        fields += [*DEFAULTS[len(fields) : TIMEOUT_FIELD], spec.timeout_ms]
+        fields = with_timeout(fields, spec.timeout_ms)
     return with_trace(fields, spec.trace.encode()) if spec.trace else fields
+
+
+def with_timeout(fields: list[int | bytes], timeout_ms: int) -> list[int | bytes]:
+    """Record fields (up to the error at most) with the job's own timeout after them,
+    the fields between at their defaults."""
+    return [*fields, *DEFAULTS[len(fields) : TIMEOUT_FIELD], timeout_ms]
 
 
 def with_trace(fields: list[int | bytes], trace: bytes) -> list[int | bytes]:
