@@ -426,8 +426,13 @@ class Scheduler:
 
     @functools.cached_property
     def pauses(self) -> Pauses:
-        """Pause, resume and the pause state, each after :meth:`open`."""
-        return Pauses(self.store, self.open)
+        """Pause, resume and the pause state, each after :meth:`open` (in the Postgres
+        mode, recorded in PostgreSQL first)."""
+        pg = self.pg
+        if pg is None:
+            return Pauses(self.store, self.open)
+        record = (functools.partial(pg.pause, self), functools.partial(pg.resume, self))
+        return Pauses(self.store, self.open, record)
 
     pause = _forward("pauses", Pauses.pause)
     resume = _forward("pauses", Pauses.resume)

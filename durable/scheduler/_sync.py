@@ -167,7 +167,7 @@ class SyncScheduler:
             return self
         with self._lock:
             if not self._opened:
-                stored = self.store.init()
+                stored = self.store.init(postgres=self._pg_pool is not None)
                 wanted = (self.keys.shards, self.keys.buckets)
                 if stored != wanted:
                     raise ShardCountMismatch(self.keys.namespace, stored, wanted)
@@ -385,7 +385,14 @@ class SyncScheduler:
         """
         field = pause_field(task)
         self.open()
-        self.store.pause(field, int(time.time() * 1000))
+        now = int(time.time() * 1000)
+        if self._pg_pool is not None:  # PostgreSQL's row, then Redis inside its transaction
+            from tickwheel.durable.postgres import pause_sync  # noqa: PLC0415
+
+            ns = self.keys.namespace
+            pause_sync(self._pg_pool, ns, field, now, lambda since: self.store.pause(field, since))
+            return
+        self.store.pause(field, now)
 
     def resume(self, task: str | None = None) -> int:
         """Resume ``task`` (None: the namespace's pause): :meth:`Scheduler.resume`.
@@ -396,6 +403,11 @@ class SyncScheduler:
         """
         field = pause_field(task)
         self.open()
+        if self._pg_pool is not None:  # PostgreSQL's row, then Redis inside its transaction
+            from tickwheel.durable.postgres import resume_sync  # noqa: PLC0415
+
+            ns = self.keys.namespace
+            return resume_sync(self._pg_pool, ns, field, lambda: self.store.resume(field))
         return self.store.resume(field)
 
     def paused(self) -> dict[str | None, int]:

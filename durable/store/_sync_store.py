@@ -180,18 +180,19 @@ class SyncStore:
 
     # -- the calls, one script each (what Store's methods of the same names do) --------
 
-    def init(self) -> tuple[int, int]:
-        """Store the layout on first use (init.lua); return the stored one.
+    def init(self, postgres: bool = False) -> tuple[int, int]:
+        """Store the layout on first use (init.lua), and the Postgres mode when
+        ``postgres``; return the stored one.
 
         Raises:
-            PostgresModeRequired: the namespace is in the Postgres mode, which a sync
-                producer does not have (nothing was written).
+            PostgresModeRequired: the namespace is in the Postgres mode and ``postgres``
+                is False (nothing was written).
         """
-        reply = self._run("init", calls.init_call(self.keys), -1)
+        reply = self._run("init", calls.init_call(self.keys, postgres), -1)
         try:
-            return calls.init_result(self.keys, reply)
+            return calls.init_result(self.keys, reply, postgres)
         except PostgresModeRequired:
-            detail = "a SyncScheduler has no Postgres mode: use Scheduler(..., postgres_url=...)"
+            detail = "this SyncScheduler has no Postgres mode: SyncScheduler(..., postgres_url=...)"
             raise PostgresModeRequired(self.keys.namespace, detail) from None
 
     def now(self, shard: int) -> int:
