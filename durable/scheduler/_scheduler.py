@@ -327,8 +327,7 @@ class Scheduler:
                 policy). At most a week. docs/timezones.md, "Jitter".
             timeout: seconds this job's handler may run before it is stopped (the
                 attempt fails with reason timeout), before its task's ``timeout`` and
-                the worker's ``default_timeout``; None: theirs. Not in the Postgres
-                mode yet (a ValueError).
+                the worker's ``default_timeout``; None: theirs.
             conn: Postgres mode only: the application's open asyncpg connection. The
                 job is written in its current transaction and exists iff that commits;
                 the relay indexes it in Redis after the commit.
