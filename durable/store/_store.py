@@ -282,7 +282,7 @@ class Store:
             elif count == timed:  # the short row and the job's own timeout
                 ep, recurrence, error = epoch, None, ""
                 limit, trace = reply[i + 11], b""
-            else:  # all 15: a recurring job, one with an error or a trace
+            else:  # all 15: a recurring job, one with an error or a trace (timeout or not)
                 ep, kind = reply[i + 11], reply[i + 12]
                 recurrence = recurrence_of(kind, *reply[i + 13 : i + 17]) if kind else None
                 error = reply[i + 17].decode(errors="replace")

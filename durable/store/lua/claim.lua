@@ -23,10 +23,10 @@
 --   count is 6 (task, payload, max, flags, nominal, attempt: the epoch is ARGV[1] and
 --   the rest are at their defaults) for a one-shot job with no error, no timeout of
 --   its own and no trace context; 7 (those 6, then the timeout) for such a job with a
---   timeout of its own; else 15 (NFIELDS); the nominal is resolved. dropped counts one-shot jobs whose
---   occurrence is in done already: removed, not returned. A recurring job whose
---   occurrence is done comes back leased with dup = 1: the client acks it unrun, which
---   re-inserts its next occurrence. parked counts the due jobs of paused tasks (a task
+--   timeout of its own; else 15 (NFIELDS); the nominal is resolved. dropped counts
+--   one-shot jobs whose occurrence is in done already: removed, not returned. A
+--   recurring job whose occurrence is done comes back leased with dup = 1: the client
+--   acks it unrun, which re-inserts its next occurrence. parked counts the due jobs of paused tasks (a task
 --   in KEYS[11], or all when it has the field ""): moved from due to the parked jobs
 --   (_lib.lua), not leased, so no claim reads them again until a resume moves them back.
 -- Re-sent safely: a claim whose reply is kept under KEYS[6] returns that reply again
