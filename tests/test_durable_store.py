@@ -254,6 +254,13 @@ def test_a_claim_reply_is_one_msgpack_string_kept_for_its_resend(redis_url: str)
             again = await client.evalsha(sha, len(keys), *keys, epoch, 0, 2, 30_000)
             assert again == first and await client.zcard(k.leased) == 2
             assert len((await s.claim(0)).jobs) == 1  # the third, under another token
+            # A one-shot job with its own timeout: the short row and the timeout.
+            await s.schedule("timed", "t", b"p", timeout=1.5)
+            other = s.keys.claim_reply(0, "tok2")
+            keys[5] = keys[6] = other
+            rows = unpack_reply(await client.evalsha(sha, len(keys), *keys, epoch, 0, 2, 30_000))
+            assert len(rows) == 3 + 12 and rows[3] == b"timed"
+            assert rows[7] == 7 and rows[-1] == 1500  # count, then the timeout last
 
     run(main())
 
