@@ -170,6 +170,11 @@ return rec_encode(r)"""
         [b"t", b"p", 5, 0, 0, 3],  # nominal still the due score, past the first attempt
         [b"t", b"p", 5, 0, 0, 2, 0, 0, b"", 0, 0, 0, b"boom"],  # an error kept
         [b"t", b"p", 5, 0, 0, 1, 0, 1, b"60000"],  # recurring
+        [b"t", b"p", 5, 0, 0, 1, 0, 0, b"", 0, 0, 0, b"", 1500],  # its own timeout
+        [b"t", b"[1]", 7, 1, 1_700_000_000_123, 2, 0, 0, b"", 0, 0, 0, b"", 90_000],
+        [b"t", b"p", 5, 0, 0, 2, 0, 0, b"", 0, 0, 0, b"boom", 1500],  # and an error
+        [b"t", b"p", 5, 0, 0, 1, 0, 0, b"", 0, 0, 0, b"", 1500, b"00-" + b"a" * 52],
+        [b"t", b"p", 5, 0, 0, 1, 0, 1, b"60000", 0, 0, 0, b"", 1500],  # recurring
     ],
     ids=[
         "empty",
@@ -183,6 +188,11 @@ return rec_encode(r)"""
         "zero-nominal",
         "error",
         "recurring",
+        "timeout",
+        "timeout-nominal",
+        "timeout-error",
+        "timeout-trace",
+        "timeout-recurring",
     ],
 )
 def test_a_claim_stores_each_record_as_decoding_and_encoding_it_would(
@@ -208,6 +218,7 @@ def test_a_claim_stores_each_record_as_decoding_and_encoding_it_would(
             assert (job.task, job.payload, job.max_attempts) == (full[0].decode(), payload, full[2])
             assert (job.nominal_ms, job.attempt, job.due_ms) == (full[4] or due, full[5], due)
             assert job.last_error == full[12].decode() and job.epoch == epoch
+            assert job.timeout_ms == full[13]
             assert await s.ack_many([job]) == [True]
 
     run(main())
@@ -243,6 +254,13 @@ def test_a_claim_reply_is_one_msgpack_string_kept_for_its_resend(redis_url: str)
             again = await client.evalsha(sha, len(keys), *keys, epoch, 0, 2, 30_000)
             assert again == first and await client.zcard(k.leased) == 2
             assert len((await s.claim(0)).jobs) == 1  # the third, under another token
+            # A one-shot job with its own timeout: the short row and the timeout.
+            await s.schedule("timed", "t", b"p", timeout=1.5)
+            other = s.keys.claim_reply(0, "tok2")
+            keys[5] = keys[6] = other
+            rows = unpack_reply(await client.evalsha(sha, len(keys), *keys, epoch, 0, 2, 30_000))
+            assert len(rows) == 3 + 12 and rows[3] == b"timed"
+            assert rows[7] == 7 and rows[-1] == 1500  # count, then the timeout last
 
     run(main())
 

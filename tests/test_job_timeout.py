@@ -74,6 +74,31 @@ def test_the_job_timeout_is_stored_and_old_records_read_as_none(redis_url: str) 
     run(main())
 
 
+def test_a_claim_parks_and_leases_a_timed_record_keeping_its_timeout(redis_url: str) -> None:
+    """claim.lua's row of a one-shot job with its own timeout is the short one and the
+    timeout (7 fields); parked under a pause, its record gets the nominal explicit and
+    keeps the timeout, and the claim after the resume leases it with it."""
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            await s.pause("t")
+            await s.schedule("own", "t", timeout=1.5, at=1_700_000_000_000)
+            await s.schedule("other", "u", timeout=2)
+            await s.take(0)
+            batch = await s.claim(0, limit=10)
+            assert [(j.id, j.timeout_ms) for j in batch.jobs] == [("other", 2000)]
+            assert batch.parked == 1
+            raw = await client_of(s).hget(s.keys.jobs_key(0, "own"), "own")
+            nominal = [b"t", b"", 5, 0, 1_700_000_000_000, 1, 0, 0, b"", 0, 0, 0, b"", 1500]
+            assert raw == pack_record(nominal)
+            await s.resume("t")
+            [job] = (await s.claim(0, limit=10)).jobs
+            assert (job.id, job.timeout_ms, job.nominal_ms) == ("own", 1500, 1_700_000_000_000)
+            assert await s.ack_many([job, *batch.jobs]) == [True, True]
+
+    run(main())
+
+
 def test_the_job_timeout_comes_before_the_task_and_worker_ones(redis_url: str) -> None:
     async def main() -> None:
         starts: dict[str, float] = {}
@@ -125,21 +150,53 @@ def test_cli_schedule_takes_timeout(redis_server: RedisServer) -> None:
     assert cli_json("schedule", "j", "t", "--timeout", "2.5", *o)["status"] == "created"
 
 
-def test_the_postgres_mode_refuses_a_job_timeout_and_writes_nothing(
-    redis_server: RedisServer, pg_url: str
+def test_the_postgres_mode_keeps_a_job_timeout_through_retries_and_a_redis_loss(
+    private_redis: RedisServer, pg_url: str
 ) -> None:
-    from tests.durable_support import snapshot
-    from tests.pg_support import migrated, pg_scheduler, table_counts
+    """In the Postgres mode a job's own timeout is stored in the row's record: its
+    attempt times out and retries, FLUSHALL loses Redis, reconcile rebuilds the retried
+    occurrence from the row (attempt 2), and it keeps its timeout until it is dead."""
+    from tests.pg_support import migrated, pg_scheduler
+
+    stops: list[tuple[int, float]] = []
+    reg = TaskRegistry()
+
+    @reg.task(name="hang")
+    async def hang(ctx: TaskContext) -> None:
+        start = time.monotonic()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            stops.append((ctx.attempt, time.monotonic() - start))
+            raise
+
+    async def state(s: Any, want: JobState, attempt: int) -> Any:
+        for _ in range(200):
+            info = await s.get("own")
+            if info is not None and info.state is want and info.attempt == attempt:
+                return info
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"own: {await s.get('own')}")
 
     async def main() -> None:
         await migrated(pg_url)
-        async with pg_scheduler(redis_server.url, pg_url, shards=1) as s:
-            await s.open()
-            before, rows = await snapshot(s), await table_counts(pg_url)
-            with pytest.raises(ValueError, match="timeout"):
-                await s.schedule("a", "t", timeout=5)
-            with pytest.raises(ValueError, match="timeout"):
-                await s.schedule_many([JobSpec("b", "t", timeout=5)])
-            assert await snapshot(s) == before and await table_counts(pg_url) == rows
+        opts: dict[str, Any] = {"shards": 1, "retry_base": 1.0, "retry_max": 1.0}
+        async with pg_scheduler(private_redis.url, pg_url, **opts) as s:
+            ns = s.keys.namespace
+            await s.schedule("own", "hang", timeout=0.4, max_attempts=3)
+            async with running_worker(s, reg, reconcile_interval=600, **FAST):
+                assert await until(lambda: len(stops) == 1, 10)
+            await state(s, JobState.DUE, 2)  # retried (after 0.5 s at least): not begun
+            await client_of(s).flushall()
+        async with pg_scheduler(private_redis.url, pg_url, ns, **opts) as s:
+            assert await s.get("own") is None
+            assert (await s.reconcile()).restored == 1
+            info = await state(s, JobState.DUE, 2)
+            assert info.timeout_ms == 400
+            async with running_worker(s, reg, reconcile_interval=600, **FAST):
+                info = await state(s, JobState.DEAD, 3)
+            assert "timeout" in info.last_error and info.timeout_ms == 400
+        assert [a for a, _ in stops] == [1, 2, 3]
+        assert all(0.4 <= took < 5.0 for _, took in stops)  # never early
 
     run(main())

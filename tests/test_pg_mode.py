@@ -25,7 +25,7 @@ from tickwheel.durable import (
     TaskContext,
     TaskRegistry,
 )
-from tickwheel.durable.postgres import SCHEMA_VERSION, migrate, schema_version
+from tickwheel.durable.postgres import SCHEMA_VERSION, migrate, migrations, schema_version
 from tickwheel.durable.postgres._pg_store import MAX_LOCKED, PgStore
 from tickwheel.durable.postgres._rows import encode_pg_job
 from tickwheel.durable.servers._redis import RedisServer
@@ -46,7 +46,7 @@ def test_migrate_is_versioned_and_idempotent(pg_url: str) -> None:
         conn = await asyncpg.connect(pg_url)
         try:
             assert await schema_version(conn) == 0
-            assert await migrate(conn) == list(range(1, SCHEMA_VERSION + 1))
+            assert await migrate(conn) == [m.version for m in migrations()]
             assert await migrate(conn) == []
             assert await schema_version(conn) == SCHEMA_VERSION
             # Two concurrent runs serialise on the advisory lock: one applies nothing.
@@ -73,7 +73,7 @@ def test_concurrent_first_migrations_apply_once(pg_url: str) -> None:
         finally:
             for c in conns:
                 await c.close()
-        assert sorted(results) == [[], [], list(range(1, SCHEMA_VERSION + 1))]
+        assert sorted(results) == [[], [], [m.version for m in migrations()]]
 
     run(main())
 

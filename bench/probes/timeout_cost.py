@@ -10,10 +10,12 @@ returns), and the jobs scheduled with their own ``schedule(..., timeout=30)`` (t
 task without one: a longer record and claim row per job, then the same timer).
 ``--baseline`` adds a row of the same run without a timeout on another checkout's
 ``durable/`` (``git archive <commit> durable | tar -x -C /tmp/old``, then
-``/tmp/old/durable``): the cost of the new code on a job without a timeout. Every row of
+``/tmp/old/durable``): the cost of the new code on a job without a timeout; and a row
+of jobs with their own timeout on it (the before of a change to that path). Every row of
 every round runs in a fresh process, the rows in a rotating order (so a load spike of
 the shared machine hits them all alike). Each row's figure is the median of its rounds'
-jobs/s; the ratios are of the medians.
+jobs/s; the ratios are of the medians, and beside them the median of each round's own
+ratio (steadier on a shared machine: a round's rows run one after the other).
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ def main() -> None:
     }
     if args.baseline:
         rows["baseline, no timeout"] = ["none", "--durable-dir", args.baseline]
+        rows["baseline, job t=30"] = ["job:30", "--durable-dir", args.baseline]
     rates: dict[str, list[float]] = {name: [] for name in rows}
     server = redis_server_type()().start()
     try:
@@ -129,7 +132,12 @@ def main() -> None:
         )
     base = medians["without timeout"]
     for name in list(rates)[1:]:
-        print(f"  {name} / without timeout: {medians[name] / base:.3f}")
+        # and the median of each round's own ratio (its rows ran one after the other)
+        paired = [r / b for r, b in zip(rates[name], rates["without timeout"], strict=True)]
+        print(
+            f"  {name} / without timeout: {medians[name] / base:.3f}"
+            f"  (median of the rounds' ratios {statistics.median(paired):.3f})"
+        )
 
 
 if __name__ == "__main__":

@@ -26,18 +26,20 @@ MODE_SHARDS = 4  # mode_round's namespace
 # bare: one EVALSHA of a script that only returns, through the store's own call path
 # (Direct on one Redis, as a single schedule goes): the floor of an awaited call,
 # against which "single" is compared.
+# claim_ack_timeout: claim_ack of jobs with their own timeout (schedule(timeout=30)).
 # claim_ack_cron / claim_ack_cron_tz: claim_ack of recurring jobs, a daily "0 9 * * *"
 # in UTC / in Europe/Paris, each claimed on time at its 09:00 (the shard's clock placed
 # there), so the claim plans the next occurrence (and checks for missed ones) per job.
 HOT_PATHS = (
     "claim_ack",
+    "claim_ack_timeout",
     "schedule_many",
     "single",
     "bare",
     "claim_ack_cron",
     "claim_ack_cron_tz",
 )
-_CLAIMED = ("claim_ack", "claim_ack_cron", "claim_ack_cron_tz")
+_CLAIMED = ("claim_ack", "claim_ack_timeout", "claim_ack_cron", "claim_ack_cron_tz")
 # The cron paths' first occurrence: 2030-06-03 09:00 in UTC, and in Paris (07:00Z).
 _CRON_AT = {
     "claim_ack_cron": (1_906_707_600_000, None),
@@ -107,12 +109,13 @@ async def hot_path_setup(port: int, op: str) -> tuple[Scheduler, redis.asyncio.R
     await client.flushall()
     s = Scheduler(client, "p", shards=1 if op in _CLAIMED else 16, check=False)
     await s.open()
-    if op == "claim_ack":
+    if op in ("claim_ack", "claim_ack_timeout"):
         await s.take(0)
+        own = 30.0 if op == "claim_ack_timeout" else None
         for start in range(0, HOT_PATH_JOBS, 5000):
             n = min(5000, HOT_PATH_JOBS - start)
             await s.schedule_many(
-                JobSpec(f"job:{start + i}", "send_email", PAYLOAD) for i in range(n)
+                JobSpec(f"job:{start + i}", "send_email", PAYLOAD, timeout=own) for i in range(n)
             )
     elif op in _CRON_AT:
         at, tz = _CRON_AT[op]

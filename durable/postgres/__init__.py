@@ -7,8 +7,9 @@ Owns: the schema and its migrations (``migrations/``, ``_migrate.py``); the Post
 store, in rooms: ``_pg_store.py`` (``PgStore``: the pool, each call's connection and
 transaction, the advisory locks), ``_errors.py`` (every driver error translated once),
 ``_rows.py`` (a job as rows and back in Redis's form), ``_writes.py`` (the job writes),
-``_relay.py`` (the outbox and reconcile's reads), ``_prune.py`` (retention); and the mode
-that joins the two stores (``_mode.py``: transactional enqueue, outbox relay, reconcile).
+``_relay.py`` (the outbox and reconcile's reads), ``_pauses.py`` (the pause state),
+``_prune.py`` (retention); and the mode that joins the two stores (``_mode.py``:
+transactional enqueue, outbox relay, reconcile).
 
 Invariants: PostgreSQL is written first; Redis is an index rebuilt from it, so a Redis
 failure after a commit is repaired by the relay or by reconcile, never lost.
@@ -23,6 +24,7 @@ from ._drivers import enqueue_sync
 from ._errors import translate
 from ._migrate import SCHEMA_VERSION, check_schema, migrate, migrations, schema_version
 from ._mode import PostgresMode, ReconcileResult
+from ._pauses import pause_sync, resume_sync
 from ._pg_store import PgStore
 from ._prune import prune
 from ._sync_ops import cancel_sync, reschedule_sync
@@ -39,8 +41,10 @@ __all__ = [
     "enqueue_sync",
     "migrate",
     "migrations",
+    "pause_sync",
     "prune",
     "reschedule_sync",
+    "resume_sync",
     "schema_version",
     "translate",
 ]

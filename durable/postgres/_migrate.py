@@ -63,13 +63,14 @@ def migrations() -> list[Migration]:
         if found:
             out.append(Migration(int(found.group(1)), found.group(2), entry.read_text()))
     out.sort(key=lambda m: m.version)
-    if [m.version for m in out] != list(range(1, len(out) + 1)):
-        raise RuntimeError(f"migrations are not numbered 1..n: {[m.version for m in out]}")
+    versions = [m.version for m in out]
+    if not versions or versions[0] != 1 or len(set(versions)) != len(versions):
+        raise RuntimeError(f"migrations are not numbered 1, then up, once each: {versions}")
     return out
 
 
 # The version this library needs: its last migration.
-SCHEMA_VERSION = len(migrations())
+SCHEMA_VERSION = migrations()[-1].version
 
 
 # schema_version(): whether the version table exists, then the highest version applied.

@@ -39,11 +39,13 @@ from tickwheel.durable.model import (
 )
 from tickwheel.durable.store import ClaimedRef, EncodedJob, Keys, Store
 
+from . import _pauses
 from ._drivers import async_connection
 from ._enqueue import encode_jobs, first_run, needs_now, sorted_by_id
 from ._enqueue import results as enqueue_results
 from ._errors import stored_epoch
 from ._pg_store import MAX_LOCKED, PgStore
+from ._relay import listen
 from ._rows import PgJob, encode_pg_job, redis_job
 
 __all__ = ["DEFAULT_RECONCILE_PAGE", "DEFAULT_RELAY_INTERVAL", "PostgresMode", "ReconcileResult"]
@@ -74,6 +76,7 @@ class ReconcileResult:
     relayed: int  # outbox rows handled
     seconds: float  # how long it took
     skipped: bool = False  # if_free and another reconcile held the lock: nothing done
+    paused: int = 0  # recorded pauses (tasks, or the namespace) written back to Redis
 
 
 class RedisSide(Protocol):
@@ -411,6 +414,8 @@ class PostgresMode:
           Redis has (due, leased, dead) is left as it is; a missing one is due again.
           Nothing done comes back: done rows are not pending, and a claim drops an
           occurrence PostgreSQL has done.
+        - The pauses PostgreSQL records are written to Redis first (``_pauses.py``), so
+          a claim parks a paused task's restored jobs instead of leasing them.
         - The outbox is relayed.
 
         Idempotent, and safe beside running workers. With ``if_free``, it runs only if
@@ -433,6 +438,7 @@ class PostgresMode:
         for shard, epoch in sorted((await self.store.shard_epochs()).items()):
             if shard < sched.keys.shards:
                 raised += await sched.store.raise_epoch(shard, epoch)
+        paused = await _pauses.restore(self.store, sched.store)  # before the jobs come back
         pending = restored = 0
         after: tuple[int, str] | None = None
         while rows := await self.store.pending(after, page):
@@ -445,7 +451,16 @@ class PostgresMode:
             pending += len(rows)
             after = (rows[-1].due_ms, rows[-1].job.id)
         relayed = await self.relay_all(sched)
-        return ReconcileResult(pending, restored, raised, relayed, time.monotonic() - start)
+        took = time.monotonic() - start
+        return ReconcileResult(pending, restored, raised, relayed, took, paused=paused)
+
+    async def pause(self, sched: RedisSide, task: str, since_ms: int) -> None:
+        """Pause ``task`` (``''``: all) in PostgreSQL, then Redis (``_pauses.pause``)."""
+        await _pauses.pause(self.store, sched.store, task, since_ms)
+
+    async def resume(self, sched: RedisSide, task: str) -> int:
+        """Resume ``task`` in PostgreSQL, then Redis (``_pauses.resume``); jobs moved."""
+        return await _pauses.resume(self.store, sched.store, task)
 
     async def run_relay(
         self, sched: RedisSide, stop: asyncio.Event, interval: float = DEFAULT_RELAY_INTERVAL
@@ -456,7 +471,7 @@ class PostgresMode:
         listener: Any = None
         while not stop.is_set():
             if listener is None:
-                listener = await self._listen(wake)
+                listener = await listen(self.store, _CHANNEL, wake)
             try:
                 await self.relay_all(sched)
             except (RedisUnavailable, PostgresUnavailable) as exc:
@@ -476,25 +491,3 @@ class PostgresMode:
         if listener is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(listener.close(), 5)
-
-    async def _listen(self, wake: asyncio.Event) -> Any:
-        """A connection of its own LISTENing to commit notifications (None if down)."""
-        import asyncpg  # noqa: PLC0415
-
-        ns = self.store.namespace
-
-        def notified(_conn: object, _pid: int, _channel: str, payload: object) -> None:
-            if payload == ns:
-                wake.set()
-
-        bound = self.store.call_timeout
-        conn = None
-        try:
-            conn = await asyncpg.connect(self.store.url, timeout=bound)
-            await asyncio.wait_for(conn.add_listener(_CHANNEL, notified), bound)
-        except Exception as exc:  # the poll goes on without notifications
-            logger.warning("relay cannot listen (%r)", exc)
-            if conn is not None:
-                conn.terminate()  # no goodbye to wait on: this connection failed
-            return None
-        return conn

@@ -223,6 +223,18 @@ class PgStore:
             return await _writes.schedule(c, self.namespace, jobs, notify)
 
     @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Any]:
+        """A pooled connection in a transaction of its own for the body: committed when
+        the body returns, rolled back if it raises.
+
+        Raises:
+            PostgresUnavailable: if PostgreSQL fails.
+        """
+        await self.open()
+        async with self._conn() as c, c.transaction():
+            yield c
+
+    @contextlib.asynccontextmanager
     async def locked(self, ids: Sequence[str]) -> AsyncIterator[tuple[Any, dict[str, int]]]:
         """A transaction of its own holding the jobs ``ids`` for the body: a
         transaction-level advisory lock per id (so an id with no row yet is held too)

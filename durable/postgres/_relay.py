@@ -7,12 +7,27 @@ back in the schedule.lua form (``_rows.py``), ready for the Redis store.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._rows import OutboxRow, PendingRow, redis_job, retried_job
 
-__all__ = ["delete_outbox", "marks", "pending", "relayed", "shard_epochs", "take_outbox"]
+if TYPE_CHECKING:
+    from ._pg_store import PgStore
+
+__all__ = [
+    "delete_outbox",
+    "listen",
+    "marks",
+    "pending",
+    "relayed",
+    "shard_epochs",
+    "take_outbox",
+]
+
+logger = logging.getLogger("tickwheel.durable")
 
 # Oldest first, skipping rows another relay holds; ``live``: the job is still pending at
 # the outbox row's due (else there is nothing to write: gone, or moved on since);
@@ -101,3 +116,28 @@ async def shard_epochs(conn: Any, ns: str) -> dict[int, int]:
     """The highest epoch recorded per shard."""
     rows = await conn.fetch("SELECT shard, epoch FROM tickwheel_shard_epochs WHERE ns = $1", ns)
     return {int(r[0]): int(r[1]) for r in rows}
+
+
+async def listen(store: PgStore, channel: str, wake: asyncio.Event) -> Any:
+    """A connection of its own LISTENing to ``channel``'s commit notifications of
+    ``store``'s namespace, setting ``wake`` at each (None if PostgreSQL is down: the
+    relay then polls)."""
+    import asyncpg  # noqa: PLC0415
+
+    ns = store.namespace
+
+    def notified(_conn: object, _pid: int, _channel: str, payload: object) -> None:
+        if payload == ns:
+            wake.set()
+
+    bound = store.call_timeout
+    conn = None
+    try:
+        conn = await asyncpg.connect(store.url, timeout=bound)
+        await asyncio.wait_for(conn.add_listener(channel, notified), bound)
+    except Exception as exc:  # the poll goes on without notifications
+        logger.warning("relay cannot listen (%r)", exc)
+        if conn is not None:
+            conn.terminate()  # no goodbye to wait on: this connection failed
+        return None
+    return conn

@@ -27,11 +27,13 @@ from tickwheel.durable.model import (
     JobSpec,
 )
 from tickwheel.durable.store import (
+    TIMEOUT_FIELD,
     TRACE_FIELD,
     EncodedJob,
     encode_payload,
     pack_record,
     record_fields,
+    with_timeout,
     with_trace,
 )
 
@@ -54,8 +56,6 @@ def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int) -> PgJob:
     Raises:
         TypeError, ValueError: if the payload is not encodable or over ``payload_limit``.
     """
-    if spec.timeout_ms:  # a retry rebuilds the record from the row's columns: none for it
-        raise ValueError("timeout= (a job's own timeout) is not in the Postgres mode yet")
     data, flags = encode_payload(spec.payload, payload_limit)
     rec = spec.recurrence
     rkind, rspec, policy, cap, grace = 0, "", 0, 0, 0
@@ -63,7 +63,8 @@ def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int) -> PgJob:
         # The zone travels in rspec ("TZ=<zone> <expr>"), as in the Redis record.
         rkind, rspec = (KIND_INTERVAL if rec.every_ms else KIND_CRON), rec.spec
         policy, cap, grace = POLICY_CODES[rec.missed], rec.max_catch_up, rec.misfire_grace_ms
-    # The trace context (JobSpec.trace) rides in the record column: no column of its own.
+    # The job's own timeout (JobSpec.timeout_ms) and the trace context (JobSpec.trace)
+    # ride in the record column, no column of their own: retried_job reads them back.
     record = pack_record(record_fields(spec, data, flags))
     args = (
         spec.task,
@@ -82,19 +83,30 @@ def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int) -> PgJob:
     return PgJob(spec.id, shard, args, record)
 
 
-def record_trace(record: object) -> bytes:
-    """The trace context field of a stored record (b"" when it has none, or the record
-    is not one: never raises)."""
-    if not isinstance(record, bytes | memoryview) or len(record) < 60:
-        return b""  # shorter than a traceparent: none
+def record_extras(record: object) -> tuple[int, bytes]:
+    """The job's own timeout (ms; 0: none) and trace context (b"": none) fields of a
+    stored record; ``(0, b"")`` when it has neither, or is not a record: never raises."""
+    if not isinstance(record, bytes | memoryview) or len(record) <= TIMEOUT_FIELD:
+        return 0, b""  # fewer bytes than fields up to the timeout: neither
     unpacker = msgpack.Unpacker(raw=True, max_buffer_size=len(record) + 1)
     try:
         unpacker.feed(bytes(record))
         fields = list(itertools.islice(unpacker, TRACE_FIELD + 1))
-    except Exception:  # not a record: no trace
-        return b""
+    except Exception:  # not a record: neither
+        return 0, b""
+    timeout = fields[TIMEOUT_FIELD] if len(fields) > TIMEOUT_FIELD else 0
+    if type(timeout) is not int or timeout < 0:
+        timeout = 0
     trace = fields[-1] if len(fields) == TRACE_FIELD + 1 else b""
-    return trace if type(trace) is bytes and len(trace) <= MAX_TRACE_BYTES else b""
+    if type(trace) is not bytes or len(trace) > MAX_TRACE_BYTES:
+        trace = b""
+    return timeout, trace
+
+
+def record_trace(record: object) -> bytes:
+    """The trace context field of a stored record (b"" when it has none, or the record
+    is not one: never raises)."""
+    return record_extras(record)[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +155,10 @@ def retried_job(row: Any) -> EncodedJob:
             int(row["max_catch_up"]),
             int(row["grace_ms"]),
         ]
-    trace = record_trace(row["record"])
-    if trace:  # the producer's trace context, kept from the stored record
+    # The job's own timeout and the producer's trace context, kept from the stored record.
+    timeout, trace = record_extras(row["record"])
+    if timeout:
+        fields = with_timeout(fields, timeout)
+    if trace:
         fields = with_trace(fields, trace)
     return EncodedJob(row["id"], (row["id"].encode(), 0, int(row["run_ms"]), pack_record(fields)))

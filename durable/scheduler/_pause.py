@@ -13,6 +13,9 @@ Ground rules:
   (``RESUME_BATCH`` a shard and call), so claims take them in due order before anything
   due later. A recurring series' occurrence that fell due during the pause runs as after
   any downtime: its missed-run policy decides.
+- In the Postgres mode PostgreSQL records the state first (``postgres/_pauses.py``):
+  pause and resume write its row, then Redis, in one transaction holding the
+  namespace's pause lock, and reconcile writes its pauses back to Redis after a loss.
 - A task name that no worker registers yet may be paused (producers and workers deploy
   independently: pausing before the first deploy is useful); it is checked as task names
   are (1 to 128 UTF-8 bytes, no NUL).
@@ -26,7 +29,11 @@ from collections.abc import Awaitable, Callable
 from tickwheel.durable.model import check_task_name
 from tickwheel.durable.store import Store
 
-__all__ = ["Pauses", "pause_field"]
+__all__ = ["PauseRecord", "Pauses", "pause_field"]
+
+# The Postgres mode's pause and resume (PostgresMode's, bound to the scheduler): they
+# write PostgreSQL's row, then Redis (both: Redis is not written again here).
+PauseRecord = tuple[Callable[[str, int], Awaitable[None]], Callable[[str], Awaitable[int]]]
 
 
 def pause_field(task: str | None) -> str:
@@ -44,13 +51,20 @@ class Pauses:
     Args:
         store: the namespace's store.
         opener: awaited before every call (``Scheduler.open``).
+        record: the Postgres mode's pause and resume (None: the Redis-only mode).
     """
 
-    __slots__ = ("_open", "store")
+    __slots__ = ("_open", "_record", "store")
 
-    def __init__(self, store: Store, opener: Callable[[], Awaitable[object]]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        opener: Callable[[], Awaitable[object]],
+        record: PauseRecord | None = None,
+    ) -> None:
         self.store = store
         self._open = opener
+        self._record = record
 
     async def pause(self, task: str | None = None) -> None:
         """Pause ``task`` (None: every task of the namespace): from the return on, no
@@ -63,12 +77,17 @@ class Pauses:
             TypeError, ValueError: naming ``task`` if it is not a valid task name
                 (nothing written).
             RedisUnavailable: if Redis cannot be reached.
+            PostgresUnavailable: Postgres mode: the pause is not recorded.
 
         Runtime complexity: O(shards), one round trip per node.
         """
         field = pause_field(task)
         await self._open()
-        await self.store.pauses.pause(field, int(time.time() * 1000))
+        now = int(time.time() * 1000)
+        if self._record is not None:  # PostgreSQL's row first, then Redis
+            await self._record[0](field, now)
+            return
+        await self.store.pauses.pause(field, now)
 
     async def resume(self, task: str | None = None) -> int:
         """Resume ``task`` (None: the namespace's pause; tasks paused on their own stay
@@ -81,12 +100,15 @@ class Pauses:
         Raises:
             TypeError, ValueError: naming ``task`` if it is not a valid task name.
             RedisUnavailable: if Redis cannot be reached.
+            PostgresUnavailable: Postgres mode: the pause is still recorded.
 
         Runtime complexity: O(parked jobs released), in batches of ``RESUME_BATCH``
         per shard and round trip.
         """
         field = pause_field(task)
         await self._open()
+        if self._record is not None:  # PostgreSQL's row first, then Redis
+            return await self._record[1](field)
         return await self.store.pauses.resume(field)
 
     async def paused(self) -> dict[str | None, int]:

@@ -35,7 +35,7 @@ from tickwheel.durable.store import EncodedJob, Keys, Store, encode_job
 
 from ._flow import check_flow_mode, schedule_flow
 from ._leases import MAX_BATCH
-from ._spec_checks import check_tasks, known_task, refuse_pg_timeouts
+from ._spec_checks import check_tasks, known_task
 from ._tracing import Tracing
 
 if TYPE_CHECKING:
@@ -318,7 +318,6 @@ class Producer:
     ) -> list[ScheduleResult]:
         if self.pg is None:
             raise ValueError("conn needs the Postgres mode (Scheduler(..., postgres_url=...))")
-        refuse_pg_timeouts(specs)
         if replace:
             if conn is not None:
                 raise ValueError(

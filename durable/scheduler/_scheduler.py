@@ -332,8 +332,7 @@ class Scheduler:
                 policy). At most a week. docs/timezones.md, "Jitter".
             timeout: seconds this job's handler may run before it is stopped (the
                 attempt fails with reason timeout), before its task's ``timeout`` and
-                the worker's ``default_timeout``; None: theirs. Not in the Postgres
-                mode yet (a ValueError).
+                the worker's ``default_timeout``; None: theirs.
             debounce: seconds: each schedule of this id while its job waits moves its
                 due to now + ``debounce`` (the payload is the latest one); one-shot
                 jobs without ``delay``/``at`` only; not in the Postgres mode.
@@ -443,8 +442,13 @@ class Scheduler:
 
     @functools.cached_property
     def pauses(self) -> Pauses:
-        """Pause, resume and the pause state, each after :meth:`open`."""
-        return Pauses(self.store, self.open)
+        """Pause, resume and the pause state, each after :meth:`open` (in the Postgres
+        mode, recorded in PostgreSQL first)."""
+        pg = self.pg
+        if pg is None:
+            return Pauses(self.store, self.open)
+        record = (functools.partial(pg.pause, self), functools.partial(pg.resume, self))
+        return Pauses(self.store, self.open, record)
 
     pause = _forward("pauses", Pauses.pause)
     resume = _forward("pauses", Pauses.resume)

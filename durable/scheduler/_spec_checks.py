@@ -1,14 +1,11 @@
 """Checks a producer makes before anything is written: the task names it may schedule
-(``tasks=``, checked when it is made and at each schedule), and what the Postgres mode
-does not take yet."""
+(``tasks=``, checked when it is made and at each schedule)."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 
-from tickwheel.durable.model import JobSpec
-
-__all__ = ["check_tasks", "known_task", "refuse_pg_timeouts"]
+__all__ = ["check_tasks", "known_task"]
 
 
 def check_tasks(tasks: object) -> Collection[str] | None:
@@ -39,14 +36,3 @@ def known_task(tasks: Collection[str] | None, task: str) -> None:
         names = sorted(tasks)
         shown = ", ".join(map(repr, names[:20])) + (", ..." if len(names) > 20 else "")
         raise ValueError(f"task {task!r} is not registered (tasks= holds {shown or 'none'})")
-
-
-def refuse_pg_timeouts(specs: Sequence[JobSpec]) -> None:
-    """The Postgres mode has no job's own timeout yet (a retry rebuilds the record from
-    the row's columns, which have none for it): refused before anything is written.
-
-    Raises:
-        ValueError: naming ``timeout``.
-    """
-    if any(spec.timeout_ms for spec in specs):
-        raise ValueError("timeout= (a job's own timeout) is not in the Postgres mode yet")

@@ -68,7 +68,6 @@ from ._producer import (
     with_first_run,
 )
 from ._scheduler import DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_SHARDS
-from ._spec_checks import refuse_pg_timeouts
 from ._tracing import Tracing, make_tracing
 
 if TYPE_CHECKING:
@@ -341,7 +340,6 @@ class SyncScheduler:
         from tickwheel.durable.postgres import enqueue_sync  # noqa: PLC0415
 
         assert self._pg_pool is not None
-        refuse_pg_timeouts(specs)
         return enqueue_sync(
             conn,
             self._pg_pool,
@@ -412,7 +410,14 @@ class SyncScheduler:
         """
         field = pause_field(task)
         self.open()
-        self.store.pause(field, int(time.time() * 1000))
+        now = int(time.time() * 1000)
+        if self._pg_pool is not None:  # PostgreSQL's row, then Redis inside its transaction
+            from tickwheel.durable.postgres import pause_sync  # noqa: PLC0415
+
+            ns = self.keys.namespace
+            pause_sync(self._pg_pool, ns, field, now, lambda since: self.store.pause(field, since))
+            return
+        self.store.pause(field, now)
 
     def resume(self, task: str | None = None) -> int:
         """Resume ``task`` (None: the namespace's pause): :meth:`Scheduler.resume`.
@@ -423,6 +428,11 @@ class SyncScheduler:
         """
         field = pause_field(task)
         self.open()
+        if self._pg_pool is not None:  # PostgreSQL's row, then Redis inside its transaction
+            from tickwheel.durable.postgres import resume_sync  # noqa: PLC0415
+
+            ns = self.keys.namespace
+            return resume_sync(self._pg_pool, ns, field, lambda: self.store.resume(field))
         return self.store.resume(field)
 
     def paused(self) -> dict[str | None, int]:

@@ -24,6 +24,7 @@ May import: ``tickwheel.durable.model``, ``tickwheel.wheel`` (for its timeout), 
 from __future__ import annotations
 
 from ._codec import (
+    TIMEOUT_FIELD,
     TRACE_FIELD,
     ClaimedRef,
     EncodedJob,
@@ -32,6 +33,7 @@ from ._codec import (
     encode_payload,
     pack_record,
     record_fields,
+    with_timeout,
     with_trace,
 )
 from ._connect import (
@@ -81,6 +83,7 @@ __all__ = [
     "REDIS_ERRORS",
     "STATS_COUNTERS",
     "STATS_VERSION",
+    "TIMEOUT_FIELD",
     "TRACE_FIELD",
     "URL_ENV",
     "ClaimedRef",
@@ -126,5 +129,6 @@ __all__ = [
     "translate",
     "unwrap",
     "url_error",
+    "with_timeout",
     "with_trace",
 ]

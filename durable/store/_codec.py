@@ -55,10 +55,12 @@ __all__ = [
     "CLAIM_FULL_ROW",
     "CLAIM_JOB_FIELDS",
     "CLAIM_SHORT_ROW",
+    "CLAIM_TIMED_ROW",
     "DEFAULTS",
     "DUPLICATE",
     "FIELDS",
     "FLAG_JSON",
+    "TIMEOUT_FIELD",
     "TRACE_FIELD",
     "ClaimedRef",
     "EncodedJob",
@@ -74,6 +76,7 @@ __all__ = [
     "pack_record",
     "record_fields",
     "recurrence_of",
+    "with_timeout",
     "with_trace",
 ]
 
@@ -110,8 +113,10 @@ FLAG_JSON = 1  # record field 4, bit 0: the payload is JSON text
 _ROW_STRIDE = 2 + len(FIELDS)
 # A claim.lua row: id, due, deadline, tag (bit 0: the occurrence is done already; the
 # rest: the index of the job's record hash), count, then ``count`` record fields: 6 for a
-# one-shot job without an error, a timeout of its own or a trace, all 15 otherwise.
+# one-shot job without an error, a timeout of its own or a trace; 7 (those 6, then the
+# timeout) for such a job with a timeout of its own; all 15 otherwise.
 CLAIM_SHORT_ROW = 6
+CLAIM_TIMED_ROW = 7
 DUPLICATE = (False, True)  # a row's tag bit 0 as a bool, indexed (no call of bool())
 
 # A claim builds one Job per row as ``init_job(new_job(Job), *CLAIM_JOB_FIELDS values)``:
@@ -296,8 +301,14 @@ def record_fields(spec: JobSpec, data: bytes, flags: int) -> list[int | bytes]:
         fields += [kind, rec.spec.encode(), POLICY_CODES[rec.missed], rec.max_catch_up]
         fields.append(rec.misfire_grace_ms)
     if spec.timeout_ms:
-        fields += [*DEFAULTS[len(fields) : TIMEOUT_FIELD], spec.timeout_ms]
+        fields = with_timeout(fields, spec.timeout_ms)
     return with_trace(fields, spec.trace.encode()) if spec.trace else fields
+
+
+def with_timeout(fields: list[int | bytes], timeout_ms: int) -> list[int | bytes]:
+    """Record fields (up to the error at most) with the job's own timeout after them,
+    the fields between at their defaults."""
+    return [*fields, *DEFAULTS[len(fields) : TIMEOUT_FIELD], timeout_ms]
 
 
 def with_trace(fields: list[int | bytes], trace: bytes) -> list[int | bytes]:

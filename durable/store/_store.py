@@ -48,6 +48,7 @@ from . import _calls as calls
 from ._codec import (
     CLAIM_FULL_ROW,
     CLAIM_SHORT_ROW,
+    CLAIM_TIMED_ROW,
     DUPLICATE,
     ClaimedRef,
     EncodedJob,
@@ -276,6 +277,7 @@ class Store:
         jobs: list[Job] = []
         append = jobs.append
         new, init, duplicate, short = new_job, init_job, DUPLICATE, CLAIM_SHORT_ROW
+        timed = CLAIM_TIMED_ROW
         i, end = 3, len(reply)
         while i < end:
             (ident, due, deadline, tag, count, task, data, mx, flags, nominal, attempt) = reply[
@@ -286,7 +288,10 @@ class Store:
                 # (callgrind durable-client claim_ack; the compiler builds a tuple then).
                 ep, recurrence, error = epoch, None, ""
                 limit, trace = 0, b""
-            else:  # all 15: a recurring job, one with an error, a timeout or a trace
+            elif count == timed:  # the short row and the job's own timeout
+                ep, recurrence, error = epoch, None, ""
+                limit, trace = reply[i + 11], b""
+            else:  # all 15: a recurring job, one with an error or a trace (timeout or not)
                 ep, kind = reply[i + 11], reply[i + 12]
                 recurrence = recurrence_of(kind, *reply[i + 13 : i + 17]) if kind else None
                 error = reply[i + 17].decode(errors="replace")

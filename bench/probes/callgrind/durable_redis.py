@@ -1,7 +1,7 @@
 """Redis instructions per job of the durable hot paths, counted rather than timed.
 
     python -m bench.probes.callgrind durable-redis [--jobs 5000] [--limit 1000]
-        [--hashtables] [--durable-dir DIR]
+        [--hashtables] [--job-timeout S] [--durable-dir DIR]
 
 Why: on a shared virtual machine a job's Redis time moves by tens of percent from one
 day to the next, while callgrind's count of the instructions redis-server executes
@@ -20,6 +20,7 @@ the jobs it handled:
   for all of them (a due shared by a run of jobs is formatted once: see schedule.lua);
 - ``batch spread``: the same near, with every due distinct.
 
+``--job-timeout`` gives the claimed jobs a timeout of their own (``schedule(timeout=)``).
 ``--hashtables`` sets ``hash-max-listpack-entries 0``, so the record buckets are hash
 tables as they are past ~32,000 jobs a shard (default: listpacks, as at this size).
 ``--durable-dir`` loads ``tickwheel.durable`` from another checkout's ``durable/``
@@ -43,7 +44,7 @@ SHARDS = 16  # the batch rows' namespace
 
 
 async def _measure(
-    server: TracedServer, jobs: int, limit: int, hashtables: bool
+    server: TracedServer, jobs: int, limit: int, hashtables: bool, own: float | None = None
 ) -> dict[str, float]:
     import redis.asyncio
 
@@ -67,7 +68,7 @@ async def _measure(
         for start in range(0, jobs, 5000):
             n = min(5000, jobs - start)
             await s.schedule_many(
-                JobSpec(f"job:{start + i}", "send_email", PAYLOAD) for i in range(n)
+                JobSpec(f"job:{start + i}", "send_email", PAYLOAD, timeout=own) for i in range(n)
             )
         warm = await s.claim(0, limit=10)  # the scripts loaded, the connection made
         await s.ack_many(warm.jobs)
@@ -115,6 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--limit", type=int, default=1000, help="jobs per claim")
     parser.add_argument("--hashtables", action="store_true", help="record buckets as hash tables")
+    parser.add_argument("--job-timeout", type=float, help="the claimed jobs' own timeout (s)")
     parser.add_argument("--durable-dir", default="", help="another checkout's durable/")
 
 
@@ -127,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         server = TracedServer(tmp, traced=True)
         try:
-            out = asyncio.run(_measure(server, args.jobs, args.limit, args.hashtables))
+            measure = _measure(server, args.jobs, args.limit, args.hashtables, args.job_timeout)
+            out = asyncio.run(measure)
         finally:
             server.stop()
     kind = "hash tables" if args.hashtables else "listpacks"

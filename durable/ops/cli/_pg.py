@@ -106,7 +106,7 @@ def _reconcile(args: argparse.Namespace) -> int:
             data,
             f"{result.pending} pending jobs in PostgreSQL, {result.restored} written back to "
             f"Redis, {result.epochs_raised} shard epochs raised, {result.relayed} outbox rows "
-            f"relayed, in {result.seconds:.3f} s",
+            f"relayed, {result.paused} pauses written back, in {result.seconds:.3f} s",
         )
         return EXIT_OK
 

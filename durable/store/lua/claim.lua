@@ -22,11 +22,11 @@
 --   record hash among KEYS[14..], for the ack to send back, and dup is 0 or 1 (below);
 --   count is 6 (task, payload, max, flags, nominal, attempt: the epoch is ARGV[1] and
 --   the rest are at their defaults) for a one-shot job with no error, no timeout of
---   its own and no trace context, else 15 (NFIELDS); the
---   nominal is resolved. dropped counts one-shot jobs whose
---   occurrence is in done already: removed, not returned. A recurring job whose
---   occurrence is done comes back leased with dup = 1: the client acks it unrun, which
---   re-inserts its next occurrence. parked counts the due jobs of paused tasks (a task
+--   its own and no trace context; 7 (those 6, then the timeout) for such a job with a
+--   timeout of its own; else 15 (NFIELDS); the nominal is resolved. dropped counts
+--   one-shot jobs whose occurrence is in done already: removed, not returned. A
+--   recurring job whose occurrence is done comes back leased with dup = 1: the client
+--   acks it unrun, which re-inserts its next occurrence. parked counts the due jobs of paused tasks (a task
 --   in KEYS[11], or all when it has the field ""): moved from due to the parked jobs
 --   (_lib.lua), not leased, so no claim reads them again until a resume moves them back.
 -- Re-sent safely: a claim whose reply is kept under KEYS[6] returns that reply again
@@ -65,6 +65,12 @@ if redis.call('EXISTS', KEYS[11]) == 1 then
   for _, t in ipairs(redis.call('HKEYS', KEYS[11])) do paused[t] = true end
   pause_all = paused[''] == true
 end
+-- The record of a one-shot job whose last field is its own timeout `to`, under `epoch`
+-- (0: not leased): vals[b - 5 .. b] are its first six fields, 8 .. 13 at their defaults.
+local function timed_record(vals, b, epoch, to)
+  return cmsgpack.pack(vals[b - 5], vals[b - 4], vals[b - 3], vals[b - 2], vals[b - 1],
+    vals[b], epoch, 0, '', 0, 0, 0, '', to)
+end
 local ids, dues = {}, {}
 local count = #hits / 2
 for k = 1, count do
@@ -77,17 +83,24 @@ local recs, key_of, index_of = get_records(ids, count, FIRST)
 -- A record of at most 6 fields (a one-shot job, not leased, no error: nearly all of
 -- them) is read into the flat array `vals` (6 a job) and leased by appending to it
 -- (below), with no table of its own and no re-encoding; `short[k]` is its field
--- count (1..6). Any other record is decoded into `decoded[k]` and encoded again.
-local vals, short, decoded, members, noms = {}, {}, {}, {}, {}
+-- count (1..6). A one-shot record whose only other field is its own timeout is read
+-- so too (`short[k]` = F_TIMEOUT, the timeout in `tos[k]`) and packed again in one
+-- call. Any other record is decoded into `decoded[k]` and encoded again.
+local vals, short, decoded, members, noms, tos = {}, {}, {}, {}, {}, {}
 local mp_unpack, mp_pack, format = cmsgpack.unpack, cmsgpack.pack, string.format
 for k = 1, count do
   local s = recs[k]
   local nominal = 0
   if s then
-    local t, p, mx, fl, nom, att, more = mp_unpack(s)
-    local n = (more ~= nil and 7) or (att ~= nil and 6) or (nom ~= nil and 5)
+    local t, p, mx, fl, nom, att, ep, rk, rs, po, ca, gr, er, to, tr = mp_unpack(s)
+    local n = (ep ~= nil and 7) or (att ~= nil and 6) or (nom ~= nil and 5)
       or (fl ~= nil and 4) or (mx ~= nil and 3) or (p ~= nil and 2) or (t ~= nil and 1) or 0
-    if n >= 1 and (n <= 4 or (n <= 6 and nom ~= 0)) then
+    if n == 7 and to ~= nil and tr == nil and to ~= 0 and ep == 0 and rk == 0 and rs == ''
+      and po == 0 and ca == 0 and gr == 0 and er == '' then
+      n = F_TIMEOUT  -- one-shot, no error or trace, a timeout of its own: tos[k]
+      tos[k] = to
+    end
+    if n >= 1 and (n <= 4 or (n <= 6 and nom ~= 0) or n == F_TIMEOUT) then
       nominal = nom or 0
       if nominal == 0 then nominal = dues[k] end
       local b = 6 * k
@@ -131,6 +144,8 @@ for k = 1, count do
       buffer(hset, key_of[k], id, rec_encode(r))
     elseif m <= 4 then
       buffer(hset, key_of[k], id, rec_with_nominal(recs[k], noms[k]))
+    elseif m == F_TIMEOUT then
+      buffer(hset, key_of[k], id, timed_record(vals, 6 * k, 0, tos[k]))
     end
     parked = parked + 1
     pz[2 * parked - 1], pz[2 * parked] = fmt(due), id
@@ -150,17 +165,26 @@ for k = 1, count do
       -- Leased by appending (rec_tails): the defaults it lacks before the nominal, the
       -- nominal, the attempt and the epoch; or, when it has the nominal (m = 5) or the
       -- attempt too (m = 6), what follows them.
+      -- A record with a timeout of its own (m = F_TIMEOUT) is packed again whole (one
+      -- call, no table); its row is the short one and the timeout (7 fields).
       local leased
       if m <= 4 then
         leased = recs[k] .. (m <= 3 and tails[m] or '') .. mp_pack(vals[b - 1]) .. tails[4]
-      else
+      elseif m <= 6 then
         leased = recs[k] .. (m == 5 and tails[4] or tails[5])
+      else
+        leased = timed_record(vals, b, epoch, tos[k])
       end
       buffer(hset, key_of[k], id, leased)
-      out[n + 5] = F_ATTEMPT
       out[n + 6], out[n + 7], out[n + 8] = vals[b - 5], vals[b - 4], vals[b - 3]
       out[n + 9], out[n + 10], out[n + 11] = vals[b - 2], vals[b - 1], vals[b]
-      n = n + 11
+      if m == F_TIMEOUT then
+        out[n + 5], out[n + 12] = F_ATTEMPT + 1, tos[k]
+        n = n + 12
+      else
+        out[n + 5] = F_ATTEMPT
+        n = n + 11
+      end
     else
       r[F_EPOCH] = epoch
       buffer(hset, key_of[k], id, rec_encode(r))
