@@ -211,7 +211,7 @@ def test_django_orders(redis_server: RedisServer, pg_url: str, tmp_path: Path) -
     # worker is SIGKILLed holding the charge leased; a second one runs it.
     pg_worker = ("--postgres-url", pg_url)
     with (
-        SyncScheduler.from_url(redis_server.url, ns) as probe,
+        SyncScheduler.from_url(redis_server.url, ns, postgres_url=pg_url) as probe,
         worker(folder, "orders_tasks:registry", redis_server.url, ns, env, *pg_worker) as first,
     ):
         deadline = time.monotonic() + 20
