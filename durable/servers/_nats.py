@@ -16,10 +16,8 @@ The binary is found in this order:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -27,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ._processes import kill_now, log_tail, stop_gently
 from ._redis import free_port
 
 __all__ = ["NatsServer", "NatsServerError", "find_nats_server"]
@@ -155,23 +154,13 @@ class NatsServer:
 
     def stop(self) -> None:
         """SIGTERM the server (SIGKILL after a timeout); remove a temporary store."""
-        proc = self.process
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(_STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_gently(self.process, _STOP_TIMEOUT)
         if self._own_dir:
             shutil.rmtree(self.store_dir, ignore_errors=True)
 
     def kill(self) -> None:
         """SIGKILL the server at once (a crash); the store is kept for a restart."""
-        proc = self.process
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_now(self.process)
 
     def __enter__(self) -> NatsServer:
         return self.start()
@@ -180,7 +169,4 @@ class NatsServer:
         self.stop()
 
     def _log_tail(self, lines: int = 10) -> str:
-        with contextlib.suppress(OSError):
-            text = (self.store_dir / "nats.log").read_text(errors="replace")
-            return " | ".join(text.splitlines()[-lines:])
-        return "(no log)"
+        return log_tail(self.store_dir / "nats.log", lines)

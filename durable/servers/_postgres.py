@@ -43,6 +43,8 @@ from pathlib import Path
 
 from tickwheel.durable.servers._redis import free_port
 
+from ._processes import log_tail
+
 __all__ = ["PostgresServer", "PostgresServerError", "find_postgres_bin"]
 
 # How long initdb, a start and a stop may take. initdb with fsync on is ~1 s on a quiet
@@ -383,7 +385,4 @@ class PostgresServer:
         return out
 
     def _log_tail(self, lines: int = 20) -> str:
-        with contextlib.suppress(OSError):
-            text = (self.base_dir / "server.log").read_text(errors="replace")
-            return " | ".join(text.splitlines()[-lines:])
-        return "(no log)"
+        return log_tail(self.base_dir / "server.log", lines)

@@ -19,16 +19,15 @@ The script is found in this order:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+from ._processes import kill_now, log_tail, stop_gently
 from ._redis import free_port
 
 __all__ = ["RabbitServer", "RabbitServerError", "find_rabbitmq_server"]
@@ -192,22 +191,13 @@ class RabbitServer:
         """SIGTERM the node and its epmd (SIGKILL after a timeout); remove a temporary
         data dir."""
         for proc in (self.process, self.epmd):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(_STOP_TIMEOUT)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            stop_gently(proc, _STOP_TIMEOUT)
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def kill(self) -> None:
         """SIGKILL the node at once (a crash; epmd stays); its data is kept."""
-        proc = self.process
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_now(self.process)
 
     def __enter__(self) -> RabbitServer:
         return self.start()
@@ -216,7 +206,4 @@ class RabbitServer:
         self.stop()
 
     def _log_tail(self, lines: int = 10) -> str:
-        with contextlib.suppress(OSError):
-            text = (self.data_dir / "out.log").read_text(errors="replace")
-            return " | ".join(text.splitlines()[-lines:])
-        return "(no log)"
+        return log_tail(self.data_dir / "out.log", lines)

@@ -29,6 +29,8 @@ from typing import Any
 import redis
 import redis.exceptions
 
+from ._processes import kill_now, log_tail, stop_gently
+
 __all__ = [
     "CLUSTER_SLOTS",
     "RedisClusterServer",
@@ -202,24 +204,14 @@ class RedisServer:
 
     def stop(self) -> None:
         """SIGTERM the server (SIGKILL after a timeout) and remove a temporary data dir."""
-        proc = self.process
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(_STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_gently(self.process, _STOP_TIMEOUT)
         self._close_pipes()
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def kill(self) -> None:
         """SIGKILL the server at once (a crash); the data dir is kept for a restart."""
-        proc = self.process
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_now(self.process)
         self._close_pipes()
 
     def pause(self) -> None:
@@ -276,10 +268,7 @@ class RedisServer:
         return fields.get("process_id") == str(self.process.pid) and fields.get("loading") == "0"
 
     def _log_tail(self, lines: int = 20) -> str:
-        with contextlib.suppress(OSError):
-            text = (self.data_dir / "redis.log").read_text(errors="replace")
-            return " | ".join(text.splitlines()[-lines:])
-        return "(no log)"
+        return log_tail(self.data_dir / "redis.log", lines)
 
 
 # Redis Cluster has 16384 hash slots.
