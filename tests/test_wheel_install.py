@@ -29,8 +29,11 @@ async def main():
     wheel = w.TimingWheel()
     fired = []
     start = loop.time()
+    # Deadlines from one instant (schedule_at): on a loaded machine the process can be
+    # preempted between two schedule(delay) calls, which moves a later call's deadline.
     for i, delay in enumerate([0.03, 0.0, 0.01, 0.02, 0.0]):
-        wheel.schedule(delay, lambda i=i, d=delay: fired.append((i, loop.time() - start - d)))
+        record = lambda i=i, d=delay: fired.append((i, loop.time() - start - d))
+        wheel.schedule_at(start + delay, record)
     wheel.schedule(0.05, print).cancel()
     await asyncio.sleep(0.1)
     assert [i for i, _ in fired] == [1, 4, 2, 3, 0], fired
