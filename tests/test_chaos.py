@@ -33,7 +33,7 @@ PostgreSQL ends with nothing pending, dead or in the outbox, has a done row for 
 one-shot effect, and no done row without an effect.
 
 The seed is printed (and in every failure message); ``TICKWHEEL_CHAOS_SEED`` replays one.
-The CI form runs ~40 s of faults (about 55 s in all, 60 s for the Postgres form);
+The CI form runs ~30 s of faults (about 45 s in all, 50 s for the Postgres form);
 ``TICKWHEEL_SOAK=1`` runs 12 min of faults each (about 13 min per form).
 """
 
@@ -61,7 +61,7 @@ from tickwheel.durable.servers._redis import RedisServer
 from tickwheel.durable.store._connect import client_from_url
 
 SOAK = os.environ.get("TICKWHEEL_SOAK") == "1"
-CHAOS_SECONDS = 720.0 if SOAK else 40.0
+CHAOS_SECONDS = 720.0 if SOAK else 30.0
 # Past the suite's 300 s default: the faults, then up to 3 bounded waits of 90 s.
 pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(CHAOS_SECONDS + 420)]
 WORKERS = 3
