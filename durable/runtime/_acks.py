@@ -161,6 +161,7 @@ class AckBatcher:
                 tracer.settle(job, ACKED if ok else LEASE_LOST)
             if ok:
                 self.stats.succeeded += 1
+                self.stats.tasks.acked(job.task)
                 if debug:
                     logger.debug(
                         "job %r acked (task %s, attempt %d)",

@@ -212,7 +212,9 @@ class Claimer:
         if entry is None:
             return
         job, _, lease_end, when = entry
-        self.lateness.observe(self.wheel.time() - when)
+        late = self.wheel.time() - when
+        self.lateness.observe(late)
+        self.stats.tasks.fired(job.task, late)
         self._runner.fire(key, job, lease_end, when)
 
     async def run(self) -> None:

@@ -73,7 +73,7 @@ class Failures:
                 extra=job_fields(job),
             )
             raise
-        self.count(state)
+        self.count(job, state)
         if self.tracer is not None:
             outcome = DEAD if state is JobState.DEAD else RETRIED
             self.tracer.settle(job, TIMED_OUT if timed_out else outcome, exc, outcome)
@@ -125,16 +125,18 @@ class Failures:
 
     async def dead(self, job: Job, reason: str) -> None:
         """Dead-letter ``job`` at once with ``reason`` (no retry would mend it)."""
-        self.count(await self.leases.retry(job, reason, final=True))
+        self.count(job, await self.leases.retry(job, reason, final=True))
         if self.tracer is not None:
             self.tracer.settle(job, DEAD, reason)
         self.log_dead(job, reason)
 
-    def count(self, state: JobState) -> None:
+    def count(self, job: Job, state: JobState) -> None:
         if state is JobState.DEAD:
             self.stats.dead += 1
+            self.stats.tasks.dead(job.task)
         else:
             self.stats.retried += 1
+            self.stats.tasks.retried(job.task)
 
     @staticmethod
     def log_dead(job: Job, reason: str, exc: BaseException | None = None) -> None:

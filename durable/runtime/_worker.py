@@ -35,9 +35,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
-import socket
-import time
 import zlib
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -68,6 +65,7 @@ from ._loader import (
 from ._logs import Outages
 from ._reaper import DEFAULT_REAP_INTERVAL, Reaper
 from ._rounds import run_rounds
+from ._stats_publisher import StatsPublisher
 from ._stream import Publisher
 from ._tasks import TaskRegistry, check_timeout
 
@@ -145,6 +143,7 @@ class Worker:
         self.token = self.ownership.token  # member id, also the owner token
         self.members_key = scheduler.keys.workers  # ZSET token -> beat
         self.stats_key = scheduler.keys.worker_stats(self.token)  # STRING, JSON with a TTL
+        self.stats_publisher = StatsPublisher(self)  # its stats document and chart samples
         self._loader_args: dict[str, Any] = {
             "lookahead": lookahead,
             "lease": lease,
@@ -198,44 +197,18 @@ class Worker:
         return math.ceil(self.scheduler.keys.shards / max(self.live, 1))
 
     def stats_document(self) -> dict[str, Any]:
-        """What :meth:`publish_stats` writes: this worker's counters, compact (the
-        shape is ``store/_workers.py``'s).
-
-        ``t`` is this host's wall clock (ms) when it was made; ``c`` monotonic counters
-        since the worker started (claimed, acked, retries, dead letters, reaped,
-        timeouts); ``lat``
-        the firing-lateness histogram's bucket counts (bounds ``LATENESS_BOUNDS`` in
-        ``model/_stats.py``, the last one +Inf); ``v`` the format version.
-        """
-        stats = self.scheduler.stats()
-        loader = self.loader
-        doc: dict[str, Any] = {
-            "v": STATS_VERSION,
-            "t": int(time.time() * 1000),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "owned": len(self.ownership.owned),
-            "c": [
-                *(stats.claimed, stats.acked, stats.retries, stats.dead_letters, stats.reaped),
-                stats.timeouts,
-            ],
-        }
-        if loader is not None:
-            doc["loaded"] = loader.loaded
-            doc["running"] = loader.running
-            doc["lat"] = list(loader.lateness.counts)
-        return doc
+        """What :meth:`publish_stats` writes (``_stats_publisher.py`` has its shape)."""
+        return self.stats_publisher.document()
 
     async def publish_stats(self) -> None:
-        """Write :meth:`stats_document` to ``{ns}:wstats:<token>`` with a TTL of the
-        member TTL (one SET; the dashboard reads it). Called by the balancer, off the
-        job path.
+        """Write the stats document (one SET with the member TTL) and, every
+        ``SAMPLE_S`` seconds, a chart sample (one XADD). Called by the balancer, off
+        the job path.
 
         Raises:
             RedisUnavailable: if Redis cannot be reached.
         """
-        document = self.stats_document()
-        await self.scheduler.workers.publish(self.token, document, self.ownership.ttl_ms)
+        await self.stats_publisher.publish()
 
     async def balance_once(self) -> None:
         """Heartbeat, renew owned shards, then take free shards or give back extras.
@@ -478,7 +451,10 @@ class Worker:
             logger.info("gave shard(s) %s back at shutdown", ", ".join(map(str, shards)))
 
     async def _unpublish(self) -> None:
-        await self.scheduler.workers.unpublish(self.token)
+        try:  # what it counted since its last chart sample
+            await self.stats_publisher.publish(final=True)
+        finally:
+            await self.scheduler.workers.unpublish(self.token)
 
     async def _leave(self, shard: int) -> None:
         """:meth:`give_back` in a task of its own (a drain can take a while)."""

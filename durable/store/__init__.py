@@ -71,7 +71,16 @@ from ._store import Store
 from ._streams import RawEntry, Stream
 from ._sync_store import SyncClient, SyncStore, is_sync_client, sync_client_from_url
 from ._transport import DEFAULT_CALL_TIMEOUT, Transport
-from ._workers import STATS_COUNTERS, STATS_VERSION, WorkerBoard, WorkerEntry, parse_stats_document
+from ._workers import (
+    SAMPLE_S,
+    STATS_COUNTERS,
+    STATS_VERSION,
+    Sample,
+    WorkerBoard,
+    WorkerEntry,
+    parse_sample,
+    parse_stats_document,
+)
 
 __all__ = [
     "CLUSTER_ERRORS",
@@ -81,6 +90,7 @@ __all__ = [
     "MIN_REDIS_VERSION",
     "NO_REPLY_ERRORS",
     "REDIS_ERRORS",
+    "SAMPLE_S",
     "STATS_COUNTERS",
     "STATS_VERSION",
     "TIMEOUT_FIELD",
@@ -92,6 +102,7 @@ __all__ = [
     "Keys",
     "LayoutUnreadable",
     "RawEntry",
+    "Sample",
     "ServerConfigWarning",
     "ServerReport",
     "Store",
@@ -118,6 +129,7 @@ __all__ = [
     "pack_record",
     "parse_layout",
     "parse_nodes",
+    "parse_sample",
     "parse_stats_document",
     "read_layout",
     "record_fields",

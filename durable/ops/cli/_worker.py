@@ -138,6 +138,8 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
             "event": "stopped",
             "stats": stats.as_dict(),
             "scheduler": scheduler.stats().as_dict(),
+            # Per task: runs, acked, retries, dead, late_us, then the lateness buckets.
+            "tasks": stats.tasks.snapshot(),
         }
         print(json.dumps(stopped), flush=True)
         if signal.SIGINT in got:  # Ctrl-C: the same graceful stop as SIGTERM, then 130
