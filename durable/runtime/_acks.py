@@ -7,17 +7,17 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from tickwheel.durable.model import Fenced, Job, PostgresUnavailable, RedisUnavailable
+from tickwheel.durable.model import Fenced, Job
 from tickwheel.durable.scheduler import ACKED, LEASE_LOST, UNSETTLED, Scheduler
 from tickwheel.wheel import TimingWheel
 
 from ._loader_stats import LoaderStats
-from ._logs import Outages, job_fields
+from ._logs import OUTAGE_ERRORS, Outages, job_fields
 
 __all__ = ["ACK_RETRY_PAUSES", "UNAVAILABLE", "AckBatcher"]
 
 # The stores' transient errors: a job's end state waits them out while its lease lasts.
-UNAVAILABLE = (RedisUnavailable, PostgresUnavailable)
+UNAVAILABLE = OUTAGE_ERRORS
 
 logger = logging.getLogger("tickwheel.durable")
 

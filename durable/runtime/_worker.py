@@ -44,7 +44,6 @@ from tickwheel.durable.model import (
     Fenced,
     JobState,
     NotOwner,
-    PostgresUnavailable,
     ReapResult,
     RedisUnavailable,
     finite_seconds_ms,
@@ -62,7 +61,7 @@ from ._loader import (
     Loader,
     LoaderStats,
 )
-from ._logs import Outages
+from ._logs import OUTAGE_ERRORS, Outages
 from ._reaper import DEFAULT_REAP_INTERVAL, Reaper
 from ._rounds import run_rounds
 from ._stats_publisher import StatsPublisher
@@ -343,7 +342,7 @@ class Worker:
                     logger.debug("reconcile skipped (another one runs)")
                 else:
                     logger.info("reconciled %s", result)
-            except (RedisUnavailable, PostgresUnavailable) as exc:
+            except OUTAGE_ERRORS as exc:
                 self.outages.failed("reconcile", exc)
                 logger.debug("reconcile failed (%s)", exc)
             except Exception:  # the next round may do better
