@@ -11,6 +11,8 @@ from tickwheel.durable.model import Fenced, Job
 from tickwheel.durable.scheduler import ACKED, LEASE_LOST, UNSETTLED, Scheduler
 from tickwheel.wheel import TimingWheel
 
+from ._history import ACKED as ACKED_OUTCOME
+from ._history import LEASE_LOST as LOST_OUTCOME
 from ._loader_stats import LoaderStats
 from ._logs import OUTAGE_ERRORS, Outages, job_fields
 
@@ -156,9 +158,12 @@ class AckBatcher:
         self.waiting -= len(batch)
         debug = logger.isEnabledFor(logging.DEBUG)
         tracer = self.tracer
+        history = self.stats.history
         for (job, _), ok in zip(batch, results, strict=True):
             if tracer is not None:
                 tracer.settle(job, ACKED if ok else LEASE_LOST)
+            if history is not None:
+                history.ended(job, ACKED_OUTCOME if ok else LOST_OUTCOME)
             if ok:
                 self.stats.succeeded += 1
                 self.stats.tasks.acked(job.task)

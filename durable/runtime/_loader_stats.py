@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from ._history import HistoryRecorder
 from ._task_stats import TaskCounters
 
 __all__ = ["LoaderStats"]
@@ -34,7 +35,13 @@ class LoaderStats:
     errors: int = 0  # anything else, logged (the reaper recovers the job)
     # The same outcomes per task (runs, acks, retries, dead letters, lateness).
     tasks: TaskCounters = field(default_factory=TaskCounters, repr=False, compare=False)
+    # The attempts ended, for the shards' history streams (None: not kept).
+    history: HistoryRecorder | None = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> dict[str, int]:
         """The counters by name (the per-task ones apart: :attr:`tasks`)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "tasks"}
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("tasks", "history")
+        }

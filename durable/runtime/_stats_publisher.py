@@ -1,10 +1,12 @@
 """What a worker publishes about itself for the dashboard: its stats document every
-balancing round, and a chart sample (its counters' growth) every ``SAMPLE_S`` seconds.
+balancing round, a chart sample (its counters' growth) every ``SAMPLE_S`` seconds, and
+the attempts it ended since the last round (the shards' history, ``_history.py``).
 
 Ground rules:
 
-- Both are written by the balancer, off the job path: one SET per round, one XADD per
-  sample (``store/_workers.py`` holds their shapes and keys).
+- All are written by the balancer, off the job path: one SET per round, one XADD per
+  sample (``store/_workers.py`` holds their shapes and keys), one pipeline of XADDs for
+  the history (``store/_history.py``).
 - A sample is the difference between the counters now and at the previous sample, so
   samples from every worker add up: the dashboard's rate over an interval is the sum of
   the samples covering it over their time. The first sample counts from the worker's
@@ -99,6 +101,25 @@ class StatsPublisher:
             if sample is not None:
                 await board.add_sample(sample, doc["t"])
             self._base = (now, doc)
+        await self.write_history()
+
+    async def write_history(self) -> None:
+        """Write the attempts ended since the last write to their shards' history
+        streams (one pipeline); put back for the next round if that fails.
+
+        Raises:
+            RedisUnavailable: if Redis cannot be reached.
+        """
+        loader = self.worker.loader
+        recorder = loader.stats.history if loader is not None else None
+        if recorder is None or not recorder.pending:
+            return
+        batch = recorder.take()
+        try:
+            await self.worker.scheduler.history.add(batch)
+        except BaseException:
+            recorder.put_back(batch)
+            raise
 
     def sample(self, doc: dict[str, Any], elapsed_s: float) -> dict[str, Any] | None:
         """The growth of ``doc``'s counters since the last sample, over ``elapsed_s``;

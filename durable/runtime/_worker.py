@@ -52,6 +52,7 @@ from tickwheel.durable.scheduler import DEFAULT_LEASE, RENEW_FRACTION, Scheduler
 from tickwheel.durable.store import STATS_COUNTERS, STATS_VERSION
 from tickwheel.wheel import TimingWheel
 
+from ._history import HistoryRecorder
 from ._loader import (
     DEFAULT_LIMIT,
     DEFAULT_LOOKAHEAD,
@@ -106,6 +107,9 @@ class Worker:
             namespace reconciles at a time (an advisory lock); the others skip that
             round. The relay of the outbox runs at every commit notification and every
             second.
+        history: record each attempt's end (outcome, times, error's first line) in its
+            shard's capped history stream, for the dashboard's job and history pages
+            (written in one batch per balancing round, off the job path).
 
     Raises:
         TypeError, ValueError: naming a bad parameter.
@@ -127,6 +131,7 @@ class Worker:
         reconcile_interval: float | timedelta = DEFAULT_RECONCILE_INTERVAL,
         default_timeout: float | None = None,
         start_margin: float | timedelta | None = DEFAULT_START_MARGIN,
+        history: bool = True,
     ) -> None:
         given: object = scheduler  # typed, but a redis client is a common slip
         if not isinstance(given, Scheduler):
@@ -153,6 +158,9 @@ class Worker:
             "default_timeout": check_timeout(default_timeout),
             "start_margin": start_margin,
         }
+        if not isinstance(history, bool):
+            raise TypeError(f"history must be a bool, got {history!r}")
+        self.history = history  # keep the shards' history of finished attempts
         self.reap_interval_ms = finite_seconds_ms("reap_interval", reap_interval, minimum_ms=1)
         self.drain_timeout_ms = finite_seconds_ms("drain_timeout", drain_timeout)
         self.reconcile_interval_ms = finite_seconds_ms(
@@ -284,6 +292,8 @@ class Worker:
         async def round_() -> None:
             for result in await reaper.reap_once():
                 await self._log_reaped(result)
+                if self.loader is not None and self.loader.stats.history is not None:
+                    self.loader.stats.history.reaped(result)
 
         interval = self.reap_interval_ms / 1000
         await run_rounds(
@@ -362,6 +372,8 @@ class Worker:
         await self.scheduler.open()
         wheel = TimingWheel()
         loader = self.loader = Loader(self.scheduler, self.registry, wheel, **self._loader_args)
+        if self.history:
+            loader.stats.history = HistoryRecorder()
         reaper = Reaper(
             self.ownership, interval=self.reap_interval_ms / 1000, tracer=self.scheduler.tracer
         )

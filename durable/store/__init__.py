@@ -55,6 +55,7 @@ from ._errors import (
     translate,
     unwrap,
 )
+from ._history import HISTORY_CAP, HISTORY_SCAN, HistoryBoard, HistoryEntry
 from ._keys import DEFAULT_BUCKETS, MAX_JOB_ID_BYTES, Keys, parse_layout
 from ._layout import LayoutUnreadable, read_layout
 from ._msgpack import pack_array
@@ -86,6 +87,8 @@ __all__ = [
     "CLUSTER_ERRORS",
     "DEFAULT_BUCKETS",
     "DEFAULT_CALL_TIMEOUT",
+    "HISTORY_CAP",
+    "HISTORY_SCAN",
     "MAX_JOB_ID_BYTES",
     "MIN_REDIS_VERSION",
     "NO_REPLY_ERRORS",
@@ -99,6 +102,8 @@ __all__ = [
     "ClaimedRef",
     "Client",
     "EncodedJob",
+    "HistoryBoard",
+    "HistoryEntry",
     "Keys",
     "LayoutUnreadable",
     "RawEntry",

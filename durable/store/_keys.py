@@ -166,6 +166,11 @@ class Keys:
         ``{ns:s}:thr:<id>``) STRING of ``job_id`` (flow.lua; a TTL bounds it)."""
         return f"{{{self.namespace}:{shard}}}:{'deb' if kind == 'd' else 'thr'}:{job_id}"
 
+    def history(self, shard: int) -> str:
+        """Return the STREAM of shard ``shard``'s finished attempts (``{ns:s}:history``,
+        capped; written by the workers, read by the dashboard: store/_history.py)."""
+        return f"{{{self.namespace}:{shard}}}:history"
+
     def worker_stats(self, token: str) -> str:
         """Return the STRING where the worker ``token`` publishes its counters
         (``{ns}:wstats:<token>``, JSON with a TTL; same slot as :attr:`workers`)."""
