@@ -5,7 +5,8 @@ balancing round, off the job path.
 Ground rules:
 
 - Recording is a dict write at a start and a pop and a list append at an end: no
-  Redis call, no await. The balancer takes the batch and writes it (one pipeline).
+  Redis call, no await. The balancer takes the batch and writes it (one pipeline of a
+  few XADDs: the rows go in batches, ``store/_history.py``).
 - Bounded: at most :data:`MAX_PENDING` entries wait for a write (Redis unreachable:
   the oldest are dropped and counted), and at most :data:`MAX_STARTS` starts are
   remembered (a start whose end never came, such as a job released at shutdown).
@@ -52,7 +53,7 @@ class HistoryRecorder:
     def __init__(self) -> None:
         self.worker = f"{socket.gethostname()}:{os.getpid()}"  # who ran them
         self.starts: dict[tuple[int, str], int] = {}  # (shard, id) -> start (wall ms)
-        self.pending: list[tuple[int, dict[str, Any]]] = []  # (shard, entry) to write
+        self.pending: list[tuple[int, list[Any]]] = []  # (shard, row) to write: ROW_FIELDS
         self.dropped = 0  # entries dropped unwritten (MAX_PENDING reached)
 
     def started(self, job: Job) -> None:
@@ -65,42 +66,32 @@ class HistoryRecorder:
     def ended(self, job: Job, outcome: str, error: str = "") -> None:
         """``job``'s attempt ended with ``outcome`` (and ``error``, its first line kept)."""
         start = self.starts.pop((job.shard, job.id), 0)
-        entry = {
-            "id": job.id,
-            "task": job.task,
-            "a": job.attempt,
-            "s": start,
-            "e": int(time.time() * 1000),
-            "o": outcome,
-            "w": self.worker,
-        }
-        if error:
-            entry["err"] = first_line(error)
-        self._add(job.shard, entry)
+        end = int(time.time() * 1000)
+        line = first_line(error) if error else ""
+        self._add(job.shard, [job.id, job.task, job.attempt, start, end, outcome, line])
 
     def reaped(self, result: ReapResult) -> None:
         """The expired leases a reap returned to due or dead-lettered (task and attempt
         unknown here: 0 and "")."""
         now = int(time.time() * 1000)
+        why = "lease expired (its worker died or stalled)"
         for ids, outcome in ((result.requeued, EXPIRED), (result.dead, DEAD)):
             for job_id in ids:
-                entry = {"id": job_id, "a": 0, "s": 0, "e": now, "o": outcome, "w": self.worker}
-                entry["err"] = "lease expired (its worker died or stalled)"
-                self._add(result.shard, entry)
+                self._add(result.shard, [job_id, "", 0, 0, now, outcome, why])
 
-    def _add(self, shard: int, entry: dict[str, Any]) -> None:
+    def _add(self, shard: int, row: list[Any]) -> None:
         pending = self.pending
         if len(pending) >= MAX_PENDING:
             del pending[: len(pending) // 10]  # the oldest tenth: one move, not one per entry
             self.dropped += MAX_PENDING // 10
-        pending.append((shard, entry))
+        pending.append((shard, row))
 
-    def take(self) -> list[tuple[int, dict[str, Any]]]:
+    def take(self) -> list[tuple[int, list[Any]]]:
         """The entries to write, and forget them here."""
         batch, self.pending = self.pending, []
         return batch
 
-    def put_back(self, batch: list[tuple[int, dict[str, Any]]]) -> None:
+    def put_back(self, batch: list[tuple[int, list[Any]]]) -> None:
         """Entries whose write failed: written with the next batch (bounded)."""
         merged = batch + self.pending
         if len(merged) > MAX_PENDING:

@@ -5,8 +5,8 @@ the attempts it ended since the last round (the shards' history, ``_history.py``
 Ground rules:
 
 - All are written by the balancer, off the job path: one SET per round, one XADD per
-  sample (``store/_workers.py`` holds their shapes and keys), one pipeline of XADDs for
-  the history (``store/_history.py``).
+  sample (``store/_workers.py`` holds their shapes and keys), one pipeline of a few XADDs
+  for the history (``store/_history.py``: batches of rows).
 - A sample is the difference between the counters now and at the previous sample, so
   samples from every worker add up: the dashboard's rate over an interval is the sum of
   the samples covering it over their time. The first sample counts from the worker's
@@ -116,7 +116,7 @@ class StatsPublisher:
             return
         batch = recorder.take()
         try:
-            await self.worker.scheduler.history.add(batch)
+            await self.worker.scheduler.history.add(recorder.worker, batch)
         except BaseException:
             recorder.put_back(batch)
             raise

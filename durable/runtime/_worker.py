@@ -109,7 +109,9 @@ class Worker:
             second.
         history: record each attempt's end (outcome, times, error's first line) in its
             shard's capped history stream, for the dashboard's job and history pages
-            (written in one batch per balancing round, off the job path).
+            (written in one batch per balancing round, off the job path). Opt-in: with
+            no-op tasks it costs ~20 % more worker CPU per job
+            (``bench/probes/history_cost.py``).
 
     Raises:
         TypeError, ValueError: naming a bad parameter.
@@ -131,7 +133,7 @@ class Worker:
         reconcile_interval: float | timedelta = DEFAULT_RECONCILE_INTERVAL,
         default_timeout: float | None = None,
         start_margin: float | timedelta | None = DEFAULT_START_MARGIN,
-        history: bool = True,
+        history: bool = False,
     ) -> None:
         given: object = scheduler  # typed, but a redis client is a common slip
         if not isinstance(given, Scheduler):

@@ -55,7 +55,7 @@ from ._errors import (
     translate,
     unwrap,
 )
-from ._history import HISTORY_CAP, HISTORY_SCAN, HistoryBoard, HistoryEntry
+from ._history import BATCH_MAX, HISTORY_CAP, HISTORY_SCAN, HistoryBoard, HistoryEntry
 from ._keys import DEFAULT_BUCKETS, MAX_JOB_ID_BYTES, Keys, parse_layout
 from ._layout import LayoutUnreadable, read_layout
 from ._msgpack import pack_array
@@ -84,6 +84,7 @@ from ._workers import (
 )
 
 __all__ = [
+    "BATCH_MAX",
     "CLUSTER_ERRORS",
     "DEFAULT_BUCKETS",
     "DEFAULT_CALL_TIMEOUT",

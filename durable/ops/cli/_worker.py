@@ -102,6 +102,7 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
             default_timeout=args.task_timeout,
             start_margin=args.start_margin,
             publisher=publisher,
+            history=args.history,
         )
         await scheduler.open()  # fail early: unreachable, shard count mismatch
         if args.metrics_port is not None:
@@ -231,5 +232,12 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="OpenTelemetry spans of each run, claim and reap (needs tickwheel[otel] and an"
         " SDK the process configures, e.g. under opentelemetry-instrument)",
+    )
+    work.add_argument(
+        "--history",
+        action="store_true",
+        help="keep each shard's history of finished attempts for the dashboard's job and"
+        " history pages (one batch per shard a second; costs up to ~20%% of the worker's"
+        " CPU with no-op tasks)",
     )
     work.set_defaults(func=_worker)

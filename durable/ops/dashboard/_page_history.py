@@ -4,13 +4,15 @@ and outcome), and one job's attempts for the job page.
 Ground rules:
 
 - Workers write each ended attempt to its shard's capped stream (``store/_history.py``,
-  about ``HISTORY_CAP`` entries a shard); the pages read them, never anything else.
-- The recent list reads every shard's newest entries before the cursor in one pipeline
-  (``count`` per shard without a filter, ``HISTORY_SCAN`` with one), merges them newest
-  first by (Redis ms, sequence, shard) and keeps ``count``. The cursor is the last
-  shown entry's place in that order (``ms-seq-shard``): each shard reads from just
-  before it, so no entry is shown twice or skipped, ties within a millisecond included.
-- A job's attempts are those among its shard's last ``HISTORY_SCAN`` entries: a job
+  the last ``HISTORY_CAP`` batches of up to ``BATCH_MAX`` rows a shard); the pages read
+  them, never anything else.
+- The recent list reads every shard's newest batches before the cursor in one pipeline
+  (``count`` per shard without a filter, ``HISTORY_SCAN`` with one), merges their rows
+  newest first by (Redis ms, sequence, shard, index) and keeps ``count``, and only
+  rows newer than what a full read left unread. The cursor is the last shown row's
+  place in that order (``ms-seq-shard-index``): nothing is shown twice or skipped,
+  ties within a millisecond included.
+- A job's attempts are those among its shard's last ``HISTORY_SCAN`` batches: a job
   that finished long ago, or whose shard is busy, may show none (the page says so).
 - Routes: ``/history`` and ``/api/history`` (``?task=&outcome=&before=&count=``;
   ``/api/history?id=`` one job's attempts).
@@ -25,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tickwheel.durable.store import HISTORY_CAP, HISTORY_SCAN, HistoryEntry
+from tickwheel.durable.store import BATCH_MAX, HISTORY_CAP, HISTORY_SCAN, HistoryEntry
 
 from ._namespace import Namespace
 from ._refusals import ActionError, checked_id, whole_number
@@ -37,17 +39,13 @@ __all__ = ["OUTCOMES", "attempts", "recent", "routes"]
 OUTCOMES = ("acked", "retried", "dead", "deferred", "cancelled", "lease_lost", "expired")
 # Entries shown per page at most.
 MAX_COUNT = 500
-_CURSOR = re.compile(r"\A(\d{1,20})-(\d{1,20})-(\d{1,6})\Z")
+_CURSOR = re.compile(r"\A(\d{1,20})-(\d{1,20})-(\d{1,6})-(\d{1,6})\Z")
 
 
-def _ends(before: str, shards: int) -> list[str] | None:
-    """Each shard's XREVRANGE end for the cursor ``before`` (``ms-seq-shard``): up to and
-    including that id in the shards before the cursor's, strictly before it in the rest."""
+def _place(before: str) -> tuple[int, int, int, int] | None:
+    """The row place the cursor ``before`` names (``ms-seq-shard-index``)."""
     got = _CURSOR.match(before)
-    if got is None:
-        return None
-    entry, shard = f"{got[1]}-{got[2]}", int(got[3])
-    return [entry if s < shard else f"({entry}" for s in range(shards)]
+    return None if got is None else (int(got[1]), int(got[2]), int(got[3]), int(got[4]))
 
 
 def _row(e: HistoryEntry) -> dict[str, Any]:
@@ -68,30 +66,29 @@ async def recent(ns: Namespace, task: str, outcome: str, before: str, count: int
     if outcome and outcome not in OUTCOMES:
         raise ActionError(f"outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
     if before and not _CURSOR.match(before):
-        raise ActionError(f"before must be an entry's place (ms-seq-shard), got {before!r}")
+        raise ActionError(f"before must be a row's place (ms-seq-shard-index), got {before!r}")
     if not 1 <= count <= MAX_COUNT:
         raise ActionError(f"count must be from 1 to {MAX_COUNT}, got {count}")
     sched = await ns.need()
     filtered = bool(task or outcome)
     per_shard = HISTORY_SCAN if filtered else count
     shards = list(range(sched.keys.shards))
-    read = await sched.history.read(shards, _ends(before, len(shards)), per_shard)
+    read = await sched.history.read(shards, _place(before) if before else None, per_shard)
     merged = [
         e
-        for entries in read
-        for e in entries
+        for rows, _ in read
+        for e in rows
         if (not task or e.task == task) and (not outcome or e.outcome == outcome)
     ]
-    # A shard that returned a full read has older entries unread: only what is newer
-    # than the newest of those shards' oldest reads (the horizon) is known complete.
-    oldest = [entries[-1] for entries in read if len(entries) == per_shard]
-    horizon = max(oldest, key=lambda e: e.order) if oldest else None
+    # A shard that returned a full read has older batches unread: only what is newer
+    # than the newest of those shards' oldest batches read (the horizon) is complete.
+    horizon = max((oldest for _, oldest in read if oldest is not None), default=None)
     if horizon is not None:
-        merged = [e for e in merged if e.order >= horizon.order]
+        merged = [e for e in merged if e.order >= horizon]
     merged.sort(key=lambda e: e.order, reverse=True)  # newest first
     page = merged[:count]
-    # Past the page: from its last entry; all known shown: from the horizon, if any.
-    rest = horizon.cursor if horizon is not None else ""
+    # Past the page: from its last row; all known shown: from the horizon, if any.
+    rest = "-".join(map(str, horizon)) if horizon is not None else ""
     nxt = page[-1].cursor if len(merged) > count else rest
     return {
         "task": task,
@@ -100,6 +97,7 @@ async def recent(ns: Namespace, task: str, outcome: str, before: str, count: int
         "count": count,
         "shards": len(shards),
         "cap": HISTORY_CAP,
+        "batch": BATCH_MAX,
         "scan": per_shard,
         "entries": [_row(e) for e in page],
         "next": nxt,
