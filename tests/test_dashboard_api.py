@@ -622,7 +622,8 @@ def test_charts_per_task_over_the_window() -> None:
     )
     send = charts.per_task(300)["send"]
     assert (send["runs"], send["acked"], send["retries"], send["dead"]) == (6, 4, 2, 0)
-    assert send["acked_per_min"] == 0.8 and send["lateness_p50"] == 0.005
+    # 4 acks over the 20 s the window's samples cover (1_290_000 to now), not 300 s.
+    assert send["acked_per_min"] == 12.0 and send["lateness_p50"] == 0.005
     assert (
         charts.per_task(300)[""]["dead"] == 1 and charts.per_task(300)[""]["lateness_p99"] is None
     )

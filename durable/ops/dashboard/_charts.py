@@ -142,12 +142,15 @@ class Charts:
 
     def per_task(self, window_s: float = TASK_WINDOW_S) -> dict[str, dict[str, Any]]:
         """Per task over the last ``window_s`` (by sample end): runs, acks, retries and
-        dead letters (whole counts), acks per minute and lateness p50/p99 (s)."""
+        dead letters (whole counts), acks per minute (over the time the samples cover,
+        when that is shorter) and lateness p50/p99 (s)."""
         since = self.now_ms - window_s * 1000
         rows: dict[str, list[int]] = {}
+        first_ms = self.now_ms  # the earliest time the samples in the window cover
         for s in self.samples:
             if s.t_ms < since:
                 continue
+            first_ms = min(first_ms, s.t_ms - s.data["dt"])
             for task, grew in s.data.get("tasks", {}).items():
                 row = rows.get(task)
                 if row is None:
@@ -157,6 +160,9 @@ class Charts:
                     row += [0] * (len(grew) - len(row))
                 for j, v in enumerate(grew):
                     row[j] += v
+        # Per minute over what the samples cover (less than the window just after the
+        # workers started), at least a sample period.
+        span_s = max(min(window_s, (self.now_ms - first_ms) / 1000), SAMPLE_S)
         out = {}
         for task, counted in rows.items():
             row = counted + [0] * max(_TASK_FIELDS - len(counted), 0)
@@ -167,7 +173,7 @@ class Charts:
                 "acked": row[1],
                 "retries": row[2],
                 "dead": row[3],
-                "acked_per_min": round(row[1] * 60 / window_s, 1),
+                "acked_per_min": round(row[1] * 60 / span_s, 1),
                 "lateness_p50": p50 if p50 != float("inf") else -1,
                 "lateness_p99": p99 if p99 != float("inf") else -1,
             }
