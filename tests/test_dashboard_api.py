@@ -656,6 +656,8 @@ def test_protected_reads_need_the_token() -> None:
         r = client.get("/", follow_redirects=False)
         assert r.status_code == 303 and r.headers["location"].startswith("/login")
         assert client.get("/api/overview").status_code == 401
+        assert client.get("/api/history").status_code == 401
+        assert client.get("/history", follow_redirects=False).status_code == 303
         assert client.get("/api/overview", headers=bearer()).status_code == 503  # no Redis
         r = client.post(
             "/login", data={"token": TOKEN}, headers={"Origin": BASE}, follow_redirects=False
