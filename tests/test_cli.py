@@ -324,6 +324,11 @@ def test_worker_serves_prometheus_metrics(redis_url: str) -> None:
     stopped = json.loads(out.splitlines()[-1])
     assert stopped["scheduler"]["acked"] == 20 and stopped["scheduler"]["shards_given_back"] == 4
     assert stopped["tasks"]["sink"][:4] == [20, 20, 0, 0]  # runs, acked, retries, dead
+    # inspect sums every worker's chart samples per task (the last 5 min).
+    tasks = cli_json("inspect", *opts(redis_url, ns))["tasks"]
+    assert tasks["sink"] == {"runs": 20, "acked": 20, "retries": 0, "dead": 0}
+    text = cli("inspect", *opts(redis_url, ns)).stdout
+    assert "task 'sink', last 5 min: 20 run(s), 20 acked, 0 retried, 0 dead" in text
 
 
 def test_metrics_without_prometheus_client_names_the_extra(

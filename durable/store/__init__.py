@@ -81,6 +81,7 @@ from ._workers import (
     WorkerEntry,
     parse_sample,
     parse_stats_document,
+    task_growth,
 )
 
 __all__ = [
@@ -144,6 +145,7 @@ __all__ = [
     "shown_url",
     "split_url",
     "sync_client_from_url",
+    "task_growth",
     "translate",
     "unwrap",
     "url_error",

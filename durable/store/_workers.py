@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,7 @@ __all__ = [
     "WorkerEntry",
     "parse_sample",
     "parse_stats_document",
+    "task_growth",
 ]
 
 # Format version of a worker's stats document.
@@ -152,6 +153,25 @@ class WorkerEntry:
     token: str  # the worker's token (also its owner token)
     beat_ms: int  # its last heartbeat, Redis ms
     stats: dict[str, Any] | None  # its stats document; None when absent or malformed
+
+
+def task_growth(samples: Iterable[Sample], since_ms: int) -> tuple[dict[str, list[int]], int]:
+    """Each task's counters summed over the samples that end at ``since_ms`` or later,
+    and the earliest time (ms) those samples cover (0: no sample). O(samples x tasks)."""
+    rows: dict[str, list[int]] = {}
+    first_ms = 0
+    for s in samples:
+        if s.t_ms < since_ms:
+            continue
+        start = s.t_ms - s.data["dt"]
+        first_ms = start if not first_ms else min(first_ms, start)
+        for task, grew in s.data.get("tasks", {}).items():
+            row = rows.setdefault(task, [])
+            if len(row) < len(grew):
+                row += [0] * (len(grew) - len(row))
+            for j, v in enumerate(grew):
+                row[j] += v
+    return rows, first_ms
 
 
 class WorkerBoard:

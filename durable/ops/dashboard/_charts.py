@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tickwheel.durable.runtime import STATS_COUNTERS, TASK_FIELDS
-from tickwheel.durable.store import SAMPLE_S, Sample
+from tickwheel.durable.store import SAMPLE_S, Sample, task_growth
 
 from ._rows import lateness_quantile
 
@@ -144,22 +144,8 @@ class Charts:
         """Per task over the last ``window_s`` (by sample end): runs, acks, retries and
         dead letters (whole counts), acks per minute (over the time the samples cover,
         when that is shorter) and lateness p50/p99 (s)."""
-        since = self.now_ms - window_s * 1000
-        rows: dict[str, list[int]] = {}
-        first_ms = self.now_ms  # the earliest time the samples in the window cover
-        for s in self.samples:
-            if s.t_ms < since:
-                continue
-            first_ms = min(first_ms, s.t_ms - s.data["dt"])
-            for task, grew in s.data.get("tasks", {}).items():
-                row = rows.get(task)
-                if row is None:
-                    rows[task] = list(grew)
-                    continue
-                if len(row) < len(grew):
-                    row += [0] * (len(grew) - len(row))
-                for j, v in enumerate(grew):
-                    row[j] += v
+        rows, first_ms = task_growth(self.samples, int(self.now_ms - window_s * 1000))
+        first_ms = first_ms or self.now_ms
         # Per minute over what the samples cover (less than the window just after the
         # workers started), at least a sample period.
         span_s = max(min(window_s, (self.now_ms - first_ms) / 1000), SAMPLE_S)
