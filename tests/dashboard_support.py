@@ -106,6 +106,7 @@ class WorkerThread:
     def __init__(self, url: str, namespace: str, registry: TaskRegistry, **kwargs: Any) -> None:
         self.url, self.namespace, self.registry = url, namespace, registry
         self.shards = kwargs.pop("shards", 4)
+        self.sample_s = kwargs.pop("sample_s", 0.5)  # chart samples: fast, for the tests
         self.kwargs = {"poll_interval": 0.05, "lookahead": 0.0, **kwargs}
         self.started = threading.Event()
         self.error: BaseException | None = None
@@ -118,6 +119,7 @@ class WorkerThread:
             async with open_scheduler(self.url, self.namespace, shards=self.shards) as sched:
                 self._loop = asyncio.get_running_loop()
                 self._worker = Worker(sched, self.registry, **self.kwargs)
+                self._worker.stats_publisher.sample_s = self.sample_s
                 self.started.set()
                 await self._worker.run()
 

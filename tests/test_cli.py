@@ -301,12 +301,34 @@ def test_worker_serves_prometheus_metrics(redis_url: str) -> None:
         assert values[("tickwheel_wheel_fired_total", "")] >= 20
         for name in ("retries", "dead_letters", "reaped", "fenced", "dedup_dropped"):
             assert values[(f"tickwheel_{name}_total", "")] == 0, name
+        # Per task, labelled task (bounded: MAX_TASKS names per worker).
+        per_task = {
+            (
+                sample.name,
+                sample.labels["task"],
+                sample.labels.get("outcome", sample.labels.get("le", "")),
+            ): sample.value
+            for family in text_string_to_metric_families(body.decode())
+            for sample in family.samples
+            if sample.labels.get("namespace") == ns and "task" in sample.labels
+        }
+        assert per_task[("tickwheel_task_runs_total", "sink", "started")] == 20
+        assert per_task[("tickwheel_task_runs_total", "sink", "acked")] == 20
+        assert per_task[("tickwheel_task_runs_total", "sink", "dead")] == 0
+        assert per_task[("tickwheel_task_lateness_seconds_bucket", "sink", "+Inf")] == 20
+        assert per_task[("tickwheel_task_lateness_seconds_sum", "sink", "")] >= 0
     finally:
         proc.terminate()
         out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     stopped = json.loads(out.splitlines()[-1])
     assert stopped["scheduler"]["acked"] == 20 and stopped["scheduler"]["shards_given_back"] == 4
+    assert stopped["tasks"]["sink"][:4] == [20, 20, 0, 0]  # runs, acked, retries, dead
+    # inspect sums every worker's chart samples per task (the last 5 min).
+    tasks = cli_json("inspect", *opts(redis_url, ns))["tasks"]
+    assert tasks["sink"] == {"runs": 20, "acked": 20, "retries": 0, "dead": 0}
+    text = cli("inspect", *opts(redis_url, ns)).stdout
+    assert "task 'sink', last 5 min: 20 run(s), 20 acked, 0 retried, 0 dead" in text
 
 
 def test_metrics_without_prometheus_client_names_the_extra(

@@ -21,6 +21,7 @@ from tickwheel.durable.ops.dashboard._charts import Charts
 from tickwheel.durable.ops.dashboard._page_dead import DeadFilter
 from tickwheel.durable.ops.dashboard._rows import lateness_quantile
 from tickwheel.durable.servers._redis import RedisServer, free_port
+from tickwheel.durable.store import Sample
 from tickwheel.durable.store._keys import Keys
 
 pytestmark = pytest.mark.redis
@@ -545,8 +546,32 @@ def test_workers_and_live_charts_from_published_stats(redis_url: str) -> None:
         assert doc is not None and 0 < ttl <= 10_000
         assert doc["v"] == 1 and doc["owned"] == SHARDS and len(doc["c"]) == 6
         assert len(doc["lat"]) == 16 and doc["t"] > 0
+        # Per task: runs, acks, retries, dead letters, then its lateness buckets.
+        runs, acked, retries, dead, late_us, *lat = doc["tasks"]["t"]
+        assert runs >= 42 and acked >= 40 and (retries, dead) == (0, 2) and len(lat) == 16
+        assert late_us >= 0 and sum(lat) == runs
+
+        def per_task() -> dict[str, Any] | None:
+            rows = {r["task"]: r for r in client.get("/api/overview").json()["tasks"]}
+            tp = rows.get("t", {}).get("throughput")
+            return tp if tp and tp["acked"] >= 40 and tp["dead"] == 2 else None
+
+        assert wait_for(per_task, 20)
+        tp = per_task()
+        assert tp is not None and tp["acked_per_min"] > 0 and tp["lateness_p99"] is not None
+        assert 'data-c="rate"' in client.get("/").text
     # The stats key leaves with the worker.
     assert run(_stats_key(redis_url, ns, token)) == (None, -2)
+    # A dashboard started after all that shows it: the samples are kept in Redis.
+    with api_client(redis_url, ns) as fresh:
+
+        def history() -> bool:
+            pts = fresh.get("/api/charts").json()["points"]
+            return sum(p["dead_letters"] for p in pts) > 0 and sum(p["acked"] for p in pts) > 0
+
+        assert wait_for(history, 20)
+        rows = {r["task"]: r for r in fresh.get("/api/overview").json()["tasks"]}
+        assert rows["t"]["throughput"]["dead"] == 2
 
 
 async def _stats_key(url: str, ns: str, token: str) -> tuple[Any, int]:
@@ -557,33 +582,51 @@ async def _stats_key(url: str, ns: str, token: str) -> tuple[Any, int]:
         return (None if raw is None else json.loads(raw)), ttl
 
 
-def test_charts_rates_between_a_workers_documents() -> None:
+def _sample(t_ms: int, dt: int, c: list[int], lat: list[int] | None = None, **kw: Any) -> Sample:
+    data: dict[str, Any] = {"dt": dt, "c": c, "lat": lat or [0] * 16, **kw}
+    return Sample(f"{t_ms}-0", t_ms, data)
+
+
+def test_charts_spread_each_sample_over_the_buckets_it_covers() -> None:
     charts = Charts(1.0)
+    lat = [0] * 16
+    lat[3] = 10  # ten jobs fired <= 10 ms late
+    # Worker a: 20 acks over 100_000..102_000; worker b: 4 acks over 101_000..102_000.
+    charts.add([_sample(102_000, 2000, [20, 20, 4, 2, 0, 0], lat)], 120_000)
+    charts.add([_sample(102_000, 1000, [4, 4, 0, 0, 0, 0], None)], 120_000)
+    by_t = {p["t"]: p for p in charts.points}
+    assert by_t[101_000]["acked"] == 10.0 and by_t[102_000]["acked"] == 14.0
+    assert by_t[101_000]["retries"] == 2.0 and by_t[102_000]["dead_letters"] == 1.0
+    assert by_t[101_000]["p50"] == 0.01 and by_t[102_000]["p99"] == 0.01
+    assert by_t[101_000]["fired"] == 5 and by_t[103_000]["acked"] == 0.0  # idle: zero
+    assert charts.last_id == "102000-0" and charts.series()["points"] == charts.points
+    # A bucket is drawn once complete: not within a sample period (and margin) of now.
+    assert max(by_t) <= 120_000 - charts.lag_ms()
+    # Older than the hour: dropped.
+    charts.add([], 102_000 + 3_700_000 + 10_000)
+    assert not charts.samples and charts.points == []
 
-    def row(token: str, t: int, c: list[int], lat: list[int]) -> dict[str, Any]:
-        return {"token": token, "stats": {"t": t, "c": c, "lat": lat}}
 
-    lat0 = [0] * 16
-    charts.add([row("a", 1000, [0, 0, 0, 0, 0], lat0)], 1)
-    assert [p["acked"] for p in charts.points] == [0]  # one document: no rate yet
-    lat1 = [0] * 16
-    lat1[3] = 10  # ten jobs fired <= 10 ms late
-    charts.add([row("a", 3000, [20, 20, 4, 2, 0], lat1)], 2)
-    charts.add([row("a", 3000, [20, 20, 4, 2, 0], lat1)], 3)  # not republished yet
-    p = charts.points[-1]
-    assert p["acked"] == 10.0 and p["retries"] == 2.0 and p["dead_letters"] == 1.0
-    assert charts.points[-2]["acked"] == 10.0  # the same rate, not a zero
-    assert p["p50"] == 0.01 and p["p99"] == 0.01 and p["fired"] == 10
-    # A restart under the same token (counters went down): counted from the new values.
-    charts.add([row("a", 4000, [5, 5, 0, 0, 0], lat0)], 4)
-    assert charts.points[-1]["acked"] == 5.0
-    # Two workers add up; a worker gone no longer counts.
-    charts.add([row("a", 5000, [6, 6, 0, 0, 0], lat0), row("b", 100, [0] * 5, lat0)], 5)
-    charts.add([row("a", 6000, [8, 8, 0, 0, 0], lat0), row("b", 1100, [3] * 5, lat0)], 6)
-    assert charts.points[-1]["acked"] == 5.0
-    charts.add([row("b", 2100, [4] * 5, lat0)], 7)
-    assert charts.points[-1]["acked"] == 1.0
-    assert charts.series()["points"][-1]["t"] == 7
+def test_charts_per_task_over_the_window() -> None:
+    charts = Charts(5.0)
+    row = [3, 2, 1, 0, 9000] + [0] * 16
+    row[5 + 2] = 3  # all three fired <= 5 ms late
+    old = [50, 50, 0, 0, 0] + [0] * 16
+    charts.add(
+        [
+            _sample(1_000_000, 10_000, [0] * 6, tasks={"send": old}),  # before the window
+            _sample(1_300_000, 10_000, [0] * 6, tasks={"send": row, "": [1, 0, 0, 1, 0]}),
+            _sample(1_305_000, 10_000, [0] * 6, tasks={"send": row}),
+        ],
+        1_310_000,
+    )
+    send = charts.per_task(300)["send"]
+    assert (send["runs"], send["acked"], send["retries"], send["dead"]) == (6, 4, 2, 0)
+    # 4 acks over the 20 s the window's samples cover (1_290_000 to now), not 300 s.
+    assert send["acked_per_min"] == 12.0 and send["lateness_p50"] == 0.005
+    assert (
+        charts.per_task(300)[""]["dead"] == 1 and charts.per_task(300)[""]["lateness_p99"] is None
+    )
 
 
 def test_redis_unreachable_is_said_without_the_password_and_recovers() -> None:
@@ -613,6 +656,8 @@ def test_protected_reads_need_the_token() -> None:
         r = client.get("/", follow_redirects=False)
         assert r.status_code == 303 and r.headers["location"].startswith("/login")
         assert client.get("/api/overview").status_code == 401
+        assert client.get("/api/history").status_code == 401
+        assert client.get("/history", follow_redirects=False).status_code == 303
         assert client.get("/api/overview", headers=bearer()).status_code == 503  # no Redis
         r = client.post(
             "/login", data={"token": TOKEN}, headers={"Origin": BASE}, follow_redirects=False

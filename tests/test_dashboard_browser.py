@@ -336,3 +336,52 @@ def test_the_first_screen_per_task_with_human_times(
         expect(page.locator("#scheduled-summary")).to_contain_text("filtered")
         shot(page, tmp_path, "scheduled-all")
         page.close()
+
+
+def test_throughput_per_task_history_and_attempts_in_the_browser(
+    browser: Browser, redis_url: str, tmp_path: Path
+) -> None:
+    """A worker keeping a history runs jobs (one dead-lettered with a hostile id and
+    error): the first screen shows done/min per task, the history page filters by
+    outcome through its form, and its link leads to the job's attempts, all as text."""
+    ns = unique_ns()
+    evil = '<img src=x onerror="window.__xss = 3">'
+    reg = TaskRegistry()
+
+    @reg.task(name="send")
+    async def send(ctx: Any) -> None:
+        pass
+
+    @reg.task(name="charge")
+    async def charge(ctx: Any) -> None:
+        raise RuntimeError(f"declined {evil}")
+
+    specs = [JobSpec(f"s{i}", "send") for i in range(20)]
+    specs.append(JobSpec("bad" + evil, "charge", max_attempts=1))
+    with (
+        LiveDashboard(config(redis_url, ns)) as live,
+        WorkerThread(redis_url, ns, reg, shards=SHARDS, history=True),
+    ):
+        run(schedule(redis_url, ns, specs))
+        page = browser.new_page(base_url=live.url)
+        page.goto("/")
+        rate = page.locator('#tasks tr[data-task="send"] td[data-c="rate"]')
+        expect(rate).not_to_have_text("-", timeout=20_000)  # from the workers' samples
+        expect(page.locator('#tasks tr[data-task="charge"] td[data-c="failed"]')).to_have_text(
+            "1", timeout=20_000
+        )
+        shot(page, tmp_path, "tasks-throughput")
+        page.goto("/history")
+        expect(page.locator("#history")).to_contain_text("s19", timeout=10_000)
+        page.select_option("select[name=outcome]", "dead")
+        page.locator("#filter button").click()
+        expect(page.locator("#history tr[data-outcome]")).to_have_count(1)
+        expect(page.locator("#history")).to_contain_text(f"declined {evil}")
+        shot(page, tmp_path, "history-dead")
+        page.locator("#history a", has_text="bad").click()
+        expect(page.locator("#attempts")).to_contain_text("dead")
+        expect(page.locator("#attempts")).to_contain_text(f"declined {evil}")
+        shot(page, tmp_path, "job-attempts")
+        assert page.evaluate("window.__xss") is None
+        assert page.locator("main img").count() == 0
+        page.close()

@@ -33,9 +33,9 @@ pytestmark = pytest.mark.redis
 
 SECRET = "Hunter2secret"
 PAGES = ["/", "/login", "/scheduled", "/scheduled?shard=0", "/dead", "/recurring", "/job?id=x"]
-PAGES += ["/internals"]
+PAGES += ["/internals", "/history", "/history?outcome=dead"]
 APIS = ["/api/overview", "/api/scheduled", "/api/dead", "/api/job?id=x", "/api/charts"]
-APIS += ["/api/internals", "/api/scheduled?shard=0"]
+APIS += ["/api/internals", "/api/scheduled?shard=0", "/api/history", "/api/history?id=x"]
 
 
 async def _schedule(url: str, ns: str) -> None:

@@ -235,3 +235,55 @@ def test_unknown_task_names_are_refused_when_the_producer_knows_the_tasks(
     assert run(_keys(redis_server.url, ns)) == []
     sync.schedule("c", "known", delay=60)
     sync.close()
+
+
+def test_a_config_error_while_a_worker_runs_is_logged_when_it_starts_and_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The worker's user loses its permissions (NOPERM) for a while and gets them back:
+    one ERROR when Redis starts refusing, one INFO with the refused calls counted when
+    it accepts the worker again; no line per round, no traceback; the worker goes on."""
+    with RedisServer(password="s3cret-pw") as server:
+        ns = unique_ns()
+        url = f"redis://w:w-pw@127.0.0.1:{server.port}/0"
+
+        async def main() -> None:
+            admin = redis.asyncio.Redis.from_url(server.url)
+            await admin.execute_command("ACL", "SETUSER", "w", "on", ">w-pw", "~*", "&*", "+@all")
+            reg = TaskRegistry()
+            ran: list[str] = []
+
+            @reg.task(name="t")
+            async def t(ctx: object) -> None:
+                ran.append("x")
+
+            async with open_scheduler(url, ns, shards=2) as sched:
+                worker = Worker(sched, reg, poll_interval=0.05, lookahead=0.0, reap_interval=0.1)
+                running = asyncio.ensure_future(worker.run())
+                await asyncio.sleep(1.0)
+                caplog.set_level("INFO", logger="tickwheel.durable")
+                await admin.execute_command("ACL", "SETUSER", "w", "-@all")
+                await asyncio.sleep(2.0)  # many rounds of the loader, reaper and balancer
+                await admin.execute_command("ACL", "SETUSER", "w", "+@all")
+                await sched.schedule("after", "t", delay=0)
+                for _ in range(100):
+                    if ran:
+                        break
+                    await asyncio.sleep(0.1)
+                worker.stop()
+                await asyncio.wait_for(running, 30)
+            await admin.aclose()
+            assert ran == ["x"]  # it went on once Redis accepted it again
+
+        run(main())
+    lines = [r for r in caplog.records if r.name == "tickwheel.durable"]
+    started = [r for r in lines if "Redis refuses this worker" in r.getMessage()]
+    ended = [r for r in lines if "Redis accepts this worker again" in r.getMessage()]
+    assert len(started) == 1 and started[0].levelname == "ERROR", [r.getMessage() for r in lines]
+    assert "no permissions" in started[0].getMessage() and "s3cret" not in started[0].getMessage()
+    assert len(ended) == 1 and ended[0].levelname == "INFO"
+    assert ended[0].failed_calls > 3  # type: ignore[attr-defined]
+    assert not [r for r in lines if r.levelno >= 30 and r not in started], [
+        r.getMessage() for r in lines if r.levelno >= 30
+    ]
+    assert not [r for r in lines if r.exc_info]

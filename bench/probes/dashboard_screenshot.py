@@ -1,9 +1,12 @@
 """Make the README's dashboard screenshot (docs/dashboard-overview.png): a private
 redis-server, 16 shards, two workers running a steady stream of jobs (some fail and
 retry, a few end as dead letters), the dashboard sampling every second, and the system's
-Chromium (Playwright) taking the picture after ``--seconds``.
+Chromium (Playwright) taking the picture after ``--seconds``. With ``--pages``, also
+the history page and the job page of a job that was retried (``<out>-history.png``,
+``<out>-job.png``; the workers keep a history).
 
     .venv/bin/python -m bench.probes.dashboard_screenshot [--seconds 60] [--out FILE.png]
+        [--pages]
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--out", default="docs/dashboard-overview.png")
+    parser.add_argument("--pages", action="store_true")
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -89,8 +93,8 @@ def main() -> None:
         reg = registry()
         with (
             LiveDashboard(config(server.url, NS, sample_interval=1.0)) as live,
-            WorkerThread(server.url, NS, reg, shards=SHARDS),
-            WorkerThread(server.url, NS, reg, shards=SHARDS),
+            WorkerThread(server.url, NS, reg, shards=SHARDS, history=True),
+            WorkerThread(server.url, NS, reg, shards=SHARDS, history=True),
         ):
             time.sleep(args.seconds)  # the load goes on while the picture is taken
             with sync_playwright() as p:
@@ -99,6 +103,14 @@ def main() -> None:
                 page.goto("/")
                 page.wait_for_timeout(3000)  # one refresh of the counts and the charts
                 page.screenshot(path=args.out, full_page=True)
+                if args.pages:
+                    stem = args.out.removesuffix(".png")
+                    page.goto("/history")
+                    page.screenshot(path=f"{stem}-history.png", full_page=True)
+                    retried = page.request.get("/api/history?outcome=retried").json()
+                    first = retried["entries"][0]["id"] if retried["entries"] else "pay:1"
+                    page.goto(f"/job?id={first}")
+                    page.screenshot(path=f"{stem}-job.png", full_page=True)
                 browser.close()
             stop.set()
             feeder.join()

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from tickwheel.durable.model import LATENESS_BOUNDS
+from tickwheel.durable.runtime import TASK_FIELDS
+
 if TYPE_CHECKING:
     from tickwheel.durable.runtime import Worker
     from tickwheel.durable.scheduler import Scheduler
@@ -119,6 +122,7 @@ class MetricsCollector:
         )
         lateness.add_metric([ns], hist.cumulative(), sum_value=hist.sum)
         yield lateness
+        yield from _per_task(metrics, ns, loader.stats.tasks.snapshot())
         wheel = loader.wheel.stats()
         for name, value, text in (
             ("tickwheel_wheel_fired", wheel.fired, "Wheel callbacks run."),
@@ -133,6 +137,35 @@ class MetricsCollector:
         )
         pending.add_metric([ns], wheel.pending)
         yield pending
+
+
+def _per_task(metrics: ModuleType, ns: str, tasks: dict[str, list[int]]) -> Iterator[Any]:
+    """The per-task families: runs by outcome and the firing lateness histogram, with a
+    ``task`` label. Bounded: a worker counts at most ``MAX_TASKS`` task names, the rest
+    under the label ``(other)``."""
+    runs = metrics.CounterMetricFamily(
+        "tickwheel_task_runs",
+        "Runs of durable jobs by task and outcome in this worker"
+        " (started; acked; retried; dead: dead-lettered).",
+        labels=["namespace", "task", "outcome"],
+    )
+    lateness = metrics.HistogramMetricFamily(
+        "tickwheel_task_lateness_seconds",
+        "Firing lateness of durable jobs by task: loop time at firing minus the due time.",
+        labels=["namespace", "task"],
+    )
+    bounds = (*map(repr, LATENESS_BOUNDS), "+Inf")
+    for task, row in sorted(tasks.items()):
+        label = task or "(other)"
+        for outcome, value in zip(("started", "acked", "retried", "dead"), row, strict=False):
+            runs.add_metric([ns, label, outcome], value)
+        cumulative, total = [], 0
+        for bound, n in zip(bounds, row[len(TASK_FIELDS) :], strict=False):
+            total += n
+            cumulative.append((bound, total))
+        lateness.add_metric([ns, label], cumulative, sum_value=row[4] / 1_000_000)
+    yield runs
+    yield lateness
 
 
 @dataclass

@@ -43,6 +43,7 @@ from ._reaper import DEFAULT_REAP_INTERVAL, DEFAULT_REAP_LIMIT, Reaper
 from ._spill import DEFAULT_THRESHOLD, Timers
 from ._stopping import TaskTimeout
 from ._stream import Publisher, StreamConsumer, StreamEntry, StreamPublisher
+from ._task_stats import MAX_TASKS, TASK_FIELDS
 from ._tasks import TaskContext, TaskOptions, TaskRegistry
 from ._worker import DEFAULT_DRAIN_TIMEOUT, DEFAULT_RECONCILE_INTERVAL, STATS_COUNTERS, Worker
 
@@ -59,7 +60,9 @@ __all__ = [
     "DEFAULT_START_MARGIN",
     "DEFAULT_THRESHOLD",
     "FORMAT_VERSION",
+    "MAX_TASKS",
     "STATS_COUNTERS",
+    "TASK_FIELDS",
     "BrokerMessage",
     "HandoffConsumer",
     "Loader",

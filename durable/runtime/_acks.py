@@ -7,17 +7,19 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from tickwheel.durable.model import Fenced, Job, PostgresUnavailable, RedisUnavailable
+from tickwheel.durable.model import Fenced, Job
 from tickwheel.durable.scheduler import ACKED, LEASE_LOST, UNSETTLED, Scheduler
 from tickwheel.wheel import TimingWheel
 
+from ._history import ACKED as ACKED_OUTCOME
+from ._history import LEASE_LOST as LOST_OUTCOME
 from ._loader_stats import LoaderStats
-from ._logs import Outages, job_fields
+from ._logs import OUTAGE_ERRORS, Outages, job_fields
 
 __all__ = ["ACK_RETRY_PAUSES", "UNAVAILABLE", "AckBatcher"]
 
 # The stores' transient errors: a job's end state waits them out while its lease lasts.
-UNAVAILABLE = (RedisUnavailable, PostgresUnavailable)
+UNAVAILABLE = OUTAGE_ERRORS
 
 logger = logging.getLogger("tickwheel.durable")
 
@@ -156,11 +158,15 @@ class AckBatcher:
         self.waiting -= len(batch)
         debug = logger.isEnabledFor(logging.DEBUG)
         tracer = self.tracer
+        history = self.stats.history
         for (job, _), ok in zip(batch, results, strict=True):
             if tracer is not None:
                 tracer.settle(job, ACKED if ok else LEASE_LOST)
+            if history is not None:
+                history.ended(job, ACKED_OUTCOME if ok else LOST_OUTCOME)
             if ok:
                 self.stats.succeeded += 1
+                self.stats.tasks.acked(job.task)
                 if debug:
                     logger.debug(
                         "job %r acked (task %s, attempt %d)",

@@ -30,14 +30,12 @@ from tickwheel.durable.model import (
     Job,
     LatenessHistogram,
     NotOwner,
-    PostgresUnavailable,
-    RedisUnavailable,
 )
 from tickwheel.durable.scheduler import Scheduler
 from tickwheel.wheel import Timer, TimingWheel
 
 from ._loader_stats import LoaderStats
-from ._logs import Outages, job_fields
+from ._logs import OUTAGE_ERRORS, Outages, job_fields
 from ._runner import Runner
 
 __all__ = [
@@ -212,7 +210,9 @@ class Claimer:
         if entry is None:
             return
         job, _, lease_end, when = entry
-        self.lateness.observe(self.wheel.time() - when)
+        late = self.wheel.time() - when
+        self.lateness.observe(late)
+        self.stats.tasks.fired(job.task, late)
         self._runner.fire(key, job, lease_end, when)
 
     async def run(self) -> None:
@@ -220,7 +220,7 @@ class Claimer:
         while self.claiming:
             try:
                 full = await self.load_once()
-            except (RedisUnavailable, PostgresUnavailable) as exc:
+            except OUTAGE_ERRORS as exc:
                 self.stats.unavailable += 1
                 self.outages.failed("loader", exc)
                 await self._pause(UNAVAILABLE_BACKOFF)

@@ -25,6 +25,9 @@ from tickwheel.durable.scheduler import (
     Scheduler,
 )
 
+from ._history import DEAD as DEAD_OUTCOME
+from ._history import DEFERRED as DEFERRED_OUTCOME
+from ._history import RETRIED as RETRIED_OUTCOME
 from ._loader_stats import LoaderStats
 from ._logs import failure_text, job_fields, logger
 
@@ -55,8 +58,9 @@ class Failures:
         if isinstance(exc, Defer) and not timed_out:
             await self.deferred(job, exc)
             return
+        text = failure_text(exc)
         try:
-            state = await self.leases.retry(job, failure_text(exc))
+            state = await self.leases.retry(job, text)
         except BaseException as unwritten:
             if self.tracer is not None:
                 lost = isinstance(unwritten, LeaseLost)
@@ -73,7 +77,7 @@ class Failures:
                 extra=job_fields(job),
             )
             raise
-        self.count(state)
+        self.count(job, state, text)
         if self.tracer is not None:
             outcome = DEAD if state is JobState.DEAD else RETRIED
             self.tracer.settle(job, TIMED_OUT if timed_out else outcome, exc, outcome)
@@ -112,6 +116,8 @@ class Failures:
             )
             raise
         self.stats.deferred += 1
+        if self.stats.history is not None:
+            self.stats.history.ended(job, DEFERRED_OUTCOME)
         if self.tracer is not None:
             self.tracer.settle(job, DEFERRED)
         logger.debug(
@@ -125,16 +131,23 @@ class Failures:
 
     async def dead(self, job: Job, reason: str) -> None:
         """Dead-letter ``job`` at once with ``reason`` (no retry would mend it)."""
-        self.count(await self.leases.retry(job, reason, final=True))
+        self.count(job, await self.leases.retry(job, reason, final=True), reason)
         if self.tracer is not None:
             self.tracer.settle(job, DEAD, reason)
         self.log_dead(job, reason)
 
-    def count(self, state: JobState) -> None:
+    def count(self, job: Job, state: JobState, error: str) -> None:
+        """Count a failed attempt's retry or dead letter (and record it, with the first
+        line of ``error``)."""
+        history = self.stats.history
+        if history is not None:
+            history.ended(job, DEAD_OUTCOME if state is JobState.DEAD else RETRIED_OUTCOME, error)
         if state is JobState.DEAD:
             self.stats.dead += 1
+            self.stats.tasks.dead(job.task)
         else:
             self.stats.retried += 1
+            self.stats.tasks.retried(job.task)
 
     @staticmethod
     def log_dead(job: Job, reason: str, exc: BaseException | None = None) -> None:

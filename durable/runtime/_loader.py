@@ -23,7 +23,6 @@ from tickwheel.durable.model import (
     Fenced,
     Job,
     LatenessHistogram,
-    RedisUnavailable,
     finite_seconds_ms,
     int_between,
 )
@@ -40,7 +39,7 @@ from ._claims import (
     Claimer,
 )
 from ._loader_stats import LoaderStats
-from ._logs import Outages
+from ._logs import OUTAGE_ERRORS, Outages
 from ._runner import DEFAULT_MAX_RUNNING, Runner
 from ._stream import Publisher
 from ._tasks import TaskRegistry, check_timeout
@@ -264,7 +263,7 @@ class Loader:
                 released += sum(await self.scheduler.leases.release(jobs[i : i + MAX_BATCH]))
         except Fenced:
             pass  # the ownership dropped the shard and told _on_fenced
-        except RedisUnavailable as exc:
+        except OUTAGE_ERRORS as exc:
             self.stats.unavailable += 1
             self.outages.failed("release", exc)
             logger.debug("release left to the reaper (%s)", exc)

@@ -3,7 +3,10 @@ runs, acks) and read by the worker's stats and the metrics exporter."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
+
+from ._history import HistoryRecorder
+from ._task_stats import TaskCounters
 
 __all__ = ["LoaderStats"]
 
@@ -30,7 +33,15 @@ class LoaderStats:
     lease_lost: int = 0  # ack/retry/extend found the lease gone
     unavailable: int = 0  # Redis unreachable (the reaper recovers the job)
     errors: int = 0  # anything else, logged (the reaper recovers the job)
+    # The same outcomes per task (runs, acks, retries, dead letters, lateness).
+    tasks: TaskCounters = field(default_factory=TaskCounters, repr=False, compare=False)
+    # The attempts ended, for the shards' history streams (None: not kept).
+    history: HistoryRecorder | None = field(default=None, repr=False, compare=False)
 
     def as_dict(self) -> dict[str, int]:
-        """The counters by name."""
-        return asdict(self)
+        """The counters by name (the per-task ones apart: :attr:`tasks`)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("tasks", "history")
+        }

@@ -13,7 +13,11 @@ Ground rules:
   DEBUG (built only when DEBUG is on).
 - An outage of a store (Redis or PostgreSQL) is one WARNING when the first call fails
   and one INFO when a call of the same loop succeeds again, with the failed calls
-  counted in between (a 7 s Redis outage used to log 19 lines).
+  counted in between (a 7 s Redis outage used to log 19 lines). A configuration Redis
+  starts refusing while the worker runs (its password or ACL changed:
+  ``RedisConfigError``) is handled the same way, under its own name: one ERROR when it
+  starts, one INFO when Redis accepts the worker again, the refused calls counted
+  between; the loops go on retrying meanwhile, so the fix needs no restart.
 """
 
 from __future__ import annotations
@@ -28,10 +32,13 @@ from tickwheel.durable.model import (
     BrokerUnavailable,
     Job,
     PostgresUnavailable,
+    RedisConfigError,
+    RedisUnavailable,
 )
 
 __all__ = [
     "ERROR_SUMMARY_CHARS",
+    "OUTAGE_ERRORS",
     "TRACEBACK_CHARS",
     "Outages",
     "failure_text",
@@ -41,6 +48,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger("tickwheel.durable")
+
+# What a loop reports to :class:`Outages` (and waits out) rather than logging each time.
+OUTAGE_ERRORS = (RedisUnavailable, PostgresUnavailable, RedisConfigError)
+# The name an Outages gives a refused configuration (not an unreachable store).
+_REFUSED = "Redis configuration"
 
 # A failure kept with its job (its last error, shown by Scheduler.get, the dead letters
 # and the dashboard): the exception's repr cut to ERROR_SUMMARY_CHARS, then the last
@@ -109,6 +121,8 @@ class Outages:
     def store_of(exc: BaseException) -> str:
         if isinstance(exc, BrokerUnavailable):
             return "Broker"
+        if isinstance(exc, RedisConfigError):
+            return _REFUSED
         return "PostgreSQL" if isinstance(exc, PostgresUnavailable) else "Redis"
 
     @property
@@ -123,6 +137,14 @@ class Outages:
         entry = self._open.get(store)
         if entry is None:
             self._open[store] = (time.monotonic(), 1, {what})
+            if store == _REFUSED:
+                logger.error(
+                    "Redis refuses this worker (%s: %s); retrying, its end will be logged",
+                    what,
+                    exc,
+                    extra={"store": store},
+                )
+                return
             logger.warning(
                 "%s unreachable (%s: %s); retrying, its end will be logged",
                 store,
@@ -143,6 +165,15 @@ class Outages:
         for store, (start, count, loops) in list(self._open.items()):
             if what in loops:
                 del self._open[store]
+                if store == _REFUSED:
+                    logger.info(
+                        "Redis accepts this worker again after %.1f s (%d refused call(s)"
+                        " meanwhile)",
+                        time.monotonic() - start,
+                        count,
+                        extra={"store": store, "failed_calls": count},
+                    )
+                    continue
                 logger.info(
                     "%s reachable again after %.1f s (%d failed call(s) meanwhile)",
                     store,

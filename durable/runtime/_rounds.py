@@ -16,9 +16,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from tickwheel.durable.model import PostgresUnavailable, RedisUnavailable
-
-from ._logs import Outages
+from ._logs import OUTAGE_ERRORS, Outages
 
 __all__ = ["run_rounds"]
 
@@ -50,7 +48,7 @@ async def run_rounds(
             again = bool(await body())
             if outages is not None:
                 outages.ok(what)
-        except (RedisUnavailable, PostgresUnavailable) as exc:
+        except OUTAGE_ERRORS as exc:
             if outages is not None:
                 outages.failed(what, exc)
             else:

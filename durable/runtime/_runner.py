@@ -202,6 +202,8 @@ class Runner:
             self.stats.expired += 1
             return
         self.stats.fired += 1
+        if self.stats.history is not None:
+            self.stats.history.started(job)
         if logger.isEnabledFor(logging.DEBUG):
             log_start(job, None if due is None else (self.wheel.time() - due) * 1000)
         publishing = self.publisher is not None

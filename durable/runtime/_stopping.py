@@ -25,6 +25,8 @@ from tickwheel.durable.scheduler import LEASE_LOST, RELEASED, Scheduler
 from tickwheel.wheel import TimingWheel
 
 from ._failures import Failures
+from ._history import CANCELLED as CANCELLED_OUTCOME
+from ._history import LEASE_LOST as LOST_OUTCOME
 from ._loader_stats import LoaderStats
 from ._logs import job_fields, logger
 
@@ -186,6 +188,9 @@ class Stopper:
         if self.scheduler.tracer is not None:
             outcome = {CANCELLED: STOPPED, LOST: LEASE_LOST}.get(reason, RELEASED)
             self.scheduler.tracer.settle(job, outcome)
+        history = self.stats.history
+        if history is not None and reason in (CANCELLED, LOST):
+            history.ended(job, CANCELLED_OUTCOME if reason == CANCELLED else LOST_OUTCOME)
         if reason == CANCELLED:
             self.stats.cancelled += 1
             self.scheduler.ownership.counters.stopped += 1

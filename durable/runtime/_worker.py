@@ -35,9 +35,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
-import socket
-import time
 import zlib
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -47,7 +44,6 @@ from tickwheel.durable.model import (
     Fenced,
     JobState,
     NotOwner,
-    PostgresUnavailable,
     ReapResult,
     RedisUnavailable,
     finite_seconds_ms,
@@ -56,6 +52,7 @@ from tickwheel.durable.scheduler import DEFAULT_LEASE, RENEW_FRACTION, Scheduler
 from tickwheel.durable.store import STATS_COUNTERS, STATS_VERSION
 from tickwheel.wheel import TimingWheel
 
+from ._history import HistoryRecorder
 from ._loader import (
     DEFAULT_LIMIT,
     DEFAULT_LOOKAHEAD,
@@ -65,9 +62,10 @@ from ._loader import (
     Loader,
     LoaderStats,
 )
-from ._logs import Outages
+from ._logs import OUTAGE_ERRORS, Outages
 from ._reaper import DEFAULT_REAP_INTERVAL, Reaper
 from ._rounds import run_rounds
+from ._stats_publisher import StatsPublisher
 from ._stream import Publisher
 from ._tasks import TaskRegistry, check_timeout
 
@@ -109,6 +107,11 @@ class Worker:
             namespace reconciles at a time (an advisory lock); the others skip that
             round. The relay of the outbox runs at every commit notification and every
             second.
+        history: record each attempt's end (outcome, times, error's first line) in its
+            shard's capped history stream, for the dashboard's job and history pages
+            (written in one batch per balancing round, off the job path). Opt-in: with
+            no-op tasks it costs ~20 % more worker CPU per job
+            (``bench/probes/history_cost.py``).
 
     Raises:
         TypeError, ValueError: naming a bad parameter.
@@ -130,6 +133,7 @@ class Worker:
         reconcile_interval: float | timedelta = DEFAULT_RECONCILE_INTERVAL,
         default_timeout: float | None = None,
         start_margin: float | timedelta | None = DEFAULT_START_MARGIN,
+        history: bool = False,
     ) -> None:
         given: object = scheduler  # typed, but a redis client is a common slip
         if not isinstance(given, Scheduler):
@@ -145,6 +149,7 @@ class Worker:
         self.token = self.ownership.token  # member id, also the owner token
         self.members_key = scheduler.keys.workers  # ZSET token -> beat
         self.stats_key = scheduler.keys.worker_stats(self.token)  # STRING, JSON with a TTL
+        self.stats_publisher = StatsPublisher(self)  # its stats document and chart samples
         self._loader_args: dict[str, Any] = {
             "lookahead": lookahead,
             "lease": lease,
@@ -155,6 +160,9 @@ class Worker:
             "default_timeout": check_timeout(default_timeout),
             "start_margin": start_margin,
         }
+        if not isinstance(history, bool):
+            raise TypeError(f"history must be a bool, got {history!r}")
+        self.history = history  # keep the shards' history of finished attempts
         self.reap_interval_ms = finite_seconds_ms("reap_interval", reap_interval, minimum_ms=1)
         self.drain_timeout_ms = finite_seconds_ms("drain_timeout", drain_timeout)
         self.reconcile_interval_ms = finite_seconds_ms(
@@ -198,44 +206,18 @@ class Worker:
         return math.ceil(self.scheduler.keys.shards / max(self.live, 1))
 
     def stats_document(self) -> dict[str, Any]:
-        """What :meth:`publish_stats` writes: this worker's counters, compact (the
-        shape is ``store/_workers.py``'s).
-
-        ``t`` is this host's wall clock (ms) when it was made; ``c`` monotonic counters
-        since the worker started (claimed, acked, retries, dead letters, reaped,
-        timeouts); ``lat``
-        the firing-lateness histogram's bucket counts (bounds ``LATENESS_BOUNDS`` in
-        ``model/_stats.py``, the last one +Inf); ``v`` the format version.
-        """
-        stats = self.scheduler.stats()
-        loader = self.loader
-        doc: dict[str, Any] = {
-            "v": STATS_VERSION,
-            "t": int(time.time() * 1000),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "owned": len(self.ownership.owned),
-            "c": [
-                *(stats.claimed, stats.acked, stats.retries, stats.dead_letters, stats.reaped),
-                stats.timeouts,
-            ],
-        }
-        if loader is not None:
-            doc["loaded"] = loader.loaded
-            doc["running"] = loader.running
-            doc["lat"] = list(loader.lateness.counts)
-        return doc
+        """What :meth:`publish_stats` writes (``_stats_publisher.py`` has its shape)."""
+        return self.stats_publisher.document()
 
     async def publish_stats(self) -> None:
-        """Write :meth:`stats_document` to ``{ns}:wstats:<token>`` with a TTL of the
-        member TTL (one SET; the dashboard reads it). Called by the balancer, off the
-        job path.
+        """Write the stats document (one SET with the member TTL) and, every
+        ``SAMPLE_S`` seconds, a chart sample (one XADD). Called by the balancer, off
+        the job path.
 
         Raises:
             RedisUnavailable: if Redis cannot be reached.
         """
-        document = self.stats_document()
-        await self.scheduler.workers.publish(self.token, document, self.ownership.ttl_ms)
+        await self.stats_publisher.publish()
 
     async def balance_once(self) -> None:
         """Heartbeat, renew owned shards, then take free shards or give back extras.
@@ -312,6 +294,8 @@ class Worker:
         async def round_() -> None:
             for result in await reaper.reap_once():
                 await self._log_reaped(result)
+                if self.loader is not None and self.loader.stats.history is not None:
+                    self.loader.stats.history.reaped(result)
 
         interval = self.reap_interval_ms / 1000
         await run_rounds(
@@ -370,7 +354,7 @@ class Worker:
                     logger.debug("reconcile skipped (another one runs)")
                 else:
                     logger.info("reconciled %s", result)
-            except (RedisUnavailable, PostgresUnavailable) as exc:
+            except OUTAGE_ERRORS as exc:
                 self.outages.failed("reconcile", exc)
                 logger.debug("reconcile failed (%s)", exc)
             except Exception:  # the next round may do better
@@ -390,6 +374,8 @@ class Worker:
         await self.scheduler.open()
         wheel = TimingWheel()
         loader = self.loader = Loader(self.scheduler, self.registry, wheel, **self._loader_args)
+        if self.history:
+            loader.stats.history = HistoryRecorder()
         reaper = Reaper(
             self.ownership, interval=self.reap_interval_ms / 1000, tracer=self.scheduler.tracer
         )
@@ -478,7 +464,10 @@ class Worker:
             logger.info("gave shard(s) %s back at shutdown", ", ".join(map(str, shards)))
 
     async def _unpublish(self) -> None:
-        await self.scheduler.workers.unpublish(self.token)
+        try:  # what it counted since its last chart sample
+            await self.stats_publisher.publish(final=True)
+        finally:
+            await self.scheduler.workers.unpublish(self.token)
 
     async def _leave(self, shard: int) -> None:
         """:meth:`give_back` in a task of its own (a drain can take a while)."""

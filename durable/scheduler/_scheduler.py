@@ -36,6 +36,7 @@ from tickwheel.durable.store import (
     DEFAULT_BUCKETS,
     DEFAULT_CALL_TIMEOUT,
     Client,
+    HistoryBoard,
     Keys,
     ServerReport,
     Store,
@@ -471,6 +472,12 @@ class Scheduler:
         """The namespace's worker set and stats documents (workers write, the dashboard
         reads)."""
         return WorkerBoard(self.store)
+
+    @functools.cached_property
+    def history(self) -> HistoryBoard:
+        """The shards' histories of finished attempts (workers write, the dashboard
+        reads)."""
+        return HistoryBoard(self.store)
 
     @functools.cached_property
     def console(self) -> Console:

@@ -55,6 +55,7 @@ from ._errors import (
     translate,
     unwrap,
 )
+from ._history import BATCH_MAX, HISTORY_CAP, HISTORY_SCAN, HistoryBoard, HistoryEntry
 from ._keys import DEFAULT_BUCKETS, MAX_JOB_ID_BYTES, Keys, parse_layout
 from ._layout import LayoutUnreadable, read_layout
 from ._msgpack import pack_array
@@ -71,16 +72,30 @@ from ._store import Store
 from ._streams import RawEntry, Stream
 from ._sync_store import SyncClient, SyncStore, is_sync_client, sync_client_from_url
 from ._transport import DEFAULT_CALL_TIMEOUT, Transport
-from ._workers import STATS_COUNTERS, STATS_VERSION, WorkerBoard, WorkerEntry, parse_stats_document
+from ._workers import (
+    SAMPLE_S,
+    STATS_COUNTERS,
+    STATS_VERSION,
+    Sample,
+    WorkerBoard,
+    WorkerEntry,
+    parse_sample,
+    parse_stats_document,
+    task_growth,
+)
 
 __all__ = [
+    "BATCH_MAX",
     "CLUSTER_ERRORS",
     "DEFAULT_BUCKETS",
     "DEFAULT_CALL_TIMEOUT",
+    "HISTORY_CAP",
+    "HISTORY_SCAN",
     "MAX_JOB_ID_BYTES",
     "MIN_REDIS_VERSION",
     "NO_REPLY_ERRORS",
     "REDIS_ERRORS",
+    "SAMPLE_S",
     "STATS_COUNTERS",
     "STATS_VERSION",
     "TIMEOUT_FIELD",
@@ -89,9 +104,12 @@ __all__ = [
     "ClaimedRef",
     "Client",
     "EncodedJob",
+    "HistoryBoard",
+    "HistoryEntry",
     "Keys",
     "LayoutUnreadable",
     "RawEntry",
+    "Sample",
     "ServerConfigWarning",
     "ServerReport",
     "Store",
@@ -118,6 +136,7 @@ __all__ = [
     "pack_record",
     "parse_layout",
     "parse_nodes",
+    "parse_sample",
     "parse_stats_document",
     "read_layout",
     "record_fields",
@@ -126,6 +145,7 @@ __all__ = [
     "shown_url",
     "split_url",
     "sync_client_from_url",
+    "task_growth",
     "translate",
     "unwrap",
     "url_error",

@@ -92,6 +92,7 @@ class Keys:
         "mode",
         "namespace",
         "paused",
+        "samples",
         "shards",
         "workers",
     )
@@ -116,6 +117,9 @@ class Keys:
         # anything without postgres_url is refused on it (PostgresModeRequired).
         self.mode = f"{{{namespace}}}:mode"
         self.workers = f"{{{namespace}}}:workers"  # ZSET worker token -> last heartbeat (ms)
+        # STREAM of the workers' chart samples (their counters' change every few seconds,
+        # store/_workers.py), trimmed to the last hour by id: what the charts show.
+        self.samples = f"{{{namespace}}}:samples"
         # Pub/sub channel: cancel.lua publishes the id of a leased job it removed, and
         # each worker listens, to stop that job's handler if it runs there.
         self.cancels = f"{{{namespace}}}:cancels"
@@ -161,6 +165,11 @@ class Keys:
         """Return the debounce (``kind`` "d": ``{ns:s}:deb:<id>``) or throttle ("t":
         ``{ns:s}:thr:<id>``) STRING of ``job_id`` (flow.lua; a TTL bounds it)."""
         return f"{{{self.namespace}:{shard}}}:{'deb' if kind == 'd' else 'thr'}:{job_id}"
+
+    def history(self, shard: int) -> str:
+        """Return the STREAM of shard ``shard``'s finished attempts (``{ns:s}:history``,
+        capped; written by the workers, read by the dashboard: store/_history.py)."""
+        return f"{{{self.namespace}:{shard}}}:history"
 
     def worker_stats(self, token: str) -> str:
         """Return the STRING where the worker ``token`` publishes its counters

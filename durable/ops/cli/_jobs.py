@@ -19,6 +19,7 @@ from tickwheel.durable.scheduler import (
     MAX_BATCH,
     Scheduler,
 )
+from tickwheel.durable.store import task_growth
 
 from ._args import (
     AddCommand,
@@ -139,6 +140,7 @@ def _inspect(args: argparse.Namespace) -> int:
         lags = [r.lag_ms for r in rows if r.overdue]
         totals["max_lag_ms"] = max(lags, default=0)
         totals["owned"] = sum(1 for r in rows if r.owner)
+        tasks = await _task_window(scheduler, max(r.now_ms for r in rows))
         data = {
             "namespace": args.namespace,
             "created": True,
@@ -146,6 +148,7 @@ def _inspect(args: argparse.Namespace) -> int:
             **totals,
             "paused": paused,
             "pause_unsettled_shards": unsettled,
+            "tasks": tasks,
         }
 
         def text() -> str:
@@ -160,12 +163,33 @@ def _inspect(args: argparse.Namespace) -> int:
                 )
             if totals["parked"]:
                 lines.append(f"  {totals['parked']} due jobs of paused tasks wait for a resume")
+            for task, t in sorted(tasks.items()):
+                lines.append(
+                    f"  task {task or '(other tasks)'!r}, last {TASK_WINDOW_S // 60} min:"
+                    f" {t['runs']} run(s), {t['acked']} acked, {t['retries']} retried,"
+                    f" {t['dead']} dead"
+                )
             return "\n".join(lines)
 
         emit(args, data, text)
         return EXIT_OK
 
     return run(args, lambda: with_scheduler(args, body, absent=lambda: not_created(args, {})))
+
+
+# inspect: the window (s) of the counters per task, from the workers' chart samples.
+TASK_WINDOW_S = 300
+
+
+async def _task_window(scheduler: Scheduler, now_ms: int) -> dict[str, dict[str, int]]:
+    """Runs, acks, retries and dead letters per task over the last ``TASK_WINDOW_S``,
+    summed from every worker's chart samples (one XRANGE)."""
+    since = now_ms - TASK_WINDOW_S * 1000
+    rows, _ = task_growth(await scheduler.workers.samples(since_ms=since), since)
+    return {
+        task: dict(zip(("runs", "acked", "retries", "dead"), row[:4], strict=False))
+        for task, row in rows.items()
+    }
 
 
 # inspect --job: the most occurrences it lists.

@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import (
     _page_dead,
+    _page_history,
     _page_internals,
     _page_jobs,
     _page_login,
@@ -53,6 +54,7 @@ PAGES = (
     _page_internals,
     _page_jobs,
     _page_dead,
+    _page_history,
     _page_recurring,
     _page_pause,
     _page_login,

@@ -24,9 +24,11 @@ from starlette.routing import Route
 
 from tickwheel.durable.model import JobInfo, JobState
 from tickwheel.durable.scheduler import Scheduler
+from tickwheel.durable.store import HISTORY_SCAN
 
 from ._merge import MergeFilter, scheduled_all
 from ._namespace import PAGE, Namespace
+from ._page_history import attempts
 from ._refusals import (
     ActionError,
     NotFound,
@@ -60,7 +62,11 @@ async def job(ns: Namespace, job_id: str) -> dict[str, Any]:
             f"no job {job_id!r} (shard {sched.keys.shard_of(job_id)}): it completed, was "
             "cancelled or purged, or was never scheduled"
         )
-    return {"now_ms": now, "job": job_row(info, now, UPCOMING)}
+    return {
+        "now_ms": now,
+        "job": job_row(info, now, UPCOMING),
+        "attempts": await attempts(ns, job_id),
+    }
 
 
 async def scheduled(
@@ -156,9 +162,15 @@ async def _job_page(web: Web, request: Request) -> Response:
     job_id = request.query_params.get("id", "")
     if not job_id:
         return web.render(request, "job.html", job=None, job_id="", title="Job lookup")
+    sched = await web.ns.scheduler()
+    shard = sched.keys.shard_of(job_id) if sched is not None else 0
+    where = {"history_scan": HISTORY_SCAN, "history_shard": shard}
     try:
         data = await job(web.ns, job_id)
     except ActionError as exc:
+        # A job gone (acked, cancelled) may still have its finished attempts.
+        done = await attempts(web.ns, job_id) if isinstance(exc, NotFound) and sched else []
+        now = await sched.console.now(shard) if done and sched is not None else 0
         return web.render(
             request,
             "job.html",
@@ -166,7 +178,10 @@ async def _job_page(web: Web, request: Request) -> Response:
             job=None,
             job_id=job_id,
             error=str(exc),
+            attempts=done,
+            now_ms=now,
             title="Job lookup",
+            **where,
         )
     return web.render(
         request,
@@ -174,7 +189,9 @@ async def _job_page(web: Web, request: Request) -> Response:
         job=data["job"],
         job_id=job_id,
         now_ms=data["now_ms"],
+        attempts=data["attempts"],
         title=f"Job {job_id}",
+        **where,
     )
 
 

@@ -29,11 +29,12 @@ from starlette.routing import Route
 from tickwheel.durable.scheduler import DEFAULT_OWNER_TTL, Scheduler
 from tickwheel.durable.store import STATS_COUNTERS
 
+from ._charts import HISTORY_S, TASK_WINDOW_S, Charts
 from ._namespace import Namespace
 from ._page_pause import paused_rows
 from ._refusals import ActionError
 from ._rows import iso, shard_row
-from ._tasks import task_rows
+from ._tasks import TaskRow, task_rows
 from ._web import REDIS_DOWN, Web
 
 __all__ = ["STALE_BEAT_MS", "internals", "overview", "routes", "sample_charts", "workers"]
@@ -43,6 +44,8 @@ logger = logging.getLogger("tickwheel.dashboard")
 # A member without a stats document is gone once its beat is this old (ms): the
 # default member (owner) TTL.
 STALE_BEAT_MS = int(DEFAULT_OWNER_TTL * 1000)
+# How the first screen names the tasks a worker counted together past its MAX_TASKS.
+OTHER_TASKS_LABEL = "(other tasks)"
 
 
 async def internals(ns: Namespace, with_tasks: bool = False) -> dict[str, Any]:
@@ -93,9 +96,22 @@ async def internals(ns: Namespace, with_tasks: bool = False) -> dict[str, Any]:
     }
 
 
-async def overview(ns: Namespace) -> dict[str, Any]:
-    """The first screen's data: :func:`internals` with the view per task."""
-    return await internals(ns, with_tasks=True)
+async def overview(ns: Namespace, charts: Charts | None = None) -> dict[str, Any]:
+    """The first screen's data: :func:`internals` with the view per task, and with
+    ``charts`` each task's runs, acks per minute, failures and lateness over the last
+    ``TASK_WINDOW_S`` (``throughput``; a task that only ran there gets a row too)."""
+    data = await internals(ns, with_tasks=True)
+    if charts is None or not data["created"]:
+        return data
+    per_task = charts.per_task()
+    rows = data["tasks"]
+    seen = {row["task"] for row in rows}
+    for task in sorted(set(per_task) - seen):
+        rows.append({**TaskRow(task).as_dict(data["now_ms"]), "task": task or OTHER_TASKS_LABEL})
+    for row in rows:
+        row["throughput"] = per_task.get("" if row["task"] == OTHER_TASKS_LABEL else row["task"])
+    data["task_window_s"] = TASK_WINDOW_S
+    return data
 
 
 async def workers(sched: Scheduler, now_ms: int) -> list[dict[str, Any]]:
@@ -126,14 +142,17 @@ async def workers(sched: Scheduler, now_ms: int) -> list[dict[str, Any]]:
 
 
 async def sample_charts(web: Web) -> None:
-    """The chart sampler: every interval, the workers' stats (two commands); runs until
-    cancelled, whatever a sample raised."""
+    """The chart sampler: every interval, the workers' chart samples added since the
+    last read (one XRANGE; the last hour at the first); runs until cancelled, whatever
+    a read raised."""
     while True:
         try:
             sched = await web.ns.scheduler()
             if sched is not None:
+                charts = web.charts
                 now = await sched.console.now(0)
-                web.charts.add(await workers(sched, now), now)
+                since = now - int(HISTORY_S * 1000)
+                charts.add(await sched.workers.samples(charts.last_id, since), now)
             web.redis_error = ""
         except REDIS_DOWN as exc:
             web.redis_error = web.unreachable(exc)
@@ -146,7 +165,7 @@ async def sample_charts(web: Web) -> None:
 
 async def _page(web: Web, request: Request) -> Response:
     try:
-        data, status, error = await overview(web.ns), 200, ""
+        data, status, error = await overview(web.ns, web.charts), 200, ""
     except REDIS_DOWN as exc:
         data = {"created": False, "shards": [], "workers": [], "tasks": []}
         status, error = 503, web.unreachable(exc)
@@ -156,7 +175,7 @@ async def _page(web: Web, request: Request) -> Response:
 
 
 async def _api(web: Web, request: Request) -> Response:
-    return JSONResponse(await overview(web.ns))
+    return JSONResponse(await overview(web.ns, web.charts))
 
 
 async def _api_charts(web: Web, request: Request) -> Response:

@@ -152,14 +152,14 @@ def shard_row(r: ShardInfo, names: dict[str, str]) -> dict[str, Any]:
     return row
 
 
-def lateness_quantile(counts: Sequence[int], q: float) -> float | None:
+def lateness_quantile(counts: Sequence[float], q: float) -> float | None:
     """The upper bound (s) of the bucket holding quantile ``q`` of a lateness histogram
     (``inf`` past the last bound); None without observations."""
     total = sum(counts)
     if total <= 0:
         return None
     rank = q * total
-    run = 0
+    run = 0.0
     for i, n in enumerate(counts):
         run += n
         if run >= rank and n:

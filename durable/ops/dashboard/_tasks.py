@@ -14,8 +14,8 @@ Ground rules:
   shard's totals come from ``inspect.lua``, exact); otherwise the task's share of the
   sample is scaled to the shard's exact total and the row says it is an estimate.
   Pending per task past the sample is a lower bound (``at_least``).
-- Throughput and firing lateness percentiles are over all tasks: workers publish their
-  counters in total, not per task (``store/_workers.py``).
+- Throughput, failures and firing lateness per task come from the workers' chart
+  samples (``_charts.Charts.per_task``), added by the overview.
 """
 
 from __future__ import annotations
