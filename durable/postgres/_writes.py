@@ -85,7 +85,7 @@ _SCHEDULE_DISTINCT = (
 # and the producer never waits on a relay's Redis call.
 _FORGET = (
     "WITH forgotten AS (DELETE FROM tickwheel_outbox o WHERE o.seq IN (SELECT f.seq"
-    " FROM tickwheel_outbox f WHERE f.ns = $1::text AND f.seq = ANY($17::bigint[])"
+    " FROM tickwheel_outbox f WHERE f.ns = $1::text AND f.seq = ANY(${n}::bigint[])"
     " FOR UPDATE SKIP LOCKED)) "
 )
 # The due of ids kept because a concurrent producer created them mid-statement.
@@ -182,7 +182,8 @@ async def schedule(
     outbox rows (seq) of jobs already in Redis, deleted by the same statement."""
     sql, args = schedule_statement(ns, jobs, notify)
     if forget:
-        sql, args = _FORGET + sql, [*args, list(forget)]
+        # The seqs are the statement's last parameter, after however many it has.
+        sql, args = _FORGET.format(n=len(args) + 1) + sql, [*args, list(forget)]
     rows = await conn.fetch(sql, *args)
     raced = raced_statement(ns, jobs, rows)
     found = {r[0]: int(r[1]) for r in await conn.fetch(_RACED, *raced)} if raced else {}
