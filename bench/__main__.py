@@ -12,7 +12,7 @@ Run from the repository root after ``pip install -e '.[dev,bench]'``. Sections:
   example  the source document's worked example (docs/design.md): 16 shards,
            10^6 pending, 2,900 jobs/s
            for a minute through a Worker; claim capacity of one shard at LIMIT 500
-  postgres the Postgres mode against procrastinate (and pgqueuer, when installed):
+  postgres the Postgres mode against procrastinate and pgqueuer (a venv of its own):
            schedule, schedule_many, claim+ack; lateness of both modes
 
 Each section is a module of bench/runner/ with ``steps(plan)`` and ``run(plan,

@@ -10,14 +10,21 @@ PostgreSQL, as microseconds per job under the same names (:data:`FIGURES`):
 - pgqueuer: ``enqueue`` of one job per call, ``enqueue`` of all the jobs in one call,
   and ``dequeue`` of 100 + ``log_jobs`` (its ack) per batch.
 
-procrastinate is in the ``bench`` extra; pgqueuer is not (docs/postgres.md says how to
-install it): :func:`installed` gives the peers importable here.
+procrastinate is in the ``bench`` extra; pgqueuer is not (bullmq, in that extra, pins a
+croniter that pgqueuer 1.x cannot use): it runs here when pgqueuer 1.x is installed, and
+otherwise in a venv of its own that the bench makes on first use (:func:`pgqueuer_python`).
+:func:`installed` gives the peers that can run.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -27,38 +34,72 @@ FIGURES = ("schedule (us/job)", "schedule_many (us/job)", "claim+ack (us/job)")
 
 Round = Callable[[str, int], Awaitable[dict[str, float]]]
 
+# pgqueuer's venv (pgqueuer_python) and what is installed there.
+_VENV = Path(__file__).resolve().parents[2] / ".venv-pgqueuer"
+_PGQUEUER_REQS = ("pgqueuer>=1.0,<2", "asyncpg>=0.29")
+_CHILD = Path(__file__).resolve().parent / "_pgqueuer.py"
+
 
 async def pgqueuer_round(pg_url: str, jobs: int) -> dict[str, float]:
-    """pgqueuer's counterparts of the Postgres mode's figures, on its own tables."""
-    import uuid
-    from datetime import timedelta
+    """pgqueuer's counterparts of the Postgres mode's figures, on its own tables: in this
+    process when pgqueuer 1.x imports here, else in the venv :func:`pgqueuer_python`
+    makes (the round times itself, so the process boundary is outside every figure)."""
+    if _pgqueuer_here():
+        from bench.peers._pgqueuer import round_
 
-    from pgqueuer.db import AsyncpgDriver
-    from pgqueuer.queries import EntrypointExecutionParameter, Queries
+        return await round_(pg_url, jobs)
+    python = await asyncio.to_thread(pgqueuer_python)
+    proc = await asyncio.create_subprocess_exec(
+        str(python), str(_CHILD), pg_url, str(jobs), stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"pgqueuer's round exited {proc.returncode}")
+    got: dict[str, float] = json.loads(out)
+    return got
 
-    conn: Any = await asyncpg.connect(pg_url)
-    out: dict[str, float] = {}
+
+def _pgqueuer_here() -> bool:
+    """Whether pgqueuer 1.x imports in this venv (0.x has another API)."""
     try:
-        q = Queries(AsyncpgDriver(conn))
-        if await conn.fetchval("SELECT to_regclass('pgqueuer')") is None:
-            await q.install()
-        t = time.perf_counter()
-        for _ in range(jobs):
-            await q.enqueue("t", b"payload", 0)
-        out["schedule (us/job)"] = (time.perf_counter() - t) / jobs * 1e6
-        t = time.perf_counter()
-        await q.enqueue(["t"] * jobs, [b"payload"] * jobs, [0] * jobs)
-        out["schedule_many (us/job)"] = (time.perf_counter() - t) / jobs * 1e6
-        manager, done = uuid.uuid4(), 0
-        entry = {"t": EntrypointExecutionParameter(0)}
-        t = time.perf_counter()
-        while batch := await q.dequeue(100, entry, manager, None, timedelta(seconds=30)):  # type: ignore[arg-type]
-            await q.log_jobs([(j, "successful", None) for j in batch])
-            done += len(batch)
-        out["claim+ack (us/job)"] = (time.perf_counter() - t) / max(done, 1) * 1e6
-    finally:
-        await conn.close()
-    return out
+        from importlib.metadata import version
+
+        return int(version("pgqueuer").split(".")[0]) >= 1
+    except Exception:
+        return False
+
+
+def pgqueuer_python() -> Path:
+    """The python of a venv holding pgqueuer 1.x (``.venv-pgqueuer/`` at the repository
+    root, gitignored), made with this interpreter's ``venv`` and ``pip`` on first use.
+
+    Raises:
+        RuntimeError: if the venv cannot be made or pgqueuer not installed in it.
+    """
+    python = _VENV / "bin" / "python"
+    if python.exists() and _stamp_ok():
+        return python
+    try:
+        subprocess.run([sys.executable, "-m", "venv", str(_VENV)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", *_PGQUEUER_REQS],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise RuntimeError(f"could not make pgqueuer's venv in {_VENV}: {exc}") from exc
+    (_VENV / "tickwheel-bench-stamp").write_text(" ".join(_PGQUEUER_REQS))
+    return python
+
+
+def pgqueuer_ready() -> bool:
+    """Whether pgqueuer's round can run without installing anything."""
+    return _pgqueuer_here() or ((_VENV / "bin" / "python").exists() and _stamp_ok())
+
+
+def _stamp_ok() -> bool:
+    stamp = _VENV / "tickwheel-bench-stamp"
+    return stamp.exists() and stamp.read_text() == " ".join(_PGQUEUER_REQS)
 
 
 async def procrastinate_round(pg_url: str, jobs: int) -> dict[str, float]:
@@ -102,9 +143,13 @@ ROUNDS: dict[str, Round] = {"procrastinate": procrastinate_round, "pgqueuer": pg
 
 
 def installed(names: Sequence[str]) -> dict[str, Round]:
-    """The rounds of the peers in ``names`` (in that order) whose library imports here."""
+    """The rounds of the peers in ``names`` (in that order) that can run: whose library
+    imports here, and pgqueuer always (in its own venv when it does not import here)."""
     out: dict[str, Round] = {}
     for name in names:
+        if name == "pgqueuer":  # here, or in a venv of its own
+            out[name] = ROUNDS[name]
+            continue
         try:
             __import__(name)
         except ImportError:

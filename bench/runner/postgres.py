@@ -5,8 +5,10 @@ One private redis-server and one PostgreSQL (fsync and ``synchronous_commit`` on
 commit waits for its WAL flush) for the section. Each repeat runs
 bench/workloads/durable_ops.py's round in the Postgres mode, in the Redis-only mode (not
 a figure: the cost of the source of truth, kept in the raw results) and, on the same
-PostgreSQL, procrastinate's counterparts (pgqueuer's too, when it is installed by hand:
-see the bench extra), from bench/peers/postgres.py:
+PostgreSQL, procrastinate's and pgqueuer's counterparts, from bench/peers/postgres.py
+(pgqueuer in a venv of its own that the first full run makes, as it cannot share the
+``bench`` extra; ``--quick`` runs it only when that venv is there already or pgqueuer 1.x
+imports here, so CI does not build it):
 
 - schedule: one awaited call per job, each its own commit;
 - schedule_many: one call of ``pg_jobs`` jobs;
@@ -31,7 +33,7 @@ from typing import Any
 
 import asyncpg
 
-from bench.peers.postgres import FIGURES, installed
+from bench.peers.postgres import FIGURES, installed, pgqueuer_ready
 from bench.runner.harness import Checks, Figure, Plan, Progress, percentiles
 from bench.workloads.durable_lateness import lateness_probe
 from bench.workloads.durable_ops import mode_round
@@ -100,6 +102,8 @@ async def _section(plan: Plan, progress: Progress, checks: Checks) -> dict[str, 
     jobs = _jobs(plan)
     rounds: dict[str, dict[str, list[float]]] = {"redis": {}, "postgres": {}}
     peers = installed(("procrastinate", "pgqueuer"))
+    if plan.quick and not pgqueuer_ready():
+        peers.pop("pgqueuer", None)
     for name in peers:
         rounds[name] = {}
     with (

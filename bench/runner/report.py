@@ -128,7 +128,7 @@ def write(out: Path, results: dict[str, Any]) -> list[Path]:
         "server": "2. The network-server scenario",
         "durable": "3. Durable jobs against arq, BullMQ, saq and streaq",
         "example": "4. The worked example (16 shards, peak 2,900 jobs/s)",
-        "postgres": "5. The Postgres mode against procrastinate",
+        "postgres": "5. The Postgres mode against procrastinate and pgqueuer",
     }
     for section, title in titles.items():
         sec = [d for d in figs if d["section"] == section]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -47,6 +48,17 @@ MAX_LOCKED = 500
 # A session-level advisory lock per (namespace, purpose), keyed by a 64-bit hash.
 _TRY_LOCK = "SELECT pg_try_advisory_lock(hashtextextended($1, 0))"
 _UNLOCK = "SELECT pg_advisory_unlock(hashtextextended($1, 0))"
+# Set while a connection that ran only the library's own statements goes back to the
+# pool (PgStore._conn): they leave no session state (their locks and settings are the
+# transaction's), so the pool's reset round trip is skipped (asyncpg still rolls back a
+# transaction left open). Any other use is reset in full.
+_QUIET: contextvars.ContextVar[bool] = contextvars.ContextVar("tickwheel_pg_quiet", default=False)
+
+
+async def _reset(conn: Any) -> None:
+    """The pool's reset: none after the library's own statements (:data:`_QUIET`)."""
+    if not _QUIET.get():
+        await conn.reset()
 
 
 class PgStore:
@@ -115,6 +127,7 @@ class PgStore:
                     max_size=self.pool_size,
                     command_timeout=self.call_timeout,
                     timeout=self.call_timeout,
+                    reset=_reset,  # asyncpg >= 0.30
                 )
             except Exception as exc:
                 err = translate(exc)
@@ -143,10 +156,15 @@ class PgStore:
 
     @contextlib.asynccontextmanager
     async def _conn(self, pool: Any = None, shard: int | None = None) -> AsyncIterator[Any]:
-        """A pooled connection; every driver error translated."""
-        with translated(shard):
-            async with (pool or self._pool).acquire(timeout=self.call_timeout) as conn:
-                yield conn
+        """A pooled connection for the library's own statements (released without the
+        pool's reset: :data:`_QUIET`); every driver error translated."""
+        token = _QUIET.set(True)
+        try:
+            with translated(shard):
+                async with (pool or self._pool).acquire(timeout=self.call_timeout) as conn:
+                    yield conn
+        finally:
+            _QUIET.reset(token)
 
     @contextlib.asynccontextmanager
     async def _on(
@@ -219,8 +237,14 @@ class PgStore:
         ids is one set-based statement, one that names an id twice runs the job-by-job
         function (each copy sees the ones before it).
         """
-        async with self._on(conn, own_transaction=False) as c:
-            return await _writes.schedule(c, self.namespace, jobs, notify)
+        if conn is not None:
+            async with self._on(conn, own_transaction=False) as c:
+                return await _writes.schedule(c, self.namespace, jobs, notify)
+        # Our own commit also deletes the outbox rows relayed_later() holds (lost with a
+        # failed statement, they are the relay's: harmless).
+        forget, self._to_forget = self._to_forget, []
+        async with self._on(None, own_transaction=False) as c:
+            return await _writes.schedule(c, self.namespace, jobs, notify, forget)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Any]:
@@ -231,8 +255,9 @@ class PgStore:
             PostgresUnavailable: if PostgreSQL fails.
         """
         await self.open()
-        async with self._conn() as c, c.transaction():
-            yield c
+        with translated(None):
+            async with self._pool.acquire(timeout=self.call_timeout) as c, c.transaction():
+                yield c
 
     @contextlib.asynccontextmanager
     async def locked(self, ids: Sequence[str]) -> AsyncIterator[tuple[Any, dict[str, int]]]:
@@ -267,11 +292,13 @@ class PgStore:
         await _writes.moved(conn, self.namespace, job_id, due_ms)
 
     def relayed_later(self, seqs: Sequence[int]) -> None:
-        """Delete outbox rows whose jobs the producer wrote to Redis itself, from a task
-        of this loop, together with the others that come meanwhile (one delete in
-        flight): the producer does not wait for it. A delete that is lost (a crash,
-        PostgreSQL down) is harmless: the relay writes the job to Redis again, which
-        keeps it as it is, and deletes the row."""
+        """Delete outbox rows whose jobs the producer wrote to Redis itself: in the next
+        :meth:`schedule` of our own (the same statement, so no round trip of its own)
+        when one comes before this loop runs a task, else from a task of this loop,
+        together with the others that come meanwhile (one delete in flight): the
+        producer does not wait for it. A delete that is lost (a crash, PostgreSQL down)
+        is harmless: the relay writes the job to Redis again, which keeps it as it is,
+        and deletes the row."""
         self._to_forget.extend(seqs)
         if self._forgetting is None:
             self._forgetting = asyncio.ensure_future(self._forget())

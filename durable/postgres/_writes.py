@@ -4,9 +4,8 @@ Each function runs its statements on the connection it is given and returns plai
 values; which connection, which transaction and the translation of the driver's errors
 are :class:`PgStore`'s (``_pg_store.py``). The writes are calls of the functions the
 migrations made (``tickwheel_put``, ``tickwheel_put_many``, ``tickwheel_claim_check``,
-``tickwheel_ack``, ``tickwheel_moved``, ``tickwheel_dead``, ``tickwheel_retried``,
-``tickwheel_reaped``): one
-round trip each.
+``tickwheel_ack``, ``tickwheel_moved``, ``tickwheel_dead``,
+``tickwheel_retried``, ``tickwheel_reaped``): one round trip each.
 
 Lock order: every write that locks several job rows takes them in id order (``COLLATE
 "C"``), and :func:`lock` takes the ids' advisory locks in the same order, so two
@@ -78,6 +77,16 @@ _SCHEDULE_DISTINCT = (
     " $2::text[], $3::integer[], $4::text[], $5::bytea[], $6::boolean[], $7::integer[],"
     " $8::integer[], $9::bigint[], $10::smallint[], $11::text[], $12::smallint[],"
     " $13::integer[], $14::bigint[], $15::bytea[])"
+)
+# Prefixed to a schedule statement of the library's own transaction: it also deletes
+# outbox rows whose jobs the producer wrote to Redis already (PgStore.relayed_later).
+# A data-modifying WITH runs whether or not the query reads it.
+# A row a relay holds (it is writing that job to Redis) is skipped: the relay deletes it,
+# and the producer never waits on a relay's Redis call.
+_FORGET = (
+    "WITH forgotten AS (DELETE FROM tickwheel_outbox o WHERE o.seq IN (SELECT f.seq"
+    " FROM tickwheel_outbox f WHERE f.ns = $1::text AND f.seq = ANY(${n}::bigint[])"
+    " FOR UPDATE SKIP LOCKED)) "
 )
 # The due of ids kept because a concurrent producer created them mid-statement.
 _RACED = "SELECT id, due_ms FROM tickwheel_jobs WHERE ns = $1::text AND id = ANY($2::text[])"
@@ -166,11 +175,15 @@ def schedule_replies(
 
 
 async def schedule(
-    conn: Any, ns: str, jobs: Sequence[PgJob], notify: bool
+    conn: Any, ns: str, jobs: Sequence[PgJob], notify: bool, forget: Sequence[int] = ()
 ) -> list[tuple[int, int, int]]:
     """Create jobs and their outbox rows in one statement (:func:`schedule_statement`);
-    ``conn`` is asyncpg's, or a driver's behind ``_drivers.py``'s facade."""
+    ``conn`` is asyncpg's, or a driver's behind ``_drivers.py``'s facade. ``forget``:
+    outbox rows (seq) of jobs already in Redis, deleted by the same statement."""
     sql, args = schedule_statement(ns, jobs, notify)
+    if forget:
+        # The seqs are the statement's last parameter, after however many it has.
+        sql, args = _FORGET.format(n=len(args) + 1) + sql, [*args, list(forget)]
     rows = await conn.fetch(sql, *args)
     raced = raced_statement(ns, jobs, rows)
     found = {r[0]: int(r[1]) for r in await conn.fetch(_RACED, *raced)} if raced else {}
