@@ -5,7 +5,9 @@ to the reaper once a job's lease would run out before the next try."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 
 from tickwheel.durable.model import Fenced, Job, PostgresUnavailable, RedisUnavailable
 from tickwheel.durable.scheduler import ACKED, LEASE_LOST, UNSETTLED, Scheduler
@@ -65,6 +67,11 @@ class AckBatcher:
         self._flushes: dict[tuple[int, int], asyncio.Task[None]] = {}  # one per key at most
         self.waiting = 0  # jobs submitted whose outcome is not counted yet
         self._acking: dict[str, Job] = {}  # job id -> the job, submitted and not settled
+        # Claim calls in flight (:meth:`claiming`), and the jobs acked meanwhile: job id ->
+        # the job. Such a claim may have run in the store before the ack, and its reply
+        # then holds the very lease the ack settled (see :meth:`holds`).
+        self._claims = 0
+        self._acked_meanwhile: dict[str, Job] = {}
         self.tracer = scheduler.tracer  # run spans, ended with the ack (None: off)
 
     def submit(self, job: Job, lease_end: float) -> None:
@@ -83,14 +90,32 @@ class AckBatcher:
             self._flushes[key] = asyncio.ensure_future(self._flush(key))
 
     def holds(self, job: Job) -> bool:
-        """Is an ack of ``job``'s lease (id, epoch, attempt, occurrence) waiting here? A
-        claim returns it again when its pre-start lease ran out before the ack: this
-        ack settles the new lease as well (a run must not start for it)."""
+        """Is an ack of ``job``'s lease (id, epoch, attempt, occurrence) waiting here, or
+        did one succeed while the claim that returned ``job`` was in flight? A claim
+        returns it again when its pre-start lease ran out before the ack (the reaper
+        put it back in due at the same attempt): this ack settles the new lease as well
+        (a run must not start for it). The ack's reply can come before the claim's
+        although the store ran the claim first: the ack then settled the claim's lease
+        already, and the job is done."""
         held = self._acking.get(job.id)
+        if held is None and not job.duplicate:  # a duplicate's claim only acks it
+            held = self._acked_meanwhile.get(job.id)
         if held is None:
             return False
         mine = (held.shard, held.epoch, held.attempt, held.nominal_ms)
         return mine == (job.shard, job.epoch, job.attempt, job.nominal_ms)
+
+    @contextlib.contextmanager
+    def claiming(self) -> Iterator[None]:
+        """Around a claim call and the placing of its reply: the jobs acked meanwhile
+        are remembered (:meth:`holds` knows them) until no claim is in flight."""
+        self._claims += 1
+        try:
+            yield
+        finally:
+            self._claims -= 1
+            if not self._claims:
+                self._acked_meanwhile.clear()
 
     def _settled(self, entries: list[tuple[Job, float]]) -> None:
         for job, _ in entries:
@@ -161,6 +186,8 @@ class AckBatcher:
                 tracer.settle(job, ACKED if ok else LEASE_LOST)
             if ok:
                 self.stats.succeeded += 1
+                if self._claims:  # a claim in flight may return this lease: see holds()
+                    self._acked_meanwhile[job.id] = job
                 if debug:
                     logger.debug(
                         "job %r acked (task %s, attempt %d)",
