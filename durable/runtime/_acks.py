@@ -9,7 +9,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
-from tickwheel.durable.model import Fenced, Job, PostgresUnavailable, RedisUnavailable
+from tickwheel.durable.model import Defer, Fenced, Job, PostgresUnavailable, RedisUnavailable
 from tickwheel.durable.scheduler import ACKED, LEASE_LOST, UNSETTLED, Scheduler
 from tickwheel.wheel import TimingWheel
 
@@ -90,13 +90,13 @@ class AckBatcher:
             self._flushes[key] = asyncio.ensure_future(self._flush(key))
 
     def holds(self, job: Job) -> bool:
-        """Is an ack of ``job``'s lease (id, epoch, attempt, occurrence) waiting here, or
-        did one succeed while the claim that returned ``job`` was in flight? A claim
-        returns it again when its pre-start lease ran out before the ack (the reaper
-        put it back in due at the same attempt): this ack settles the new lease as well
-        (a run must not start for it). The ack's reply can come before the claim's
-        although the store ran the claim first: the ack then settled the claim's lease
-        already, and the job is done."""
+        """Is an ack (or a retry: :meth:`retrying`) of ``job``'s lease (id, epoch,
+        attempt, occurrence) waiting here, or did one succeed while the claim that
+        returned ``job`` was in flight? A claim returns it again when its pre-start
+        lease ran out before that write (the reaper put it back in due at the same
+        attempt): the write settles the new lease as well (a run must not start for
+        it). Its reply can come before the claim's although the store ran the claim
+        first: the write then settled the claim's lease already."""
         held = self._acking.get(job.id)
         if held is None and not job.duplicate:  # a duplicate's claim only acks it
             held = self._acked_meanwhile.get(job.id)
@@ -104,6 +104,26 @@ class AckBatcher:
             return False
         mine = (held.shard, held.epoch, held.attempt, held.nominal_ms)
         return mine == (job.shard, job.epoch, job.attempt, job.nominal_ms)
+
+    @contextlib.contextmanager
+    def retrying(self, job: Job, exc: BaseException) -> Iterator[None]:
+        """Around the write of a failed run's retry (or dead letter): :meth:`holds` knows
+        its lease meanwhile, and after it as an ack's (a retry settles a lease that a
+        claim returned again just as an ack does). Not around a deferral: that keeps
+        the attempt, and a claim may return the job at it again."""
+        if isinstance(exc, Defer):
+            yield
+            return
+        self._acking[job.id] = job
+        written = False
+        try:
+            yield
+            written = True
+        finally:
+            if self._acking.get(job.id) is job:
+                del self._acking[job.id]
+            if written and self._claims:
+                self._acked_meanwhile[job.id] = job
 
     @contextlib.contextmanager
     def claiming(self) -> Iterator[None]:
