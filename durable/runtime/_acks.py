@@ -98,12 +98,21 @@ class AckBatcher:
         it). Its reply can come before the claim's although the store ran the claim
         first: the write then settled the claim's lease already."""
         held = self._acking.get(job.id)
-        if held is None and not job.duplicate:  # a duplicate's claim only acks it
+        meanwhile = held is None and not job.duplicate  # a duplicate's claim only acks it
+        if meanwhile:
             held = self._acked_meanwhile.get(job.id)
         if held is None:
             return False
         mine = (held.shard, held.epoch, held.attempt, held.nominal_ms)
-        return mine == (job.shard, job.epoch, job.attempt, job.nominal_ms)
+        if mine != (job.shard, job.epoch, job.attempt, job.nominal_ms):
+            return False
+        if meanwhile and logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "job %r was acked (or retried) while a claim that returned it was in flight",
+                job.id,
+                extra=job_fields(job),
+            )
+        return True
 
     @contextlib.contextmanager
     def retrying(self, job: Job, exc: BaseException) -> Iterator[None]:
