@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import weakref
 from collections.abc import AsyncIterator
@@ -32,6 +33,9 @@ from tickwheel.durable.store._connect import client_from_url
 
 # The sink's Redis (a worker process reads it from the environment).
 SINK_ENV = "TICKWHEEL_TEST_SINK_URL"
+# A directory: each worker process runs with -v and writes its stderr (per-job DEBUG
+# lines) to <dir>/worker-<pid>.log there, to find out what a flaky run did.
+LOGS_ENV = "TICKWHEEL_TEST_WORKER_LOGS"
 TESTS_DIR = Path(__file__).resolve().parent
 
 registry = TaskRegistry()
@@ -135,18 +139,28 @@ class WorkerProcess:
         self, url: str, namespace: str, *options: str, registry: str = "spill_support:registry"
     ) -> None:
         env = dict(os.environ, PYTHONPATH=str(TESTS_DIR), **{SINK_ENV: url})
+        logs = os.environ.get(LOGS_ENV)
+        # -v writes a line per job: to a file, never a pipe nobody reads until the end.
+        log = None
+        if logs:
+            log = tempfile.NamedTemporaryFile(  # noqa: SIM115 (closed below, kept)
+                "w", dir=logs, prefix="worker-", suffix=".log", delete=False
+            )
         self.proc = subprocess.Popen(
             [
                 sys.executable, "-m", "tickwheel.durable.ops.cli", "worker",
                 registry, "--redis-url", url, "--namespace", namespace,
-                "--no-check", *options,
+                "--no-check", *options, *(["-v"] if log else []),
             ],
             stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stderr=subprocess.PIPE if log is None else log,
             env=env,
             text=True,
         )  # fmt: skip
         self.pid = self.proc.pid
+        if log is not None:
+            log.close()  # the child has its own descriptor
+            os.replace(log.name, Path(logs or ".") / f"worker-{self.pid}.log")
 
     def wait_started(self) -> None:
         """Block until the worker printed its started line (fails if it exited)."""
@@ -171,7 +185,7 @@ class WorkerProcess:
             event = json.loads(line)
             if event.get("event") == "stopped":
                 stats = event["stats"]
-        return self.proc.returncode, stats, err
+        return self.proc.returncode, stats, err or ""  # "" when it went to a log file
 
     def kill(self) -> None:
         """kill -9, by pid."""

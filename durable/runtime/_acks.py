@@ -5,9 +5,11 @@ to the reaper once a job's lease would run out before the next try."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Iterator
 
-from tickwheel.durable.model import Fenced, Job
+from tickwheel.durable.model import Defer, Fenced, Job
 from tickwheel.durable.scheduler import ACKED, LEASE_LOST, UNSETTLED, Scheduler
 from tickwheel.wheel import TimingWheel
 
@@ -67,6 +69,11 @@ class AckBatcher:
         self._flushes: dict[tuple[int, int], asyncio.Task[None]] = {}  # one per key at most
         self.waiting = 0  # jobs submitted whose outcome is not counted yet
         self._acking: dict[str, Job] = {}  # job id -> the job, submitted and not settled
+        # Claim calls in flight (:meth:`claiming`), and the jobs acked meanwhile: job id ->
+        # the job. Such a claim may have run in the store before the ack, and its reply
+        # then holds the very lease the ack settled (see :meth:`holds`).
+        self._claims = 0
+        self._acked_meanwhile: dict[str, Job] = {}
         self.tracer = scheduler.tracer  # run spans, ended with the ack (None: off)
 
     def submit(self, job: Job, lease_end: float) -> None:
@@ -85,14 +92,61 @@ class AckBatcher:
             self._flushes[key] = asyncio.ensure_future(self._flush(key))
 
     def holds(self, job: Job) -> bool:
-        """Is an ack of ``job``'s lease (id, epoch, attempt, occurrence) waiting here? A
-        claim returns it again when its pre-start lease ran out before the ack: this
-        ack settles the new lease as well (a run must not start for it)."""
+        """Is an ack (or a retry: :meth:`retrying`) of ``job``'s lease (id, epoch,
+        attempt, occurrence) waiting here, or did one succeed while the claim that
+        returned ``job`` was in flight? A claim returns it again when its pre-start
+        lease ran out before that write (the reaper put it back in due at the same
+        attempt): the write settles the new lease as well (a run must not start for
+        it). Its reply can come before the claim's although the store ran the claim
+        first: the write then settled the claim's lease already."""
         held = self._acking.get(job.id)
+        meanwhile = held is None and not job.duplicate  # a duplicate's claim only acks it
+        if meanwhile:
+            held = self._acked_meanwhile.get(job.id)
         if held is None:
             return False
         mine = (held.shard, held.epoch, held.attempt, held.nominal_ms)
-        return mine == (job.shard, job.epoch, job.attempt, job.nominal_ms)
+        if mine != (job.shard, job.epoch, job.attempt, job.nominal_ms):
+            return False
+        if meanwhile and logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "job %r was acked (or retried) while a claim that returned it was in flight",
+                job.id,
+                extra=job_fields(job),
+            )
+        return True
+
+    @contextlib.contextmanager
+    def retrying(self, job: Job, exc: BaseException) -> Iterator[None]:
+        """Around the write of a failed run's retry (or dead letter): :meth:`holds` knows
+        its lease meanwhile, and after it as an ack's (a retry settles a lease that a
+        claim returned again just as an ack does). Not around a deferral: that keeps
+        the attempt, and a claim may return the job at it again."""
+        if isinstance(exc, Defer):
+            yield
+            return
+        self._acking[job.id] = job
+        written = False
+        try:
+            yield
+            written = True
+        finally:
+            if self._acking.get(job.id) is job:
+                del self._acking[job.id]
+            if written and self._claims:
+                self._acked_meanwhile[job.id] = job
+
+    @contextlib.contextmanager
+    def claiming(self) -> Iterator[None]:
+        """Around a claim call and the placing of its reply: the jobs acked meanwhile
+        are remembered (:meth:`holds` knows them) until no claim is in flight."""
+        self._claims += 1
+        try:
+            yield
+        finally:
+            self._claims -= 1
+            if not self._claims:
+                self._acked_meanwhile.clear()
 
     def _settled(self, entries: list[tuple[Job, float]]) -> None:
         for job, _ in entries:
@@ -167,6 +221,8 @@ class AckBatcher:
             if ok:
                 self.stats.succeeded += 1
                 self.stats.tasks.acked(job.task)
+                if self._claims:  # a claim in flight may return this lease: see holds()
+                    self._acked_meanwhile[job.id] = job
                 if debug:
                     logger.debug(
                         "job %r acked (task %s, attempt %d)",

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 from tickwheel.durable.model import (
     Fenced,
@@ -87,6 +88,9 @@ class Claimer:
             None: claims lease ``lookahead_ms + lease_ms`` outright.
         held: with ``start_ms``, is this job's very lease still run or acked here (a
             claim returned it again: its pre-start lease ran out first)? Not placed.
+        claiming: with ``held``, entered around each claim call and the placing of its
+            reply (:meth:`AckBatcher.claiming`): an ack whose reply comes meanwhile is
+            one ``held`` still knows.
         limit: jobs per shard per claim.
         poll_ms: ms between claim rounds.
         max_loaded: claim nothing while this many jobs are in memory.
@@ -108,6 +112,7 @@ class Claimer:
         outages: Outages | None = None,
         start_ms: int | None = None,
         held: Callable[[Job], bool] | None = None,
+        claiming: Callable[[], AbstractContextManager[None]] | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.leases = scheduler.leases  # claim, without the facade's extra call
@@ -118,6 +123,7 @@ class Claimer:
         self.lease_ms = lease_ms
         self.start_ms = start_ms  # pre-start margin, or None
         self._held = held  # is a job's lease run or acked here already?
+        self._claiming = claiming if claiming is not None else contextlib.nullcontext
         self.limit = limit
         self.poll_ms = poll_ms
         self.max_loaded = max_loaded
@@ -149,7 +155,6 @@ class Claimer:
         """One claim round over the owned shards; True if some shard returned a full
         batch (see :meth:`Loader.load_once`)."""
         full = False
-        loop = asyncio.get_running_loop()
         prestart = self.start_ms is not None
         lease_ms = self.lookahead_ms + (
             self.start_ms if self.start_ms is not None else self.lease_ms
@@ -163,41 +168,52 @@ class Claimer:
                 runner.room.clear()
                 break
             async with self.lock:
-                started_ns = 0 if self.tracer is None else self.tracer.now_ns()
-                t_sent = loop.time()
-                try:
-                    batch = await self.leases.claim(
-                        shard,
-                        limit=self.limit,
-                        lookahead=self.lookahead_ms / 1000,
-                        lease=lease_ms / 1000,
-                        prestart=prestart,
-                    )
-                except Fenced:  # counted, and the shard forgotten, by the loader's on_fenced
-                    continue
-                except NotOwner:  # given back while we were claiming another shard
-                    continue
-                t_reply = loop.time()
-                self.stats.claimed += len(batch.jobs)
-                if self.tracer is not None and batch.jobs:
-                    self.tracer.claimed(batch, started_ns)
-                full = (
-                    full
-                    or len(batch.jobs) + batch.dropped + batch.moved + batch.parked >= self.limit
-                )
-                if batch.jobs and logger.isEnabledFor(logging.DEBUG):
-                    _log_claimed(batch.jobs, batch.now_ms)
-                for job in batch.jobs:
-                    self._place(
-                        job,
-                        t_reply + (job.due_ms - batch.now_ms) / 1000,
-                        t_sent + (job.deadline_ms - batch.now_ms) / 1000,
-                    )
+                with self._claiming():
+                    full = await self._claim(shard, lease_ms, prestart) or full
         return full
+
+    async def _claim(self, shard: int, lease_ms: int, prestart: bool) -> bool:
+        """Claim ``shard``'s due jobs and place them; True if the batch was full. Under
+        the lock, in a claim window of the acks (``claiming``)."""
+        loop = asyncio.get_running_loop()
+        started_ns = 0 if self.tracer is None else self.tracer.now_ns()
+        t_sent = loop.time()
+        try:
+            batch = await self.leases.claim(
+                shard,
+                limit=self.limit,
+                lookahead=self.lookahead_ms / 1000,
+                lease=lease_ms / 1000,
+                prestart=prestart,
+            )
+        except Fenced:  # counted, and the shard forgotten, by the loader's on_fenced
+            return False
+        except NotOwner:  # given back while we were claiming another shard
+            return False
+        t_reply = loop.time()
+        self.stats.claimed += len(batch.jobs)
+        if self.tracer is not None and batch.jobs:
+            self.tracer.claimed(batch, started_ns)
+        if batch.jobs and logger.isEnabledFor(logging.DEBUG):
+            _log_claimed(batch.jobs, batch.now_ms)
+        for job in batch.jobs:
+            self._place(
+                job,
+                t_reply + (job.due_ms - batch.now_ms) / 1000,
+                t_sent + (job.deadline_ms - batch.now_ms) / 1000,
+            )
+        return len(batch.jobs) + batch.dropped + batch.moved + batch.parked >= self.limit
 
     def _place(self, job: Job, when: float, lease_end: float) -> None:
         if self._held is not None and self._held(job):
-            return  # the run here (its start's extension, its ack) holds this lease too
+            # The run here (its start's extension, its ack) holds this lease too.
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug(
+                    "job %r claimed again while its run here holds the lease: not placed",
+                    job.id,
+                    extra=job_fields(job),
+                )
+            return
         key = (job.shard, job.id)
         old = self._placed.pop(key, None)
         if old is not None:  # a stale copy (its lease was lost): forget it

@@ -169,6 +169,7 @@ class Loader:
             outages=self.outages,
             start_ms=self.start_ms,
             held=None if self.start_ms is None else self._held,
+            claiming=None if self.start_ms is None else self._acks.claiming,
         )
         # Firing lateness (s): loop time at firing minus the job's due in loop time.
         self.lateness: LatenessHistogram = self._claims.lateness
@@ -236,7 +237,8 @@ class Loader:
         return placed + self._runner.drop_waiting(shard, epoch)
 
     def _held(self, job: Job) -> bool:
-        """Is ``job``'s very lease run (its handler) or acked (waiting) here?"""
+        """Is ``job``'s very lease run (its handler) or acked here (waiting, or acked
+        while the claim that returned it again was in flight)?"""
         return self._runner.runs(job) or self._acks.holds(job)
 
     async def release_shard(self, shard: int) -> int:

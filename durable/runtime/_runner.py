@@ -413,7 +413,8 @@ class Runner:
                     await stopper.settle(job, stopped, limit)
                     return
                 if failed is not None:  # the lease is still extended while it is written
-                    await failures.failed(job, failed)
+                    with self._acks.retrying(job, failed):
+                        await failures.failed(job, failed)
                     return
             finally:
                 # Not cancel() of the extender: redis-py may swallow a cancellation that
