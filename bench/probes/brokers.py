@@ -157,11 +157,13 @@ def _pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-async def main(jobs: int, rates: list[int], seconds: float) -> None:
+async def main(
+    jobs: int, rates: list[int], seconds: float, brokers: tuple[str, ...] = BROKERS
+) -> None:
     with RedisServer() as redis_server, NatsServer() as nats_server, RabbitServer() as rabbit:
         urls = {"redis": redis_server.url, "nats": nats_server.url, "rabbitmq": rabbit.url}
         rows = []
-        for broker in BROKERS:
+        for broker in brokers:
 
             def burst() -> list[JobSpec]:
                 return [JobSpec(f"j{i}", "t", b"x", delay=0.5) for i in range(jobs)]
@@ -204,5 +206,7 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--rates", default="1000,5000")
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--brokers", default=",".join(BROKERS))
     a = parser.parse_args()
-    asyncio.run(main(a.jobs, [int(r) for r in a.rates.split(",")], a.seconds))
+    chosen = tuple(a.brokers.split(","))
+    asyncio.run(main(a.jobs, [int(r) for r in a.rates.split(",")], a.seconds, chosen))

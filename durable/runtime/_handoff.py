@@ -23,6 +23,7 @@ Ground rules:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import uuid
 from collections import OrderedDict
@@ -85,6 +86,16 @@ def message_id(job_id: str, nominal_ms: int) -> str:
     return f"{job_id}:{nominal_ms}"
 
 
+# Publish tokens: this process's random prefix and a counter (unique without a
+# uuid4() per message: the publish path is profiled at 5,000 jobs/s).
+_TOKEN_PREFIX = uuid.uuid4().hex[:16]
+_token_count = itertools.count()
+
+
+def _publish_token() -> str:
+    return f"{_TOKEN_PREFIX}{next(_token_count):x}"
+
+
 def encode_message(job: Job) -> tuple[bytes, dict[str, str]]:
     """The body and headers of the message for ``job`` (a fresh publish token each
     call)."""
@@ -97,7 +108,7 @@ def encode_message(job: Job) -> tuple[bytes, dict[str, str]]:
         "tickwheel-attempt": str(job.attempt),
         "tickwheel-epoch": str(job.epoch),
         "tickwheel-flags": str(flags),
-        "tickwheel-publish": uuid.uuid4().hex,
+        "tickwheel-publish": _publish_token(),
     }
     return body, headers
 
