@@ -67,9 +67,18 @@ async def _measure(broker: str, url: str, jobs: int) -> dict[str, float]:
     now = int(time.time() * 1000)
     batch = [
         Job(
-            id=f"j{i}", shard=0, task="t", payload={"i": i}, nominal_ms=now, due_ms=now,
-            deadline_ms=now + 30_000, attempt=1, max_attempts=3, epoch=1, recurrence=None,
-        )  # fmt: skip
+            id=f"j{i}",
+            shard=0,
+            task="t",
+            payload={"i": i},
+            nominal_ms=now,
+            due_ms=now,
+            deadline_ms=now + 30_000,
+            attempt=1,
+            max_attempts=3,
+            epoch=1,
+            recurrence=None,
+        )
         for i in range(jobs)
     ]
     sem = asyncio.Semaphore(256)
