@@ -4,6 +4,9 @@ consumer runs each occurrence's task once with a worker's TaskContext."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
 from tests.broker_support import (
@@ -240,5 +243,33 @@ def test_a_nack_is_not_confirmed(rabbit_server: RabbitServer) -> None:
             await publisher.publish(job(2))
         assert publisher.published == 1
         await publisher.close()
+
+    run(main())
+
+
+def test_refused_credentials_are_broker_misconfigured_at_once(
+    tmp_path: Path, rabbit_server: RabbitServer
+) -> None:
+    async def main() -> None:
+        with NatsServer(store_dir=tmp_path, user="tw", password="s3cret") as nats_server:
+            _, subject = await nats_stream(nats_server.url)  # the right credentials
+            await NatsPublisher(nats_server.url, subject).open()
+            for url in (
+                nats_server.url.replace(":s3cret@", ":wrong@"),
+                nats_server.url.replace("tw:s3cret@", ""),
+            ):
+                for opener in (
+                    NatsPublisher(url, subject, timeout=5),
+                    NatsConsumer(url, subject, "d", TaskRegistry(), timeout=5),
+                ):
+                    started = time.monotonic()
+                    with pytest.raises(BrokerMisconfigured, match="credentials refused") as err:
+                        await opener.open()
+                    assert time.monotonic() - started < 4  # the refusal, not the timeout
+                    assert "wrong" not in str(err.value)  # the password is not shown
+        bad = rabbit_server.url.replace("guest:guest", "guest:wrong")
+        with pytest.raises(BrokerMisconfigured, match="credentials") as err:
+            await RabbitConsumer(bad, unique("q"), TaskRegistry()).open()
+        assert "wrong" not in str(err.value)
 
     run(main())
