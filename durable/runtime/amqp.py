@@ -30,7 +30,7 @@ from pamqp import commands as spec
 from pamqp.commands import Basic
 
 from tickwheel.durable.model import BrokerMisconfigured, BrokerUnavailable, Job
-from tickwheel.durable.scheduler import Scheduler
+from tickwheel.durable.scheduler import Scheduler, make_tracing
 from tickwheel.durable.store import Client
 
 from ._handoff import DONE, DUPLICATE, FAILED, Dedup, HandoffConsumer, encode_message, message_id
@@ -224,6 +224,8 @@ class RabbitConsumer(HandoffConsumer):
             None keeps it in this process.
         dedup_ttl: seconds an occurrence's owner is remembered in Redis.
         scheduler: given to each TaskContext (follow-up jobs).
+        tracing: run each task in an OpenTelemetry ``CONSUMER`` span, the child of the
+            message's ``traceparent`` (needs ``tickwheel[otel]``).
         batch: messages taken per round (and the channel's prefetch).
     """
 
@@ -236,14 +238,15 @@ class RabbitConsumer(HandoffConsumer):
         dedup: Client | None = None,
         dedup_ttl: float | timedelta = 3600.0,
         scheduler: Scheduler | None = None,
+        tracing: bool = False,
         batch: int = 100,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         if type(batch) is not int or batch < 1:
             raise ValueError(f"batch must be a positive int, got {batch!r}")
-        super().__init__(
-            registry, Dedup(dedup, f"tickwheel:amqp:{queue}", queue, ttl=dedup_ttl), scheduler
-        )
+        dedup_record = Dedup(dedup, f"tickwheel:amqp:{queue}", queue, ttl=dedup_ttl)
+        # Spans name the queue as their tickwheel.namespace.
+        super().__init__(registry, dedup_record, scheduler, make_tracing(tracing, queue))
         self.url = url
         self.queue = queue
         self.batch = batch

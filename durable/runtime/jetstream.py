@@ -30,7 +30,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from tickwheel.durable.model import BrokerMisconfigured, BrokerUnavailable, Job
-from tickwheel.durable.scheduler import Scheduler
+from tickwheel.durable.scheduler import Scheduler, make_tracing
 from tickwheel.durable.store import Client, hide_secrets, shown_url
 
 from ._handoff import DONE, DUPLICATE, FAILED, Dedup, HandoffConsumer, encode_message, message_id
@@ -199,6 +199,8 @@ class NatsConsumer(HandoffConsumer):
             None keeps it in this process (the last ``DEFAULT_DEDUP_KEEP`` occurrences).
         dedup_ttl: seconds an occurrence's owner is remembered in Redis.
         scheduler: given to each TaskContext (follow-up jobs).
+        tracing: run each task in an OpenTelemetry ``CONSUMER`` span, the child of the
+            message's ``traceparent`` (needs ``tickwheel[otel]``).
         batch: messages per fetch.
         ack_wait: seconds a delivered message may stay unacked before redelivery.
         retry_delay: seconds before a failed task's message is redelivered.
@@ -214,6 +216,7 @@ class NatsConsumer(HandoffConsumer):
         dedup: Client | None = None,
         dedup_ttl: float | timedelta = 3600.0,
         scheduler: Scheduler | None = None,
+        tracing: bool = False,
         batch: int = 100,
         ack_wait: float = 30.0,
         retry_delay: float = 1.0,
@@ -221,9 +224,9 @@ class NatsConsumer(HandoffConsumer):
     ) -> None:
         if type(batch) is not int or batch < 1:
             raise ValueError(f"batch must be a positive int, got {batch!r}")
-        super().__init__(
-            registry, Dedup(dedup, f"tickwheel:nats:{subject}", durable, ttl=dedup_ttl), scheduler
-        )
+        dedup_record = Dedup(dedup, f"tickwheel:nats:{subject}", durable, ttl=dedup_ttl)
+        # Spans name the subject as their tickwheel.namespace.
+        super().__init__(registry, dedup_record, scheduler, make_tracing(tracing, subject))
         self.url = url
         self.subject = subject
         self.durable = durable
