@@ -25,15 +25,11 @@ import random
 from typing import TYPE_CHECKING
 
 from tickwheel.durable.model import BrokerUnavailable, Job
-from tickwheel.durable.scheduler import Scheduler
-from tickwheel.wheel import TimingWheel
 
 from ._logs import job_fields, logger
 
 if TYPE_CHECKING:
-    from ._acks import AckBatcher
-    from ._failures import Failures
-    from ._loader_stats import LoaderStats
+    from ._runner import Runner
     from ._stream import Publisher
 
 __all__ = ["BACKOFF_CAP", "BACKOFF_FIRST", "Handoff"]
@@ -52,45 +48,25 @@ class Handoff:
 
     Args:
         publisher: the broker.
-        scheduler: whose leases are released.
-        wheel: the loader's wheel (lease ends are in its time).
-        acks: the ack batcher (a confirmed job's lease is cleared through it).
-        failures: retries a job whose publish failed for another reason.
-        stats: the loader's counters (``released``, ``unavailable``).
+        runner: the runner whose jobs these are (its scheduler, wheel, ack batcher,
+            failures, counters and outage log).
     """
 
-    def __init__(  # noqa: PLR0917 (one call site, the runner's)
-        self,
-        publisher: Publisher,
-        scheduler: Scheduler,
-        wheel: TimingWheel,
-        acks: AckBatcher,
-        failures: Failures,
-        stats: LoaderStats,
-    ) -> None:
+    def __init__(self, publisher: Publisher, runner: Runner) -> None:
         self.publisher = publisher
-        self.scheduler = scheduler
-        self.wheel = wheel
-        self._acks = acks
-        self._failures = failures
-        self.stats = stats
+        self.scheduler = runner.scheduler  # whose leases are released
+        self.wheel = runner.wheel  # lease ends are in its time
+        self._acks = runner._acks  # a confirmed job's lease is cleared through it
+        self._failures = runner._failures  # a publish that failed otherwise: a retry
+        self.stats = runner.stats  # released, unavailable
+        self.outages = runner.outages  # one line when the broker goes, one when back
         self.streak = 0  # unconfirmed publishes in a row (0: the broker confirms)
         self.given_back = 0  # jobs released unrun, no attempt spent, after no confirm
 
     @classmethod
-    def maybe(  # noqa: PLR0917
-        cls,
-        publisher: Publisher | None,
-        scheduler: Scheduler,
-        wheel: TimingWheel,
-        acks: AckBatcher,
-        failures: Failures,
-        stats: LoaderStats,
-    ) -> Handoff | None:
+    def maybe(cls, publisher: Publisher | None, runner: Runner) -> Handoff | None:
         """A handoff to ``publisher``; None without one (the worker runs tasks)."""
-        if publisher is None:
-            return None
-        return cls(publisher, scheduler, wheel, acks, failures, stats)
+        return None if publisher is None else cls(publisher, runner)
 
     def backoff(self) -> float:
         """Seconds until a job given back now is due again (with jitter)."""
@@ -115,13 +91,16 @@ class Handoff:
                 raise BrokerUnavailable(f"no confirm within {wait:.3f}s") from None
         except BrokerUnavailable as exc:
             self.streak += 1
+            self.outages.failed("publish", exc)
             await self._give_back(job, lease_end, exc)
             return
         except Exception as exc:
             # Published or not, we cannot tell: retry (a duplicate is dropped downstream).
             await self._failures.failed(job, exc, "publishing ")
             return
-        self.streak = 0
+        if self.streak:
+            self.streak = 0
+            self.outages.ok("publish")
         self._acks.submit(job, lease_end)
 
     async def _give_back(self, job: Job, lease_end: float, exc: BrokerUnavailable) -> None:

@@ -139,7 +139,7 @@ class Runner:
         self.room = asyncio.Event()  # set when the ready queue fell below max_running
         self.default_timeout = default_timeout
         self._failures = Failures(scheduler, stats)  # retries and dead letters, logged
-        self._handoff = Handoff.maybe(publisher, scheduler, wheel, acks, self._failures, stats)
+        self._handoff = Handoff.maybe(publisher, self)
         # Stops running handlers (timeout, cancel, drain, lost lease) and settles them.
         self._stopper = Stopper(
             scheduler,
