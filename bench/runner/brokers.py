@@ -16,20 +16,25 @@ for Redis Streams, NATS and RabbitMQ (``bench/probes/brokers.py``'s ``_one``):
 
 Checked: every job consumed, none early, none run twice (tickwheel's and taskiq's).
 taskiq is measured only when the bench extra installed it (``taskiq``,
-``taskiq-aio-pika``); without them the section says so and keeps the baseline.
+``taskiq-aio-pika``); without them the section says so and keeps the baseline. Without
+the broker clients themselves (nats-py, aio-pika) the section is skipped, and says so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import time
 from typing import Any
 
 from bench.peers.taskiq_rabbitmq import available, taskiq_lateness
-from bench.probes.brokers import BROKERS, LEAD, _one, _pct
 from bench.runner.harness import Checks, Figure, Plan, Progress
 from tickwheel.durable import JobSpec
 from tickwheel.durable.servers import NatsServer, RabbitServer, RedisServer
+
+# The broker clients (the nats and rabbitmq extras; dev and bench install them).
+CLIENTS = ("nats", "aio_pika")
+BROKERS = ("redis-stream", "nats", "rabbitmq")  # bench.probes.brokers.BROKERS
 
 SECTION = "brokers"
 PEER = "taskiq on RabbitMQ"
@@ -49,6 +54,8 @@ def steps(plan: Plan) -> int:
 
 
 async def _lateness(broker: str, urls: dict[str, str], rate: int, seconds: float) -> dict[str, Any]:
+    from bench.probes.brokers import LEAD, _one, _pct
+
     count = max(1, int(rate * seconds))
     if broker == PEER:
         got = await taskiq_lateness(urls["rabbitmq"], rate, seconds)
@@ -73,6 +80,13 @@ async def _lateness(broker: str, urls: dict[str, str], rate: int, seconds: float
 
 
 async def _section(plan: Plan, progress: Progress, checks: Checks) -> dict[str, Any]:
+    missing = [m for m in CLIENTS if importlib.util.find_spec(m) is None]
+    if missing:  # the one reason to skip: say so in the report
+        progress.step("brokers: skipped")
+        why = f"skipped: {', '.join(missing)} not installed (pip install -e '.[dev,bench]')"
+        return {"figures": [], "raw": {"peer": why, "lateness": []}}
+    from bench.probes.brokers import _one
+
     peer = available()
     names = [*BROKERS, PEER] if peer else list(BROKERS)
     handoff: dict[str, list[float]] = {b: [] for b in BROKERS}

@@ -277,7 +277,7 @@ def _brokers_notes(raw: dict[str, Any]) -> list[str]:
     """The brokers section's lateness runs, one row per broker, rate and repeat."""
     late = raw.get("lateness")
     if not late:
-        return []
+        return [f"Peer: {raw.get('peer')}.", ""] if raw.get("peer") else []
     notes = [
         f"Peer: {raw.get('peer')}. Lateness: consume start minus nominal due, jobs due at "
         "a steady rate, publisher and consumer in one process:",
