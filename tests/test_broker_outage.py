@@ -23,7 +23,9 @@ from tickwheel.durable.servers import NatsServer, RabbitServer, RedisServer
 pytestmark = pytest.mark.redis
 
 N = 20
-LEASE = FAST["lease"]
+# No pre-start lease: a claim leases lookahead + lease, each expiry would cost an attempt.
+WORKER = {**FAST, "start_margin": None}
+LEASE = WORKER["lookahead"] + WORKER["lease"]
 OUTAGE = 2 * LEASE + 0.5  # longer than max_attempts (2) x lease
 
 
@@ -54,7 +56,7 @@ def test_nats_down_longer_than_every_attempt_loses_and_kills_nothing(
                 publisher = NatsPublisher(nats.url, subject, timeout=0.5)
                 await publisher.open()
                 nats.kill()  # down before the first job is due
-                async with running_worker(s, TaskRegistry(), publisher=publisher, **FAST) as w:
+                async with running_worker(s, TaskRegistry(), publisher=publisher, **WORKER) as w:
                     await asyncio.sleep(OUTAGE)
                     assert await _dead(s) == 0
                     assert w.loader is not None and w.loader.stats.released >= N
@@ -91,7 +93,7 @@ def test_rabbitmq_down_longer_than_every_attempt_loses_and_kills_nothing(
             publisher = RabbitPublisher(url, exchange, timeout=0.5)
             await publisher.open()
             proxy.reset_all(refuse_for=math.inf)  # down: connections reset and refused
-            async with running_worker(s, TaskRegistry(), publisher=publisher, **FAST) as w:
+            async with running_worker(s, TaskRegistry(), publisher=publisher, **WORKER) as w:
                 await asyncio.sleep(OUTAGE)
                 assert await _dead(s) == 0
                 assert w.loader is not None and w.loader.stats.released >= N
