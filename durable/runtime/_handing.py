@@ -25,6 +25,7 @@ import random
 from typing import TYPE_CHECKING
 
 from tickwheel.durable.model import BrokerUnavailable, Job
+from tickwheel.durable.scheduler import RELEASED
 
 from ._logs import job_fields, logger
 
@@ -115,6 +116,8 @@ class Handoff:
         if ok:
             self.stats.released += 1
             self.given_back += 1
+            if self.scheduler.tracer is not None:  # its run span ends "released"
+                self.scheduler.tracer.settle(job, RELEASED)
         logger.debug(
             "job %r not confirmed (%s): %s, due again in %.2fs",
             job.id,
