@@ -14,6 +14,9 @@ Run from the repository root after ``pip install -e '.[dev,bench]'``. Sections:
            for a minute through a Worker; claim capacity of one shard at LIMIT 500
   postgres the Postgres mode against procrastinate and pgqueuer (a venv of its own):
            schedule, schedule_many, claim+ack; lateness of both modes
+  brokers  the publish handoff on NATS JetStream and RabbitMQ against the Redis Streams
+           publisher, and taskiq on RabbitMQ with a countdown: handoff throughput,
+           lateness p50/p99 at 1,000 and 5,000 jobs/s
 
 Each section is a module of bench/runner/ with ``steps(plan)`` and ``run(plan,
 progress, checks)``.
@@ -36,7 +39,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench.runner import durable, example, postgres, server, wheel
+from bench.runner import brokers, durable, example, postgres, server, wheel
 from bench.runner.harness import Checks, Plan, Progress, machine
 from bench.runner.report import write
 
@@ -46,6 +49,7 @@ SECTIONS = {
     "durable": durable,
     "example": example,
     "postgres": postgres,
+    "brokers": brokers,
 }
 # Seconds before a hung run is ended (faulthandler dumps every thread, exit status 1).
 WATCHDOG = {True: 300, False: 3600}

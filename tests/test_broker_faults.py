@@ -31,9 +31,9 @@ N = 300
 
 
 async def _spread(s: object, n: int = N) -> None:
-    """``n`` jobs due over ~1.5 s, so a kill lands mid-publish. Each lease that expires
-    unconfirmed costs an attempt (the reaper's rule): enough of them for an outage of
-    many leases."""
+    """``n`` jobs due over ~1.5 s, so a kill lands mid-publish. An unconfirmed publish
+    costs no attempt (test_broker_outage.py); a lease left to the reaper (a worker
+    killed) does: enough of them for that too."""
     await s.schedule_many(  # type: ignore[attr-defined]
         JobSpec(f"j{i}", "t", {"i": i}, delay=0.2 + i * 0.005, max_attempts=100) for i in range(n)
     )

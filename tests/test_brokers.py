@@ -4,6 +4,9 @@ consumer runs each occurrence's task once with a worker's TaskContext."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
 from tests.broker_support import (
@@ -17,7 +20,13 @@ from tests.broker_support import (
 )
 from tests.durable_support import check_all, open_scheduler, run
 from tests.spill_support import running_worker, until
-from tickwheel.durable import BrokerMisconfigured, BrokerUnavailable, TaskRegistry
+from tickwheel.durable import (
+    BrokerMisconfigured,
+    BrokerUnavailable,
+    Job,
+    TaskContext,
+    TaskRegistry,
+)
 from tickwheel.durable.runtime.amqp import RabbitConsumer, RabbitPublisher
 from tickwheel.durable.runtime.jetstream import NatsConsumer, NatsPublisher
 from tickwheel.durable.servers import NatsServer, RabbitServer, RedisServer, free_port
@@ -240,5 +249,76 @@ def test_a_nack_is_not_confirmed(rabbit_server: RabbitServer) -> None:
             await publisher.publish(job(2))
         assert publisher.published == 1
         await publisher.close()
+
+    run(main())
+
+
+def test_refused_credentials_are_broker_misconfigured_at_once(
+    tmp_path: Path, rabbit_server: RabbitServer
+) -> None:
+    async def main() -> None:
+        with NatsServer(store_dir=tmp_path, user="tw", password="s3cret") as nats_server:
+            _, subject = await nats_stream(nats_server.url)  # the right credentials
+            await NatsPublisher(nats_server.url, subject).open()
+            for url in (
+                nats_server.url.replace(":s3cret@", ":wrong@"),
+                nats_server.url.replace("tw:s3cret@", ""),
+            ):
+                for opener in (
+                    NatsPublisher(url, subject, timeout=5),
+                    NatsConsumer(url, subject, "d", TaskRegistry(), timeout=5),
+                ):
+                    started = time.monotonic()
+                    with pytest.raises(BrokerMisconfigured, match="credentials refused") as err:
+                        await opener.open()
+                    assert time.monotonic() - started < 4  # the refusal, not the timeout
+                    assert "wrong" not in str(err.value)  # the password is not shown
+        bad = rabbit_server.url.replace("guest:guest", "guest:wrong")
+        with pytest.raises(BrokerMisconfigured, match="credentials") as err:
+            await RabbitConsumer(bad, unique("q"), TaskRegistry()).open()
+        assert "wrong" not in str(err.value)
+
+    run(main())
+
+
+def _job(i: int) -> Job:
+    return Job(
+        id=f"m{i}", shard=0, task="t", payload={"i": i}, nominal_ms=1000 + i, due_ms=1000 + i,
+        deadline_ms=10**13, attempt=1, max_attempts=3, epoch=1, recurrence=None,
+    )  # fmt: skip
+
+
+def test_rabbitmq_rounds_with_failures_ack_exactly_the_ones_that_ran(
+    rabbit_server: RabbitServer,
+) -> None:
+    async def main() -> None:
+        exchange, queue = await rabbit_queue(rabbit_server.url)
+        publisher = RabbitPublisher(rabbit_server.url, exchange)
+        for i in range(40):
+            await publisher.publish(_job(i))
+        await publisher.close()
+        reg = TaskRegistry()
+        failed_once: set[str] = set()
+        runs: list[str] = []
+
+        @reg.task(name="t")
+        def t(ctx: TaskContext) -> None:
+            if ctx.payload["i"] % 3 == 0 and ctx.job_id not in failed_once:
+                failed_once.add(ctx.job_id)
+                raise RuntimeError("first run fails")
+            runs.append(ctx.job_id)
+
+        consumer = RabbitConsumer(rabbit_server.url, queue, reg, batch=8)
+        try:
+            deadline = time.monotonic() + 20
+            while consumer.handled < 40 and time.monotonic() < deadline:
+                await consumer.process(0.2)
+            assert consumer.handled == 40 and consumer.failed == 14
+            assert sorted(runs) == sorted(f"m{i}" for i in range(40))  # each once
+            # Everything was acked: reopened, the queue delivers nothing.
+            await consumer.close()
+            assert await consumer.process(0.5) == 0 and consumer.handled == 40
+        finally:
+            await consumer.close()
 
     run(main())

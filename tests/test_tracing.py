@@ -468,3 +468,49 @@ def test_tracing_without_the_extra_names_it(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(ImportError, match=r"tickwheel\[otel\]"):
         make_tracing(True, "ns")
     assert make_tracing(False, "ns") is None
+
+
+def test_the_broker_handoff_carries_the_context_in_traceparent(
+    redis_server: Any, nats_server: Any, spans: InMemorySpanExporter
+) -> None:
+    from broker_support import Recorder, consuming, nats_stream
+
+    from tickwheel.durable.runtime.jetstream import NatsConsumer, NatsPublisher
+
+    async def main() -> None:
+        _, subject = await nats_stream(nats_server.url)
+        rec = Recorder()
+        consumer = NatsConsumer(nats_server.url, subject, "c", rec.registry, tracing=True)
+        async with open_scheduler(redis_server.url, **SCHED) as s:
+            with trace.get_tracer("test").start_as_current_span("request") as request:
+                await s.schedule("b1", "t", {"i": 1})
+            publisher = NatsPublisher(nats_server.url, subject)
+            async with (
+                consuming(consumer),
+                running_worker(s, TaskRegistry(), publisher=publisher, **FAST),
+            ):
+                (consumed,) = await wait_spans(spans, subject, "tickwheel consume", 1)
+            await publisher.close()
+        assert consumed.kind is SpanKind.CONSUMER
+        assert consumed.context.trace_id == request.get_span_context().trace_id  # type: ignore[union-attr]
+        assert attrs(consumed)["tickwheel.outcome"] == "acked"
+        assert attrs(consumed)["tickwheel.job_id"] == "b1"
+
+    run(main())
+
+
+def test_the_message_headers_carry_traceparent_and_tracestate() -> None:
+    from tickwheel.durable import Job
+    from tickwheel.durable.runtime import decode_message, encode_message
+
+    parent = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    job = Job(
+        id="j", shard=0, task="t", payload=b"x", nominal_ms=1, due_ms=1, deadline_ms=2,
+        attempt=1, max_attempts=3, epoch=1, recurrence=None, trace=parent + b"\nk=v",
+    )  # fmt: skip
+    body, headers = encode_message(job)
+    assert headers["traceparent"] == parent.decode() and headers["tracestate"] == "k=v"
+    assert decode_message(body, headers).trace == parent + b"\nk=v"
+    job.trace = b""
+    body, headers = encode_message(job)
+    assert "traceparent" not in headers and decode_message(body, headers).trace == b""

@@ -8,8 +8,9 @@ Starts a private redis-server, nats-server and RabbitMQ node. For each broker:
   (max_running 256) claims, publishes, waits for the confirm and clears each lease:
   jobs per second from the first due until every lease is cleared (the loader's
   ``succeeded`` count).
-- **lateness** at each rate: jobs due one every 1/rate s for ``--seconds``, scheduled
-  ahead; a consumer in the same process records when each task starts. Lateness is
+- **lateness** at each rate: jobs due one every 1/rate s for ``--seconds``, the first
+  ``LEAD`` (2) s after they are scheduled; a consumer in the same process records
+  when each task starts. Lateness is
   consume start minus nominal due (both on this machine's clock; Redis's clock is the
   same clock here). p50 and p99, and the jobs missing (not consumed within 120 s),
   early or run twice. The publishing worker and the consumer share this process.
@@ -46,6 +47,9 @@ from tickwheel.durable.servers import NatsServer, RabbitServer, RedisServer
 from tickwheel.durable.store._connect import client_from_url
 
 BROKERS = ("redis-stream", "nats", "rabbitmq")
+# Seconds from the scheduling to the first due time of a lateness run: the worker takes
+# its shards and claims first (a shorter lead measured the start-up, not the steady rate).
+LEAD = 2.0
 
 
 class Sink:
@@ -157,11 +161,13 @@ def _pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-async def main(jobs: int, rates: list[int], seconds: float) -> None:
+async def main(
+    jobs: int, rates: list[int], seconds: float, brokers: tuple[str, ...] = BROKERS
+) -> None:
     with RedisServer() as redis_server, NatsServer() as nats_server, RabbitServer() as rabbit:
         urls = {"redis": redis_server.url, "nats": nats_server.url, "rabbitmq": rabbit.url}
         rows = []
-        for broker in BROKERS:
+        for broker in brokers:
 
             def burst() -> list[JobSpec]:
                 return [JobSpec(f"j{i}", "t", b"x", delay=0.5) for i in range(jobs)]
@@ -172,7 +178,9 @@ async def main(jobs: int, rates: list[int], seconds: float) -> None:
                 count = int(rate * seconds)
 
                 def paced(count: int = count, rate: int = rate) -> list[JobSpec]:
-                    return [JobSpec(f"p{i}", "t", b"x", delay=1.0 + i / rate) for i in range(count)]
+                    return [
+                        JobSpec(f"p{i}", "t", b"x", delay=LEAD + i / rate) for i in range(count)
+                    ]
 
                 _, sink, n = await _one(broker, urls, paced, wait_all=True)
                 late = list(sink.late_ms.values())
@@ -204,5 +212,7 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--rates", default="1000,5000")
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--brokers", default=",".join(BROKERS))
     a = parser.parse_args()
-    asyncio.run(main(a.jobs, [int(r) for r in a.rates.split(",")], a.seconds))
+    chosen = tuple(a.brokers.split(","))
+    asyncio.run(main(a.jobs, [int(r) for r in a.rates.split(",")], a.seconds, chosen))

@@ -129,6 +129,7 @@ def write(out: Path, results: dict[str, Any]) -> list[Path]:
         "durable": "3. Durable jobs against arq, BullMQ, saq and streaq",
         "example": "4. The worked example (16 shards, peak 2,900 jobs/s)",
         "postgres": "5. The Postgres mode against procrastinate and pgqueuer",
+        "brokers": "6. The publish handoff on NATS and RabbitMQ, against taskiq",
     }
     for section, title in titles.items():
         sec = [d for d in figs if d["section"] == section]
@@ -267,7 +268,29 @@ def _section_notes(section: str, results: dict[str, Any]) -> list[str]:
         ]
     if section == "postgres":
         return _postgres_notes(raw)
+    if section == "brokers":
+        return _brokers_notes(raw)
     return []
+
+
+def _brokers_notes(raw: dict[str, Any]) -> list[str]:
+    """The brokers section's lateness runs, one row per broker, rate and repeat."""
+    late = raw.get("lateness")
+    if not late:
+        return [f"Peer: {raw.get('peer')}.", ""] if raw.get("peer") else []
+    notes = [
+        f"Peer: {raw.get('peer')}. Lateness: consume start minus nominal due, jobs due at "
+        "a steady rate, publisher and consumer in one process:",
+        "",
+        "| broker | jobs/s due | jobs | p50 ms | p99 ms | missing | early | twice |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for g in late:
+        notes.append(
+            f"| {g['broker']} | {g['rate']:,} | {g['jobs']:,} | {g['p50_ms']:.1f} "
+            f"| {g['p99_ms']:.1f} | {g['missing']} | {g['early']} | {g['twice']} |"
+        )
+    return [*notes, ""]
 
 
 def _postgres_notes(raw: dict[str, Any]) -> list[str]:

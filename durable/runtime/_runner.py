@@ -42,10 +42,11 @@ from tickwheel.wheel import TimingWheel
 from ._acks import UNAVAILABLE, AckBatcher
 from ._extending import LeaseExtender, first_extension
 from ._failures import Failures
+from ._handing import Handoff
 from ._loader_stats import LoaderStats
 from ._logs import Outages, job_fields, log_start, logger
 from ._stopping import Stopper
-from ._stream import Publisher, publish_then_ack
+from ._stream import Publisher
 from ._tasks import TaskContext, TaskFunc, TaskRegistry, call_task
 from ._threads import DaemonPool
 from ._waiting import Waiting
@@ -138,6 +139,7 @@ class Runner:
         self.room = asyncio.Event()  # set when the ready queue fell below max_running
         self.default_timeout = default_timeout
         self._failures = Failures(scheduler, stats)  # retries and dead letters, logged
+        self._handoff = Handoff.maybe(publisher, self)
         # Stops running handlers (timeout, cancel, drain, lost lease) and settles them.
         self._stopper = Stopper(
             scheduler,
@@ -347,8 +349,8 @@ class Runner:
                     # Dead-lettered at once with the reason: no retry decodes it.
                     await failures.dead(job, str(job.payload))
                     return
-                if self.publisher is not None:
-                    await publish_then_ack(self.publisher, job, lease_end, self._acks, failures)
+                if self._handoff is not None:
+                    await self._handoff.publish(job, lease_end)
                     return
                 fn = self.registry.get(job.task)
                 if fn is None:

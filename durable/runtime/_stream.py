@@ -25,13 +25,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tickwheel.durable.model import MAX_TRACE_BYTES, BrokerUnavailable, Job, finite_seconds_ms
+from tickwheel.durable.model import MAX_TRACE_BYTES, Job, finite_seconds_ms
 from tickwheel.durable.scheduler import ACKED, RETRIED, Tracing, make_tracing
 from tickwheel.durable.store import Client, Stream, decode_payload, encode_payload
 
 if TYPE_CHECKING:
-    from ._acks import AckBatcher
-    from ._failures import Failures
+    pass
 
 __all__ = ["Publisher", "StreamConsumer", "StreamEntry", "StreamPublisher"]
 
@@ -55,23 +54,6 @@ class Publisher(Protocol):
     async def publish(self, job: Job) -> None:
         """Publish ``job``; raise if it cannot be confirmed (the job is retried)."""
         ...
-
-
-async def publish_then_ack(
-    publisher: Publisher, job: Job, lease_end: float, acks: AckBatcher, failures: Failures
-) -> None:
-    """The handoff of one claimed job: publish, then ack. The lease is cleared only after
-    the broker confirmed; no confirm (:class:`BrokerUnavailable`, raised on to the
-    runner, which counts it) leaves the lease to the reaper (docs/brokers.md)."""
-    try:
-        await publisher.publish(job)
-    except BrokerUnavailable:
-        raise
-    except Exception as exc:
-        # Published or not, we cannot tell: retry (a duplicate is dropped downstream).
-        await failures.failed(job, exc, "publishing ")
-        return
-    acks.submit(job, lease_end)
 
 
 class StreamPublisher:

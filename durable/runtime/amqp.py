@@ -24,11 +24,13 @@ from typing import Any
 
 import aio_pika
 import aio_pika.abc
+import aiormq.abc
 import aiormq.exceptions
+from pamqp import commands as spec
 from pamqp.commands import Basic
 
 from tickwheel.durable.model import BrokerMisconfigured, BrokerUnavailable, Job
-from tickwheel.durable.scheduler import Scheduler
+from tickwheel.durable.scheduler import Scheduler, make_tracing
 from tickwheel.durable.store import Client
 
 from ._handoff import DONE, DUPLICATE, FAILED, Dedup, HandoffConsumer, encode_message, message_id
@@ -42,6 +44,8 @@ logger = logging.getLogger("tickwheel.durable")
 DEFAULT_TIMEOUT = 5.0
 # Seconds between two tries to reconnect: a publish in between fails at once.
 RECONNECT_PAUSE = 0.25
+# AMQP delivery mode 2: the broker writes the message to disk.
+_PERSISTENT = 2
 # What a broker that is down, restarting or cut off raises.
 _DOWN = (aiormq.exceptions.AMQPError, ConnectionError, OSError, TimeoutError, RuntimeError)
 
@@ -94,6 +98,7 @@ class RabbitPublisher:
         self.published = 0  # confirmed messages
         self._conn: aio_pika.abc.AbstractConnection | None = None
         self._exchange: aio_pika.abc.AbstractExchange | None = None
+        self._raw: aiormq.abc.AbstractChannel | None = None  # its channel, aiormq's
         self._lock = asyncio.Lock()  # one (re)connect at a time
         self._next_try = 0.0  # loop time before which a reconnect is not tried
 
@@ -115,6 +120,7 @@ class RabbitPublisher:
                     ex = await channel.get_exchange(self.exchange, ensure=True)
                 else:
                     ex = channel.default_exchange
+                raw = await channel.get_underlay_channel()
             except aiormq.exceptions.ChannelNotFoundEntity:
                 await conn.close()
                 raise BrokerMisconfigured(
@@ -123,7 +129,7 @@ class RabbitPublisher:
             except _DOWN as exc:
                 await conn.close()
                 raise BrokerUnavailable(f"amqp broker unavailable: {exc!r}") from None
-            self._conn, self._exchange = conn, ex
+            self._conn, self._exchange, self._raw = conn, ex, raw
 
             def lost(*_: object) -> None:
                 if self._conn is conn:  # the next publish reconnects
@@ -154,16 +160,26 @@ class RabbitPublisher:
         """
         exchange = await self._ready()
         body, headers = encode_message(job)
-        message = aio_pika.Message(
-            body,
-            headers=dict(headers),
+        # The properties as the wire has them: aio_pika.Message costs more CPU than the
+        # rest of a publish (profiled at 5,000 jobs/s), and adds nothing here.
+        properties = spec.Basic.Properties(
+            headers=headers,  # type: ignore[arg-type]
             message_id=message_id(job.id, job.nominal_ms),
-            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            delivery_mode=_PERSISTENT,
             content_type="application/json" if headers["tickwheel-flags"] == "1" else None,
         )
         key = self.routing_key if self.routing_key is not None else job.task
         try:
-            result: Any = await exchange.publish(message, key, mandatory=True, timeout=self.timeout)
+            channel = self._raw
+            assert channel is not None  # set with _exchange
+            result: Any = await channel.basic_publish(
+                body,
+                exchange=exchange.name,
+                routing_key=key,
+                properties=properties,
+                mandatory=True,
+                timeout=self.timeout,
+            )
         except aiormq.exceptions.DeliveryError as exc:  # a basic.nack: the channel is fine
             raise BrokerUnavailable(f"amqp publish of {job.id!r} nacked: {exc!r}") from None
         except _DOWN as exc:
@@ -208,6 +224,8 @@ class RabbitConsumer(HandoffConsumer):
             None keeps it in this process.
         dedup_ttl: seconds an occurrence's owner is remembered in Redis.
         scheduler: given to each TaskContext (follow-up jobs).
+        tracing: run each task in an OpenTelemetry ``CONSUMER`` span, the child of the
+            message's ``traceparent`` (needs ``tickwheel[otel]``).
         batch: messages taken per round (and the channel's prefetch).
     """
 
@@ -220,14 +238,15 @@ class RabbitConsumer(HandoffConsumer):
         dedup: Client | None = None,
         dedup_ttl: float | timedelta = 3600.0,
         scheduler: Scheduler | None = None,
+        tracing: bool = False,
         batch: int = 100,
         timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         if type(batch) is not int or batch < 1:
             raise ValueError(f"batch must be a positive int, got {batch!r}")
-        super().__init__(
-            registry, Dedup(dedup, f"tickwheel:amqp:{queue}", queue, ttl=dedup_ttl), scheduler
-        )
+        dedup_record = Dedup(dedup, f"tickwheel:amqp:{queue}", queue, ttl=dedup_ttl)
+        # Spans name the queue as their tickwheel.namespace.
+        super().__init__(registry, dedup_record, scheduler, make_tracing(tracing, queue))
         self.url = url
         self.queue = queue
         self.batch = batch
@@ -291,6 +310,11 @@ class RabbitConsumer(HandoffConsumer):
         outcomes = await asyncio.gather(*(self._consume(m.body, m.headers) for m in msgs))
         ran = 0
         try:
+            if all(outcome in (DONE, DUPLICATE) for outcome in outcomes):
+                # One basic.ack for the round: every earlier delivery of this channel
+                # was settled in an earlier round, so "multiple" acks exactly these.
+                await msgs[-1].ack(multiple=True)
+                return outcomes.count(DONE)
             for msg, outcome in zip(msgs, outcomes, strict=True):
                 if outcome in (DONE, DUPLICATE):
                     await msg.ack()

@@ -16,6 +16,7 @@ The message format is ``docs/brokers.md``'s (``_handoff.py``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from datetime import timedelta
 from typing import Any
@@ -29,8 +30,8 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from tickwheel.durable.model import BrokerMisconfigured, BrokerUnavailable, Job
-from tickwheel.durable.scheduler import Scheduler
-from tickwheel.durable.store import Client
+from tickwheel.durable.scheduler import Scheduler, make_tracing
+from tickwheel.durable.store import Client, hide_secrets, shown_url
 
 from ._handoff import DONE, DUPLICATE, FAILED, Dedup, HandoffConsumer, encode_message, message_id
 from ._tasks import TaskRegistry
@@ -48,6 +49,14 @@ async def _quiet(exc: Exception) -> None:
     logger.debug("nats: %r", exc)
 
 
+def _refused(exc: BaseException) -> bool:
+    """Is ``exc`` the server refusing the credentials (not being unreachable)?"""
+    if isinstance(exc, (nats.errors.AuthorizationError, nats.errors.InvalidUserCredentialsError)):
+        return True
+    text = str(exc).lower()
+    return "authorization violation" in text or "authentication" in text
+
+
 async def _connect(url: str, wait: float) -> NatsClient:
     """A connection that reconnects on its own, for ever (the worker rides outages out).
 
@@ -55,21 +64,47 @@ async def _connect(url: str, wait: float) -> NatsClient:
         BrokerUnavailable: if no server answered.
         BrokerMisconfigured: if the server refused the credentials.
     """
+    shown = shown_url(url)
+    seen: list[Exception] = []  # what the first connect's tries reported
+    refused = asyncio.Event()
+
+    async def noted(exc: Exception) -> None:
+        if len(seen) < 100:
+            seen.append(exc)
+        if _refused(exc):
+            refused.set()
+        await _quiet(exc)
+
+    # Its reconnect loop would retry the first connect for ever, a refused password
+    # included: bounded by ``wait``, and ended at the first refusal.
+    connecting = asyncio.ensure_future(
+        nats.connect(
+            url,
+            connect_timeout=wait,
+            allow_reconnect=True,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.25,
+            error_cb=noted,
+        )
+    )
+    refusal = asyncio.ensure_future(refused.wait())
+    await asyncio.wait({connecting, refusal}, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+    refusal.cancel()
     try:
-        # Its reconnect loop would retry the first connect for ever too: bounded here.
-        async with asyncio.timeout(wait):
-            return await nats.connect(
-                url,
-                connect_timeout=wait,
-                allow_reconnect=True,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.25,
-                error_cb=_quiet,
-            )
-    except (nats.errors.AuthorizationError, nats.errors.InvalidUserCredentialsError) as exc:
-        raise BrokerMisconfigured(f"nats {url}: credentials refused ({exc})") from None
+        if not connecting.done():
+            connecting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await connecting
+            raise TimeoutError
+        nc = connecting.result()
     except (nats.errors.Error, OSError, TimeoutError) as exc:
-        raise BrokerUnavailable(f"nats {url} unavailable: {exc!r}") from None
+        why = next((e for e in [exc, *seen] if _refused(e)), None)
+        if why is not None:
+            text = hide_secrets(str(why), url)
+            raise BrokerMisconfigured(f"nats {shown}: credentials refused ({text})") from None
+        raise BrokerUnavailable(hide_secrets(f"nats {shown} unavailable: {exc!r}", url)) from None
+    seen.clear()  # later errors are the reconnect loop's: logged only
+    return nc
 
 
 class NatsPublisher:
@@ -112,11 +147,11 @@ class NatsPublisher:
         except nats.js.errors.NotFoundError:
             await nc.close()
             raise BrokerMisconfigured(
-                f"nats {self.url}: no JetStream stream captures subject {self.subject!r}"
+                f"nats {shown_url(self.url)}: no JetStream stream captures subject {self.subject!r}"
             ) from None
         except (nats.errors.Error, OSError) as exc:
             await nc.close()
-            raise BrokerUnavailable(f"nats {self.url} unavailable: {exc!r}") from None
+            raise BrokerUnavailable(hide_secrets(f"nats unavailable: {exc!r}", self.url)) from None
         self._nc, self._js = nc, js
 
     async def publish(self, job: Job) -> None:
@@ -164,6 +199,8 @@ class NatsConsumer(HandoffConsumer):
             None keeps it in this process (the last ``DEFAULT_DEDUP_KEEP`` occurrences).
         dedup_ttl: seconds an occurrence's owner is remembered in Redis.
         scheduler: given to each TaskContext (follow-up jobs).
+        tracing: run each task in an OpenTelemetry ``CONSUMER`` span, the child of the
+            message's ``traceparent`` (needs ``tickwheel[otel]``).
         batch: messages per fetch.
         ack_wait: seconds a delivered message may stay unacked before redelivery.
         retry_delay: seconds before a failed task's message is redelivered.
@@ -179,6 +216,7 @@ class NatsConsumer(HandoffConsumer):
         dedup: Client | None = None,
         dedup_ttl: float | timedelta = 3600.0,
         scheduler: Scheduler | None = None,
+        tracing: bool = False,
         batch: int = 100,
         ack_wait: float = 30.0,
         retry_delay: float = 1.0,
@@ -186,9 +224,9 @@ class NatsConsumer(HandoffConsumer):
     ) -> None:
         if type(batch) is not int or batch < 1:
             raise ValueError(f"batch must be a positive int, got {batch!r}")
-        super().__init__(
-            registry, Dedup(dedup, f"tickwheel:nats:{subject}", durable, ttl=dedup_ttl), scheduler
-        )
+        dedup_record = Dedup(dedup, f"tickwheel:nats:{subject}", durable, ttl=dedup_ttl)
+        # Spans name the subject as their tickwheel.namespace.
+        super().__init__(registry, dedup_record, scheduler, make_tracing(tracing, subject))
         self.url = url
         self.subject = subject
         self.durable = durable
@@ -216,16 +254,16 @@ class NatsConsumer(HandoffConsumer):
         except nats.js.errors.NotFoundError:
             await nc.close()
             raise BrokerMisconfigured(
-                f"nats {self.url}: no JetStream stream captures subject {self.subject!r}"
+                f"nats {shown_url(self.url)}: no JetStream stream captures subject {self.subject!r}"
             ) from None
         except nats.js.errors.BadRequestError as exc:  # e.g. the durable has another filter
             await nc.close()
             raise BrokerMisconfigured(
-                f"nats {self.url}: consumer {self.durable!r} refused: {exc.description}"
+                f"nats {shown_url(self.url)}: consumer {self.durable!r} refused: {exc.description}"
             ) from None
         except (nats.errors.Error, OSError) as exc:
             await nc.close()
-            raise BrokerUnavailable(f"nats {self.url} unavailable: {exc!r}") from None
+            raise BrokerUnavailable(hide_secrets(f"nats unavailable: {exc!r}", self.url)) from None
         self._nc = nc
 
     async def process(self, block: float | None = None) -> int:

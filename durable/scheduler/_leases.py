@@ -399,8 +399,10 @@ class Leases:
             raise LeaseLost(f"lease of job {job.id!r} attempt {job.attempt} is lost")
         return deadline
 
-    async def release(self, jobs: Sequence[Job]) -> list[bool]:
-        """Hand claimed jobs of one shard back to due, unrun (a graceful shutdown).
+    async def release(self, jobs: Sequence[Job], *, due_ms: int | None = None) -> list[bool]:
+        """Hand claimed jobs of one shard back to due, unrun, at the same attempt (a
+        graceful shutdown; a publish the broker did not confirm). ``due_ms``: due
+        again then (Redis's clock; each keeps its nominal due), else at its own due.
 
         Raises:
             ValueError: if the jobs are of several shards or epochs.
@@ -411,7 +413,7 @@ class Leases:
         shard, epoch = jobs[0].shard, jobs[0].epoch
         if any(j.shard != shard or j.epoch != epoch for j in jobs):
             raise ValueError("jobs must all come from one claim (one shard and epoch)")
-        refs = [ClaimedRef(j.id, j.attempt, j.nominal_ms, j.due_ms) for j in jobs]
+        refs = [ClaimedRef(j.id, j.attempt, j.nominal_ms, due_ms or j.due_ms) for j in jobs]
         with self.ownership.guard(shard, epoch):
             return await self.store.release(shard, epoch, refs)
 

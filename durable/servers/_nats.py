@@ -79,6 +79,8 @@ class NatsServer:
         store_dir: JetStream's store directory; a fresh temporary one when None (removed
             by :meth:`stop`). It is kept across :meth:`kill` and :meth:`start`.
         binary: path of nats-server; found with :func:`find_nats_server` when None.
+        user, password: require these credentials of every client (both or neither);
+            :attr:`url` carries them.
     """
 
     def __init__(
@@ -87,7 +89,16 @@ class NatsServer:
         port: int | None = None,
         store_dir: str | os.PathLike[str] | None = None,
         binary: str | None = None,
+        user: str | None = None,
+        password: str | None = None,
     ) -> None:
+        if (user is None) != (password is None):
+            raise ValueError("user and password must be given together")
+        for name, value in (("user", user), ("password", password)):
+            if value is not None and (not isinstance(value, str) or not value.isalnum()):
+                raise ValueError(f"{name} must be a non-empty alphanumeric str, got {value!r}")
+        self.user = user
+        self.password = password
         self.binary = binary or find_nats_server()
         self.port = port if port is not None else free_port()
         self._own_dir = store_dir is None
@@ -100,8 +111,9 @@ class NatsServer:
 
     @property
     def url(self) -> str:
-        """The ``nats://`` URL of this server."""
-        return f"nats://127.0.0.1:{self.port}"
+        """The ``nats://`` URL of this server (with its credentials, if it has any)."""
+        auth = f"{self.user}:{self.password}@" if self.user else ""
+        return f"nats://{auth}127.0.0.1:{self.port}"
 
     @property
     def pid(self) -> int | None:
@@ -110,9 +122,10 @@ class NatsServer:
 
     def argv(self) -> list[str]:
         """The command line this server is started with."""
+        auth = ["--user", self.user, "--pass", self.password or ""] if self.user else []
         return [
             self.binary, "-js", "-sd", str(self.store_dir), "-a", "127.0.0.1",
-            "-p", str(self.port), "-l", str(self.store_dir / "nats.log"),
+            "-p", str(self.port), "-l", str(self.store_dir / "nats.log"), *auth,
         ]  # fmt: skip
 
     def start(self) -> NatsServer:
