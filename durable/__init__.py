@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from .model import (
+    MAX_KEY_BYTES,
     MAX_PAYLOAD_DEPTH,
     BrokerMisconfigured,
     BrokerUnavailable,
@@ -74,6 +75,7 @@ from .store import (
 
 __all__ = [
     "MAX_JOB_ID_BYTES",
+    "MAX_KEY_BYTES",
     "MAX_PAYLOAD_DEPTH",
     "BrokerMisconfigured",
     "BrokerUnavailable",

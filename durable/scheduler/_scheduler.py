@@ -303,6 +303,7 @@ class Scheduler:
         debounce: float | timedelta | None = None,
         max_wait: float | timedelta | None = None,
         throttle: float | timedelta | None = None,
+        key: str | None = None,
         conn: Any = None,
     ) -> ScheduleResult:
         """Schedule one job by id. One script call.
@@ -342,6 +343,9 @@ class Scheduler:
                 time); a schedule while its job waits coalesces into it
                 (``COALESCED``, payload replaced). docs/durable.md, "Debounce and
                 throttle".
+            key: the flow key (``"merchant:42"``, at most 200 UTF-8 bytes): the
+                task's ``concurrency`` and ``rate`` limits count per key
+                (docs/limits.md); None: the task's single key.
             conn: Postgres mode only: the application's open asyncpg connection. The
                 job is written in its current transaction and exists iff that commits;
                 the relay indexes it in Redis after the commit.
@@ -374,6 +378,7 @@ class Scheduler:
             debounce=debounce,
             max_wait=max_wait,
             throttle=throttle,
+            key=key,
         )
         return await self.producer.schedule(spec, replace, conn)
 

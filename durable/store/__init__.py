@@ -24,6 +24,7 @@ May import: ``tickwheel.durable.model``, ``tickwheel.wheel`` (for its timeout), 
 from __future__ import annotations
 
 from ._codec import (
+    KEY_FIELD,
     TIMEOUT_FIELD,
     TRACE_FIELD,
     ClaimedRef,
@@ -33,6 +34,7 @@ from ._codec import (
     encode_payload,
     pack_record,
     record_fields,
+    with_key,
     with_timeout,
     with_trace,
 )
@@ -77,6 +79,7 @@ __all__ = [
     "CLUSTER_ERRORS",
     "DEFAULT_BUCKETS",
     "DEFAULT_CALL_TIMEOUT",
+    "KEY_FIELD",
     "MAX_JOB_ID_BYTES",
     "MIN_REDIS_VERSION",
     "NO_REPLY_ERRORS",
@@ -129,6 +132,7 @@ __all__ = [
     "translate",
     "unwrap",
     "url_error",
+    "with_key",
     "with_timeout",
     "with_trace",
 ]

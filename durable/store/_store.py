@@ -52,6 +52,7 @@ from ._codec import (
     DUPLICATE,
     ClaimedRef,
     EncodedJob,
+    claimed_key,
     claimed_trace,
     decode_payload,
     init_job,
@@ -287,16 +288,19 @@ class Store:
                 # Three names a tuple: a fourth here measured ~390 more instructions a job
                 # (callgrind durable-client claim_ack; the compiler builds a tuple then).
                 ep, recurrence, error = epoch, None, ""
-                limit, trace = 0, b""
+                limit, trace, key = 0, b"", ""
             elif count == timed:  # the short row and the job's own timeout
                 ep, recurrence, error = epoch, None, ""
-                limit, trace = reply[i + 11], b""
-            else:  # all 15: a recurring job, one with an error or a trace (timeout or not)
+                limit, trace, key = reply[i + 11], b"", ""
+            else:  # all 16: a recurring job, one with an error, a trace or a key
                 ep, kind = reply[i + 11], reply[i + 12]
                 recurrence = recurrence_of(kind, *reply[i + 13 : i + 17]) if kind else None
                 error = reply[i + 17].decode(errors="replace")
                 limit = reply[i + 18]
-                trace = claimed_trace(reply[i + 19]) if count == CLAIM_FULL_ROW else b""
+                if count == CLAIM_FULL_ROW:
+                    trace, key = claimed_trace(reply[i + 19]), claimed_key(reply[i + 20])
+                else:
+                    trace, key = b"", ""
             i += 5 + count
             job = new(Job)
             init(
@@ -318,6 +322,7 @@ class Store:
                 tag >> 1,  # bucket
                 limit,  # timeout_ms
                 trace,  # trace
+                key,  # key
             )
             append(job)
         return ClaimBatch(

@@ -14,6 +14,7 @@ from tickwheel.durable.model import (
     ScheduleStatus,
     ShardInfo,
     UndecodablePayload,
+    check_key,
 )
 from tickwheel.durable.scheduler import (
     MAX_BATCH,
@@ -65,6 +66,11 @@ def _schedule(args: argparse.Namespace) -> int:
                 JobSpec(args.id, args.task, delay=delay, at=at, **flow)
             except (TypeError, ValueError) as exc:
                 raise CliError(EXIT_USAGE, f"--{exc}") from exc
+        if args.key is not None:
+            try:
+                check_key(args.key)
+            except ValueError as exc:
+                raise CliError(EXIT_USAGE, f"--{exc}") from exc
     except CliError as error:
         return fail(args, error)
 
@@ -83,6 +89,7 @@ def _schedule(args: argparse.Namespace) -> int:
             missed=args.missed,
             jitter=args.jitter,
             timeout=args.timeout,
+            key=args.key,
             **flow,
         )
         data = {
@@ -204,6 +211,7 @@ def _inspect_job(args: argparse.Namespace) -> int:
             "jitter_ms": rec.jitter_ms if rec is not None else 0,
             "upcoming": upcoming,
             "last_error": info.last_error,
+            "key": info.key,
         }
 
         def text() -> str:
@@ -216,6 +224,8 @@ def _inspect_job(args: argparse.Namespace) -> int:
             elif data["every_ms"]:
                 lines.append(f"  every {data['every_ms'] / 1000:g}s")
             lines += [f"  next {o['local']}  (UTC {o['utc']})" for o in upcoming]
+            if info.key is not None:
+                lines.append(f"  key {info.key!r}")
             if info.last_error:
                 lines.append(f"  last error: {info.last_error}")
             return "\n".join(lines)
@@ -376,6 +386,7 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
         type=positive_float,
         help="seconds its handler may run (before the task's and the worker's timeout)",
     )
+    sched.add_argument("--key", help="the flow key the task's concurrency and rate limits count by")
     for flag, what in (
         ("--debounce", "seconds: each schedule of this id while it waits moves it to now + this"),
         ("--max-wait", "with --debounce: due at most this long after the first schedule"),
