@@ -56,6 +56,7 @@ from ._jobs import (
     split_error,
     when_args,
 )
+from ._limits import MAX_CONCURRENCY, MAX_RATE, Limits, check_limits
 from ._payload import MAX_PAYLOAD_DEPTH, UndecodablePayload, payload_problem
 from ._recurrence import (
     DEFAULT_MAX_CATCH_UP,
@@ -77,10 +78,12 @@ __all__ = [
     "KIND_CRON",
     "KIND_INTERVAL",
     "LATENESS_BOUNDS",
+    "MAX_CONCURRENCY",
     "MAX_DEFER_S",
     "MAX_JOB_ID_BYTES",
     "MAX_KEY_BYTES",
     "MAX_PAYLOAD_DEPTH",
+    "MAX_RATE",
     "MAX_TASK_BYTES",
     "MAX_TRACE_BYTES",
     "MIN_AT_MS",
@@ -101,6 +104,7 @@ __all__ = [
     "JobState",
     "LatenessHistogram",
     "LeaseLost",
+    "Limits",
     "ListingTooLong",
     "MissedRun",
     "NotOwner",
@@ -122,6 +126,7 @@ __all__ = [
     "async_client",
     "check_job_id",
     "check_key",
+    "check_limits",
     "check_task_name",
     "check_trace",
     "count_reap",

@@ -171,6 +171,7 @@ class Loader:
             start_ms=self.start_ms,
             held=None if self.start_ms is None else self._held,
         )
+        self._runner.limiter.poke = self._claims.poke  # a woken waiter is claimed now
         # Firing lateness (s): loop time at firing minus the job's due in loop time.
         self.lateness: LatenessHistogram = self._claims.lateness
         # Held while a shard is claimed and placed: giving a shard back takes it, so no

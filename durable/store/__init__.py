@@ -59,6 +59,7 @@ from ._errors import (
 )
 from ._keys import DEFAULT_BUCKETS, MAX_JOB_ID_BYTES, Keys, parse_layout
 from ._layout import LayoutUnreadable, read_layout
+from ._limits import ACQUIRED, PERMIT_WAIT, RATE_WAIT, KeyState, LimitCalls, member_of
 from ._msgpack import pack_array
 from ._scripts import register
 from ._secrets import hidden, hide_secrets, shown_url, url_error
@@ -76,6 +77,7 @@ from ._transport import DEFAULT_CALL_TIMEOUT, Transport
 from ._workers import STATS_COUNTERS, STATS_VERSION, WorkerBoard, WorkerEntry, parse_stats_document
 
 __all__ = [
+    "ACQUIRED",
     "CLUSTER_ERRORS",
     "DEFAULT_BUCKETS",
     "DEFAULT_CALL_TIMEOUT",
@@ -83,6 +85,8 @@ __all__ = [
     "MAX_JOB_ID_BYTES",
     "MIN_REDIS_VERSION",
     "NO_REPLY_ERRORS",
+    "PERMIT_WAIT",
+    "RATE_WAIT",
     "REDIS_ERRORS",
     "STATS_COUNTERS",
     "STATS_VERSION",
@@ -92,8 +96,10 @@ __all__ = [
     "ClaimedRef",
     "Client",
     "EncodedJob",
+    "KeyState",
     "Keys",
     "LayoutUnreadable",
+    "LimitCalls",
     "RawEntry",
     "ServerConfigWarning",
     "ServerReport",
@@ -116,6 +122,7 @@ __all__ = [
     "hide_secrets",
     "is_cluster",
     "is_sync_client",
+    "member_of",
     "no_retry",
     "pack_array",
     "pack_record",

@@ -66,6 +66,7 @@ __all__ = [
     "TRACE_FIELD",
     "ClaimedRef",
     "EncodedJob",
+    "claimed_extras",
     "claimed_key",
     "claimed_trace",
     "decode_payload",
@@ -338,6 +339,14 @@ def with_trace(fields: list[int | bytes], trace: bytes) -> list[int | bytes]:
     """Record fields (up to the timeout) with the trace context field after them, the
     fields between at their defaults."""
     return [*fields, *DEFAULTS[len(fields) : TRACE_FIELD], trace]
+
+
+def claimed_extras(reply: Sequence[Any], i: int, count: int) -> tuple[bytes, str]:
+    """The trace context and flow key of the claim row at ``reply[i]`` of ``count``
+    record fields: only a full row has them."""
+    if count != CLAIM_FULL_ROW:
+        return b"", ""
+    return claimed_trace(reply[i + 19]), claimed_key(reply[i + 20])
 
 
 def claimed_trace(value: object) -> bytes:
