@@ -151,6 +151,9 @@ class Limiter:
                         self.stats.limit_waits += 1
                         return
                 self.held[key] = (job, lim)
+                if self.scheduler.ownership.owned.get(job.shard) != job.epoch:
+                    self.finished(job)  # the shard left meanwhile: its run is not ours
+                    return
             if self.admit is not None:
                 self.admitted.add(key)
                 self.admit(key, job, lease_end, due)
