@@ -78,6 +78,7 @@ class Limiter:
         self.poke = poke
         self.admit: Admit | None = None  # the runner's fire, set by the runner
         self.current: dict[str, Limits] = {}  # the limits of record, by task
+        self.waiting: dict[str, int] = {}  # jobs waiting, by limited task (at the read)
         self.admitted: set[tuple[int, str]] = set()  # let through, firing again
         self.held: dict[tuple[int, str], tuple[Job, Limits]] = {}  # permits held here
         self._loaded: asyncio.Future[None] | None = None  # the first declare and read
@@ -104,6 +105,8 @@ class Limiter:
     async def _read(self) -> None:
         self._read_at = asyncio.get_running_loop().time()
         self.current = await self.calls.read()
+        # The metrics' waiting totals, per limited task (one pipeline; never per key).
+        self.waiting = await self.calls.waiting(sorted(self.current))
 
     async def _ready(self) -> None:
         """The limits of record are known (started once), and not older than

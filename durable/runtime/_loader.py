@@ -39,6 +39,7 @@ from ._claims import (
     DEFAULT_START_MARGIN,
     Claimer,
 )
+from ._limiter import Limiter
 from ._loader_stats import LoaderStats
 from ._logs import Outages
 from ._runner import DEFAULT_MAX_RUNNING, Runner
@@ -184,6 +185,11 @@ class Loader:
     def loaded(self) -> int:
         """Jobs loaded and not started: in the wheel, or due and waiting for a slot."""
         return self._claims.placed + self._runner.waiting
+
+    @property
+    def limiter(self) -> Limiter:
+        """The flow limits' side of this loader's runs (``_limiter.py``)."""
+        return self._runner.limiter
 
     @property
     def running(self) -> int:

@@ -442,6 +442,11 @@ class Scheduler:
     purge_dead = _forward("operator", Operator.purge_dead)
     requeue_all_dead = _forward("operator", Operator.requeue_all_dead)
     purge_all_dead = _forward("operator", Operator.purge_all_dead)
+    limits, key_state = (
+        _forward("operator", Operator.limits),
+        _forward("operator", Operator.key_state),
+    )
+    limit_waiting = _forward("operator", Operator.limit_waiting)
 
     # -- pause and resume: delegated to self.pauses (Pauses) ----------------------------
 

@@ -45,6 +45,7 @@ from ._common import (
     terminal,
     with_scheduler,
 )
+from ._limits import inspect_key
 from ._pause import paused_rows
 
 
@@ -131,6 +132,8 @@ def _cancel(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     if args.job is not None:
         return _inspect_job(args)
+    if args.key is not None:
+        return inspect_key(args)
 
     async def body(scheduler: Scheduler) -> int:
         rows = await scheduler.inspect()
@@ -401,6 +404,8 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
 
     insp = add("inspect", "per shard: due, overdue and lag, leased, dead, owner", parents=[common])
     insp.add_argument("--job", help="one job instead: its state, zone, next occurrences")
+    insp.add_argument("--key", help="one flow key of --task instead: its permits and waiters")
+    insp.add_argument("--task", help="--key: the task whose limits the key counts by")
     insp.add_argument(
         "--upcoming",
         type=positive_int,
