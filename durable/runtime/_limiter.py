@@ -45,6 +45,8 @@ logger = logging.getLogger("tickwheel.durable")
 
 # Seconds between two reads of the limits of record by one worker.
 LIMITS_REFRESH = 1.0
+# Permit calls (acquire and wait, release and wakes) one worker has in flight at once.
+CALLS_IN_FLIGHT = 32
 # Fires a job the gate let through: the runner's fire (key, job, lease end, due).
 Admit = Callable[[tuple[int, str], Job, float, "float | None"], None]
 
@@ -84,6 +86,9 @@ class Limiter:
         self._loaded: asyncio.Future[None] | None = None  # the first declare and read
         self._read_at = 0.0  # loop time of the last read
         self._tasks: set[asyncio.Task[Any]] = set()  # gates and releases in flight
+        # Permit calls in flight at once: a claim of 1,000 limited jobs must not open
+        # 1,000 connections (redis-py's pool would grow, then refuse).
+        self._calls_room = asyncio.Semaphore(CALLS_IN_FLIGHT)
 
     # -- the limits of record -------------------------------------------------------
 
@@ -145,14 +150,10 @@ class Limiter:
             await self._ready()
             lim = self.current.get(job.task)
             if lim is not None:
-                with self.scheduler.ownership.guard(job.shard, job.epoch):
-                    code, delay = await self.calls.acquire(job, lim, self.hold_ms)
-                    if code != ACQUIRED:
-                        permit = code == PERMIT_WAIT
-                        wait_ms = self.recheck_ms if permit else max(delay, 1)
-                        await self.calls.wait(job, wait_ms, permit=permit)
-                        self.stats.limit_waits += 1
-                        return
+                async with self._calls_room:
+                    granted = await self._acquire(job, lim)
+                if not granted:
+                    return
                 self.held[key] = (job, lim)
                 if self.scheduler.ownership.owned.get(job.shard) != job.epoch:
                     self.finished(job)  # the shard left meanwhile: its run is not ours
@@ -168,6 +169,18 @@ class Limiter:
         except Exception:
             self.stats.errors += 1
             logger.exception("job %r left to the reaper at its permit", job.id)
+
+    async def _acquire(self, job: Job, lim: Limits) -> bool:
+        """Take ``job``'s permit (True), or hand it back to wait for one (False)."""
+        with self.scheduler.ownership.guard(job.shard, job.epoch):
+            code, delay = await self.calls.acquire(job, lim, self.hold_ms)
+            if code == ACQUIRED:
+                return True
+            permit = code == PERMIT_WAIT
+            wait_ms = self.recheck_ms if permit else max(delay, 1)
+            await self.calls.wait(job, wait_ms, permit=permit)
+            self.stats.limit_waits += 1
+            return False
 
     # -- the end of a run -----------------------------------------------------------
 
@@ -187,18 +200,8 @@ class Limiter:
         that no longer waits (cancelled, done, moved) frees its handed permit in turn."""
         todo = [(member, holder)]
         try:
-            while todo:
-                member, holder = todo.pop()
-                woken = await self.calls.release(
-                    task, key, member, holder, lim=lim, hold_ms=self.hold_ms
-                )
-                for waiter in woken:
-                    if await self.calls.wake(task, waiter) == 0:
-                        todo.append((waiter, ""))
-                    else:
-                        self.stats.limit_wakes += 1
-                if woken and self.poke is not None:
-                    self.poke()
+            async with self._calls_room:
+                await self._hand_on_all(task, key, todo, lim)
         except (RedisUnavailable, PostgresUnavailable) as exc:
             # The permit runs out at its deadline; a waiter not woken is due at its
             # recheck time.
@@ -207,6 +210,22 @@ class Limiter:
         except Exception:
             self.stats.errors += 1
             logger.exception("permit of %r left to its deadline", member)
+
+    async def _hand_on_all(
+        self, task: str, key: str, todo: list[tuple[str, str]], lim: Limits
+    ) -> None:
+        while todo:
+            member, holder = todo.pop()
+            woken = await self.calls.release(
+                task, key, member, holder, lim=lim, hold_ms=self.hold_ms
+            )
+            for waiter in woken:
+                if await self.calls.wake(task, waiter) == 0:
+                    todo.append((waiter, ""))
+                else:
+                    self.stats.limit_wakes += 1
+            if woken and self.poke is not None:
+                self.poke()
 
     async def extend(self, job: Job) -> None:
         """Push the permit ``job``'s run holds (if any) with its lease."""
