@@ -165,6 +165,7 @@ async def _wait_run(client: Any, prefix: str, job_id: str) -> list[Any]:
     raise AssertionError(f"{job_id} never ran")
 
 
+@pytest.mark.slow
 def test_rate_per_key(redis_url: str) -> None:
     """rate=(10, 1.0) on one key, 40 jobs due at once (20 on the cluster; soak: 200):
     no 1 s window holds more than 10 starts, and they finish in about 3 s (1 s; soak:
@@ -221,6 +222,7 @@ def _start_workers(url: str, ns: str, count: int, lease: float) -> list[WorkerPr
     return workers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("faults", [False, True], ids=["cluster-clean", "redis-kills"])
 def test_three_worker_processes_keep_two_per_key(
     request: pytest.FixtureRequest, faults: bool
