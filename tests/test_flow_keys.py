@@ -11,6 +11,7 @@ import pytest
 
 from tests.durable_support import open_scheduler, run
 from tickwheel.durable import MAX_KEY_BYTES, JobSpec, JobState
+from tickwheel.durable.servers import RedisServer
 
 pytestmark = pytest.mark.redis
 
@@ -55,5 +56,34 @@ def test_the_key_is_kept_by_get_and_the_claim(redis_url: str) -> None:
             leased = await s.get("a")
             assert leased is not None and leased.key == "merchant:42"
             await s.ack_many(list(jobs.values()))
+
+    run(main())
+
+
+def test_the_sync_producer_and_a_task_handle_take_a_key(redis_server: RedisServer) -> None:
+    from tickwheel.durable import SyncScheduler, TaskContext, TaskRegistry
+    from tickwheel.durable.store import sync_client_from_url
+
+    client = sync_client_from_url(redis_server.url)
+    try:
+        sync = SyncScheduler(client, "synckeys", shards=2)
+        sync.schedule("s1", "t", key="merchant:9")
+        info = sync.get("s1")
+        assert info is not None and info.key == "merchant:9"
+        with pytest.raises(ValueError, match="key"):
+            sync.schedule("s2", "t", key="")
+        assert sync.get("s2") is None
+    finally:
+        client.close()
+    reg = TaskRegistry()
+
+    @reg.task(name="charge")
+    async def charge(ctx: TaskContext) -> None: ...
+
+    async def main() -> None:
+        async with open_scheduler(redis_server.url, shards=2) as s:
+            await charge.schedule({"n": 1}, id="h1", scheduler=s, key="merchant:3")
+            info = await s.get("h1")
+            assert info is not None and info.key == "merchant:3"
 
     run(main())
