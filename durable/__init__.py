@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from .model import (
+    MAX_KEY_BYTES,
     MAX_PAYLOAD_DEPTH,
     BrokerMisconfigured,
     BrokerUnavailable,
@@ -27,6 +28,7 @@ from .model import (
     JobSpec,
     JobState,
     LeaseLost,
+    Limits,
     ListingTooLong,
     MissedRun,
     NotOwner,
@@ -65,6 +67,7 @@ from .store import (
     MAX_JOB_ID_BYTES,
     Client,
     Keys,
+    KeyState,
     ServerConfigWarning,
     ServerReport,
     Store,
@@ -74,6 +77,7 @@ from .store import (
 
 __all__ = [
     "MAX_JOB_ID_BYTES",
+    "MAX_KEY_BYTES",
     "MAX_PAYLOAD_DEPTH",
     "BrokerMisconfigured",
     "BrokerUnavailable",
@@ -88,8 +92,10 @@ __all__ = [
     "JobInfo",
     "JobSpec",
     "JobState",
+    "KeyState",
     "Keys",
     "LeaseLost",
+    "Limits",
     "ListingTooLong",
     "Loader",
     "LoaderStats",

@@ -12,7 +12,8 @@ from redis.crc import key_slot
 
 from tests.durable_support import open_scheduler, push_clock, run
 from tickwheel.durable import JobSpec, Keys
-from tickwheel.durable.store import Transport
+from tickwheel.durable.model import Limits
+from tickwheel.durable.store import Transport, member_of
 from tickwheel.durable.store import _calls as store_calls
 from tickwheel.durable.store import _pauses as store_pauses
 from tickwheel.durable.store._connect import client_from_url
@@ -42,7 +43,7 @@ def test_every_key_of_a_shard_carries_its_hash_tag() -> None:
     for s in range(4):
         sk = keys.shard(s)
         names = [*(k for k in sk if isinstance(k, str)), *sk.jobs]
-        assert len(names) == 12 + 8
+        assert len(names) == 14 + 8  # 12, then the flow limits' waits and wakes
         assert all(k.startswith(f"{{orders:{s}}}:") for k in names)
         assert len({key_slot(k.encode()) for k in names}) == 1
         assert sk.jobs == tuple(f"{{orders:{s}}}:jobs:{b}" for b in range(8))
@@ -163,6 +164,16 @@ def test_all_keys_of_each_script_land_in_one_slot(
             assert len(await s.inspect()) == 4
             await s.store.due_list(0, 0, 10)
             await s.store.due_rank(0, 0)
+            # The flow limits: limits.lua in the key's own slot, wake.lua in the shard's.
+            await s.schedule("lk", "t", key="merchant:1")
+            (job,) = [j for j in (await s.claim(s.keys.shard_of("lk"))).jobs if j.id == "lk"]
+            lim, limits = Limits(1, 5, 1000), s.store.limits
+            await limits.acquire(job, lim, 1000)
+            await limits.extend(job, lim, 1000)
+            await limits.look("t", "merchant:1", lim)
+            await limits.release("t", job.key, member_of(job), "x", lim=lim, hold_ms=1000)
+            await limits.wake("t", member_of(job))
+            await limits.wait(job, 100, permit=True)
             await s.close()
 
     run(main())

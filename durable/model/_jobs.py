@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "ERROR_TRACEBACK_MARK",
     "MAX_JOB_ID_BYTES",
+    "MAX_KEY_BYTES",
     "MAX_TASK_BYTES",
     "MAX_TRACE_BYTES",
     "MIN_AT_MS",
@@ -37,6 +38,7 @@ __all__ = [
     "ScheduleResult",
     "ScheduleStatus",
     "ShardInfo",
+    "check_key",
     "check_trace",
     "split_error",
 ]
@@ -52,6 +54,9 @@ MAX_TASK_BYTES = 128
 # Longest W3C trace context a job record carries (traceparent, then a newline and the
 # tracestate): 55 bytes of traceparent and a bounded tracestate (docs/tracing.md).
 MAX_TRACE_BYTES = 512
+# Longest flow key (schedule(key=)) in UTF-8 bytes: it is stored in the record and in
+# the names of its permit keys (docs/limits.md), so it is kept short.
+MAX_KEY_BYTES = 200
 # The largest attempt count a record may hold (a msgpack uint32, far beyond any policy).
 MAX_ATTEMPTS_LIMIT = 2**31 - 1
 
@@ -229,6 +234,9 @@ class JobSpec:
             schedule of the burst.
         throttle: seconds: at most one run of the id per period; schedules while its
             job waits coalesce into that run.
+        key: the flow key (``"merchant:42"``): the task's ``concurrency`` and ``rate``
+            limits count runs per key (docs/limits.md). Non-empty text without NUL, at
+            most ``MAX_KEY_BYTES`` UTF-8 bytes; None (the default): the task's single key.
 
     Raises:
         TypeError, ValueError: naming the bad parameter.
@@ -246,6 +254,7 @@ class JobSpec:
     debounce: float | timedelta | None = None
     max_wait: float | timedelta | None = None
     throttle: float | timedelta | None = None
+    key: str | None = None
     mode: int = field(init=False, repr=False, compare=False)  # 1 delay, 0 absolute
     time_ms: int = field(init=False, repr=False, compare=False)  # delay or epoch ms
     timeout_ms: int = field(init=False, repr=False, compare=False)  # 0: none
@@ -277,6 +286,8 @@ class JobSpec:
             raise TypeError(f"recurrence must be a Recurrence, got {self.recurrence!r}")
         if self.trace:
             check_trace(self.trace)
+        if self.key is not None:
+            check_key(self.key)
         delay: object = self.delay  # an int of seconds is a float to the type checker
         if self.at is None and type(delay) is int and 0 <= delay <= MAX_TIME_MS // 1000:
             mode, time_ms = 1, delay * 1000
@@ -293,6 +304,29 @@ class JobSpec:
         if self.debounce is not None or self.max_wait is not None or self.throttle is not None:
             flow = flow_args(self)
         object.__setattr__(self, "flow", flow)
+
+
+def check_key(key: object) -> str:
+    """A flow key checked: non-empty text without NUL, at most :data:`MAX_KEY_BYTES`
+    UTF-8 bytes.
+
+    Raises:
+        TypeError: naming ``key``, if it is not a str.
+        ValueError: naming ``key``, if it is empty, too long or holds a NUL.
+    """
+    if type(key) is not str:
+        raise TypeError(f"key must be a str, got {type(key).__name__}")
+    if not key:
+        raise ValueError("key must not be empty (None: the task's single key)")
+    if "\x00" in key:
+        raise ValueError("key must not contain NUL")
+    try:
+        size = len(key.encode())
+    except UnicodeEncodeError:
+        raise ValueError("key must be valid text (no lone surrogates)") from None
+    if size > MAX_KEY_BYTES:
+        raise ValueError(f"key must be at most {MAX_KEY_BYTES} UTF-8 bytes, got {size}")
+    return key
 
 
 def check_trace(trace: object) -> str:
@@ -339,6 +373,7 @@ class Job:
     # The W3C trace context its producer stored (JobSpec.trace, as bytes; b"" none).
     # Bounded by the claim, never trusted: tracing parses it, and a bad one is ignored.
     trace: bytes = b""
+    key: str = ""  # its flow key (schedule(key=)); "": none (the task's single key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,6 +393,7 @@ class JobInfo:
     recurrence: Recurrence | None  # set for recurring jobs
     last_error: str  # error of the last failed attempt
     timeout_ms: int = 0  # its own timeout (schedule(timeout=)); 0: none
+    key: str | None = None  # its flow key (schedule(key=)); None: none
 
     def upcoming(self, count: int = 5) -> list[int]:
         """A recurring job's next ``count`` occurrences (UTC instants, ms), from the one

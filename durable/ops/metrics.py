@@ -108,6 +108,15 @@ class MetricsCollector:
             gauge = metrics.GaugeMetricFamily(name, text, labels=["namespace"])
             gauge.add_metric([ns], value)
             yield gauge
+        waiting = metrics.GaugeMetricFamily(
+            "tickwheel_limit_waiting",
+            "Jobs waiting for a permit or a start of their flow key, by limited task (as"
+            " this worker last read them).",
+            labels=["namespace", "task"],
+        )
+        for task, count in loader.limiter.waiting.items():
+            waiting.add_metric([ns, task], count)
+        yield waiting
         fired = metrics.CounterMetricFamily(
             "tickwheel_jobs", "Jobs by outcome in this worker.", labels=["namespace", "outcome"]
         )

@@ -22,17 +22,20 @@ import msgpack  # type: ignore[import-untyped]
 from tickwheel.durable.model import (
     KIND_CRON,
     KIND_INTERVAL,
+    MAX_KEY_BYTES,
     MAX_TRACE_BYTES,
     POLICY_CODES,
     JobSpec,
 )
 from tickwheel.durable.store import (
+    KEY_FIELD,
     TIMEOUT_FIELD,
     TRACE_FIELD,
     EncodedJob,
     encode_payload,
     pack_record,
     record_fields,
+    with_key,
     with_timeout,
     with_trace,
 )
@@ -63,8 +66,9 @@ def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int) -> PgJob:
         # The zone travels in rspec ("TZ=<zone> <expr>"), as in the Redis record.
         rkind, rspec = (KIND_INTERVAL if rec.every_ms else KIND_CRON), rec.spec
         policy, cap, grace = POLICY_CODES[rec.missed], rec.max_catch_up, rec.misfire_grace_ms
-    # The job's own timeout (JobSpec.timeout_ms) and the trace context (JobSpec.trace)
-    # ride in the record column, no column of their own: retried_job reads them back.
+    # The job's own timeout (JobSpec.timeout_ms), the trace context (JobSpec.trace) and
+    # the flow key (JobSpec.key) ride in the record column, no column of their own:
+    # retried_job reads them back.
     record = pack_record(record_fields(spec, data, flags))
     args = (
         spec.task,
@@ -83,24 +87,28 @@ def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int) -> PgJob:
     return PgJob(spec.id, shard, args, record)
 
 
-def record_extras(record: object) -> tuple[int, bytes]:
-    """The job's own timeout (ms; 0: none) and trace context (b"": none) fields of a
-    stored record; ``(0, b"")`` when it has neither, or is not a record: never raises."""
+def record_extras(record: object) -> tuple[int, bytes, bytes]:
+    """The job's own timeout (ms; 0: none), trace context (b"": none) and flow key
+    (b"": none) fields of a stored record; ``(0, b"", b"")`` when it has none of them,
+    or is not a record: never raises."""
     if not isinstance(record, bytes | memoryview) or len(record) <= TIMEOUT_FIELD:
-        return 0, b""  # fewer bytes than fields up to the timeout: neither
+        return 0, b"", b""  # fewer bytes than fields up to the timeout: none
     unpacker = msgpack.Unpacker(raw=True, max_buffer_size=len(record) + 1)
     try:
         unpacker.feed(bytes(record))
-        fields = list(itertools.islice(unpacker, TRACE_FIELD + 1))
-    except Exception:  # not a record: neither
-        return 0, b""
+        fields = list(itertools.islice(unpacker, KEY_FIELD + 1))
+    except Exception:  # not a record: none
+        return 0, b"", b""
     timeout = fields[TIMEOUT_FIELD] if len(fields) > TIMEOUT_FIELD else 0
     if type(timeout) is not int or timeout < 0:
         timeout = 0
-    trace = fields[-1] if len(fields) == TRACE_FIELD + 1 else b""
+    trace = fields[TRACE_FIELD] if len(fields) > TRACE_FIELD else b""
     if type(trace) is not bytes or len(trace) > MAX_TRACE_BYTES:
         trace = b""
-    return timeout, trace
+    key = fields[KEY_FIELD] if len(fields) > KEY_FIELD else b""
+    if type(key) is not bytes or len(key) > MAX_KEY_BYTES:
+        key = b""
+    return timeout, trace, key
 
 
 def record_trace(record: object) -> bytes:
@@ -155,10 +163,13 @@ def retried_job(row: Any) -> EncodedJob:
             int(row["max_catch_up"]),
             int(row["grace_ms"]),
         ]
-    # The job's own timeout and the producer's trace context, kept from the stored record.
-    timeout, trace = record_extras(row["record"])
+    # The job's own timeout, the producer's trace context and the flow key, kept from
+    # the stored record.
+    timeout, trace, key = record_extras(row["record"])
     if timeout:
         fields = with_timeout(fields, timeout)
     if trace:
         fields = with_trace(fields, trace)
+    if key:
+        fields = with_key(fields, key)
     return EncodedJob(row["id"], (row["id"].encode(), 0, int(row["run_ms"]), pack_record(fields)))

@@ -138,7 +138,7 @@ class Claimer:
         # Held while a shard is claimed and placed: giving a shard back takes it, so no
         # claim reply lands after the shard's jobs were released.
         self.lock = asyncio.Lock()
-        self._stopped = asyncio.Event()  # set by stop(): wakes run()
+        self._stopped = asyncio.Event()  # set by stop() and poke(): wakes run()
 
     @property
     def placed(self) -> int:
@@ -233,8 +233,12 @@ class Claimer:
 
     async def run(self) -> None:
         """Claim rounds until :meth:`stop` (see :meth:`Loader.run`)."""
+        with contextlib.suppress(*OUTAGE_ERRORS):
+            await self._runner.limiter.start()  # else at its first limited job
         while self.claiming:
             try:
+                if self.claiming:
+                    self._stopped.clear()  # a poke from now on starts another round
                 full = await self.load_once()
             except OUTAGE_ERRORS as exc:
                 self.stats.unavailable += 1
@@ -258,6 +262,10 @@ class Claimer:
         """Sleep ``seconds``, or less if :meth:`stop` is called meanwhile."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopped.wait(), seconds)
+
+    def poke(self) -> None:
+        """Start the next claim round now (a job was made due now: a woken waiter)."""
+        self._stopped.set()
 
     def stop(self) -> None:
         """Claim nothing more."""

@@ -13,6 +13,7 @@ from tickwheel.durable.model import Fenced, Job, LeaseLost, RedisUnavailable
 from tickwheel.durable.scheduler import Scheduler
 from tickwheel.wheel import TimingWheel
 
+from ._limiter import Limiter
 from ._loader_stats import LoaderStats
 from ._stopping import Stopper
 
@@ -57,6 +58,7 @@ class LeaseExtender:
         self.lease_ms = lease_ms
         self._half_lease = lease_ms / 2000
         self._extenders: set[asyncio.Future[None]] = set()  # running
+        self.limiter: Limiter | None = None  # its permits are extended with the leases
 
     def spawn(
         self, job: Job, finished: asyncio.Event, task: asyncio.Task[None], until: float
@@ -86,5 +88,8 @@ class LeaseExtender:
                 pass
             else:
                 self.stats.extended += 1
+                if self.limiter is not None:  # the permit of its key with its lease
+                    with contextlib.suppress(RedisUnavailable):
+                        await self.limiter.extend(job)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(finished.wait(), self._half_lease)

@@ -38,6 +38,7 @@ from ._claims import (
     DEFAULT_START_MARGIN,
     Claimer,
 )
+from ._limiter import Limiter
 from ._loader_stats import LoaderStats
 from ._logs import OUTAGE_ERRORS, Outages
 from ._runner import DEFAULT_MAX_RUNNING, Runner
@@ -171,6 +172,7 @@ class Loader:
             held=None if self.start_ms is None else self._held,
             claiming=None if self.start_ms is None else self._acks.claiming,
         )
+        self._runner.limiter.poke = self._claims.poke  # a woken waiter is claimed now
         # Firing lateness (s): loop time at firing minus the job's due in loop time.
         self.lateness: LatenessHistogram = self._claims.lateness
         # Held while a shard is claimed and placed: giving a shard back takes it, so no
@@ -183,6 +185,11 @@ class Loader:
     def loaded(self) -> int:
         """Jobs loaded and not started: in the wheel, or due and waiting for a slot."""
         return self._claims.placed + self._runner.waiting
+
+    @property
+    def limiter(self) -> Limiter:
+        """The flow limits' side of this loader's runs (``_limiter.py``)."""
+        return self._runner.limiter
 
     @property
     def running(self) -> int:

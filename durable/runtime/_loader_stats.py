@@ -20,6 +20,8 @@ class LoaderStats:
     succeeded: int = 0  # acked after the task returned
     retried: int = 0  # task raised: back to due with backoff
     deferred: int = 0  # task raised Defer: back to due later, same attempt
+    limit_waits: int = 0  # over its flow key's limit: back to due to wait, same attempt
+    limit_wakes: int = 0  # waiters made due at once by a permit released here
     dead: int = 0  # task raised (or was unknown) on its last attempt
     unknown: int = 0  # no task registered under the job's name
     duplicates: int = 0  # occurrence done already: acked without running

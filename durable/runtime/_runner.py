@@ -22,9 +22,10 @@ Ground rules:
   :class:`Stopper`'s (``_stopping.py``); a failed attempt's retry or dead letter, and
   its log line, the :class:`Failures`' (``_failures.py``).
 - A plain function of a ``thread=True`` task runs in a pool of daemon threads
-  (``_threads.py``). A timeout or a cancel frees its slot and settles its job at once,
-  but the thread cannot be stopped: it runs on until the function returns, holding a
-  thread of the pool meanwhile (a daemon thread: it does not keep the process alive).
+  (``_threads.py``). A timeout or a cancel frees its slot and settles its job at once;
+  the thread runs on until the function returns (a daemon: it never keeps the process).
+- A job of a task with flow limits takes its key's permit before it starts, and its
+  run's end releases it (:class:`Limiter`, ``_limiter.py``).
 """
 
 from __future__ import annotations
@@ -43,11 +44,12 @@ from ._acks import UNAVAILABLE, AckBatcher
 from ._extending import LeaseExtender, first_extension
 from ._failures import Failures
 from ._handing import Handoff
+from ._limiter import Limiter
 from ._loader_stats import LoaderStats
 from ._logs import Outages, job_fields, log_start, logger
 from ._stopping import Stopper
 from ._stream import Publisher
-from ._tasks import TaskContext, TaskFunc, TaskRegistry, call_task
+from ._tasks import TaskContext, TaskFunc, TaskRegistry, call_task, job_context
 from ._threads import DaemonPool
 from ._waiting import Waiting
 
@@ -152,6 +154,9 @@ class Runner:
         )
         self.runs = self._stopper.runs  # does a handler here run this job's lease?
         self._extender = LeaseExtender(scheduler, wheel, stats, self._stopper, lease_ms=lease_ms)
+        self.limiter = Limiter(scheduler, registry, stats, lease_ms=lease_ms)  # flow limits
+        self.limiter.admit = self.fire  # a job through its key's gate fires again
+        self._extender.limiter = self.limiter  # permits are extended with their leases
         self._pool: DaemonPool | None = None  # made at the first thread task
 
     # -- inspection ----------------------------------------------------------------
@@ -203,6 +208,8 @@ class Runner:
             # Stalled past the lease: the reaper may have given it to another owner.
             self.stats.expired += 1
             return
+        if self.limiter.gated(key, job, lease_end, due):
+            return  # it takes its key's permit first, then fires again (or waits)
         self.stats.fired += 1
         if self.stats.history is not None:
             self.stats.history.started(job)
@@ -288,23 +295,16 @@ class Runner:
             self._spawn(self._execute(job, lease_end, result, limit), job, context)
         else:
             self._acks.submit(job, lease_end)
+            self.limiter.finished(job)
 
     def _context(self, job: Job) -> TaskContext:
-        return TaskContext(
-            job_id=job.id,
-            task=job.task,
-            payload=job.payload,
-            nominal_ms=job.nominal_ms,
-            attempt=job.attempt,
-            epoch=job.epoch,
-            durable=True,
-            job=job,
-            scheduler=self.scheduler,
-        )
+        return job_context(job, self.scheduler)
 
     def _forget(self, task: asyncio.Task[None]) -> None:
-        if (job := self._running.pop(task, None)) is not None and self.tracer is not None:
-            self.tracer.forget(job)  # a span still open here is unsettled
+        if (job := self._running.pop(task, None)) is not None:
+            self.limiter.finished(job)  # its permit (if it holds one) is handed on
+            if self.tracer is not None:
+                self.tracer.forget(job)  # a span still open here is unsettled
 
     def _free_slot(self) -> None:
         """A handler returned (or never ran): start the jobs waiting for its slot. It

@@ -26,13 +26,15 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol, overload
 
 from tickwheel.durable.model import (
     Job,
+    Limits,
     ScheduleResult,
     ScheduleStatus,
+    check_limits,
     check_task_name,
     finite_seconds_ms,
 )
@@ -49,6 +51,7 @@ __all__ = [
     "TaskOptions",
     "TaskRegistry",
     "check_timeout",
+    "job_context",
 ]
 
 
@@ -66,11 +69,13 @@ def check_timeout(timeout: float | None) -> float | None:
 
 @dataclass(frozen=True, slots=True)
 class TaskOptions:
-    """How a worker runs a task: its timeout (s; None: the worker's default) and
-    whether a plain function runs in the worker's thread pool."""
+    """How a worker runs a task: its timeout (s; None: the worker's default), whether
+    a plain function runs in the worker's thread pool, and its flow limits per key
+    (None: none declared here; docs/limits.md)."""
 
     timeout: float | None = None
     thread: bool = False
+    limits: Limits | None = None
 
 
 logger = logging.getLogger("tickwheel.durable.tasks")
@@ -102,6 +107,12 @@ class TaskContext:
     def key(self) -> tuple[str, int]:
         """The idempotency key ``(job_id, nominal_ms)``."""
         return (self.job_id, self.nominal_ms)
+
+    @property
+    def flow_key(self) -> str:
+        """The job's flow key (``schedule(key=)``; ``""``: none): what its task's
+        ``concurrency`` and ``rate`` count by."""
+        return self.job.key if self.job is not None else ""
 
     async def schedule(
         self, job_id: str, task: str, payload: Any = b"", **kwargs: Any
@@ -140,6 +151,21 @@ class TaskContext:
                 result.status.name,
             )
         return result
+
+
+def job_context(job: Job, scheduler: Scheduler | None) -> TaskContext:
+    """The context a claimed job's task is called with."""
+    return TaskContext(
+        job_id=job.id,
+        task=job.task,
+        payload=job.payload,
+        nominal_ms=job.nominal_ms,
+        attempt=job.attempt,
+        epoch=job.epoch,
+        durable=True,
+        job=job,
+        scheduler=scheduler,
+    )
 
 
 # A task: ``fn(ctx)``, returning an awaitable (a coroutine function) or anything else.
@@ -218,6 +244,8 @@ class TaskRegistry:
         timeout: float | None = None,
         thread: bool = False,
         payload: Any = None,
+        concurrency: int | None = None,
+        rate: tuple[int, float] | None = None,
     ) -> TaskDecorator: ...
 
     def task(
@@ -228,6 +256,8 @@ class TaskRegistry:
         timeout: float | None = None,
         thread: bool = False,
         payload: Any = None,
+        concurrency: int | None = None,
+        rate: tuple[int, float] | None = None,
     ) -> Any:
         """Register a function as a task; usable bare or with options.
 
@@ -243,6 +273,12 @@ class TaskRegistry:
         ``TypedDict`` or a pydantic model) is checked when the handle schedules a job
         and rebuilt from the stored dict for the function (see ``_handles.py``).
 
+        ``concurrency=N``: at most N runs of the task at once per flow key
+        (``schedule(key=)``; no key: the task's single key), across all workers and
+        shards. ``rate=(n, seconds)``: at most n starts per key in any window of that
+        many seconds. A job over a limit waits in Redis, unspent, and is released when
+        a permit frees or at its start's time (docs/limits.md).
+
         Returns:
             The function's :class:`TaskHandle` (callable as the function), or a
             decorator that returns it when called with options.
@@ -252,22 +288,24 @@ class TaskRegistry:
                 ``payload`` not a payload type.
             ValueError: if the name is taken or malformed.
         """
+        limits = check_limits(concurrency, rate)  # at the decorator's call
         if fn is None:
             check_timeout(timeout)  # at the decorator's call, not at the function's
 
             def decorate(f: Callable[..., Any]) -> TaskHandle[Any, Any]:
-                return self._handle(f, name, timeout, thread, payload)
+                return self._handle(f, name, timeout, thread, payload, limits)
 
             return decorate
-        return self._handle(fn, name, timeout, thread, payload)
+        return self._handle(fn, name, timeout, thread, payload, limits)
 
-    def _handle(
+    def _handle(  # noqa: PLR0917 (the decorator's options, in order)
         self,
         fn: Callable[..., Any],
         name: str | None,
         timeout: float | None,
         thread: bool,
         payload: Any,
+        limits: Limits | None = None,
     ) -> TaskHandle[Any, Any]:
         if not callable(fn):
             raise TypeError(f"fn must be callable, got {fn!r}")
@@ -278,6 +316,8 @@ class TaskRegistry:
                 raise TypeError(f"fn has no __qualname__; give name= for {fn!r}")
         run = typed_runner(fn, codec) if typed else fn
         self.register(run, name=name, timeout=timeout, thread=thread)
+        if limits is not None:
+            self._options[name] = replace(self.options(name), limits=limits)
         return TaskHandle(self, name, fn, codec)
 
     def bind(self, scheduler: Scheduler | SyncScheduler) -> None:
@@ -338,6 +378,11 @@ class TaskRegistry:
     def options(self, name: str) -> TaskOptions:
         """How the task ``name`` runs (defaults for an unknown name). O(1)."""
         return self._options.get(name, _NO_OPTIONS)
+
+    def limits(self) -> dict[str, Limits | None]:
+        """Each registered task's declared flow limits (None: none), as a worker
+        writes them to Redis at its start (docs/limits.md)."""
+        return {name: self.options(name).limits for name in self._tasks}
 
     def get(self, name: str) -> TaskFunc | None:
         """The function registered under ``name``, or None. O(1)."""

@@ -13,8 +13,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
-from tickwheel.durable.model import DeadPage, ShardInfo, check_job_id, int_between
-from tickwheel.durable.store import Keys, Store
+from tickwheel.durable.model import (
+    DeadPage,
+    Limits,
+    ShardInfo,
+    check_job_id,
+    check_key,
+    check_task_name,
+    int_between,
+)
+from tickwheel.durable.store import Keys, KeyState, Store
 
 from ._leases import MAX_BATCH
 
@@ -48,6 +56,42 @@ class Operator:
         self.keys = keys
         self._open = open
         self.pg = pg
+
+    async def limits(self) -> dict[str, Limits]:
+        """The flow limits Redis holds, by task (the workers' declarations: the last
+        writer wins; docs/limits.md). O(tasks).
+
+        Raises:
+            ShardCountMismatch, RedisUnavailable: see :meth:`Scheduler.open`.
+        """
+        await self._open()
+        return await self.store.limits.read()
+
+    async def key_state(self, task: str, key: str | None = None) -> KeyState:
+        """One flow key of ``task`` (None: the task's single key): runs holding its
+        permits, jobs waiting for one, permits handed to woken waiters, the next
+        permit deadline and booked start, the starts in the rate window. One read in
+        the key's slot, O(log N) (plus the limits of record, O(tasks)).
+
+        Raises:
+            TypeError, ValueError: naming a bad ``task`` or ``key``.
+            ShardCountMismatch, RedisUnavailable: see :meth:`Scheduler.open`.
+        """
+        check_task_name(task, "task")
+        if key is not None:
+            check_key(key)
+        lim = (await self.limits()).get(task, Limits())
+        return await self.store.limits.look(task, key or "", lim)
+
+    async def limit_waiting(self) -> dict[str, int]:
+        """Jobs waiting for a permit or a start of their flow key, by limited task
+        (the metrics' totals: per task, never per key). O(tasks x shards).
+
+        Raises:
+            ShardCountMismatch, RedisUnavailable: see :meth:`Scheduler.open`.
+        """
+        tasks = sorted(await self.limits())
+        return await self.store.limits.waiting(tasks)
 
     async def inspect(self) -> list[ShardInfo]:
         """One read-only look at every shard: counts, overdue lag, owner, next due.

@@ -304,6 +304,7 @@ class Scheduler:
         debounce: float | timedelta | None = None,
         max_wait: float | timedelta | None = None,
         throttle: float | timedelta | None = None,
+        key: str | None = None,
         conn: Any = None,
     ) -> ScheduleResult:
         """Schedule one job by id. One script call.
@@ -343,6 +344,9 @@ class Scheduler:
                 time); a schedule while its job waits coalesces into it
                 (``COALESCED``, payload replaced). docs/durable.md, "Debounce and
                 throttle".
+            key: the flow key (``"merchant:42"``, at most 200 UTF-8 bytes): the
+                task's ``concurrency`` and ``rate`` limits count per key
+                (docs/limits.md); None: the task's single key.
             conn: Postgres mode only: the application's open asyncpg connection. The
                 job is written in its current transaction and exists iff that commits;
                 the relay indexes it in Redis after the commit.
@@ -375,6 +379,7 @@ class Scheduler:
             debounce=debounce,
             max_wait=max_wait,
             throttle=throttle,
+            key=key,
         )
         return await self.producer.schedule(spec, replace, conn)
 
@@ -438,6 +443,11 @@ class Scheduler:
     purge_dead = _forward("operator", Operator.purge_dead)
     requeue_all_dead = _forward("operator", Operator.requeue_all_dead)
     purge_all_dead = _forward("operator", Operator.purge_all_dead)
+    limits, key_state = (
+        _forward("operator", Operator.limits),
+        _forward("operator", Operator.key_state),
+    )
+    limit_waiting = _forward("operator", Operator.limit_waiting)
 
     # -- pause and resume: delegated to self.pauses (Pauses) ----------------------------
 

@@ -24,6 +24,7 @@ May import: ``tickwheel.durable.model``, ``tickwheel.wheel`` (for its timeout), 
 from __future__ import annotations
 
 from ._codec import (
+    KEY_FIELD,
     TIMEOUT_FIELD,
     TRACE_FIELD,
     ClaimedRef,
@@ -33,6 +34,7 @@ from ._codec import (
     encode_payload,
     pack_record,
     record_fields,
+    with_key,
     with_timeout,
     with_trace,
 )
@@ -58,6 +60,7 @@ from ._errors import (
 from ._history import BATCH_MAX, HISTORY_CAP, HISTORY_SCAN, HistoryBoard, HistoryEntry
 from ._keys import DEFAULT_BUCKETS, MAX_JOB_ID_BYTES, Keys, parse_layout
 from ._layout import LayoutUnreadable, read_layout
+from ._limits import ACQUIRED, PERMIT_WAIT, RATE_WAIT, KeyState, LimitCalls, member_of
 from ._msgpack import pack_array
 from ._scripts import register
 from ._secrets import hidden, hide_secrets, shown_url, url_error
@@ -85,15 +88,19 @@ from ._workers import (
 )
 
 __all__ = [
+    "ACQUIRED",
     "BATCH_MAX",
     "CLUSTER_ERRORS",
     "DEFAULT_BUCKETS",
     "DEFAULT_CALL_TIMEOUT",
     "HISTORY_CAP",
     "HISTORY_SCAN",
+    "KEY_FIELD",
     "MAX_JOB_ID_BYTES",
     "MIN_REDIS_VERSION",
     "NO_REPLY_ERRORS",
+    "PERMIT_WAIT",
+    "RATE_WAIT",
     "REDIS_ERRORS",
     "SAMPLE_S",
     "STATS_COUNTERS",
@@ -106,8 +113,10 @@ __all__ = [
     "EncodedJob",
     "HistoryBoard",
     "HistoryEntry",
+    "KeyState",
     "Keys",
     "LayoutUnreadable",
+    "LimitCalls",
     "RawEntry",
     "Sample",
     "ServerConfigWarning",
@@ -131,6 +140,7 @@ __all__ = [
     "hide_secrets",
     "is_cluster",
     "is_sync_client",
+    "member_of",
     "no_retry",
     "pack_array",
     "pack_record",
@@ -149,6 +159,7 @@ __all__ = [
     "translate",
     "unwrap",
     "url_error",
+    "with_key",
     "with_timeout",
     "with_trace",
 ]

@@ -36,6 +36,7 @@ from typing import Any
 from tickwheel.durable.model import (
     KIND_CRON,
     KIND_INTERVAL,
+    MAX_KEY_BYTES,
     MAX_PAYLOAD_DEPTH,
     MAX_TRACE_BYTES,
     POLICY_BY_CODE,
@@ -60,10 +61,13 @@ __all__ = [
     "DUPLICATE",
     "FIELDS",
     "FLAG_JSON",
+    "KEY_FIELD",
     "TIMEOUT_FIELD",
     "TRACE_FIELD",
     "ClaimedRef",
     "EncodedJob",
+    "claimed_extras",
+    "claimed_key",
     "claimed_trace",
     "decode_payload",
     "encode_job",
@@ -76,6 +80,7 @@ __all__ = [
     "pack_record",
     "record_fields",
     "recurrence_of",
+    "with_key",
     "with_timeout",
     "with_trace",
 ]
@@ -98,12 +103,14 @@ FIELDS = (
     "error",
     "timeout",
     "trace",
+    "key",
 )
 # Their defaults, in the same order (lua/_lib.lua: DEFAULTS); trailing ones are dropped.
-DEFAULTS: tuple[int | bytes, ...] = (b"", b"", 5, 0, 0, 1, 0, 0, b"", 0, 0, 0, b"", 0, b"")
-# Record fields of a claim.lua row that is not short (F_TRACE: the last one).
+DEFAULTS: tuple[int | bytes, ...] = (b"", b"", 5, 0, 0, 1, 0, 0, b"", 0, 0, 0, b"", 0, b"", b"")
+# Record fields of a claim.lua row that is not short (F_KEY: the last one).
 CLAIM_FULL_ROW = len(FIELDS)
 TRACE_FIELD = FIELDS.index("trace")  # its index from 0
+KEY_FIELD = FIELDS.index("key")
 TIMEOUT_FIELD = FIELDS.index("timeout")
 
 FLAG_JSON = 1  # record field 4, bit 0: the payload is JSON text
@@ -148,6 +155,7 @@ CLAIM_JOB_FIELDS = (
     "bucket",
     "timeout_ms",
     "trace",
+    "key",
 )
 if tuple(f.name for f in dataclasses.fields(Job)) != CLAIM_JOB_FIELDS:  # pragma: no cover
     raise ImportError("Job's fields changed: update CLAIM_JOB_FIELDS and Store.claim's loop")
@@ -284,7 +292,7 @@ def encode_job(spec: JobSpec, payload_limit: int) -> EncodedJob:
     """
     data, flags = encode_payload(spec.payload, payload_limit)
     rec = spec.recurrence
-    if rec is None and not spec.timeout_ms and not spec.trace:  # the common case
+    if rec is None and not spec.timeout_ms and not spec.trace and spec.key is None:
         record = pack_oneshot(spec.task.encode(), data, spec.max_attempts, flags)
         return EncodedJob(spec.id, (spec.id.encode(), spec.mode, spec.time_ms, record))
     fields = record_fields(spec, data, flags)
@@ -302,7 +310,23 @@ def record_fields(spec: JobSpec, data: bytes, flags: int) -> list[int | bytes]:
         fields.append(rec.misfire_grace_ms)
     if spec.timeout_ms:
         fields = with_timeout(fields, spec.timeout_ms)
-    return with_trace(fields, spec.trace.encode()) if spec.trace else fields
+    if spec.trace:
+        fields = with_trace(fields, spec.trace.encode())
+    return with_key(fields, spec.key.encode()) if spec.key is not None else fields
+
+
+def with_key(fields: list[int | bytes], key: bytes) -> list[int | bytes]:
+    """Record fields (up to the trace at most) with the flow key after them, the fields
+    between at their defaults."""
+    return [*fields, *DEFAULTS[len(fields) : KEY_FIELD], key]
+
+
+def claimed_key(value: object) -> str:
+    """A claim row's key field as :attr:`Job.key` (a hostile record cannot break the
+    claim: anything but bytes of at most MAX_KEY_BYTES reads as "")."""
+    if type(value) is bytes and len(value) <= MAX_KEY_BYTES:
+        return value.decode(errors="replace")
+    return ""
 
 
 def with_timeout(fields: list[int | bytes], timeout_ms: int) -> list[int | bytes]:
@@ -315,6 +339,14 @@ def with_trace(fields: list[int | bytes], trace: bytes) -> list[int | bytes]:
     """Record fields (up to the timeout) with the trace context field after them, the
     fields between at their defaults."""
     return [*fields, *DEFAULTS[len(fields) : TRACE_FIELD], trace]
+
+
+def claimed_extras(reply: Sequence[Any], i: int, count: int) -> tuple[bytes, str]:
+    """The trace context and flow key of the claim row at ``reply[i]`` of ``count``
+    record fields: only a full row has them."""
+    if count != CLAIM_FULL_ROW:
+        return b"", ""
+    return claimed_trace(reply[i + 19]), claimed_key(reply[i + 20])
 
 
 def claimed_trace(value: object) -> bytes:
@@ -349,7 +381,7 @@ def recurrence_of(kind: int, spec: bytes, policy: int, cap: int, grace: int) -> 
 def job_info(job_id: str, shard: int, state: JobState, when: int, f: Sequence[Any]) -> JobInfo:
     """A JobInfo from the record fields of a reply row (in :data:`FIELDS` order)."""
     task, payload, max_attempts, flags, nominal, attempt, epoch = f[:7]
-    rec, error, timeout = f[7:12], f[12], f[13]
+    rec, error, timeout, key = f[7:12], f[12], f[13], f[15]
     return JobInfo(
         id=job_id,
         shard=shard,
@@ -364,6 +396,7 @@ def job_info(job_id: str, shard: int, state: JobState, when: int, f: Sequence[An
         recurrence=recurrence_of(*rec),
         last_error=error.decode(errors="replace"),
         timeout_ms=timeout,
+        key=key.decode(errors="replace") if key else None,
     )
 
 

@@ -68,6 +68,9 @@ class ShardKeys(NamedTuple):
     paused: str  # HASH task (or "": the whole namespace) -> time paused (ms)
     parked: str  # ZSET job id -> due time (ms)
     parkedx: str  # ZSET (all scores 0) "<task>\0<due, 16 digits>\0<id>": by task, due order
+    # Flow limits (store/_limits.py): jobs waiting for a permit of their key, and wakes
+    waits: str  # prefix of ZSETs per task (Keys.waits): id -> the due its wait gave it
+    wakes: str  # ZSET job id -> until (ms): a permit handed to it while still leased
 
 
 class Keys:
@@ -88,6 +91,7 @@ class Keys:
         "_shards",
         "buckets",
         "cancels",
+        "limits",
         "meta",
         "mode",
         "namespace",
@@ -126,6 +130,9 @@ class Keys:
         # HASH task (or "": the whole namespace) -> time paused (ms): the pause state
         # of record; every shard has a copy (ShardKeys.paused), for its claims.
         self.paused = f"{{{namespace}}}:paused"
+        # HASH task -> its flow limits (model/_limits.py's stored form), written by the
+        # workers that register the task (store/_limits.py, docs/limits.md).
+        self.limits = f"{{{namespace}}}:limits"
         self._shards = tuple(self._build(s) for s in range(shards))  # ShardKeys by shard
 
     def _build(self, shard: int) -> ShardKeys:
@@ -144,6 +151,8 @@ class Keys:
             paused=f"{tag}:paused",
             parked=f"{tag}:parked",
             parkedx=f"{tag}:parkedx",
+            waits=f"{tag}:kwait",
+            wakes=f"{tag}:kwake",
         )
 
     def shard_of(self, job_id: str) -> int:
@@ -170,6 +179,29 @@ class Keys:
         """Return the STREAM of shard ``shard``'s finished attempts (``{ns:s}:history``,
         capped; written by the workers, read by the dashboard: store/_history.py)."""
         return f"{{{self.namespace}:{shard}}}:history"
+
+    def waits(self, shard: int, task: str) -> str:
+        """Return the ZSET of ``task``'s jobs of ``shard`` that wait for a permit or a
+        start of their flow key (``{ns:s}:kwait:<task>``): id -> the due it waits for
+        (retry.lua mode 3), so a wake (wake.lua) knows it and the metrics count it."""
+        return f"{self.shard(shard).waits}:{task}"
+
+    def limit_keys(self, task: str, key: str) -> tuple[str, str, str, str, str]:
+        """Return the keys of the permits of ``key`` (``""``: the task's single key) of
+        ``task`` (limits.lua): permits, holders, waiters, starts, booked. All carry the
+        tag ``{ns:L:<hash>}``, the first 32 bits of SHA-1 of the task and key in hex, so
+        one key's permits are in one slot whatever shards its jobs are in; the names
+        hold the task and key themselves, so two keys never share them."""
+        name = f"{len(task)}:{task}:{key}"
+        digest = hashlib.sha1(name.encode(errors="surrogatepass")).hexdigest()[:8]
+        tag = f"{{{self.namespace}:L:{digest}}}"
+        return (
+            f"{tag}:p:{name}",
+            f"{tag}:h:{name}",
+            f"{tag}:w:{name}",
+            f"{tag}:s:{name}",
+            f"{tag}:b:{name}",
+        )
 
     def worker_stats(self, token: str) -> str:
         """Return the STRING where the worker ``token`` publishes its counters

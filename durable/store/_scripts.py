@@ -51,6 +51,8 @@ SCRIPT_NAMES = (
     "members",
     "pause",
     "pause_state",
+    "limits",
+    "wake",
 )
 # Scripts that run without the helpers of _lib.lua: a stream consumer's occurrence claim,
 # registered on the stream's own client (store/_streams.py), not on a Store's.
@@ -165,6 +167,8 @@ class Scripts:
     raise_epoch: AsyncScript
     members: AsyncScript
     pause: AsyncScript
+    limits: AsyncScript
+    wake: AsyncScript
     pause_state: AsyncScript
 
     def __init__(self, client: Client) -> None:

@@ -11,9 +11,9 @@ Ground rules:
   bounded, its errors translated, so callers see :class:`RedisUnavailable`,
   :class:`Fenced`, or redis-py's own. The store *has* a transport; it is not one.
 - Here: the job's lifecycle (schedule, claim, ack, retry, extend, release, reap). Shard
-  ownership is ``_fencing.py``'s and the operator's calls (a job's record, listings,
-  inspection, dead letters) ``_operator_calls.py``'s; the store keeps one method for each,
-  which hands it on, so the other layers see one Store.
+  ownership is ``_fencing.py``'s, the operator's calls ``_operator_calls.py``'s (the
+  store hands each on, so the other layers see one Store); pause and flow limits are
+  ``store.pauses`` (``_pauses.py``) and ``store.limits`` (``_limits.py``).
 - The client must not decode responses: payloads are bytes.
 - The client is one Redis or a Redis Cluster (``_connect.py``). Each script touches
   one shard's slot; nothing spans slots, so nothing needs a cross-slot transaction.
@@ -46,13 +46,12 @@ from tickwheel.durable.model import (
 
 from . import _calls as calls
 from ._codec import (
-    CLAIM_FULL_ROW,
     CLAIM_SHORT_ROW,
     CLAIM_TIMED_ROW,
     DUPLICATE,
     ClaimedRef,
     EncodedJob,
-    claimed_trace,
+    claimed_extras,
     decode_payload,
     init_job,
     new_job,
@@ -61,6 +60,7 @@ from ._codec import (
 from ._connect import Client
 from ._fencing import FencingCalls
 from ._keys import Keys
+from ._limits import LimitCalls
 from ._msgpack import pack_ack_batch, unpack_reply
 from ._operator_calls import OperatorCalls
 from ._pauses import PauseCalls
@@ -89,7 +89,7 @@ class Store:
             ``call_timeout`` is not positive.
     """
 
-    __slots__ = ("_fencing", "_operator", "_reaping", "_scripts", "keys", "pauses", "transport")
+    __slots__ = ("_fencing", "_operator", "_reaping", "_scripts", "keys", "limits", "pauses", "transport")  # fmt: skip  # noqa: E501
 
     def __init__(
         self,
@@ -114,6 +114,7 @@ class Store:
         self._operator = OperatorCalls(self.transport, self._scripts, keys)  # _operator_calls.py
         self._reaping = ReapCalls(self.transport, self._scripts, keys)  # _reaping.py
         self.pauses = PauseCalls(self.transport, self._scripts, keys)  # _pauses.py
+        self.limits = LimitCalls(self.transport, self._scripts, keys)  # _limits.py
 
     @property
     def client(self) -> Client:
@@ -126,8 +127,7 @@ class Store:
         return self.transport.call_timeout
 
     async def aclose(self) -> None:
-        """Close the per-node clients and held connections the transport made (never the
-        caller's client)."""
+        """Close what the transport made (never the caller's client)."""
         await self.transport.aclose()
 
     # -- namespace -----------------------------------------------------------------
@@ -287,16 +287,16 @@ class Store:
                 # Three names a tuple: a fourth here measured ~390 more instructions a job
                 # (callgrind durable-client claim_ack; the compiler builds a tuple then).
                 ep, recurrence, error = epoch, None, ""
-                limit, trace = 0, b""
+                limit, trace, key = 0, b"", ""
             elif count == timed:  # the short row and the job's own timeout
                 ep, recurrence, error = epoch, None, ""
-                limit, trace = reply[i + 11], b""
-            else:  # all 15: a recurring job, one with an error or a trace (timeout or not)
+                limit, trace, key = reply[i + 11], b"", ""
+            else:  # all 16: a recurring job, one with an error, a trace or a key
                 ep, kind = reply[i + 11], reply[i + 12]
                 recurrence = recurrence_of(kind, *reply[i + 13 : i + 17]) if kind else None
                 error = reply[i + 17].decode(errors="replace")
                 limit = reply[i + 18]
-                trace = claimed_trace(reply[i + 19]) if count == CLAIM_FULL_ROW else b""
+                trace, key = claimed_extras(reply, i, count)
             i += 5 + count
             job = new(Job)
             init(
@@ -318,6 +318,7 @@ class Store:
                 tag >> 1,  # bucket
                 limit,  # timeout_ms
                 trace,  # trace
+                key,  # key
             )
             append(job)
         return ClaimBatch(

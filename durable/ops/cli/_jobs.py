@@ -14,6 +14,7 @@ from tickwheel.durable.model import (
     ScheduleStatus,
     ShardInfo,
     UndecodablePayload,
+    check_key,
 )
 from tickwheel.durable.scheduler import (
     MAX_BATCH,
@@ -45,6 +46,7 @@ from ._common import (
     terminal,
     with_scheduler,
 )
+from ._limits import inspect_key
 from ._pause import paused_rows
 
 
@@ -66,6 +68,11 @@ def _schedule(args: argparse.Namespace) -> int:
                 JobSpec(args.id, args.task, delay=delay, at=at, **flow)
             except (TypeError, ValueError) as exc:
                 raise CliError(EXIT_USAGE, f"--{exc}") from exc
+        if args.key is not None:
+            try:
+                check_key(args.key)
+            except ValueError as exc:
+                raise CliError(EXIT_USAGE, f"--{exc}") from exc
     except CliError as error:
         return fail(args, error)
 
@@ -84,6 +91,7 @@ def _schedule(args: argparse.Namespace) -> int:
             missed=args.missed,
             jitter=args.jitter,
             timeout=args.timeout,
+            key=args.key,
             **flow,
         )
         data = {
@@ -125,6 +133,8 @@ def _cancel(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     if args.job is not None:
         return _inspect_job(args)
+    if args.key is not None:
+        return inspect_key(args)
 
     async def body(scheduler: Scheduler) -> int:
         rows = await scheduler.inspect()
@@ -228,6 +238,7 @@ def _inspect_job(args: argparse.Namespace) -> int:
             "jitter_ms": rec.jitter_ms if rec is not None else 0,
             "upcoming": upcoming,
             "last_error": info.last_error,
+            "key": info.key,
         }
 
         def text() -> str:
@@ -240,6 +251,8 @@ def _inspect_job(args: argparse.Namespace) -> int:
             elif data["every_ms"]:
                 lines.append(f"  every {data['every_ms'] / 1000:g}s")
             lines += [f"  next {o['local']}  (UTC {o['utc']})" for o in upcoming]
+            if info.key is not None:
+                lines.append(f"  key {info.key!r}")
             if info.last_error:
                 lines.append(f"  last error: {info.last_error}")
             return "\n".join(lines)
@@ -400,6 +413,7 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
         type=positive_float,
         help="seconds its handler may run (before the task's and the worker's timeout)",
     )
+    sched.add_argument("--key", help="the flow key the task's concurrency and rate limits count by")
     for flag, what in (
         ("--debounce", "seconds: each schedule of this id while it waits moves it to now + this"),
         ("--max-wait", "with --debounce: due at most this long after the first schedule"),
@@ -414,6 +428,8 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
 
     insp = add("inspect", "per shard: due, overdue and lag, leased, dead, owner", parents=[common])
     insp.add_argument("--job", help="one job instead: its state, zone, next occurrences")
+    insp.add_argument("--key", help="one flow key of --task instead: its permits and waiters")
+    insp.add_argument("--task", help="--key: the task whose limits the key counts by")
     insp.add_argument(
         "--upcoming",
         type=positive_int,

@@ -139,6 +139,7 @@ def job_row(job: JobInfo, now_ms: int, upcoming: int = 0) -> dict[str, Any]:
         "next_ms": next_ms,
         "next": iso(next_ms),
         "last_error": job.last_error,
+        "key": job.key,
         "seen": seen_of(job),
     }
 

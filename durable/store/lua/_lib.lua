@@ -20,14 +20,16 @@
 --  13 error     last error text (dead letters, retries)
 --  14 timeout   the job's own timeout (ms; 0 = none: its task's or the worker's)
 --  15 trace     the producer's W3C trace context (text; '' none), kept as it is
+--  16 key       the flow key (schedule(key=); '' none: the task's single key), which
+--               the task's concurrency and rate limits count by (limits.lua)
 -- Nothing here reads the client's clock: "now" is TIME, never below {ns:s}:clock.
 
 local F_TASK, F_PAYLOAD, F_MAX, F_FLAGS, F_NOMINAL, F_ATTEMPT, F_EPOCH = 1, 2, 3, 4, 5, 6, 7
 local F_RKIND, F_RSPEC, F_POLICY, F_CAP, F_GRACE, F_ERROR, F_TIMEOUT = 8, 9, 10, 11, 12, 13, 14
-local F_TRACE = 15
-local NFIELDS = 15
+local F_TRACE, F_KEY = 15, 16
+local NFIELDS = 16
 -- Mirrored in _codec.py (DEFAULTS); 5 = DEFAULT_MAX_ATTEMPTS in model/_jobs.py.
-local DEFAULTS = {'', '', 5, 0, 0, 1, 0, 0, '', 0, 0, 0, '', 0, ''}
+local DEFAULTS = {'', '', 5, 0, 0, 1, 0, 0, '', 0, 0, 0, '', 0, '', ''}
 -- unpack() of a long list overflows Lua's C stack (LUAI_MAXCSTACK 8000): chunk bulk calls.
 local CHUNK = 1000
 -- A refusal from inside a helper is raised as a plain string, error('TW_<CODE> ...', 0):

@@ -9,7 +9,13 @@
 -- ARGV[6]  error   text kept in the record
 -- ARGV[7]  final   1: dead now, whatever attempts remain (e.g. an unknown task);
 --                  2: a Defer: due again at now + delay as the SAME attempt and
---                  occurrence, the error text left as it was (ARGV[6] unused)
+--                  occurrence, the error text left as it was (ARGV[6] unused);
+--                  3: a wait for a permit or a start of its flow key (limits.lua):
+--                  as 2, and the due it gets is noted in KEYS[7] (wake.lua, metrics);
+--                  with ARGV[8] '1' (a permit wait) due at once instead when a wake
+--                  came while it was still leased (KEYS[8], wake.lua)
+-- KEYS[7] waits (the task's, this shard's)  KEYS[8] wakes   (mode 3 only)
+-- ARGV[8]  mode 3: '1' a permit wait, '' a wait for a start (rate)
 -- Returns: {status, when}: 1 due again at when (attempt + 1), 2 dead since when
 --   (attempt was the last of max, or final), 3 deferred to when (same attempt),
 --   0 lease lost. Sent twice, the second finds no lease and returns 0, nothing written.
@@ -25,11 +31,21 @@ if not s or not redis.call('ZSCORE', leased_key, id) then return {0, 0} end
 local r = rec_decode(s)
 if not holds(r, epoch, ARGV[3], ARGV[4]) then return {0, 0} end
 redis.call('ZREM', leased_key, id)
-if ARGV[7] == '2' then
+if ARGV[7] == '2' or ARGV[7] == '3' then
   -- The nominal stays explicit (the occurrence's identity): a recurring job's next
   -- occurrence is planned from it at the ack, not from the deferred due.
   r[F_EPOCH] = 0
   local due = now + tonumber(ARGV[5])
+  if ARGV[7] == '3' then
+    local woke = ARGV[8] == '1' and redis.call('ZSCORE', KEYS[8], id)
+    redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', '(' .. fmt(now))
+    redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', '(' .. fmt(now))
+    if woke and tonumber(woke) >= now then
+      redis.call('ZREM', KEYS[8], id)
+      due = now  -- its permit was handed to it while it was still leased here
+    end
+    redis.call('ZADD', KEYS[7], fmt(due), id)
+  end
   redis.call('HSET', jobs_key, id, rec_encode(r))
   redis.call('ZADD', KEYS[2], fmt(due), id)
   return {3, due}

@@ -1,0 +1,206 @@
+"""The calls of the flow limits (issue 35; docs/limits.md): a key's permits
+(limits.lua, in the key's own slot), the waits and wakes of its jobs (retry.lua mode 3
+and wake.lua, in the job's shard) and the limits of record (``{ns}:limits``).
+
+Ground rules:
+
+- A key's permits live in one slot of their own (``Keys.limit_keys``): never in a
+  job's shard, so a key's jobs may be in every shard, a job keeps its shard by id
+  (lookup by id stays O(1)) and no script touches two slots.
+- A job's permit is named by ``"<shard>|<id>"`` and held under ``"<epoch>:<attempt>"``
+  (the fencing of its lease): a release by a run that lost its lease frees nothing.
+- Every call is bounded and translated like the rest of the store (its ``Transport``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tickwheel.durable.model import Job, Limits
+
+from ._keys import Keys
+from ._scripts import Scripts
+from ._transport import Transport
+
+__all__ = [
+    "ACQUIRED",
+    "PERMIT_WAIT",
+    "RATE_WAIT",
+    "WAKE_HOLD_MS",
+    "KeyState",
+    "LimitCalls",
+    "member_of",
+]
+
+ACQUIRED, PERMIT_WAIT, RATE_WAIT = 1, 2, 3  # limits.lua acquire's codes
+# How long a wake that found its job still leased is kept for the job's wait (ms).
+WAKE_HOLD_MS = 60_000
+
+
+def member_of(job: Job) -> str:
+    """The permit's member of a job: ``"<shard>|<id>"``."""
+    return f"{job.shard}|{job.id}"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyState:
+    """One flow key of one task, as ``inspect --key`` and the dashboard show it."""
+
+    task: str
+    key: str  # "" for the task's single key
+    limits: Limits
+    running: int  # permits held by runs
+    waiting: int  # jobs queued for a permit (waiting for the rate: not counted here)
+    handed: int  # permits handed to woken waiters, not taken yet
+    next_release_ms: int  # the earliest permit deadline (ms), or -1 (none held)
+    next_start_ms: int  # the earliest start booked for a rate waiter (ms), or -1
+    window_starts: int  # starts within the current rate window
+    now_ms: int  # the key slot's clock when read
+
+
+class LimitCalls:
+    """limits.lua, wake.lua and retry.lua's permit wait over one namespace.
+
+    Args:
+        transport: the store's transport.
+        scripts: the store's registered scripts.
+        keys: the namespace's key names.
+    """
+
+    __slots__ = ("_scripts", "keys", "transport")
+
+    def __init__(self, transport: Transport, scripts: Scripts, keys: Keys) -> None:
+        self.transport = transport
+        self._scripts = scripts
+        self.keys = keys
+
+    # -- limits of record ------------------------------------------------------------
+
+    async def declare(self, declared: dict[str, Limits | None]) -> None:
+        """Write a worker's declarations: each task's limits, or none (its field
+        deleted). The last writer wins (docs/limits.md, "Deploys")."""
+        client = self.transport.client
+        sets: dict[Any, Any] = {t: lim.encode() for t, lim in declared.items() if lim}
+        gone = [t for t, lim in declared.items() if lim is None]
+        if sets:
+            await self.transport.bounded(lambda: client.hset(self.keys.limits, mapping=sets))
+        if gone:
+            await self.transport.bounded(lambda: client.hdel(self.keys.limits, *gone))
+
+    async def read(self) -> dict[str, Limits]:
+        """The limits of record: task -> limits (tasks without limits absent)."""
+        client = self.transport.client
+        raw = await self.transport.bounded(lambda: client.hgetall(self.keys.limits))
+        out = {}
+        for task, text in raw.items():
+            limits = Limits.decode(text)
+            if limits.on:
+                out[task.decode(errors="replace")] = limits
+        return out
+
+    # -- permits (the key's slot) -----------------------------------------------------
+
+    async def _call(self, task: str, key: str, args: list[object]) -> object:
+        """limits.lua on ``key`` of ``task`` with ``args`` (op, member, holder, then
+        hold_ms and the occurrence; the limits are put between)."""
+        lim = args.pop(3)
+        assert isinstance(lim, Limits)
+        args[3:3] = [lim.concurrency, lim.rate_n, lim.rate_ms]
+        return await self.transport.run(
+            self._scripts.limits, self.keys.limit_keys(task, key), args, -1
+        )
+
+    async def acquire(self, job: Job, lim: Limits, hold_ms: int) -> tuple[int, int]:
+        """Take a permit for ``job``'s run: ``(ACQUIRED, 0)``; ``(PERMIT_WAIT, 0)``, it is
+        queued for one; ``(RATE_WAIT, delay_ms)``, a start is booked in ``delay_ms``."""
+        holder = f"{job.epoch}:{job.attempt}"
+        occurrence = f"{job.nominal_ms}|{job.attempt}"
+        args: list[object] = ["a", member_of(job), holder, lim, hold_ms, occurrence]
+        reply = await self._call(job.task, job.key, args)
+        assert isinstance(reply, list)
+        return int(reply[0]), int(reply[1])
+
+    async def release(
+        self, task: str, key: str, member: str, holder: str, *, lim: Limits, hold_ms: int
+    ) -> list[str]:
+        """Free the permit of ``member`` if ``holder`` holds it (``""``: one handed to it
+        that it did not take), and hand the free ones to the first waiters: their
+        members, for :meth:`wake`."""
+        reply = await self._call(task, key, ["r", member, holder, lim, hold_ms, ""])
+        assert isinstance(reply, list)
+        return [m.decode(errors="replace") for m in reply]
+
+    async def extend(self, job: Job, lim: Limits, hold_ms: int) -> bool:
+        """Push ``job``'s permit deadline to now + ``hold_ms`` (with its lease)."""
+        holder = f"{job.epoch}:{job.attempt}"
+        args: list[object] = ["x", member_of(job), holder, lim, hold_ms, ""]
+        return bool(await self._call(job.task, job.key, args))
+
+    async def look(self, task: str, key: str, lim: Limits) -> KeyState:
+        """One key's permits, waiters and next release (read only). O(log N)."""
+        r = await self._call(task, key, ["l", "", "", lim, 0, ""])
+        assert isinstance(r, list)
+        return KeyState(task, key, lim, *(int(v) for v in r))
+
+    # -- the job's shard ----------------------------------------------------------------
+
+    async def wait(self, job: Job, delay_ms: int, *, permit: bool) -> tuple[int, int]:
+        """Hand ``job`` back to due, unspent, for ``delay_ms`` (retry.lua mode 3; a
+        ``permit`` wait may be woken at once by a wake that came first): ``(status,
+        due_ms)``, status 3 done, 0 its lease is lost."""
+        shard = job.shard
+        k = self.keys.shard(shard)
+        keys = [k.leased, k.due, k.dead, k.epoch, k.clock, self.keys.jobs_key(shard, job.id)]
+        keys += [self.keys.waits(shard, job.task), k.wakes]
+        reply = await self.transport.run(
+            self._scripts.retry,
+            keys,
+            [
+                job.epoch,
+                job.id,
+                job.attempt,
+                job.nominal_ms,
+                delay_ms,
+                "",
+                3,
+                "1" if permit else "",
+            ],
+            shard,
+        )
+        return int(reply[0]), int(reply[1])
+
+    async def wake(self, task: str, member: str) -> int:
+        """Make the waiter ``member`` (``"<shard>|<id>"``) of ``task`` due now: 1 done, 2
+        it is still leased (its wait makes it due at once), 0 it no longer waits."""
+        text, _, job_id = member.partition("|")
+        shard = int(text)
+        k = self.keys.shard(shard)
+        return int(
+            await self.transport.run(
+                self._scripts.wake,
+                [k.due, k.leased, k.clock, self.keys.waits(shard, task), k.wakes],
+                [job_id, WAKE_HOLD_MS],
+                shard,
+            )
+        )
+
+    async def waiting(self, tasks: list[str]) -> dict[str, int]:
+        """Jobs per task that wait for a permit or a start of their key, over every
+        shard (one pipeline): the metrics' totals. A wait that ended at its recheck
+        time is counted until the task's next wait in that shard trims it (retry.lua
+        mode 3). O(tasks x shards)."""
+        if not tasks:
+            return {}
+        client = self.transport.client
+
+        async def count() -> list[int]:
+            pipe = client.pipeline(transaction=False)
+            for task in tasks:
+                for shard in range(self.keys.shards):
+                    pipe.zcard(self.keys.waits(shard, task))
+            return [int(n) for n in await pipe.execute()]
+
+        counts = await self.transport.bounded(count)
+        n = self.keys.shards
+        return {t: sum(counts[i * n : (i + 1) * n]) for i, t in enumerate(tasks)}

@@ -1,0 +1,145 @@
+-- limits.lua: the permits of one flow key of one task (docs/limits.md). Every key here
+-- carries the key's own hash tag {ns:L:<hash>} (Keys.limit_keys): one slot per
+-- (task, key), whatever shards its jobs are in, on one Redis or a Redis Cluster.
+-- KEYS[1] permits   ZSET "<shard>|<id>" -> the permit's deadline (ms, this node's clock)
+-- KEYS[2] holders   HASH "<shard>|<id>" -> "<epoch>:<attempt>" of the run holding it;
+--                   "" for a permit handed to a waiter (release) and not taken yet
+-- KEYS[3] waiters   ZSET "<shard>|<id>" -> the time it first waited (FIFO)
+-- KEYS[4] starts    ZSET "<shard>|<id>|<nominal>|<attempt>" -> start time (rate window)
+-- KEYS[5] booked    ZSET "<shard>|<id>|<nominal>" -> a start time booked for a job that
+--                   waits for the rate (so waiters are spread over the windows)
+-- ARGV[1]  op       'a' acquire, 'r' release, 'x' extend, 'l' look (read only)
+-- ARGV[2]  member   "<shard>|<id>"
+-- ARGV[3]  holder   "<epoch>:<attempt>" ('' with 'r': free a handed permit nobody took)
+-- ARGV[4]  conc     at most this many permits (0: no concurrency limit)
+-- ARGV[5]  rate_n   at most this many starts per window (0: no rate limit)
+-- ARGV[6]  rate_ms  the window (ms)
+-- ARGV[7]  hold_ms  a permit's length: the run's lease (extended with it, 'x')
+-- ARGV[8]  nominal  "<nominal>|<attempt>" of the run (acquire, for the rate)
+-- Returns:
+--   'a': {1, 0} granted; {2, 0} waits for a permit (queued in KEYS[3]); {3, delay}
+--        waits for the rate: a start is booked for it in `delay` ms.
+--   'r': the members handed a permit (as many as are free): the caller wakes each.
+--   'x': 1 extended, 0 not held by that holder.
+--   'l': {running, waiting, handed, next permit deadline or -1, next booked start or -1,
+--        starts in the current window, now}
+-- Errors: none (the client checks the limits; a Redis error only for a wrong type).
+-- Re-sent safely: an acquire of a member that holds its permit is granted again (its
+-- deadline renewed), a queued one stays queued once; a release by a holder that no
+-- longer holds it frees nothing of another's.
+local op, m, holder = ARGV[1], ARGV[2], ARGV[3]
+local conc, rate_n, rate_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local hold = tonumber(ARGV[7])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local P, H, W, S, B = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+
+-- Permits past their deadline (a worker killed or stalled past its lease) are freed.
+local function expire()
+  local old = redis.call('ZRANGEBYSCORE', P, '-inf', now, 'LIMIT', 0, 100)
+  if #old > 0 then
+    redis.call('ZREM', P, unpack(old))
+    redis.call('HDEL', H, unpack(old))
+  end
+end
+
+-- The start time of the rate_n-th latest start or booking (the window's oldest one
+-- that counts), or nil when fewer than rate_n are left in the window.
+local function nth_latest()
+  local a = redis.call('ZREVRANGE', S, 0, rate_n - 1, 'WITHSCORES')
+  local b = redis.call('ZREVRANGE', B, 0, rate_n - 1, 'WITHSCORES')
+  if #a + #b < 2 * rate_n then return nil end
+  local all = {}
+  for i = 2, #a, 2 do all[#all + 1] = tonumber(a[i]) end
+  for i = 2, #b, 2 do all[#all + 1] = tonumber(b[i]) end
+  table.sort(all, function(x, y) return x > y end)
+  return all[rate_n]
+end
+
+if op == 'l' then
+  local first = redis.call('ZRANGE', P, 0, 0, 'WITHSCORES')
+  local booked = redis.call('ZRANGEBYSCORE', B, now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  local handed = 0
+  if redis.call('HLEN', H) > 0 then
+    for _, v in ipairs(redis.call('HVALS', H)) do if v == '' then handed = handed + 1 end end
+  end
+  local window = rate_ms > 0 and redis.call('ZCOUNT', S, now - rate_ms, '+inf') or 0
+  return {redis.call('ZCARD', P) - handed, redis.call('ZCARD', W), handed,
+    first[2] and tonumber(first[2]) or -1, booked[2] and tonumber(booked[2]) or -1,
+    window, now}
+end
+
+if op == 'x' then
+  if redis.call('HGET', H, m) ~= holder then return 0 end
+  redis.call('ZADD', P, now + hold, m)
+  return 1
+end
+
+if op == 'r' then
+  if redis.call('HGET', H, m) == holder then
+    redis.call('HDEL', H, m)
+    redis.call('ZREM', P, m)
+  end
+  expire()
+  local woken = {}
+  local free = conc - redis.call('ZCARD', P)
+  while free > 0 do
+    local top = redis.call('ZPOPMIN', W)
+    if #top == 0 then break end
+    -- Handed to the waiter: held for it until it takes it (or the deadline passes).
+    redis.call('HSET', H, top[1], '')
+    redis.call('ZADD', P, now + hold, top[1])
+    woken[#woken + 1] = top[1]
+    free = free - 1
+  end
+  if redis.call('ZCARD', P) == 0 then redis.call('DEL', P, H) end
+  return woken
+end
+
+-- op 'a': acquire.
+local have = false
+if conc > 0 then
+  expire()
+  local cur = redis.call('HGET', H, m)
+  if cur then
+    have = true  -- handed to it, or its own (a re-sent acquire, or a later attempt)
+  elseif redis.call('ZCARD', P) >= conc then
+    if not redis.call('ZSCORE', W, m) then redis.call('ZADD', W, now, m) end
+    return {2, 0}
+  end
+end
+local start_member = m .. '|' .. ARGV[8]
+if rate_n > 0 then
+  redis.call('ZREMRANGEBYSCORE', S, '-inf', '(' .. (now - rate_ms))
+  redis.call('ZREMRANGEBYSCORE', B, '-inf', '(' .. (now - rate_ms))
+  local mine = string.match(ARGV[8], '^[^|]*')
+  local book_member = m .. '|' .. mine
+  local booked = redis.call('ZSCORE', B, book_member)
+  if booked then redis.call('ZREM', B, book_member) end
+  local started = redis.call('ZSCORE', S, start_member)
+  if not started then
+    -- The window's own starts decide; bookings only place the waiters.
+    local full = redis.call('ZCOUNT', S, now - rate_ms, '+inf') >= rate_n
+    local at = nil
+    if full or not booked then
+      local nth = nth_latest()
+      if nth and nth + rate_ms + 1 > now then at = nth + rate_ms + 1 end
+      if full and not at then
+        local a = redis.call('ZREVRANGE', S, rate_n - 1, rate_n - 1, 'WITHSCORES')
+        at = tonumber(a[2]) + rate_ms + 1
+      end
+    end
+    if at then
+      redis.call('ZADD', B, at, book_member)
+      if have then redis.call('ZADD', P, at + hold, m) end  -- kept for it meanwhile
+      return {3, at - now}
+    end
+    redis.call('ZADD', S, now, start_member)
+  end
+end
+if conc > 0 then
+  redis.call('HSET', H, m, holder)
+  redis.call('ZADD', P, now + hold, m)
+  redis.call('ZREM', W, m)
+end
+return {1, 0}
