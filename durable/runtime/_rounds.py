@@ -16,9 +16,15 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from tickwheel.durable.model import PostgresUnavailable, RedisUnavailable
+
 from ._logs import OUTAGE_ERRORS, Outages
 
-__all__ = ["run_rounds"]
+__all__ = ["open_when_reachable", "run_rounds"]
+
+# Seconds between two tries of a worker's start while its store does not answer.
+OPEN_RETRY_FIRST = 0.2
+OPEN_RETRY_CAP = 5.0
 
 logger = logging.getLogger("tickwheel.durable")
 
@@ -58,3 +64,25 @@ async def run_rounds(
         if not again:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
+
+
+async def open_when_reachable(
+    open_: Callable[[], Awaitable[None]], *, stop: asyncio.Event, outages: Outages
+) -> bool:
+    """Await ``open_()`` until it succeeds, trying again after an outage (Redis or
+    PostgreSQL not answering: transient) with a pause that doubles up to
+    :data:`OPEN_RETRY_CAP`; any other error (a shard count mismatch, refused
+    credentials) is raised. False if ``stop`` was set first."""
+    pause = OPEN_RETRY_FIRST
+    while not stop.is_set():
+        try:
+            await open_()
+        except (RedisUnavailable, PostgresUnavailable) as exc:
+            outages.failed("start", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), pause)
+            pause = min(pause * 2, OPEN_RETRY_CAP)
+            continue
+        outages.ok("start")
+        return True
+    return False

@@ -64,7 +64,7 @@ from ._loader import (
 )
 from ._logs import OUTAGE_ERRORS, Outages
 from ._reaper import DEFAULT_REAP_INTERVAL, Reaper
-from ._rounds import run_rounds
+from ._rounds import open_when_reachable, run_rounds
 from ._stats_publisher import StatsPublisher
 from ._stream import Publisher
 from ._tasks import TaskRegistry, check_timeout
@@ -368,10 +368,16 @@ class Worker:
         Returns:
             The loader's counters.
 
+        A store that does not answer at the start is waited for (logged once), as
+        later outages are; :meth:`stop` meanwhile ends the run at once.
+
         Raises:
-            ShardCountMismatch, RedisUnavailable: from :meth:`Scheduler.open`.
+            ShardCountMismatch, RedisConfigError: from :meth:`Scheduler.open`.
         """
-        await self.scheduler.open()
+        if not await open_when_reachable(
+            self.scheduler.open, stop=self._stop, outages=self.outages
+        ):
+            return LoaderStats()
         wheel = TimingWheel()
         loader = self.loader = Loader(self.scheduler, self.registry, wheel, **self._loader_args)
         if self.history:
