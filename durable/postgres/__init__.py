@@ -27,6 +27,7 @@ from ._mode import PostgresMode, ReconcileResult
 from ._pauses import pause_sync, resume_sync
 from ._pg_store import PgStore
 from ._prune import prune
+from ._replacing import replace_sync
 from ._sync_ops import cancel_sync, reschedule_sync
 from ._sync_pool import SyncPgPool
 
@@ -43,6 +44,7 @@ __all__ = [
     "migrations",
     "pause_sync",
     "prune",
+    "replace_sync",
     "reschedule_sync",
     "resume_sync",
     "schema_version",
