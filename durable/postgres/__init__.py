@@ -20,6 +20,7 @@ scheduler above it (``RedisSide``) instead of importing it.
 
 from __future__ import annotations
 
+from ._clock import ClockSkew, measure, pg_redis_skew
 from ._drivers import enqueue_sync
 from ._errors import translate
 from ._migrate import SCHEMA_VERSION, check_schema, migrate, migrations, schema_version
@@ -33,6 +34,7 @@ from ._sync_pool import SyncPgPool
 
 __all__ = [
     "SCHEMA_VERSION",
+    "ClockSkew",
     "PgStore",
     "PostgresMode",
     "ReconcileResult",
@@ -40,9 +42,11 @@ __all__ = [
     "cancel_sync",
     "check_schema",
     "enqueue_sync",
+    "measure",
     "migrate",
     "migrations",
     "pause_sync",
+    "pg_redis_skew",
     "prune",
     "replace_sync",
     "reschedule_sync",
