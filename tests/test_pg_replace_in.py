@@ -132,6 +132,19 @@ def test_replace_in_a_psycopg_transaction(private_redis: RedisServer, pg_url: st
                 assert await _row(pg_url, ns, "p") == (0, F + 4, b"s2")
                 info = await s.get("p")
                 assert info is not None and (info.payload, info.when_ms) == (b"s2", F + 4)
+                # The sync cancel supersedes a waiting replacement; its reschedule moves it.
+                assert sync.schedule("q", "t", b"", at=F + 5, replace=True).status is (
+                    ScheduleStatus.CREATED
+                )
+                sync.schedule("q2", "t", b"", at=F + 5, replace=True)
+                assert await _waiting(pg_url, ns) == ["q", "q2"]
+                assert sync.cancel("q") is True  # its replacement: the job to be
+                assert sync.reschedule("q2", at=F + 9) is True
+                assert await _waiting(pg_url, ns) == ["q2"]
+                assert await s.pg.relay_all(s) == 1
+                assert await s.get("q") is None
+                moved = await s.get("q2")
+                assert moved is not None and moved.when_ms == F + 9
             finally:
                 sync.close()
 

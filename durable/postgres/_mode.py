@@ -253,7 +253,8 @@ class PostgresMode:
         shard = sched.keys.shard_of(job_id)
         async with self.store.locked([job_id]) as (conn, _):
             found = await self.store.cancel(job_id, conn)
-            await conn.execute(_replacing.DROP, self.store.namespace, [job_id])
+            # A replacement waiting for the relay is superseded (and counts as found).
+            found |= bool(await conn.fetchval(_replacing.DROP, self.store.namespace, [job_id]))
             state = await sched.store.cancel(shard, job_id)
         return found, state
 

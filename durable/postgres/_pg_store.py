@@ -307,8 +307,8 @@ class PgStore:
         """
         async with self._on(conn) as c:
             found = await _writes.cancel_in(c, self.namespace, job_id)
-            await c.fetch(_replacing.DROP, self.namespace, [job_id])  # superseded
-            return found
+            dropped = await c.fetch(_replacing.DROP, self.namespace, [job_id])  # superseded
+            return found or bool(dropped and dropped[0][0])
 
     async def replace_in(
         self, conn: Any, specs: Sequence[JobSpec], shard_of: Any, limit: int

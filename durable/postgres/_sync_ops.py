@@ -40,9 +40,9 @@ def cancel_sync(
     with pool.transaction() as db:
         _lock(db, ns, job_id)
         db.execute(_writes.CANCEL_OUTBOX, ns, job_id)
-        db.execute(_replacing.DROP, ns, [job_id])  # a replacement in waiting: superseded
+        dropped = db.fetch(_replacing.DROP, ns, [job_id])  # a replacement in waiting
         rows = db.fetch(_writes.CANCEL_ROW, ns, job_id)
-        found = bool(rows) and rows[0][0] == 0
+        found = (bool(rows) and rows[0][0] == 0) or bool(dropped and dropped[0][0])
         state = redis_cancel()
     return found, state
 
