@@ -37,7 +37,9 @@ def test_the_tables_stay_bounded_at_a_fixed_rate(pg_url: str) -> None:
         rate, seconds, every, prune_every, keep = 2000.0, 1800.0, 10.0, 10.0, 60.0
         with PostgresServer(extra_conf=pg_bloat.RECOMMENDED) as pg:
             out = asyncio.run(
-                pg_bloat.steady(pg.url, rate=rate, seconds=seconds, sample_every=every, keep=keep)
+                pg_bloat.steady(
+                    pg.url, rate=rate, seconds=seconds, batch=1000, sample_every=every, keep=keep
+                )
             )
     else:
         rate, seconds, every, prune_every, keep = 500.0, 8.0, 1.0, 2.0, 1.0

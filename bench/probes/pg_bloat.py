@@ -15,6 +15,9 @@ three tables sampled every 10 s; it says whether each table's size and dead tupl
 reached a steady state (:func:`plateau`)::
 
     python -m bench.probes.pg_bloat --steady --rate 2000 --seconds 1800 --csv steady.csv
+
+(a batch is at most ``--batch`` jobs: at 200 per batch this machine's WAL flushes, nine
+commits per batch, held about 1,300 jobs/s, so the run uses 1,000.)
 """
 
 from __future__ import annotations
@@ -195,6 +198,59 @@ def plateau(samples: list[tuple[float, dict[str, tuple[int, ...]]]]) -> dict[str
     return out
 
 
+_COLOURS = {"tickwheel_done": "#1f77b4", "tickwheel_jobs": "#d62728", "tickwheel_outbox": "#2ca02c"}
+
+
+def svg(rows: list[tuple[float, str, int, int, int, int, int]], title: str) -> str:
+    """A two-panel SVG plot (no plotting library needed) of ``rows`` (``t, table, live,
+    dead, heap, total, autovacuums``, the ``--csv`` columns): each table's total size
+    (MB) and dead tuples over the run (minutes)."""
+    width, height, left, top = 760, 250, 70, 30
+    end = max(r[0] for r in rows) / 60 or 1.0
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{2 * height + 40}"'
+        ' font-family="sans-serif" font-size="12">',
+        f'<text x="{left}" y="18" font-size="14">{title}</text>',
+    ]
+    panels = (("total size (MB)", 5, 1 / 2**20), ("dead tuples", 3, 1.0))
+    for k, (label, col, scale) in enumerate(panels):
+        y0 = top + k * (height + 10)
+        plot_h = height - 50
+        peak = max(r[col] * scale for r in rows) or 1.0
+        parts.append(
+            f'<rect x="{left}" y="{y0}" width="{width - left - 20}" height="{plot_h}"'
+            ' fill="none" stroke="#999"/>'
+        )
+        parts.append(f'<text x="8" y="{y0 + 12}">{peak:,.1f}</text>')
+        parts.append(f'<text x="8" y="{y0 + plot_h}">0</text>')
+        parts.append(f'<text x="{left + 5}" y="{y0 + 14}">{label}</text>')
+        parts.append(f'<text x="{width - 140}" y="{y0 + plot_h + 16}">minutes (0-{end:.0f})</text>')
+        for i, table in enumerate(TABLES):
+            pts = " ".join(
+                f"{left + (r[0] / 60) / end * (width - left - 20):.1f},"
+                f"{y0 + plot_h - r[col] * scale / peak * plot_h:.1f}"
+                for r in rows
+                if r[1] == table
+            )
+            colour = _COLOURS[table]
+            parts.append(f'<polyline fill="none" stroke="{colour}" points="{pts}"/>')
+            parts.append(
+                f'<text x="{left + 10 + 170 * i}" y="{y0 + plot_h + 16}"'
+                f' fill="{colour}">{table}</text>'
+            )
+    parts.append("</svg>")
+    return "\n".join(parts) + "\n"
+
+
+def _read_csv(path: str) -> list[tuple[float, str, int, int, int, int, int]]:
+    with open(path) as f:
+        next(f)
+        return [
+            (float(t), tb, *(int(v) for v in rest))  # type: ignore[misc]
+            for t, tb, *rest in (line.strip().split(",") for line in f if line.strip())
+        ]
+
+
 def _steady_main(args: argparse.Namespace) -> None:
     with PostgresServer(extra_conf=RECOMMENDED) as pg:
         out = asyncio.run(
@@ -202,6 +258,7 @@ def _steady_main(args: argparse.Namespace) -> None:
                 pg.url,
                 rate=args.rate,
                 seconds=args.seconds,
+                batch=args.batch,
                 sample_every=args.sample_every,
                 keep=args.keep,
             )
@@ -227,7 +284,7 @@ def _steady_main(args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=200_000)
-    ap.add_argument("--batch", type=int, default=1000)
+    ap.add_argument("--batch", type=int, default=1000, help="jobs per batch (--steady: at most)")
     ap.add_argument("--prune-every", type=int, default=20_000)
     ap.add_argument("--steady", action="store_true", help="a fixed-rate run (the soak's)")
     ap.add_argument("--rate", type=float, default=2000.0, help="--steady: jobs/s")
@@ -235,7 +292,13 @@ def main() -> None:
     ap.add_argument("--sample-every", type=float, default=10.0)
     ap.add_argument("--keep", type=float, default=60.0, help="--steady: prune older than")
     ap.add_argument("--csv", default="", help="--steady: write the samples here")
+    ap.add_argument("--svg", default="", help="write a plot of --csv's samples here")
     args = ap.parse_args()
+    if args.svg and not args.steady:  # plot a finished run's CSV
+        title = "PostgreSQL tables under a fixed job rate"
+        with open(args.svg, "w") as f:
+            f.write(svg(_read_csv(args.csv), title))
+        return
     if args.steady:
         _steady_main(args)
         return
