@@ -13,6 +13,7 @@ import pytest
 from tests.durable_support import run
 from tickwheel.durable.ops.cli import main as cli_main
 from tickwheel.durable.postgres import measure, pg_redis_skew
+from tickwheel.durable.postgres._clock import warn_of_skew
 from tickwheel.durable.servers._redis import RedisServer
 from tickwheel.durable.store._connect import client_from_url
 
@@ -47,6 +48,42 @@ def test_the_measured_skew_bounds_the_true_one(redis_server: RedisServer, pg_url
                 assert skew.worst_ms >= abs(injected)
             with pytest.raises(ValueError, match="samples"):
                 await measure(pg_now, redis_now, samples=0)
+        finally:
+            await conn.close()
+            await client.aclose()
+
+    run(main())
+
+
+def test_a_reconcile_warns_of_a_skew_past_the_bound(
+    redis_server: RedisServer, pg_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What every reconcile runs: no warning at the true (zero) skew; a warning naming
+    the offset when one past 50 ms is injected; a failed reading is no error."""
+
+    async def main() -> None:
+        client = client_from_url(redis_server.url)
+        conn = await asyncpg.connect(pg_url)
+        try:
+
+            async def redis_now() -> float:
+                seconds, micros = await client.time()
+                return int(seconds) * 1000 + int(micros) / 1000
+
+            async def pg_now(off: float = 0.0) -> float:
+                return float(await conn.fetchval(_PG_NOW)) + off
+
+            async def down() -> float:
+                raise ConnectionRefusedError("down")
+
+            with caplog.at_level("WARNING", logger="tickwheel.durable"):
+                assert await warn_of_skew(pg_now, redis_now) is not None
+                assert not caplog.records
+                skew = await warn_of_skew(lambda: pg_now(-120.0), redis_now)
+                assert skew is not None and abs(skew.offset_ms + 120) <= skew.bound_ms
+                assert await warn_of_skew(down, redis_now) is None
+            (record,) = caplog.records
+            assert "PostgreSQL's clock is -1" in record.getMessage()
         finally:
             await conn.close()
             await client.aclose()

@@ -6,7 +6,9 @@ fires when Redis's clock reaches it. So a job fires ``delay`` after its commit b
 PostgreSQL's clock plus the skew (PostgreSQL minus Redis) by Redis's: early by the skew
 when PostgreSQL's clock is behind. :func:`measure` bounds that skew from the servers'
 own clocks, and ``tickwheel check --postgres-url`` reports it (a problem past
-``--max-clock-skew``, 50 ms by default).
+``--max-clock-skew``, 50 ms by default); every reconcile that runs (a worker's, every
+``--reconcile-interval``) measures it too and logs a warning past 50 ms
+(:func:`warn_of_skew`).
 
 How: read Redis's clock (``r0``), PostgreSQL's (``p``), Redis's again (``r1``). ``p`` was
 read at some Redis instant in ``[r0, r1]``, so the skew is in ``[p - r1, p - r0]``: its
@@ -18,10 +20,13 @@ trip widens nothing.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-__all__ = ["DEFAULT_MAX_SKEW_MS", "ClockSkew", "measure", "pg_redis_skew"]
+__all__ = ["DEFAULT_MAX_SKEW_MS", "ClockSkew", "measure", "pg_redis_skew", "warn_of_skew"]
+
+logger = logging.getLogger("tickwheel.durable")
 
 # What `tickwheel check` accepts before it calls the skew a problem (ms): a few times
 # what NTP keeps two hosts of one network within, well under a timer tick of the wheel.
@@ -67,6 +72,29 @@ async def measure(
     assert best is not None
     low, high = best
     return ClockSkew((low + high) / 2, (high - low) / 2, samples)
+
+
+async def warn_of_skew(
+    pg_now: Callable[[], Awaitable[float]],
+    redis_now: Callable[[], Awaitable[float]],
+    limit_ms: float = DEFAULT_MAX_SKEW_MS,
+) -> ClockSkew | None:
+    """:func:`measure`, and log a warning when the skew may pass ``limit_ms``. Never
+    raises: a measurement that failed is logged (debug) and gives None."""
+    try:
+        skew = await measure(pg_now, redis_now)
+    except Exception as exc:  # a side check: the caller's work goes on
+        logger.debug("clock skew not measured (%r)", exc)
+        return None
+    if skew.worst_ms > limit_ms:
+        logger.warning(
+            "PostgreSQL's clock is %+.1f ms (+/- %.1f) off Redis's, over %g ms: a delay is"
+            " decided on PostgreSQL's clock and fires on Redis's (keep both on NTP)",
+            skew.offset_ms,
+            skew.bound_ms,
+            limit_ms,
+        )
+    return skew
 
 
 async def pg_redis_skew(pg_url: str, client: Any, *, samples: int = 5) -> ClockSkew:

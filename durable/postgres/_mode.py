@@ -40,6 +40,7 @@ from tickwheel.durable.model import (
 from tickwheel.durable.store import ClaimedRef, EncodedJob, Keys, Store
 
 from . import _pauses, _replacing
+from ._clock import warn_of_skew
 from ._drivers import async_connection
 from ._enqueue import encode_jobs, first_run, needs_now, sorted_by_id
 from ._enqueue import results as enqueue_results
@@ -475,6 +476,7 @@ class PostgresMode:
             after = (rows[-1].due_ms, rows[-1].job.id)
         relayed = await self.relay_all(sched)
         took = time.monotonic() - start
+        await warn_of_skew(self.store.now, lambda: sched.store.now(0))  # "One clock"
         return ReconcileResult(pending, restored, raised, relayed, took, paused=paused)
 
     async def pause(self, sched: RedisSide, task: str, since_ms: int) -> None:
