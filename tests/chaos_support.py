@@ -75,6 +75,29 @@ async def chaos(ctx: TaskContext) -> None:
     await script([prefix], [occ, "end", pid])
 
 
+@registry.task(name="chaos_fail")
+async def chaos_fail(ctx: TaskContext) -> None:
+    """Log the call with its attempt (``<id>|<attempt>|pid|sink ms`` in ``:fails``), work
+    for ``payload["d"]`` seconds, then fail: every attempt fails, until the last one
+    dead-letters the job."""
+    prefix = ctx.payload["sink"]
+    script = _sink_script()
+    await script([prefix + ":f"], [f"{ctx.job_id}|{ctx.attempt}", "start", str(os.getpid())])
+    await asyncio.sleep(float(ctx.payload["d"]))
+    raise RuntimeError(f"chaos_fail {ctx.job_id} attempt {ctx.attempt}")
+
+
+async def failing_calls(
+    client: redis.asyncio.Redis, prefix: str
+) -> dict[str, list[tuple[int, int, int]]]:
+    """The calls of :func:`chaos_fail` by job id: (attempt, pid, sink ms) in log order."""
+    out: dict[str, list[tuple[int, int, int]]] = {}
+    for line in await client.lrange(f"{prefix}:f:log", 0, -1):
+        job_id, attempt, pid, ms = line.decode().rsplit("|", 3)
+        out.setdefault(job_id, []).append((int(attempt), int(pid), int(ms)))
+    return out
+
+
 async def sink_state(client: redis.asyncio.Redis, prefix: str) -> dict[str, Any]:
     """Everything the sink holds under ``prefix``.
 

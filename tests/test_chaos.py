@@ -30,10 +30,12 @@ its kill restarts it empty; the workers run ``tickwheel worker --postgres-url`` 
 reconcile every 2 s (nothing else rebuilds the index); a further fault is ``kill -9`` of
 PostgreSQL, restarted on the same data directory. It checks the same, and also that
 PostgreSQL ends with nothing pending, dead or in the outbox, has a done row for every
-one-shot effect, and no done row without an effect.
+one-shot effect, and no done row without an effect. One job in FAIL_EVERY always
+fails: each ends dead in PostgreSQL at exactly FAIL_ATTEMPTS, no call ran at a higher
+attempt, and the attempts of its calls never go down (``_check_failing``).
 
 The seed is printed (and in every failure message); ``TICKWHEEL_CHAOS_SEED`` replays one.
-The CI form runs ~30 s of faults (about 45 s in all, 50 s for the Postgres form);
+The CI form runs ~30 s of faults (about 40 s in all, 50-60 s for the Postgres form);
 ``TICKWHEEL_SOAK=1`` runs 12 min of faults each (about 13 min per form).
 """
 
@@ -54,7 +56,7 @@ from typing import Any
 import pytest
 import redis.asyncio
 
-from tests.chaos_support import ChaosWorker, occurrence, sink_state
+from tests.chaos_support import ChaosWorker, failing_calls, occurrence, sink_state
 from tickwheel.durable import PostgresUnavailable, RedisUnavailable, Scheduler
 from tickwheel.durable.servers._postgres import PostgresServer
 from tickwheel.durable.servers._redis import RedisServer
@@ -73,6 +75,11 @@ MAX_RUNNING = 8
 EVERY = 1.0  # the recurring jobs' interval (s)
 RECURRING = 5
 MAX_ATTEMPTS = 50  # each fault may cost an attempt; none may end in the dead letters
+# Postgres form: every FAIL_EVERY-th job the producer schedules always fails, with this
+# many attempts: it must run at most that many (attempts never reset, whatever is killed
+# meanwhile) and end dead in PostgreSQL at exactly that attempt.
+FAIL_EVERY = 12
+FAIL_ATTEMPTS = 3
 WORKER_OPTS = (
     "--owner-ttl", str(OWNER_TTL), "--lease", str(LEASE), "--lookahead", str(LOOKAHEAD),
     "--poll-interval", "0.05", "--reap-interval", "0.25", "--max-running", str(MAX_RUNNING),
@@ -217,6 +224,7 @@ async def _chaos(
     workers: list[ChaosWorker] = []
     faults = Faults()
     one_shots: dict[str, int] = {}  # id -> scheduled at (sink ms, before the call)
+    failing: dict[str, int] = {}  # Postgres form: jobs that always fail, the same
     tag = f"(seed {seed})"
 
     def spawn() -> ChaosWorker:
@@ -233,6 +241,16 @@ async def _chaos(
             job_id = f"o{i}"
             body, delay = payload(rng.uniform(0.02, 0.4)), rng.uniform(0, 3)
             at = await sink_ms(sink)
+            if pg_url is not None and i % FAIL_EVERY == FAIL_EVERY // 2:
+                job_id = f"f{i}"
+                await persist(
+                    lambda job_id=job_id, body=body, delay=delay: sched.schedule(
+                        job_id, "chaos_fail", body, delay=delay, max_attempts=FAIL_ATTEMPTS
+                    )
+                )
+                failing[job_id] = at
+                i += 1
+                continue
             await persist(
                 lambda job_id=job_id, body=body, delay=delay: sched.schedule(
                     job_id, "chaos", body, delay=delay, max_attempts=MAX_ATTEMPTS
@@ -311,7 +329,11 @@ async def _chaos(
             await fault(kind)
         stop.set()
         await producer
-        print("faults:", dict(faults.counts()), f"one-shot jobs: {len(one_shots)}")
+        print(
+            "faults:",
+            dict(faults.counts()),
+            f"one-shot jobs: {len(one_shots)}, always failing: {len(failing)}",
+        )
 
         # -- settle: no more faults; every job that came due runs ----------------------
         settled_at = await sink_ms(sink)
@@ -337,13 +359,21 @@ async def _chaos(
         for r in range(RECURRING):
             assert await persist(lambda r=r: sched.cancel(f"r{r}")), f"r{r} vanished {tag}"
 
+        async def dead_ids() -> set[str]:
+            pages = [
+                await persist(lambda k=k: sched.store.dead_list(k, 0, 1000)) for k in range(SHARDS)
+            ]
+            return {j.id for page in pages for j in page.jobs}
+
         async def quiet() -> bool:
             if not await one_shots_done():
                 return False
             shards = await persist(sched.inspect)
-            if not all(s.due == s.leased == s.dead == 0 for s in shards):
+            if not all(s.due == s.leased == 0 for s in shards):
                 return False
-            return pg_url is None or not await _pg_left(pg_url, ns)
+            if not await dead_ids() <= failing.keys():  # a Redis kill may lose some
+                return False
+            return pg_url is None or not await _pg_left(pg_url, ns, failing)
 
         await until(f"every one-shot to run and nothing to be due or leased {tag}", quiet, 90)
         alive = [w for w in workers if w.pid not in faults.killed]
@@ -360,10 +390,13 @@ async def _chaos(
             assert got["fenced"] >= 1, (pid, got, tag)
 
         shards = await persist(sched.inspect)
-        assert [(s.due, s.leased, s.expired, s.dead) for s in shards] == [(0, 0, 0, 0)] * SHARDS
+        assert [(s.due, s.leased, s.expired) for s in shards] == [(0, 0, 0)] * SHARDS
+        assert await dead_ids() <= failing.keys(), tag
         state = await sink_state(sink, prefix)
         if pg_url is not None:
-            assert not await _pg_left(pg_url, ns), tag
+            assert not await _pg_left(pg_url, ns, failing), tag
+            calls = await failing_calls(sink, prefix)
+            await _check_failing(pg_url, ns, failing=failing, calls=calls, faults=faults, tag=tag)
             # PostgreSQL recorded done exactly the one-shot occurrences that had their
             # effect (and recurring ones that had theirs: none without).
             done = {
@@ -397,16 +430,69 @@ async def _chaos(
         await sink.aclose()
 
 
-async def _pg_left(pg_url: str, ns: str) -> list[str]:
-    """What PostgreSQL still holds for ``ns`` that is not an end state: pending or dead
-    job rows, outbox rows."""
+async def _pg_left(pg_url: str, ns: str, failing: dict[str, int]) -> list[str]:
+    """What PostgreSQL still holds for ``ns`` that is not an end state: pending job
+    rows, dead ones but the always-failing jobs', outbox rows."""
     left = await _pg_rows(
         pg_url,
         "SELECT id || ':' || state FROM tickwheel_jobs WHERE ns = $1 AND state <> 1"
+        " AND NOT (state = 2 AND id = ANY($2::text[]))"
         " UNION ALL SELECT 'outbox:' || id FROM tickwheel_outbox WHERE ns = $1",
         ns,
+        list(failing),
     )
     return [r[0] for r in left]
+
+
+async def _check_failing(
+    pg_url: str,
+    ns: str,
+    *,
+    failing: dict[str, int],
+    calls: dict[str, list[tuple[int, int, int]]],
+    faults: Faults,
+    tag: str,
+) -> None:
+    """Attempts never reset, and ``max_attempts`` holds exactly, through every kill of a
+    worker, of Redis (restarted empty) and of PostgreSQL: each always-failing job ends
+    dead in PostgreSQL at attempt FAIL_ATTEMPTS; no call ran at a higher attempt; in the
+    order the calls started (a stopped worker's call may be logged late, so its calls
+    are left out of the order) the attempt never went down; and an attempt ran twice
+    only when a fault cut the first call short (its worker killed or stopped, or a
+    server killed around it)."""
+    got = {
+        r[0]: (int(r[1]), int(r[2]))
+        for r in await _pg_rows(
+            pg_url,
+            "SELECT id, state, attempt FROM tickwheel_jobs WHERE ns = $1 AND id = ANY($2::text[])",
+            ns,
+            list(failing),
+        )
+    }
+    wrong = {i: got.get(i) for i in failing if got.get(i) != (2, FAIL_ATTEMPTS)}
+    assert not wrong, f"always-failing jobs not dead at attempt {FAIL_ATTEMPTS} {tag}: {wrong}"
+    assert set(calls) <= failing.keys(), tag
+    for job_id, runs in calls.items():
+        attempts = [a for a, _, _ in runs]
+        assert max(attempts) <= FAIL_ATTEMPTS, f"{job_id} ran {attempts} {tag}"
+        ordered = [a for a, pid, _ in runs if pid not in faults.stopped]
+        assert ordered == sorted(ordered), f"{job_id}'s attempt went down: {runs} {tag}"
+        for attempt in set(attempts):
+            again = [(pid, ms) for a, pid, ms in runs if a == attempt]
+            unexplained = [
+                (pid, ms)
+                for pid, ms in again[:-1]
+                if pid not in faults.killed | faults.stopped
+                and not any(
+                    down - PG_KILL_REACH_MS <= ms <= up + PG_RESTART_REACH_MS
+                    for down, up in faults.redis_down + faults.pg_down
+                )
+            ]
+            assert not unexplained, f"{job_id} ran attempt {attempt} again: {runs} {tag}"
+    print(
+        f"{len(failing)} always-failing jobs, {sum(map(len, calls.values()))} calls, all dead"
+        f" at attempt {FAIL_ATTEMPTS}"
+    )
 
 
 def _check(

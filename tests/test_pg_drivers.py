@@ -191,8 +191,10 @@ def test_psycopg_bad_input_writes_nothing(redis_server: RedisServer, pg_url: str
             conn.execute("INSERT INTO orders VALUES ('x')")
             with pytest.raises(ValueError, match="payload"):  # the spec before the conn
                 sync.schedule("a", "charge", b"x" * (sync.max_payload_bytes + 1), conn=conn)
-            with pytest.raises(ValueError, match="replace"):
-                sync.schedule("a", "charge", replace=True, conn=conn)
+            with pytest.raises(ValueError, match="payload"):  # replace: the same checks
+                sync.schedule(
+                    "a", "charge", b"x" * (sync.max_payload_bytes + 1), replace=True, conn=conn
+                )
             conn.rollback()
         for bad in (object(), "postgresql://x"):
             with pytest.raises(TypeError, match="conn must be"):

@@ -431,7 +431,7 @@ def test_bad_input_writes_nothing_in_either_store(redis_server: RedisServer, pg_
                 await s.schedule("a", "t", b"x" * (s.max_payload_bytes + 1))
             conn = await asyncpg.connect(pg_url)
             try:
-                with pytest.raises(ValueError, match="replace"):  # not in the caller's tx
+                with pytest.raises(ValueError, match="no transaction open"):
                     await s.schedule("a", "t", replace=True, conn=conn)
             finally:
                 await conn.close()

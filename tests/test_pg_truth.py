@@ -10,7 +10,7 @@ import pytest
 from durable_support import client_of, push_clock, run
 from pg_support import migrated, pg_scheduler, rows
 
-from tickwheel.durable import JobState
+from tickwheel.durable import Fenced, JobState
 from tickwheel.durable.servers._redis import RedisServer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -357,5 +357,47 @@ def test_a_pre_start_return_costs_no_attempt_in_either_store(
                 assert row is not None and row[1] == attempt
             info = await s.get("u")
             assert info is not None and info.attempt == 2
+
+    run(main())
+
+
+def test_a_missed_run_move_is_decided_in_postgresql_first(
+    private_redis: RedisServer, pg_url: str
+) -> None:
+    """A claim that moves a recurring job past its missed runs writes the move to
+    PostgreSQL before Redis: a PostgreSQL that refuses it (it holds a higher epoch for
+    the shard: Redis lost it) leaves Redis at the occurrence it had, not moved ahead of
+    the row (the old order moved Redis, then lost the row's move); the Redis epoch is
+    lifted above PostgreSQL's, so the next owner's claim goes through."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            ns = s.keys.namespace
+            await s.schedule("r", "t", b"", every=1, missed="skip")
+            first = await _row(pg_url, ns, "r")
+            assert first is not None
+            await s.take(0)
+            await push_clock(s, 0, 10_500)  # ten runs missed
+            await rows(
+                pg_url,
+                "INSERT INTO tickwheel_shard_epochs (ns, shard, epoch) VALUES ($1, 0, 1000)"
+                " ON CONFLICT (ns, shard) DO UPDATE SET epoch = 1000",
+                ns,
+            )
+            with pytest.raises(Fenced):
+                await s.claim(0, limit=10, lease=1)
+            info = await s.get("r")
+            assert info is not None and info.nominal_ms == first[2]  # not moved in Redis
+            assert await _row(pg_url, ns, "r") == first
+            epoch = await s.take(0)
+            assert epoch > 1000
+            await push_clock(s, 0, 2_000)  # the refused claim's lease runs out
+            await s.reap(0)
+            (job,) = (await s.claim(0, limit=10, lease=30)).jobs
+            # The reaper returned the occurrence it had (a retry of it, not a missed
+            # run): both stores agree on it.
+            row = await _row(pg_url, ns, "r")
+            assert row is not None and row[2] == job.nominal_ms == first[2]
 
     run(main())

@@ -20,6 +20,7 @@ scheduler above it (``RedisSide``) instead of importing it.
 
 from __future__ import annotations
 
+from ._clock import ClockSkew, measure, pg_redis_skew
 from ._drivers import enqueue_sync
 from ._errors import translate
 from ._migrate import SCHEMA_VERSION, check_schema, migrate, migrations, schema_version
@@ -27,11 +28,13 @@ from ._mode import PostgresMode, ReconcileResult
 from ._pauses import pause_sync, resume_sync
 from ._pg_store import PgStore
 from ._prune import prune
+from ._replacing import replace_sync
 from ._sync_ops import cancel_sync, reschedule_sync
 from ._sync_pool import SyncPgPool
 
 __all__ = [
     "SCHEMA_VERSION",
+    "ClockSkew",
     "PgStore",
     "PostgresMode",
     "ReconcileResult",
@@ -39,10 +42,13 @@ __all__ = [
     "cancel_sync",
     "check_schema",
     "enqueue_sync",
+    "measure",
     "migrate",
     "migrations",
     "pause_sync",
+    "pg_redis_skew",
     "prune",
+    "replace_sync",
     "reschedule_sync",
     "resume_sync",
     "schema_version",

@@ -39,13 +39,14 @@ from tickwheel.durable.model import (
 )
 from tickwheel.durable.store import ClaimedRef, EncodedJob, Keys, Store
 
-from . import _pauses
+from . import _pauses, _replacing
+from ._clock import warn_of_skew
 from ._drivers import async_connection
 from ._enqueue import encode_jobs, first_run, needs_now, sorted_by_id
 from ._enqueue import results as enqueue_results
 from ._errors import stored_epoch
 from ._pg_store import MAX_LOCKED, PgStore
-from ._relay import listen
+from ._relay import relay_loop
 from ._rows import PgJob, encode_pg_job, redis_job
 
 __all__ = ["DEFAULT_RECONCILE_PAGE", "DEFAULT_RELAY_INTERVAL", "PostgresMode", "ReconcileResult"]
@@ -209,9 +210,26 @@ class PostgresMode:
                 if result is not None and result.status in _WRITTEN:
                     accepted[jobs[k].id] = (jobs[k], dues[k])
             await self.store.overwrite(conn, list(accepted.values()))
+            if accepted:  # a later write: the ids' replacements in waiting are superseded
+                await conn.execute(_replacing.DROP, self.store.namespace, sorted(accepted))
         if failure is not None:
             raise failure
         return [r for r in results if r is not None]
+
+    async def replace_in(
+        self, sched: RedisSide, specs: Sequence[JobSpec], conn: Any
+    ) -> list[ScheduleResult]:
+        """``schedule(..., replace=True, conn=)``: the replacements written in the
+        caller's transaction, applied by a relay after its commit (``_replacing.py``).
+
+        Raises:
+            TypeError, ValueError: for bad specs or a bad ``conn`` (nothing written).
+        """
+        encode_jobs(specs, sched.keys.shard_of, sched.max_payload_bytes, None)  # before conn
+        facade = await async_connection(conn)
+        return await self.store.replace_in(
+            facade, specs, sched.keys.shard_of, sched.max_payload_bytes
+        )
 
     async def cancel(self, sched: RedisSide, job_id: str) -> tuple[bool, JobState | None]:
         """Remove a job from both stores: its row and outbox rows, then its Redis
@@ -236,6 +254,8 @@ class PostgresMode:
         shard = sched.keys.shard_of(job_id)
         async with self.store.locked([job_id]) as (conn, _):
             found = await self.store.cancel(job_id, conn)
+            # A replacement waiting for the relay is superseded (and counts as found).
+            found |= bool(await conn.fetchval(_replacing.DROP, self.store.namespace, [job_id]))
             state = await sched.store.cancel(shard, job_id)
         return found, state
 
@@ -256,9 +276,12 @@ class PostgresMode:
         await sched.open()
         shard = sched.keys.shard_of(job_id)
         async with self.store.locked([job_id]) as (conn, pending):
-            if job_id not in pending:
-                return False
             if mode == 0 and await self.store.done_of(conn, [(job_id, time_ms)]):
+                return False
+            ns = self.store.namespace  # a replacement in waiting moves, not the job
+            if await conn.fetch(_replacing.MOVE, ns, job_id, mode, time_ms):
+                return True
+            if job_id not in pending:
                 return False
             status, when = await sched.store.reschedule(shard, job_id, mode, time_ms)
             if status != 1:
@@ -397,11 +420,12 @@ class PostgresMode:
         return len(rows)
 
     async def relay_all(self, sched: RedisSide) -> int:
-        """:meth:`relay` until the outbox is empty (of rows no other relay holds)."""
+        """:meth:`relay` until the outbox is empty (of rows no other relay holds), then
+        the committed replacements (``_replacing.apply``; a leased job's waits)."""
         total = 0
         while n := await self.relay(sched):
             total += n
-        return total
+        return total + await _replacing.apply_all(self.store, sched)
 
     async def reconcile(
         self, sched: RedisSide, *, page: int = DEFAULT_RECONCILE_PAGE, if_free: bool = False
@@ -452,6 +476,7 @@ class PostgresMode:
             after = (rows[-1].due_ms, rows[-1].job.id)
         relayed = await self.relay_all(sched)
         took = time.monotonic() - start
+        await warn_of_skew(self.store.now, lambda: sched.store.now(0))  # "One clock"
         return ReconcileResult(pending, restored, raised, relayed, took, paused=paused)
 
     async def pause(self, sched: RedisSide, task: str, since_ms: int) -> None:
@@ -467,27 +492,4 @@ class PostgresMode:
     ) -> None:
         """Relay until ``stop`` is set: at each commit notification, and every
         ``interval`` seconds. Errors are logged, and the next round tries again."""
-        wake = asyncio.Event()
-        listener: Any = None
-        while not stop.is_set():
-            if listener is None:
-                listener = await listen(self.store, _CHANNEL, wake)
-            try:
-                await self.relay_all(sched)
-            except (RedisUnavailable, PostgresUnavailable) as exc:
-                logger.warning("relay round failed (%s)", exc)
-            except Exception:  # a bug or an unexpected reply: the next round may do better
-                logger.exception("relay round failed")
-            wake.clear()
-            with contextlib.suppress(TimeoutError):
-                waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())}
-                try:
-                    await asyncio.wait(waits, timeout=interval, return_when="FIRST_COMPLETED")
-                finally:
-                    for w in waits:
-                        w.cancel()
-            if listener is not None and listener.is_closed():
-                listener = None
-        if listener is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(listener.close(), 5)
+        await relay_loop(lambda: self.relay_all(sched), self.store, _CHANNEL, stop, interval)

@@ -29,9 +29,10 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from tickwheel.durable.model import JobSpec, ScheduleResult
 from tickwheel.durable.store import ClaimedRef, hidden, shown_url
 
-from . import _relay, _writes
+from . import _relay, _replacing, _writes
 from ._errors import translate, translated
 from ._migrate import check_schema
 from ._rows import OutboxRow, PendingRow, PgJob
@@ -332,7 +333,17 @@ class PgStore:
             PostgresUnavailable: if PostgreSQL fails.
         """
         async with self._on(conn) as c:
-            return await _writes.cancel_in(c, self.namespace, job_id)
+            found = await _writes.cancel_in(c, self.namespace, job_id)
+            dropped = await c.fetch(_replacing.DROP, self.namespace, [job_id])  # superseded
+            return found or bool(dropped and dropped[0][0])
+
+    async def replace_in(
+        self, conn: Any, specs: Sequence[JobSpec], shard_of: Any, limit: int
+    ) -> list[ScheduleResult]:
+        """``schedule(..., replace=True, conn=)`` in the caller's transaction
+        (``_replacing.replace_in``)."""
+        async with self._on(conn) as c:
+            return await _replacing.replace_in(c, self.namespace, specs, shard_of, limit)
 
     async def cancel(self, job_id: str, conn: Any = None) -> bool:
         """Delete a job's row (and its outbox rows); True if there was a pending one."""

@@ -8,9 +8,12 @@ back in the schedule.lua form (``_rows.py``), ready for the Redis store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from tickwheel.durable.model import PostgresUnavailable, RedisUnavailable
 
 from ._rows import OutboxRow, PendingRow, redis_job, retried_job
 
@@ -22,6 +25,7 @@ __all__ = [
     "listen",
     "marks",
     "pending",
+    "relay_loop",
     "relayed",
     "shard_epochs",
     "take_outbox",
@@ -141,3 +145,39 @@ async def listen(store: PgStore, channel: str, wake: asyncio.Event) -> Any:
             conn.terminate()  # no goodbye to wait on: this connection failed
         return None
     return conn
+
+
+async def relay_loop(
+    relay_all: Callable[[], Awaitable[object]],
+    store: PgStore,
+    channel: str,
+    stop: asyncio.Event,
+    interval: float,
+) -> None:
+    """Run ``relay_all`` until ``stop`` is set: at each commit notification on
+    ``channel`` (:func:`listen`), and every ``interval`` seconds. Errors are logged, and
+    the next round tries again."""
+    wake = asyncio.Event()
+    listener: Any = None
+    while not stop.is_set():
+        if listener is None:
+            listener = await listen(store, channel, wake)
+        try:
+            await relay_all()
+        except (RedisUnavailable, PostgresUnavailable) as exc:
+            logger.warning("relay round failed (%s)", exc)
+        except Exception:  # a bug or an unexpected reply: the next round may do better
+            logger.exception("relay round failed")
+        wake.clear()
+        with contextlib.suppress(TimeoutError):
+            waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())}
+            try:
+                await asyncio.wait(waits, timeout=interval, return_when="FIRST_COMPLETED")
+            finally:
+                for w in waits:
+                    w.cancel()
+        if listener is not None and listener.is_closed():
+            listener = None
+    if listener is not None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(listener.close(), 5)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from tickwheel.durable.model import JobState
 
-from . import _writes
+from . import _replacing, _writes
 from ._drivers import SyncDb
 from ._sync_pool import SyncPgPool
 
@@ -40,8 +40,9 @@ def cancel_sync(
     with pool.transaction() as db:
         _lock(db, ns, job_id)
         db.execute(_writes.CANCEL_OUTBOX, ns, job_id)
+        dropped = db.fetch(_replacing.DROP, ns, [job_id])  # a replacement in waiting
         rows = db.fetch(_writes.CANCEL_ROW, ns, job_id)
-        found = bool(rows) and rows[0][0] == 0
+        found = (bool(rows) and rows[0][0] == 0) or bool(dropped and dropped[0][0])
         state = redis_cancel()
     return found, state
 
@@ -62,9 +63,12 @@ def reschedule_sync(
     """
     mode, time_ms = when
     with pool.transaction() as db:
-        if job_id not in _lock(db, ns, job_id):
-            return False
+        pending = _lock(db, ns, job_id)
         if mode == 0 and db.fetch(_writes.DONE_OF, ns, [job_id], [time_ms]):
+            return False
+        if db.fetch(_replacing.MOVE, ns, job_id, mode, time_ms):
+            return True  # a replacement in waiting moves, not the job
+        if job_id not in pending:
             return False
         status, due = redis_reschedule()
         if status != 1:

@@ -33,7 +33,7 @@ from tickwheel.durable.model import (
 from tickwheel.durable.store import ClaimedRef, Keys, Store
 
 from ._claim_plan import plan_batch
-from ._pg_leases import pg_retried, pg_skipped
+from ._pg_leases import pg_moved_first, pg_retried
 from ._shard_owner import Ownership
 
 if TYPE_CHECKING:
@@ -195,20 +195,14 @@ class Leases:
 
     async def _plan(self, batch: ClaimBatch, epoch: int) -> ClaimBatch:
         jobs, moves, runs_as, as_jobs, dups, waits = plan_batch(batch)
+        if self.pg is not None and (runs_as or moves):  # PostgreSQL first (_pg_leases.py)
+            await pg_moved_first(self.pg, self.store, batch, epoch, [*runs_as, *moves])
         if runs_as:
             moved = await self.store.release(batch.shard, epoch, runs_as)
             # A lease lost meanwhile is not run (the reaper's, or another holder's).
             jobs += [j for j, ok in zip(as_jobs, moved, strict=True) if ok]
-            if self.pg is not None:
-                done = [m for m, ok in zip(runs_as, moved, strict=True) if ok]
-                if done:
-                    await pg_skipped(self.pg, batch.shard, epoch, done)
         if moves:
-            released = await self.store.release(batch.shard, epoch, moves)
-            if self.pg is not None:
-                done = [m for m, ok in zip(moves, released, strict=True) if ok]
-                if done:
-                    await pg_skipped(self.pg, batch.shard, epoch, done)
+            await self.store.release(batch.shard, epoch, moves)
         if dups:
             await self.store.ack(batch.shard, epoch, dups, self.dedup_window_ms)
         if waits:

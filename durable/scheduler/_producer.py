@@ -321,12 +321,8 @@ class Producer:
         if self.pg is None:
             raise ValueError("conn needs the Postgres mode (Scheduler(..., postgres_url=...))")
         if replace:
-            if conn is not None:
-                raise ValueError(
-                    "replace=True cannot join the caller's transaction (conn=): whether"
-                    " the job is leased is known only to Redis, at the moment of the"
-                    " replace; schedule without conn, or without replace"
-                )
+            if conn is not None:  # applied by a relay after the commit (_replacing.py)
+                return await self.pg.replace_in(self._side, specs, conn)
             return await self.pg.replace(self._side, specs)
         if conn is not None:
             conn = await self.pg.connection(conn)  # a bad one is refused before any write

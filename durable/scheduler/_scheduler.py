@@ -349,7 +349,9 @@ class Scheduler:
                 (docs/limits.md); None: the task's single key.
             conn: Postgres mode only: the application's open asyncpg connection. The
                 job is written in its current transaction and exists iff that commits;
-                the relay indexes it in Redis after the commit.
+                the relay indexes it in Redis after the commit. With ``replace`` the
+                replacement is written there and a relay applies it after the commit
+                (a leased job's once its run ended; docs/postgres.md).
 
         Returns:
             The outcome: created, kept, replaced, busy or done.

@@ -14,7 +14,9 @@ application's transaction (``conn=``: a psycopg 3 ``Connection``, a SQLAlchemy
 a transaction of their own on a psycopg connection. The job exists iff that transaction
 commits; the workers' relays write it to Redis (the commit notifies them). ``cancel``
 and ``reschedule`` act on both stores in a PostgreSQL transaction of their own holding
-the id, as the asyncio :class:`Scheduler`'s do; ``replace=True`` needs the asyncio one.
+the id, as the asyncio :class:`Scheduler`'s do. ``replace=True`` writes the replacement
+(in ``conn``'s transaction, or one of its own) and the relays apply it after the commit
+(``postgres/_replacing.py``): a leased job is replaced once its run has ended.
 
 Thread-safe: one SyncScheduler may be shared by every thread of a process (redis-py's
 pool hands each call a connection); the only state it changes is whether the layout
@@ -334,15 +336,10 @@ class SyncScheduler:
         return self.store.schedule_many(chunked, replace)
 
     def _pg_schedule(self, specs: list[JobSpec], replace: bool, conn: Any) -> list[ScheduleResult]:
-        if replace:
-            raise ValueError(
-                "replace=True needs the asyncio Scheduler in the Postgres mode (Redis decides"
-                " a replace inside a PostgreSQL transaction holding the id)"
-            )
-        from tickwheel.durable.postgres import enqueue_sync  # noqa: PLC0415
+        from tickwheel.durable.postgres import enqueue_sync, replace_sync  # noqa: PLC0415
 
         assert self._pg_pool is not None
-        return enqueue_sync(
+        return (replace_sync if replace else enqueue_sync)(
             conn,
             self._pg_pool,
             self.keys.namespace,

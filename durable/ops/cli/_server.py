@@ -30,6 +30,7 @@ from tickwheel.durable.store import (
 
 from ._args import (
     AddCommand,
+    non_negative_float,
     port,
     positive_float,
 )
@@ -48,6 +49,10 @@ from ._common import (
     run,
     shard_mismatch,
 )
+
+# The default of --max-clock-skew; durable/postgres/_clock.py's (not imported from there:
+# the command line imports the PostgreSQL code only with --postgres-url).
+DEFAULT_MAX_SKEW_MS = 50.0
 
 
 def _dashboard(args: argparse.Namespace) -> int:
@@ -144,8 +149,16 @@ def _check(args: argparse.Namespace) -> int:
             layout, unreadable = await _layout(client, args.namespace)
             # The pause state of record (one HGETALL): task ("" = all) -> since (ms).
             paused: dict[Any, Any] = await client.hgetall(keys.paused) if layout else {}
+            skew = await _skew(args, client)
         finally:
             await client.aclose()
+        problems = list(report.problems)
+        if skew is not None and skew.worst_ms > args.max_clock_skew:
+            problems.append(
+                f"PostgreSQL's clock is {skew.offset_ms:+.1f} ms (+/- {skew.bound_ms:.1f}) off"
+                f" Redis's, over --max-clock-skew {args.max_clock_skew:g} ms: a delay is"
+                " decided on PostgreSQL's clock and fires on Redis's (keep both on NTP)"
+            )
         data: dict[str, Any] = {
             "url": check_url(args.redis_url),
             "version": report.version,
@@ -155,7 +168,7 @@ def _check(args: argparse.Namespace) -> int:
             "maxmemory_policy": report.maxmemory_policy,
             "cluster_enabled": report.cluster_enabled,
             "cluster_state": report.cluster_state,
-            "problems": report.problems,
+            "problems": problems,
             "unknown": report.unknown,
             "namespace": args.namespace,
             "namespace_shards": layout[0] if layout else None,
@@ -163,8 +176,14 @@ def _check(args: argparse.Namespace) -> int:
                 {"task": bytes(t).decode(errors="replace") or None, "since_ms": int(v)}
                 for t, v in sorted(paused.items())
             ],
-            "ok": report.ok,
+            "ok": not problems,
         }
+        if skew is not None:  # PostgreSQL minus Redis (docs/postgres.md, "One clock")
+            data["clock_skew"] = {
+                "offset_ms": round(skew.offset_ms, 3),
+                "bound_ms": round(skew.bound_ms, 3),
+                "max_ms": args.max_clock_skew,
+            }
         mismatch: CliError | None = None
         if layout and layout != (keys.shards, keys.buckets):
             mismatch = shard_mismatch(
@@ -181,15 +200,30 @@ def _check(args: argparse.Namespace) -> int:
                 lines.append(f"  paused: {what} since {iso(row['since_ms'])}")
         else:
             lines.append(f"  namespace {args.namespace!r}: not created yet")
-        lines += [f"  PROBLEM: {p}" for p in report.problems]
+        if skew is not None:
+            lines.append(
+                f"  clock skew        PostgreSQL {skew.offset_ms:+.1f} ms (+/- {skew.bound_ms:.1f})"
+                " against Redis"
+            )
+        lines += [f"  PROBLEM: {p}" for p in problems]
         lines += [f"  not checked: {u}" for u in report.unknown]
-        lines.append("  ok" if report.ok else f"  {len(report.problems)} problem(s)")
+        lines.append(f"  {len(problems)} problem(s)" if problems else "  ok")
         emit(args, data, "\n".join(lines))
         if mismatch is not None:
             raise mismatch  # on stderr; with --json it is in the document above
-        return EXIT_OK if report.ok else EXIT_FAILED
+        return EXIT_FAILED if problems else EXIT_OK
 
     return run(args, body)
+
+
+async def _skew(args: argparse.Namespace, client: Client) -> Any:
+    """With ``--postgres-url``: the skew of PostgreSQL's clock against Redis's
+    (``postgres._clock``; the driver imported only then), else None."""
+    if getattr(args, "postgres_url", None) is None:
+        return None
+    from tickwheel.durable.postgres import pg_redis_skew  # noqa: PLC0415
+
+    return await pg_redis_skew(args.postgres_url, client)
 
 
 async def _layout(client: Client, namespace: str) -> tuple[tuple[int, int] | None, str]:
@@ -237,4 +271,12 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
     dash.set_defaults(func=_dashboard_command)
 
     chk = add("check", "is the server fit for durable jobs?", parents=[common])
+    chk.add_argument(
+        "--max-clock-skew",
+        type=non_negative_float,
+        default=DEFAULT_MAX_SKEW_MS,
+        metavar="MS",
+        help="with --postgres-url: the skew of PostgreSQL's clock against Redis's that is"
+        f" a problem past this (default {DEFAULT_MAX_SKEW_MS:g} ms)",
+    )
     chk.set_defaults(func=_check)
