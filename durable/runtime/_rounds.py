@@ -67,7 +67,7 @@ async def run_rounds(
 
 
 async def open_when_reachable(
-    open_: Callable[[], Awaitable[None]], *, stop: asyncio.Event, outages: Outages
+    open_: Callable[[], Awaitable[object]], *, stop: asyncio.Event, outages: Outages
 ) -> bool:
     """Await ``open_()`` until it succeeds, trying again after an outage (Redis or
     PostgreSQL not answering: transient) with a pause that doubles up to
