@@ -50,7 +50,7 @@ class _Counting:
 
 def install_wheel_loop() -> None:
     """Make ``WheelEventLoop`` the loop asyncio creates (see the module docstring)."""
-    import asyncio.unix_events as unix_events
+    from asyncio import unix_events
 
     from tickwheel.wheel import WheelEventLoop
 
@@ -71,11 +71,11 @@ class _Result(unittest.TextTestResult):
 
     on_wheel: set[str]
 
-    def startTest(self, test: unittest.TestCase) -> None:  # noqa: N802  (unittest's name)
+    def startTest(self, test: unittest.TestCase) -> None:
         self._made_before = _Counting.made
         super().startTest(test)
 
-    def stopTest(self, test: unittest.TestCase) -> None:  # noqa: N802
+    def stopTest(self, test: unittest.TestCase) -> None:
         super().stopTest(test)
         if _Counting.made > self._made_before:
             self.on_wheel.add(test.id())
@@ -86,9 +86,7 @@ def run_module(name: str, verbosity: int) -> dict[str, Any]:
     loader = unittest.TestLoader()
     suite = loader.loadTestsFromName(f"test.test_asyncio.{name}")
     _Result.on_wheel = set()
-    runner = unittest.TextTestRunner(
-        stream=sys.stderr, verbosity=verbosity, resultclass=_Result
-    )
+    runner = unittest.TextTestRunner(stream=sys.stderr, verbosity=verbosity, resultclass=_Result)
     t0 = time.perf_counter()
     result = runner.run(suite)
     assert isinstance(result, _Result)
