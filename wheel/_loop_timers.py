@@ -23,7 +23,6 @@ Ground rules:
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import math
 import operator
 from collections.abc import Callable
@@ -44,10 +43,8 @@ __all__ = [
     "WheelTimerHandle",
     "check_tick",
     "file_timer",
-    "new_handle",
     "new_wheel",
     "sort_due",
-    "trim_traceback",
 ]
 
 _INF = math.inf
@@ -153,32 +150,6 @@ def new_wheel(
     alarm = alarm_type(loop)
     wheel = TimingWheel(tick, loop=alarm)  # type: ignore[arg-type]  # a duck of a loop
     return wheel, alarm
-
-
-def new_handle(
-    loop: Any,
-    when: float,
-    callback: Callable[..., object],
-    args: tuple[Any, ...],
-    context: contextvars.Context | None,
-) -> WheelTimerHandle:
-    """Make ``loop``'s handle for ``callback(*args)`` at ``when`` and file it in its wheel.
-
-    The handle copies the caller's context when ``context`` is None, and in debug mode
-    records where it was made, as asyncio's ``call_at`` does.
-    """
-    handle: Any = WheelTimerHandle(when, callback, args, loop, context)
-    if handle._source_traceback:  # the frames of call_at and this helper
-        del handle._source_traceback[-1]
-    file_timer(loop._wheel, handle, when)
-    return handle  # type: ignore[no-any-return]
-
-
-def trim_traceback(handle: asyncio.TimerHandle) -> None:
-    """Drop one frame (the loop's own method) from a debug-mode source traceback."""
-    tb = getattr(handle, "_source_traceback", None)
-    if tb:
-        del tb[-1]
 
 
 def file_timer(wheel: TimingWheel, handle: WheelTimerHandle, when: float) -> None:

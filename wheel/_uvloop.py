@@ -21,7 +21,7 @@ import contextvars
 import logging
 import math
 from collections.abc import Callable
-from typing import TypeVarTuple, Unpack
+from typing import Any, TypeVarTuple, Unpack
 
 import uvloop
 
@@ -30,10 +30,9 @@ from ._loop_timers import (
     LoopClockAlarm,
     WheelTimerHandle,
     check_tick,
-    new_handle,
+    file_timer,
     new_wheel,
     sort_due,
-    trim_traceback,
 )
 
 _Ts = TypeVarTuple("_Ts")
@@ -66,6 +65,7 @@ class WheelUVLoop(uvloop.Loop):
         self._wheel = wheel  # every Python-level call_later/call_at of this loop
         self._wheel_alarm = alarm
         self._wheel_due: list[WheelTimerHandle] = []  # one firing's handles, to sort
+        self._wheel_schedule_at = wheel.schedule_at
         self._wheel_native: asyncio.TimerHandle | None = None  # the wheel's wake-up
         alarm.on_change = self._wheel_rearm
 
@@ -84,9 +84,10 @@ class WheelUVLoop(uvloop.Loop):
         """Call ``callback(*args)`` ``delay`` seconds from now, as asyncio does."""
         if delay is None:
             raise TypeError("delay must not be None")
-        handle = self.call_at(self.time() + delay, callback, *args, context=context)
-        trim_traceback(handle)
-        return handle
+        handle: Any = self.call_at(self.time() + delay, callback, *args, context=context)
+        if handle._source_traceback:  # the frame of this method
+            del handle._source_traceback[-1]
+        return handle  # type: ignore[no-any-return]
 
     def call_at(
         self,
@@ -111,9 +112,18 @@ class WheelUVLoop(uvloop.Loop):
             raise TypeError("coroutines cannot be used with call_at()")
         if not callable(callback):
             raise TypeError(f"a callable object was expected by call_at(), got {callback!r}")
-        handle = new_handle(self, when, callback, args, context)
-        trim_traceback(handle)
-        return handle
+        handle: Any = WheelTimerHandle(when, callback, args, self, context)
+        if handle._source_traceback:  # the frame of this method
+            del handle._source_traceback[-1]
+        try:
+            if -_INF < when < _INF:
+                handle._timer = self._wheel_schedule_at(when, handle)
+                handle._scheduled = True
+                return handle  # type: ignore[no-any-return]
+        except TypeError:
+            raise TypeError(f"when must be a real number, got {when!r}") from None
+        file_timer(self._wheel, handle, when)
+        return handle  # type: ignore[no-any-return]
 
     def close(self) -> None:
         """Close the loop; pending timers are dropped."""

@@ -69,7 +69,13 @@ def _rss_bytes(pid: int) -> int:
 
 def _wrk(port: int, connections: int, seconds: int) -> int:
     out = subprocess.run(
-        ["wrk", "-t2", f"-c{connections}", f"-d{max(1, round(seconds))}s", f"http://127.0.0.1:{port}/"],
+        [
+            "wrk",
+            "-t2",
+            f"-c{connections}",
+            f"-d{seconds}s",
+            f"http://127.0.0.1:{port}/",
+        ],
         capture_output=True,
         text=True,
         check=True,
