@@ -137,11 +137,13 @@ def impls_for(op: str) -> tuple[str, ...]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pending", type=int, default=1000, help="far timers pending")
     parser.add_argument("--ops", default=",".join(OPS), help="comma-separated operations")
+    parser.add_argument("--impls", default="", help="comma-separated implementations (all)")
 
 
 def run(args: argparse.Namespace) -> int:
     for op in args.ops.split(","):
-        counts = {impl: per_op(impl, op, args.pending) for impl in impls_for(op)}
+        chosen = [i for i in impls_for(op) if not args.impls or i in args.impls.split(",")]
+        counts = {impl: per_op(impl, op, args.pending) for impl in chosen}
         print(f"callgrind instructions per {op} ({args.pending} pending)")
         base = counts.get("wheel-c", next(iter(counts.values())))
         for impl, n in counts.items():
