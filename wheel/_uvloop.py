@@ -2,10 +2,10 @@
 
 ``WheelUVLoop`` is a ``uvloop.Loop`` whose Python-level ``call_later`` and ``call_at``
 file their handles in a wheel (``_loop_timers.py``) instead of one libuv timer each.
-The wheel itself is woken by a single native timer (``uvloop.Loop.call_later``), kept at the
-wheel's alarm; that wake-up fires the wheel and runs the due handles at once, sorted by
-``when()``, each as its own handle (exceptions to the loop's handler; in debug mode a
-slow callback is logged as asyncio logs it).
+The wheel itself is woken by a single native timer (``uvloop.Loop.call_later``), kept no
+later than the wheel's alarm (``_wheel_rearm``); that wake-up fires the wheel and runs
+the due handles at once, sorted by ``when()``, each as its own handle (exceptions to the
+loop's handler; in debug mode a slow callback is logged as asyncio logs it).
 
 uvloop's own internal timers (its ``sock_*`` and connection timeouts in Cython) do not go
 through ``call_later`` and stay on libuv's heap; everything a Python library schedules
@@ -67,6 +67,7 @@ class WheelUVLoop(uvloop.Loop):
         self._wheel_due: list[WheelTimerHandle] = []  # one firing's handles, to sort
         self._wheel_schedule_at = wheel.schedule_at
         self._wheel_native: asyncio.TimerHandle | None = None  # the wheel's wake-up
+        self._wheel_native_when = _INF  # the loop time it is armed for
         alarm.on_change = self._wheel_rearm
 
     @property
@@ -100,15 +101,17 @@ class WheelUVLoop(uvloop.Loop):
 
         Raises:
             ValueError: ``when`` is NaN.
-            TypeError: ``when`` is None or not a real number, or ``callback`` is a
-                coroutine function or not callable (as uvloop checks it).
+            TypeError: ``when`` is None or not a real number, ``callback`` is not
+                callable, or (in debug mode, as asyncio checks it) a coroutine function.
             RuntimeError: the loop is closed.
         """
         if when is None:
             raise TypeError("when cannot be None")
         if self.is_closed():
             raise RuntimeError("Event loop is closed")
-        if asyncio.iscoroutine(callback) or asyncio.iscoroutinefunction(callback):
+        if self.get_debug() and (
+            asyncio.iscoroutine(callback) or asyncio.iscoroutinefunction(callback)
+        ):  # in debug mode only, as asyncio's own check (it costs more than the insert)
             raise TypeError("coroutines cannot be used with call_at()")
         if not callable(callback):
             raise TypeError(f"a callable object was expected by call_at(), got {callback!r}")
@@ -133,18 +136,32 @@ class WheelUVLoop(uvloop.Loop):
             handle = timer.callback
             if isinstance(handle, WheelTimerHandle):
                 handle._timer = None
-        super().close()
-
-    def _wheel_rearm(self, when: float) -> None:
         native = self._wheel_native
         if native is not None:
             self._wheel_native = None
             native.cancel()
-        if when != _INF and not self.is_closed():
-            # uvloop rounds a delay to whole ms (libuv's clock): round up, or the wake-up
-            # would come before the wheel's tick has begun and find nothing due.
-            delay = _ceil((when - self.time()) * 1000.0) / 1000.0
-            self._wheel_native = _native_call_later(self, max(delay, 0.0), self._wheel_wake)
+        super().close()
+
+    def _wheel_rearm(self, when: float) -> None:
+        """Keep the native wake-up no later than the wheel's alarm (``when``).
+
+        Lazily: an armed wake-up that comes first is kept (it finds nothing due, and the
+        wheel then re-arms), so a server's timers arming and cancelling on every request
+        do not each cancel and make a libuv timer. When the wheel empties (``inf``) the
+        wake-up is left to fire once, finding nothing; ``close()`` cancels it.
+        """
+        if when == _INF:
+            return
+        native = self._wheel_native
+        if native is not None:
+            if when >= self._wheel_native_when:
+                return
+            native.cancel()
+        # uvloop rounds a delay to whole ms (libuv's clock): round up, or the wake-up
+        # would come before the wheel's tick has begun and find nothing due.
+        delay = _ceil((when - self.time()) * 1000.0) / 1000.0
+        self._wheel_native = _native_call_later(self, max(delay, 0.0), self._wheel_wake)
+        self._wheel_native_when = when
 
     def _wheel_wake(self) -> None:
         """The native timer: fire the wheel, then run what it fired, by ``when()``."""
