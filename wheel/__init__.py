@@ -14,6 +14,8 @@ from ._api import DEFAULT_TICK, WheelStats
 from ._default import get_wheel, sleep, timeout, timeout_at
 from ._errors import WheelClosed, WheelError, WheelFull
 from ._impl import IMPLEMENTATION
+from ._loop import WheelEventLoop, new_event_loop, new_uvloop_event_loop
+from ._loop_timers import WheelTimerHandle
 
 # The public names bind to the implementation in use (``IMPLEMENTATION``): the compiled
 # core, or the pure-Python reference. Type checkers see the pure-Python classes; the
@@ -24,6 +26,8 @@ if TYPE_CHECKING or IMPLEMENTATION == "python":
     from ._timeout import Timeout
 else:
     from ._cdriver import Timeout, Timer, TimingWheel
+if TYPE_CHECKING:
+    from ._uvloop import WheelUVLoop
 
 __all__ = [
     "DEFAULT_TICK",
@@ -33,9 +37,14 @@ __all__ = [
     "TimingWheel",
     "WheelClosed",
     "WheelError",
+    "WheelEventLoop",
     "WheelFull",
     "WheelStats",
+    "WheelTimerHandle",
+    "WheelUVLoop",
     "get_wheel",
+    "new_event_loop",
+    "new_uvloop_event_loop",
     "sleep",
     "timeout",
     "timeout_at",
@@ -44,3 +53,12 @@ __all__ = [
 # Quiet unless the application configures logging (the wheel reports callback errors
 # through the loop's exception handler; this logger is for what the driver may add).
 logging.getLogger("tickwheel.wheel").addHandler(logging.NullHandler())
+
+
+def __getattr__(name: str) -> object:
+    # WheelUVLoop subclasses uvloop.Loop: imported on first use, uvloop being optional.
+    if name == "WheelUVLoop":
+        from ._uvloop import WheelUVLoop  # noqa: PLC0415
+
+        return WheelUVLoop
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -21,7 +21,10 @@ Operations:
 * ``bare-call``: a call of an empty Python function, for scale.
 
 The compiled wheel is ``wheel-c``, the pure-Python one ``wheel-py`` (both in the same
-run, whatever ``TICKWHEEL_PURE`` says).
+run, whatever ``TICKWHEEL_PURE`` says). ``loop-wheel`` and ``loop-wheel-uvloop`` are the
+event loops whose ``call_later``/``call_at`` are the wheel (``tickwheel.wheel.
+new_event_loop``, ``new_uvloop_event_loop``), measured through ``call_later`` as the
+stdlib loop and uvloop are.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from bench.probes.callgrind._tools import count
 
 SMALL = 2_000
 LARGE = 22_000
-IMPLS = ("wheel-c", "wheel-py", "uvloop", "asyncio")
+IMPLS = ("wheel-c", "wheel-py", "uvloop", "asyncio", "loop-wheel", "loop-wheel-uvloop")
 OPS = ("pair", "reschedule", "fire", "block", "bare-call")
 
 _CHILD = """
@@ -47,6 +50,12 @@ if op == "bare-call":
 if impl == "uvloop":  # the peers' module only where it is needed: the others count as before
     from bench.peers.loops import new_loop
     loop = new_loop("uvloop")
+elif impl == "loop-wheel":  # tickwheel.wheel.new_event_loop: call_later on the wheel
+    from tickwheel.wheel import new_event_loop
+    loop = new_event_loop()
+elif impl == "loop-wheel-uvloop":
+    from tickwheel.wheel import new_uvloop_event_loop
+    loop = new_uvloop_event_loop()
 else:
     loop = asyncio.new_event_loop()
 wheel = None
@@ -112,18 +121,29 @@ def impls_for(op: str) -> tuple[str, ...]:
     if op == "bare-call":
         return ("python",)
     if op == "reschedule":
-        return ("wheel-c", "wheel-py", "wheel-c-timeout", "wheel-py-timeout", "uvloop", "asyncio")
+        return (
+            "wheel-c",
+            "wheel-py",
+            "wheel-c-timeout",
+            "wheel-py-timeout",
+            "uvloop",
+            "asyncio",
+            "loop-wheel",
+            "loop-wheel-uvloop",
+        )
     return IMPLS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pending", type=int, default=1000, help="far timers pending")
     parser.add_argument("--ops", default=",".join(OPS), help="comma-separated operations")
+    parser.add_argument("--impls", default="", help="comma-separated implementations (all)")
 
 
 def run(args: argparse.Namespace) -> int:
     for op in args.ops.split(","):
-        counts = {impl: per_op(impl, op, args.pending) for impl in impls_for(op)}
+        chosen = [i for i in impls_for(op) if not args.impls or i in args.impls.split(",")]
+        counts = {impl: per_op(impl, op, args.pending) for impl in chosen}
         print(f"callgrind instructions per {op} ({args.pending} pending)")
         base = counts.get("wheel-c", next(iter(counts.values())))
         for impl, n in counts.items():

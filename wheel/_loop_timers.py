@@ -1,0 +1,182 @@
+"""What both wheel-timed event loops share: the handle, the alarm and the insert.
+
+An event loop of ``_loop.py`` or ``_uvloop.py`` keeps one :class:`TimingWheel` for every
+``call_later`` and ``call_at``. Each call makes a :class:`WheelTimerHandle` (an
+``asyncio.TimerHandle``: the caller's context is copied, ``when()`` is the time asked for)
+and files it in the wheel as the callback of a wheel timer. When the wheel fires that
+timer the handle is not run there: it is appended to the loop's due list, which the loop
+sorts by ``when()`` (ties keep call order) and runs as ordinary handles.
+
+Ground rules:
+
+1. The wheel never arms a timer of the loop it serves: it is given an :class:`Alarm` as
+   its "loop", whose ``call_at`` only records the loop time the wheel wants to be woken
+   at (``Alarm.when``; inf when disarmed). The loop reads it to bound its wait (the
+   selector's timeout, or one native timer on uvloop) and calls ``wheel._run()`` once
+   ``when <= time()``.
+2. A handle is filed in the wheel only with a finite ``when``: ``+inf`` never fires (as
+   in asyncio's heap) and is kept outside it; ``-inf`` fires at the next iteration.
+3. A handle's ``_timer`` is its pending wheel timer, or None once fired or cancelled; a
+   fired handle is in the due list or the loop's ready queue, ``_scheduled`` False.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import operator
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ._api import _validated
+from ._impl import IMPLEMENTATION
+
+if TYPE_CHECKING or IMPLEMENTATION == "python":
+    from ._driver import TimingWheel
+    from ._handle import Timer
+else:
+    from ._cdriver import Timer, TimingWheel
+
+__all__ = [
+    "Alarm",
+    "LoopClockAlarm",
+    "WheelTimerHandle",
+    "check_tick",
+    "file_timer",
+    "new_wheel",
+    "sort_due",
+]
+
+_INF = math.inf
+_when_of = operator.attrgetter("_when")
+# Stands in for the loop in _validated, which then checks the tick alone.
+_NO_LOOP: Any = object()
+
+
+class WheelTimerHandle(asyncio.TimerHandle):
+    """The handle ``call_later``/``call_at`` return on a wheel-timed loop.
+
+    An :class:`asyncio.TimerHandle` (``when()``, ``cancel()``, ``cancelled()``, the
+    caller's context, debug mode's source traceback), whose pending state is a wheel
+    timer instead of a heap entry. ``when()`` is the time asked for; the callback runs
+    once the wheel's tick holding it has begun: never before ``when()``, at most one tick
+    after it (plus the loop's own latency).
+    """
+
+    __slots__ = ("_timer",)
+
+    _timer: Timer | None  # the pending wheel timer; None once fired or cancelled
+    _loop: Any  # the wheel-timed loop (asyncio types it as AbstractEventLoop)
+
+    def cancel(self) -> None:
+        """Cancel the call; a no-op once it has run or been cancelled. O(1)."""
+        if not self._cancelled:
+            timer = self._timer
+            if timer is not None:
+                self._timer = None
+                timer.cancel()
+            self._scheduled = False
+        asyncio.Handle.cancel(self)
+
+    def __call__(self) -> None:
+        # The wheel fired this handle's timer: it is due. Hand it to the loop, which runs
+        # it among its ready callbacks in asyncio's order (see the module docstring).
+        self._timer = None
+        self._scheduled = False
+        self._loop._wheel_due.append(self)
+
+
+class Alarm:
+    """The wheel's stand-in for a loop: records when the wheel wants to be woken.
+
+    ``TimingWheel`` arms ``loop.call_at(when, run)`` and cancels the handle it got back;
+    here both only set :attr:`when`. ``on_change`` (optional) is told of every new value,
+    for a loop that keeps a native timer in step (uvloop).
+    """
+
+    __slots__ = ("_loop", "on_change", "when")
+
+    # The wheel reads its clock as time.monotonic when a loop's time() is asyncio's.
+    time = asyncio.BaseEventLoop.time
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop  # the loop served, for its exception handler
+        self.when = _INF  # loop time of the wake-up the wheel asked for; inf: none
+        self.on_change: Callable[[float], None] | None = None  # told of each new when
+
+    def call_at(
+        self, when: float, callback: Callable[[], object], *, context: object = None
+    ) -> Alarm:
+        # The callback is always the wheel's own _run: the loop calls it.
+        self.when = when
+        if self.on_change is not None:
+            self.on_change(when)
+        return self
+
+    def cancel(self) -> None:
+        self.when = _INF
+        if self.on_change is not None:
+            self.on_change(_INF)
+
+    def call_exception_handler(self, context: dict[str, Any]) -> None:
+        self._loop.call_exception_handler(context)
+
+
+class LoopClockAlarm(Alarm):
+    """An :class:`Alarm` on the loop's own ``time()`` (uvloop's is libuv's cached clock,
+    which may trail ``time.monotonic``: deadlines must be judged by the clock they were
+    set by, or a callback could see ``loop.time() < when()``)."""
+
+    __slots__ = ()
+
+    def time(self) -> float:
+        return self._loop.time()
+
+
+def check_tick(tick: float) -> None:
+    """Refuse a bad ``tick`` before a loop opens anything (TimingWheel's own check).
+
+    Raises:
+        ValueError: ``tick`` is not a positive finite number.
+        TypeError: ``tick`` is not a number.
+    """
+    _validated(tick, _NO_LOOP, None)
+
+
+def new_wheel(
+    loop: asyncio.AbstractEventLoop, tick: float, alarm_type: type[Alarm] = Alarm
+) -> tuple[TimingWheel, Alarm]:
+    """Make the wheel of ``loop`` with its alarm (``tick`` checked by TimingWheel)."""
+    alarm = alarm_type(loop)
+    wheel = TimingWheel(tick, loop=alarm)  # type: ignore[arg-type]  # a duck of a loop
+    return wheel, alarm
+
+
+def file_timer(wheel: TimingWheel, handle: WheelTimerHandle, when: float) -> None:
+    """File ``handle`` in ``wheel`` for loop time ``when`` (see ground rule 2).
+
+    Raises:
+        ValueError: ``when`` is NaN.
+        TypeError: ``when`` is not a real number.
+    """
+    handle._timer = None
+    try:
+        if -_INF < when < _INF:
+            handle._timer = wheel.schedule_at(when, handle)
+        elif when == -_INF:  # one tick back: due now (``now`` itself would round up)
+            handle._timer = wheel.schedule_at(wheel._time() - wheel._tick, handle)
+        elif when != _INF:
+            raise ValueError(f"when must be a number, got {when!r}")
+    except TypeError:
+        raise TypeError(f"when must be a real number, got {when!r}") from None
+    handle._scheduled = True
+
+
+def sort_due(due: list[WheelTimerHandle]) -> None:
+    """Order one firing's handles by ``when()``; ties keep their call order (stable).
+
+    The wheel fires a tick's timers in call order, but two deadlines in one tick may have
+    been asked for in the other order; asyncio runs the earlier ``when`` first.
+    """
+    if len(due) > 1:
+        due.sort(key=_when_of)
