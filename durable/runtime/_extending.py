@@ -60,6 +60,29 @@ class LeaseExtender:
         self._extenders: set[asyncio.Future[None]] = set()  # running
         self.limiter: Limiter | None = None  # its permits are extended with the leases
 
+    def first_deadline(
+        self,
+        job: Job,
+        finished: asyncio.Event,
+        task: asyncio.Task[None],
+        expires: float,
+        halfway_at: float,
+    ) -> None:
+        """The first of a timed handler's two deadlines came (a wheel callback): its
+        timeout (stop it) or half its lease (start extending it); set the other one. A
+        timer set here is not cancelled when the handler returns: each callback checks
+        that the handler still runs (a few stay in the wheel until their time, doing
+        nothing then)."""
+        if finished.is_set():
+            return
+        until = expires + self._stopper.grace
+        if expires <= halfway_at:
+            self._stopper.expire(job, task)
+            self.wheel.schedule_at(halfway_at, self.spawn, job, finished, task, until)
+        else:
+            self.spawn(job, finished, task, until)
+            self.wheel.schedule_at(expires, self._stopper.expire, job, task)
+
     def spawn(
         self, job: Job, finished: asyncio.Event, task: asyncio.Task[None], until: float
     ) -> None:

@@ -378,7 +378,7 @@ class Runner:
                 expires = now + limit
                 halfway = self.wheel.schedule_at(
                     min(expires, halfway_at),
-                    self._first_timer,
+                    self._extender.first_deadline,
                     job,
                     finished,
                     task,
@@ -464,30 +464,6 @@ class Runner:
         """Cancel a task at the drain deadline: one whose handler runs releases its job
         unrun (same attempt) for another worker; any other is cancelled plainly."""
         self._stopper.drain(task)
-
-    # -- lease extension -----------------------------------------------------------
-
-    def _first_timer(
-        self,
-        job: Job,
-        finished: asyncio.Event,
-        task: asyncio.Task[None],
-        expires: float,
-        halfway_at: float,
-    ) -> None:
-        """The first of a timed handler's two deadlines came: its timeout (stop it) or
-        half its lease (start its extender); set the other one. A timer set here is not
-        cancelled when the handler returns: each callback checks that the handler still
-        runs (a few stay in the wheel until their time, doing nothing then)."""
-        if finished.is_set():
-            return
-        until = expires + self._stopper.grace
-        if expires <= halfway_at:
-            self._stopper.expire(job, task)
-            self.wheel.schedule_at(halfway_at, self._extender.spawn, job, finished, task, until)
-        else:
-            self._extender.spawn(job, finished, task, until)
-            self.wheel.schedule_at(expires, self._stopper.expire, job, task)
 
     # -- the jobs waiting for a slot (the Waiting's) ------------------------------
 
