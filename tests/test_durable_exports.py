@@ -10,6 +10,7 @@ def test_all_is_pinned() -> None:
     assert sorted(durable.__all__) == sorted(
         [
             "MAX_JOB_ID_BYTES",
+            "MAX_KEY_BYTES",
             "BrokerMisconfigured",
             "BrokerUnavailable",
             "CancelResult",
@@ -24,8 +25,10 @@ def test_all_is_pinned() -> None:
             "JobInfo",
             "JobSpec",
             "JobState",
+            "KeyState",
             "Keys",
             "LeaseLost",
+            "Limits",
             "ListingTooLong",
             "Loader",
             "LoaderStats",
