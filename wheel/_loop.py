@@ -32,6 +32,7 @@ from ._api import DEFAULT_TICK
 from ._loop_timers import (
     WheelTimerHandle,
     check_tick,
+    close_wheel,
     file_timer,
     new_wheel,
     sort_due,
@@ -154,10 +155,7 @@ class WheelEventLoop(asyncio.SelectorEventLoop):
         """Close the loop; pending timers are dropped, as the stdlib loop drops its heap."""
         if self.is_running():
             raise RuntimeError("Cannot close a running event loop")
-        for timer in self._wheel.close():
-            handle = timer.callback
-            if isinstance(handle, WheelTimerHandle):
-                handle._timer = None
+        close_wheel(self._wheel)
         super().close()
 
     def _process_events(self, event_list: list[Any]) -> None:

@@ -42,6 +42,7 @@ __all__ = [
     "LoopClockAlarm",
     "WheelTimerHandle",
     "check_tick",
+    "close_wheel",
     "file_timer",
     "new_wheel",
     "sort_due",
@@ -170,6 +171,15 @@ def file_timer(wheel: TimingWheel, handle: WheelTimerHandle, when: float) -> Non
     except TypeError:
         raise TypeError(f"when must be a real number, got {when!r}") from None
     handle._scheduled = True
+
+
+def close_wheel(wheel: TimingWheel) -> None:
+    """Close a loop's ``wheel``: its pending timers are dropped (as the stdlib loop drops
+    its heap), and their handles let go of them."""
+    for timer in wheel.close():
+        handle = timer.callback
+        if isinstance(handle, WheelTimerHandle):
+            handle._timer = None
 
 
 def sort_due(due: list[WheelTimerHandle]) -> None:

@@ -30,6 +30,7 @@ from ._loop_timers import (
     LoopClockAlarm,
     WheelTimerHandle,
     check_tick,
+    close_wheel,
     file_timer,
     new_wheel,
     sort_due,
@@ -132,10 +133,7 @@ class WheelUVLoop(uvloop.Loop):
         """Close the loop; pending timers are dropped."""
         if self.is_running():
             raise RuntimeError("Cannot close a running event loop")
-        for timer in self._wheel.close():
-            handle = timer.callback
-            if isinstance(handle, WheelTimerHandle):
-                handle._timer = None
+        close_wheel(self._wheel)
         native = self._wheel_native
         if native is not None:
             self._wheel_native = None
