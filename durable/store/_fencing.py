@@ -11,28 +11,15 @@ Ground rules:
 
 from __future__ import annotations
 
-from ._keys import Keys
-from ._scripts import Scripts
-from ._transport import Transport
+from ._scripts import ScriptCalls
 
 __all__ = ["FencingCalls"]
 
 
-class FencingCalls:
-    """The ownership scripts over one namespace (what :class:`Store` hands them to).
+class FencingCalls(ScriptCalls):
+    """The ownership scripts over one namespace (what :class:`Store` hands them to)."""
 
-    Args:
-        transport: the store's transport.
-        scripts: the store's registered scripts.
-        keys: the namespace's key names.
-    """
-
-    __slots__ = ("_scripts", "keys", "transport")
-
-    def __init__(self, transport: Transport, scripts: Scripts, keys: Keys) -> None:
-        self.transport = transport  # bounded, translated script calls
-        self._scripts = scripts  # the registered scripts
-        self.keys = keys  # key names of the namespace
+    __slots__ = ()
 
     async def take(self, shard: int, token: str, ttl_ms: int, fresh: bool = False) -> int:
         """Take a shard (take.lua); return its new epoch, or 0 if another owner holds it.

@@ -19,9 +19,7 @@ from typing import Any
 
 from tickwheel.durable.model import Job, Limits
 
-from ._keys import Keys
-from ._scripts import Scripts
-from ._transport import Transport
+from ._scripts import ScriptCalls
 
 __all__ = [
     "ACQUIRED",
@@ -59,21 +57,10 @@ class KeyState:
     now_ms: int  # the key slot's clock when read
 
 
-class LimitCalls:
-    """limits.lua, wake.lua and retry.lua's permit wait over one namespace.
+class LimitCalls(ScriptCalls):
+    """limits.lua, wake.lua and retry.lua's permit wait over one namespace."""
 
-    Args:
-        transport: the store's transport.
-        scripts: the store's registered scripts.
-        keys: the namespace's key names.
-    """
-
-    __slots__ = ("_scripts", "keys", "transport")
-
-    def __init__(self, transport: Transport, scripts: Scripts, keys: Keys) -> None:
-        self.transport = transport
-        self._scripts = scripts
-        self.keys = keys
+    __slots__ = ()
 
     # -- limits of record ------------------------------------------------------------
 

@@ -19,28 +19,16 @@ from tickwheel.durable.model import DeadPage, JobInfo, JobState, ShardInfo
 
 from ._calls import get_call, get_result
 from ._codec import info_rows, job_info
-from ._keys import Keys
-from ._scripts import Scripts
-from ._transport import Call, Transport
+from ._scripts import ScriptCalls
+from ._transport import Call
 
 __all__ = ["OperatorCalls"]
 
 
-class OperatorCalls:
-    """The operator's scripts over one namespace (what :class:`Store` hands them to).
+class OperatorCalls(ScriptCalls):
+    """The operator's scripts over one namespace (what :class:`Store` hands them to)."""
 
-    Args:
-        transport: the store's transport.
-        scripts: the store's registered scripts.
-        keys: the namespace's key names.
-    """
-
-    __slots__ = ("_scripts", "keys", "transport")
-
-    def __init__(self, transport: Transport, scripts: Scripts, keys: Keys) -> None:
-        self.transport = transport  # bounded, translated script calls
-        self._scripts = scripts  # the registered scripts
-        self.keys = keys  # key names of the namespace
+    __slots__ = ()
 
     # -- one job -------------------------------------------------------------------
 

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._keys import Keys
-from ._scripts import Scripts
-from ._transport import Call, Transport
+from ._scripts import ScriptCalls
+from ._transport import Call
 
 __all__ = ["RESUME_BATCH", "PauseCalls", "pause_state_call", "paused_state", "shard_pause_call"]
 
@@ -50,21 +50,10 @@ def shard_pause_call(
     return [k.paused, k.parked, k.parkedx, k.due], [op, task, since_ms, limit]
 
 
-class PauseCalls:
-    """pause.lua and pause_state.lua over one namespace.
+class PauseCalls(ScriptCalls):
+    """pause.lua and pause_state.lua over one namespace."""
 
-    Args:
-        transport: the store's transport.
-        scripts: the store's registered scripts.
-        keys: the namespace's key names.
-    """
-
-    __slots__ = ("_scripts", "keys", "transport")
-
-    def __init__(self, transport: Transport, scripts: Scripts, keys: Keys) -> None:
-        self.transport = transport
-        self._scripts = scripts
-        self.keys = keys
+    __slots__ = ()
 
     async def state(self) -> dict[str, int]:
         """The state of record: task (``""``: the whole namespace) -> since (ms)."""

@@ -11,28 +11,15 @@ from typing import Any
 
 from tickwheel.durable.model import ReapResult
 
-from ._keys import Keys
-from ._scripts import Scripts
-from ._transport import Transport
+from ._scripts import ScriptCalls
 
 __all__ = ["ReapCalls"]
 
 
-class ReapCalls:
-    """reap.lua over one namespace's shards.
+class ReapCalls(ScriptCalls):
+    """reap.lua over one namespace's shards."""
 
-    Args:
-        transport: the store's transport.
-        scripts: the store's registered scripts.
-        keys: the namespace's key names.
-    """
-
-    __slots__ = ("_scripts", "keys", "transport")
-
-    def __init__(self, transport: Transport, scripts: Scripts, keys: Keys) -> None:
-        self.transport = transport
-        self._scripts = scripts
-        self.keys = keys
+    __slots__ = ()
 
     async def reap(self, shard: int, epoch: int, limit: int, *, upto_ms: int = 0) -> ReapResult:
         """Expired leases (by ``upto_ms`` when set) back to due or to dead.

@@ -19,8 +19,10 @@ if TYPE_CHECKING:
     from redis.commands.core import AsyncScript
 
     from ._connect import Client
+    from ._keys import Keys
+    from ._transport import Transport
 
-__all__ = ["SCRIPT_NAMES", "STANDALONE_SCRIPTS", "Scripts", "register", "source"]
+__all__ = ["SCRIPT_NAMES", "STANDALONE_SCRIPTS", "ScriptCalls", "Scripts", "register", "source"]
 
 # One script per atomic transition; each file opens with its KEYS/ARGV/return header.
 SCRIPT_NAMES = (
@@ -174,3 +176,21 @@ class Scripts:
     def __init__(self, client: Client) -> None:
         for name in SCRIPT_NAMES:
             setattr(self, name, register(client, name))
+
+
+class ScriptCalls:
+    """The base of a room of script calls over one namespace (pauses, reaping, fencing,
+    flow limits, the operator's calls): what each of them sends through.
+
+    Args:
+        transport: the store's transport.
+        scripts: the store's registered scripts.
+        keys: the namespace's key names.
+    """
+
+    __slots__ = ("_scripts", "keys", "transport")
+
+    def __init__(self, transport: Transport, scripts: Scripts, keys: Keys) -> None:
+        self.transport = transport
+        self._scripts = scripts
+        self.keys = keys
