@@ -14,6 +14,8 @@ import logging
 
 from .model import (
     MAX_PAYLOAD_DEPTH,
+    MAX_PRIORITY,
+    PRIORITY_AGING,
     BrokerMisconfigured,
     BrokerUnavailable,
     CancelResult,
@@ -75,6 +77,8 @@ from .store import (
 __all__ = [
     "MAX_JOB_ID_BYTES",
     "MAX_PAYLOAD_DEPTH",
+    "MAX_PRIORITY",
+    "PRIORITY_AGING",
     "BrokerMisconfigured",
     "BrokerUnavailable",
     "CancelResult",

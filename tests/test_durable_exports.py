@@ -14,6 +14,8 @@ def test_all_is_pinned() -> None:
             "BrokerUnavailable",
             "CancelResult",
             "MAX_PAYLOAD_DEPTH",
+            "MAX_PRIORITY",
+            "PRIORITY_AGING",
             "ClaimBatch",
             "Client",
             "DeadPage",

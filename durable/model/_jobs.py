@@ -24,9 +24,11 @@ __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "ERROR_TRACEBACK_MARK",
     "MAX_JOB_ID_BYTES",
+    "MAX_PRIORITY",
     "MAX_TASK_BYTES",
     "MAX_TRACE_BYTES",
     "MIN_AT_MS",
+    "PRIORITY_AGING",
     "ClaimBatch",
     "DeadPage",
     "Job",
@@ -37,6 +39,8 @@ __all__ = [
     "ScheduleResult",
     "ScheduleStatus",
     "ShardInfo",
+    "aging_ms",
+    "check_priority",
     "check_trace",
     "split_error",
 ]
@@ -54,6 +58,14 @@ MAX_TASK_BYTES = 128
 MAX_TRACE_BYTES = 512
 # The largest attempt count a record may hold (a msgpack uint32, far beyond any policy).
 MAX_ATTEMPTS_LIMIT = 2**31 - 1
+# Priorities are 0 (the default, lowest) .. MAX_PRIORITY. Ten levels, as Celery's and
+# Oban's: enough to order kinds of work, few enough that a claim reads every level it
+# needs (lua/_lib.lua: prio_lanes; MAX_PRIORITY there too). 0 is the lowest so that a
+# namespace without priorities keeps its plain due order and claim cost.
+MAX_PRIORITY = 9
+# Seconds late after which a due job is claimed before any priority, oldest first: the
+# bound on a low priority's wait under a sustained higher backlog (Worker(priority_aging=)).
+PRIORITY_AGING = 60.0
 
 
 # A job's last error text is its summary (the exception's repr, or what retry() was
@@ -229,6 +241,10 @@ class JobSpec:
             schedule of the burst.
         throttle: seconds: at most one run of the id per period; schedules while its
             job waits coalesce into that run.
+        priority: 0 (the default and lowest) to ``MAX_PRIORITY`` (9): among the jobs
+            that are due, a higher priority is claimed first; never before its due.
+            A job late by more than the claim's aging (``PRIORITY_AGING``, 60 s) is
+            claimed before any priority, oldest first (docs/flow-control.md).
 
     Raises:
         TypeError, ValueError: naming the bad parameter.
@@ -246,6 +262,7 @@ class JobSpec:
     debounce: float | timedelta | None = None
     max_wait: float | timedelta | None = None
     throttle: float | timedelta | None = None
+    priority: int = 0
     mode: int = field(init=False, repr=False, compare=False)  # 1 delay, 0 absolute
     time_ms: int = field(init=False, repr=False, compare=False)  # delay or epoch ms
     timeout_ms: int = field(init=False, repr=False, compare=False)  # 0: none
@@ -293,6 +310,30 @@ class JobSpec:
         if self.debounce is not None or self.max_wait is not None or self.throttle is not None:
             flow = flow_args(self)
         object.__setattr__(self, "flow", flow)
+        if self.priority != 0 or type(self.priority) is not int:
+            check_priority(self.priority)
+
+
+def aging_ms(priority_aging: float | timedelta | None) -> int:
+    """A claim's ``priority_aging`` (seconds, or None: no aging) as claim.lua takes it:
+    whole ms, rounded up, or -1 for None.
+
+    Raises:
+        TypeError, ValueError: naming ``priority_aging``.
+    """
+    if priority_aging is None:
+        return -1
+    ms = finite_seconds_ms("priority_aging", priority_aging)
+    return int_between("priority_aging", ms, 0, MAX_TIME_MS)
+
+
+def check_priority(priority: object) -> int:
+    """A job's priority checked: an int in 0 .. :data:`MAX_PRIORITY` (not a bool).
+
+    Raises:
+        TypeError, ValueError: naming ``priority``.
+    """
+    return int_between("priority", priority, 0, MAX_PRIORITY)
 
 
 def check_trace(trace: object) -> str:
@@ -358,6 +399,7 @@ class JobInfo:
     recurrence: Recurrence | None  # set for recurring jobs
     last_error: str  # error of the last failed attempt
     timeout_ms: int = 0  # its own timeout (schedule(timeout=)); 0: none
+    priority: int = 0  # schedule(priority=): among due jobs, higher is claimed first
 
     def upcoming(self, count: int = 5) -> list[int]:
         """A recurring job's next ``count`` occurrences (UTC instants, ms), from the one

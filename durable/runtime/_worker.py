@@ -44,6 +44,7 @@ from datetime import timedelta
 from typing import Any
 
 from tickwheel.durable.model import (
+    PRIORITY_AGING,
     Fenced,
     JobState,
     NotOwner,
@@ -97,6 +98,8 @@ class Worker:
         poll_interval: as for :class:`Loader`.
         max_running: as for :class:`Loader`.
         start_margin: as for :class:`Loader` (the pre-start lease past the lookahead).
+        priority_aging: as for :class:`Loader`: seconds late after which a job is
+            claimed before any priority (default 60; None: no aging).
         reap_interval: seconds between reaper rounds.
         drain_timeout: seconds running tasks get at shutdown; then their handlers are
             cancelled and their jobs released unrun (same attempt).
@@ -130,6 +133,7 @@ class Worker:
         reconcile_interval: float | timedelta = DEFAULT_RECONCILE_INTERVAL,
         default_timeout: float | None = None,
         start_margin: float | timedelta | None = DEFAULT_START_MARGIN,
+        priority_aging: float | timedelta | None = PRIORITY_AGING,
     ) -> None:
         given: object = scheduler  # typed, but a redis client is a common slip
         if not isinstance(given, Scheduler):
@@ -154,6 +158,7 @@ class Worker:
             "max_running": max_running,
             "default_timeout": check_timeout(default_timeout),
             "start_margin": start_margin,
+            "priority_aging": priority_aging,
         }
         self.reap_interval_ms = finite_seconds_ms("reap_interval", reap_interval, minimum_ms=1)
         self.drain_timeout_ms = finite_seconds_ms("drain_timeout", drain_timeout)

@@ -129,6 +129,7 @@ def build_spec(
     debounce: float | timedelta | None = None,
     max_wait: float | timedelta | None = None,
     throttle: float | timedelta | None = None,
+    priority: int = 0,
 ) -> JobSpec:
     """The :class:`JobSpec` of ``schedule()``'s keyword arguments (every producer's:
     ``Scheduler.schedule`` and ``SyncScheduler.schedule`` build theirs here).
@@ -157,6 +158,7 @@ def build_spec(
         debounce=debounce,
         max_wait=max_wait,
         throttle=throttle,
+        priority=priority,
     )
 
 

@@ -303,6 +303,7 @@ class Scheduler:
         debounce: float | timedelta | None = None,
         max_wait: float | timedelta | None = None,
         throttle: float | timedelta | None = None,
+        priority: int = 0,
         conn: Any = None,
     ) -> ScheduleResult:
         """Schedule one job by id. One script call.
@@ -342,6 +343,10 @@ class Scheduler:
                 time); a schedule while its job waits coalesces into it
                 (``COALESCED``, payload replaced). docs/durable.md, "Debounce and
                 throttle".
+            priority: 0 (the default and lowest) to 9: among the jobs that are due, a
+                higher priority is claimed first, never before its due; a job late by
+                more than the workers' ``priority_aging`` (60 s) goes before any
+                priority. docs/durable.md, "Priorities".
             conn: Postgres mode only: the application's open asyncpg connection. The
                 job is written in its current transaction and exists iff that commits;
                 the relay indexes it in Redis after the commit.
@@ -374,6 +379,7 @@ class Scheduler:
             debounce=debounce,
             max_wait=max_wait,
             throttle=throttle,
+            priority=priority,
         )
         return await self.producer.schedule(spec, replace, conn)
 

@@ -222,6 +222,7 @@ class SyncScheduler:
         debounce: float | timedelta | None = None,
         max_wait: float | timedelta | None = None,
         throttle: float | timedelta | None = None,
+        priority: int = 0,
         conn: Any = None,
     ) -> ScheduleResult:
         """Schedule one job by id: :meth:`Scheduler.schedule`, blocking. ``conn``: the
@@ -249,6 +250,7 @@ class SyncScheduler:
             debounce=debounce,
             max_wait=max_wait,
             throttle=throttle,
+            priority=priority,
         )
         known_task(self.tasks, spec.task)
         if spec.flow[0]:

@@ -33,6 +33,8 @@ from ._codec import (
     encode_payload,
     pack_record,
     record_fields,
+    record_priority,
+    with_priority,
     with_timeout,
     with_trace,
 )
@@ -121,6 +123,7 @@ __all__ = [
     "parse_stats_document",
     "read_layout",
     "record_fields",
+    "record_priority",
     "register",
     "script_error_text",
     "shown_url",
@@ -129,6 +132,7 @@ __all__ = [
     "translate",
     "unwrap",
     "url_error",
+    "with_priority",
     "with_timeout",
     "with_trace",
 ]

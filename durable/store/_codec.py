@@ -33,10 +33,13 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
+import msgpack  # type: ignore[import-untyped]
+
 from tickwheel.durable.model import (
     KIND_CRON,
     KIND_INTERVAL,
     MAX_PAYLOAD_DEPTH,
+    MAX_PRIORITY,
     MAX_TRACE_BYTES,
     POLICY_BY_CODE,
     POLICY_CODES,
@@ -60,6 +63,7 @@ __all__ = [
     "DUPLICATE",
     "FIELDS",
     "FLAG_JSON",
+    "PRIORITY_FIELD",
     "TIMEOUT_FIELD",
     "TRACE_FIELD",
     "ClaimedRef",
@@ -75,7 +79,9 @@ __all__ = [
     "pack_oneshot",
     "pack_record",
     "record_fields",
+    "record_priority",
     "recurrence_of",
+    "with_priority",
     "with_timeout",
     "with_trace",
 ]
@@ -98,13 +104,19 @@ FIELDS = (
     "error",
     "timeout",
     "trace",
+    "key",
+    "priority",
 )
 # Their defaults, in the same order (lua/_lib.lua: DEFAULTS); trailing ones are dropped.
-DEFAULTS: tuple[int | bytes, ...] = (b"", b"", 5, 0, 0, 1, 0, 0, b"", 0, 0, 0, b"", 0, b"")
-# Record fields of a claim.lua row that is not short (F_TRACE: the last one).
+DEFAULTS: tuple[int | bytes, ...] = (
+    *(b"", b"", 5, 0, 0, 1, 0, 0, b"", 0, 0, 0, b"", 0, b""),
+    *(b"", 0),  # key, priority
+)
+# Record fields of a claim.lua row that is not short (all of them).
 CLAIM_FULL_ROW = len(FIELDS)
 TRACE_FIELD = FIELDS.index("trace")  # its index from 0
 TIMEOUT_FIELD = FIELDS.index("timeout")
+PRIORITY_FIELD = FIELDS.index("priority")
 
 FLAG_JSON = 1  # record field 4, bit 0: the payload is JSON text
 
@@ -163,6 +175,7 @@ class EncodedJob:
 
     id: str  # job id
     values: tuple[bytes, int, int, bytes]  # id (UTF-8), mode, time (ms), record
+    priority: int = 0  # its priority (also in the record): schedule.lua indexes it
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,11 +297,12 @@ def encode_job(spec: JobSpec, payload_limit: int) -> EncodedJob:
     """
     data, flags = encode_payload(spec.payload, payload_limit)
     rec = spec.recurrence
-    if rec is None and not spec.timeout_ms and not spec.trace:  # the common case
-        record = pack_oneshot(spec.task.encode(), data, spec.max_attempts, flags)
+    if rec is None and not spec.timeout_ms and not spec.trace and not spec.priority:
+        record = pack_oneshot(spec.task.encode(), data, spec.max_attempts, flags)  # common
         return EncodedJob(spec.id, (spec.id.encode(), spec.mode, spec.time_ms, record))
     fields = record_fields(spec, data, flags)
-    return EncodedJob(spec.id, (spec.id.encode(), spec.mode, spec.time_ms, pack_record(fields)))
+    values = (spec.id.encode(), spec.mode, spec.time_ms, pack_record(fields))
+    return EncodedJob(spec.id, values, spec.priority)
 
 
 def record_fields(spec: JobSpec, data: bytes, flags: int) -> list[int | bytes]:
@@ -302,7 +316,9 @@ def record_fields(spec: JobSpec, data: bytes, flags: int) -> list[int | bytes]:
         fields.append(rec.misfire_grace_ms)
     if spec.timeout_ms:
         fields = with_timeout(fields, spec.timeout_ms)
-    return with_trace(fields, spec.trace.encode()) if spec.trace else fields
+    if spec.trace:
+        fields = with_trace(fields, spec.trace.encode())
+    return with_priority(fields, spec.priority)
 
 
 def with_timeout(fields: list[int | bytes], timeout_ms: int) -> list[int | bytes]:
@@ -315,6 +331,29 @@ def with_trace(fields: list[int | bytes], trace: bytes) -> list[int | bytes]:
     """Record fields (up to the timeout) with the trace context field after them, the
     fields between at their defaults."""
     return [*fields, *DEFAULTS[len(fields) : TRACE_FIELD], trace]
+
+
+def with_priority(fields: list[int | bytes], priority: int) -> list[int | bytes]:
+    """Record fields (up to the trace) with the priority field after them, the fields
+    between at their defaults; ``fields`` as they are for priority 0."""
+    if not priority:
+        return fields
+    return [*fields, *DEFAULTS[len(fields) : PRIORITY_FIELD], priority]
+
+
+def record_priority(record: object) -> int:
+    """The priority field of a packed record (0 when it has none, or is not a record:
+    never raises). A record without one stops before it, so short ones are not read."""
+    if not isinstance(record, bytes | memoryview) or len(record) <= PRIORITY_FIELD:
+        return 0
+    unpacker = msgpack.Unpacker(raw=True, max_buffer_size=len(record) + 1)
+    try:
+        unpacker.feed(bytes(record))
+        fields = list(unpacker)
+    except Exception:  # not a record: none
+        return 0
+    value = fields[PRIORITY_FIELD] if len(fields) > PRIORITY_FIELD else 0
+    return value if type(value) is int and 0 <= value <= MAX_PRIORITY else 0
 
 
 def claimed_trace(value: object) -> bytes:
@@ -349,7 +388,7 @@ def recurrence_of(kind: int, spec: bytes, policy: int, cap: int, grace: int) -> 
 def job_info(job_id: str, shard: int, state: JobState, when: int, f: Sequence[Any]) -> JobInfo:
     """A JobInfo from the record fields of a reply row (in :data:`FIELDS` order)."""
     task, payload, max_attempts, flags, nominal, attempt, epoch = f[:7]
-    rec, error, timeout = f[7:12], f[12], f[13]
+    rec, error, timeout, priority = f[7:12], f[12], f[13], f[16]
     return JobInfo(
         id=job_id,
         shard=shard,
@@ -364,6 +403,7 @@ def job_info(job_id: str, shard: int, state: JobState, when: int, f: Sequence[An
         recurrence=recurrence_of(*rec),
         last_error=error.decode(errors="replace"),
         timeout_ms=timeout,
+        priority=priority,
     )
 
 

@@ -68,6 +68,9 @@ class ShardKeys(NamedTuple):
     paused: str  # HASH task (or "": the whole namespace) -> time paused (ms)
     parked: str  # ZSET job id -> due time (ms)
     parkedx: str  # ZSET (all scores 0) "<task>\0<due, 16 digits>\0<id>": by task, due order
+    # ZSET job id -> (9 - priority) * 2**49 + due (ms): the due jobs with a priority above
+    # 0, by level then due (lua/_lib.lua: prio_lanes); a hint the claim checks against due
+    prio: str
 
 
 class Keys:
@@ -140,6 +143,7 @@ class Keys:
             paused=f"{tag}:paused",
             parked=f"{tag}:parked",
             parkedx=f"{tag}:parkedx",
+            prio=f"{tag}:prio",
         )
 
     def shard_of(self, job_id: str) -> int:

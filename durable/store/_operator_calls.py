@@ -80,7 +80,10 @@ class OperatorCalls:
         """Dead letters back to due now (dead_requeue.lua); ``ids`` empty: oldest ``limit``."""
         k = self.keys.shard(shard)
         reply = await self.transport.run(
-            self._scripts.dead_requeue, [k.dead, k.due, k.clock, *k.jobs], [limit, *ids], shard
+            self._scripts.dead_requeue,
+            [k.dead, k.due, k.clock, k.prio, *k.jobs],
+            [limit, *ids],
+            shard,
         )
         return [b.decode() for b in reply]
 

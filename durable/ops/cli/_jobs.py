@@ -7,6 +7,7 @@ from typing import Any
 
 from tickwheel.durable.model import (
     DEFAULT_MAX_ATTEMPTS,
+    MAX_PRIORITY,
     CancelResult,
     JobInfo,
     JobSpec,
@@ -83,6 +84,7 @@ def _schedule(args: argparse.Namespace) -> int:
             missed=args.missed,
             jitter=args.jitter,
             timeout=args.timeout,
+            priority=args.priority,
             **flow,
         )
         data = {
@@ -375,6 +377,14 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
         "--timeout",
         type=positive_float,
         help="seconds its handler may run (before the task's and the worker's timeout)",
+    )
+    sched.add_argument(
+        "--priority",
+        type=int,
+        choices=range(MAX_PRIORITY + 1),
+        default=0,
+        metavar=f"0..{MAX_PRIORITY}",
+        help="among due jobs, a higher priority is claimed first (default 0, the lowest)",
     )
     for flag, what in (
         ("--debounce", "seconds: each schedule of this id while it waits moves it to now + this"),

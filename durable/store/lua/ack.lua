@@ -1,12 +1,13 @@
 -- ack.lua: complete leased jobs of one shard; record each occurrence in done.
 -- KEYS[1] leased  KEYS[2] due  KEYS[3] done  KEYS[4] epoch  KEYS[5] clock  KEYS[6] far
--- KEYS[7] faro  KEYS[8..] jobs buckets (all of the shard's, in order)
+-- KEYS[7] faro  KEYS[8] prio  the priority index (_lib.lua: prio_add)
+-- KEYS[9..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  epoch      the caller's fencing epoch for this shard
 -- ARGV[2]  keep       ms: done entries older than this are trimmed
 -- ARGV[3]  batch      msgpack array, 5 values per job: id, attempt, nominal, next, bucket
 --   (the lease is (epoch, attempt, nominal); next: the next occurrence's due in ms for a
 --   recurring job, computed by the client from the nominal due; 0 = none; bucket: the
---   index from 0 among KEYS[8..] of the id's record hash, as claim.lua returned it, so
+--   index from 0 among KEYS[9..] of the id's record hash, as claim.lua returned it, so
 --   the id is not hashed again here)
 -- Returns: {status_1 .. status_n}: 1 acked and removed, 2 acked and re-inserted at
 --   next (in due, or in the far index when next is that far off), 0 lease lost (not
@@ -18,7 +19,7 @@
 --   instead of running a second time.
 -- Errors: TW_FENCED if ARGV[1] is not the shard's current epoch, TW_BADARG for a bucket
 --   index out of range (nothing written either way).
-local FIRST = 7
+local FIRST = 8
 local leased_key, due_key, done_key = KEYS[1], KEYS[2], KEYS[3]
 local err = fence(KEYS[4], ARGV[1])
 if err then return err end
@@ -71,6 +72,7 @@ for k = 1, count do
           nz = nz + 2
         end
         buffer(hset, key_of[k], id, rec_encode(r))
+        prio_add(KEYS[8], id, nxt, r[F_PRIORITY])
         status = 2
       else
         buffer(del, key_of[k], id)

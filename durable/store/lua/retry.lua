@@ -1,6 +1,6 @@
 -- retry.lua: give a leased job back for another attempt after a delay, or kill it.
 -- KEYS[1] leased  KEYS[2] due  KEYS[3] dead  KEYS[4] epoch  KEYS[5] clock
--- KEYS[6] the job's jobs bucket
+-- KEYS[6] the job's jobs bucket  KEYS[7] prio  the priority index (_lib.lua: prio_add)
 -- ARGV[1]  epoch   the caller's fencing epoch for this shard
 -- ARGV[2]  id
 -- ARGV[3]  attempt the attempt the caller holds
@@ -32,6 +32,7 @@ if ARGV[7] == '2' then
   local due = now + tonumber(ARGV[5])
   redis.call('HSET', jobs_key, id, rec_encode(r))
   redis.call('ZADD', KEYS[2], fmt(due), id)
+  prio_add(KEYS[7], id, due, r[F_PRIORITY])
   return {3, due}
 end
 r[F_EPOCH], r[F_ERROR] = 0, ARGV[6]
@@ -44,4 +45,5 @@ r[F_ATTEMPT] = r[F_ATTEMPT] + 1
 local due = now + tonumber(ARGV[5])
 redis.call('HSET', jobs_key, id, rec_encode(r))
 redis.call('ZADD', KEYS[2], fmt(due), id)
+prio_add(KEYS[7], id, due, r[F_PRIORITY])
 return {1, due}
