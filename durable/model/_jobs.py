@@ -424,7 +424,7 @@ class ClaimBatch:
     # reply (a Postgres check, a missed-run move): convert due times to a local clock
     # from the moment the claim returned
     now_ms: int
-    jobs: list[Job]  # leased jobs, in due order
+    jobs: list[Job]  # leased jobs, in claim order: due order, higher priorities first
     dropped: int  # one-shot jobs dropped because their occurrence was done
     moved: int = 0  # recurring jobs moved unrun by their missed-run policy
     parked: int = 0  # due jobs of paused tasks set aside until a resume (not leased)
