@@ -210,7 +210,7 @@ def flow_call(keys: Keys, shard: int, job: EncodedJob, flow: tuple[str, int, int
     ident, _, _, record = job.values
     bucket = keys.jobs_key(shard, job.id)
     return (
-        [k.due, k.leased, k.dead, k.clock, bucket, k.parked, k.parkedx, flow_key, k.prio],
+        [k.due, k.leased, k.dead, k.clock, bucket, k.parked, k.parkedx, flow_key, k.prio, k.trail],
         [kind, ident, window_ms, max_wait_ms, record, job.priority],
     )
 
@@ -220,7 +220,10 @@ def cancel_call(keys: Keys, shard: int, job_id: str) -> Call:
     channel, so the worker running it stops its handler)."""
     k = keys.shard(shard)
     return (
-        [k.due, k.leased, k.dead, keys.jobs_key(shard, job_id), k.parked, k.parkedx, k.prio],
+        [
+            *(k.due, k.leased, k.dead, keys.jobs_key(shard, job_id)),
+            *(k.parked, k.parkedx, k.prio, k.trail),
+        ],
         [job_id, keys.cancels],
     )
 

@@ -71,6 +71,7 @@ class ShardKeys(NamedTuple):
     # ZSET job id -> (9 - priority) * 2**49 + due (ms): the due jobs with a priority above
     # 0, by level then due (lua/_lib.lua: prio_lanes); a hint the claim checks against due
     prio: str
+    trail: str  # HASH job id -> its pending trailing run (flow.lua; ack.lua creates it)
 
 
 class Keys:
@@ -144,6 +145,7 @@ class Keys:
             parked=f"{tag}:parked",
             parkedx=f"{tag}:parkedx",
             prio=f"{tag}:prio",
+            trail=f"{tag}:trail",
         )
 
     def shard_of(self, job_id: str) -> int:

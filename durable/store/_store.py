@@ -364,7 +364,7 @@ class Store:
         args = [epoch, keep_done_ms, pack_ack_batch(items)]
         reply = await self.transport.write(
             self._scripts.ack,
-            [k.leased, k.due, k.done, k.epoch, k.clock, k.far, k.faro, k.prio, *buckets],
+            [k.leased, k.due, k.done, k.epoch, k.clock, k.far, k.faro, k.prio, k.trail, *buckets],
             args,
             shard,
         )

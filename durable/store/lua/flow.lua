@@ -5,6 +5,8 @@
 --   (debounce: the deadline first schedule + max_wait, ms) or {ns:s}:thr:<id>
 --   (throttle: the due of the id's last throttled run, ms); a STRING with a TTL
 -- KEYS[9] prio  the priority index (_lib.lua: prio_add)
+-- KEYS[10] trail  HASH id -> the id's pending trailing run (below), which ack.lua
+--   creates when the running job's run completes
 -- ARGV[1]  kind      'd' debounce, 't' throttle
 -- ARGV[2]  id
 -- ARGV[3]  window    ms: the debounce quiet time, or the throttle period
@@ -12,8 +14,15 @@
 -- ARGV[5]  record    the packed record, nominal 0 (the due score), encoded by the client
 -- ARGV[6]  priority  the record's priority (0, '' or absent: none)
 -- Returns: {now, status, when}: status 1 created, 3 replaced (debounce: a waiting job's
---   due moved and payload replaced), 4 busy (leased: nothing written; when = lease
---   deadline), 6 coalesced (a waiting job kept at its due, payload replaced).
+--   due moved and payload replaced), 6 coalesced (a waiting job kept at its due,
+--   payload replaced; or, while the id's job runs, folded into its trailing run: when
+--   = the lease deadline, the earliest the trailing run can be).
+-- The trailing run: a call while the id's job is leased records (or replaces) one
+--   pending run in KEYS[10]: msgpack {kind, window, max_wait, record, priority, first}
+--   (first: the time of the first such call, for max_wait). ack.lua creates it, fenced,
+--   in the ack of the run: throttle at max(now, last throttled due + window), debounce
+--   at now + window (no later than first + max_wait). A call that finds the job waiting
+--   or absent drops a pending one: the waiting or new run is the trailing run.
 -- Errors: none (the client validates every argument).
 -- A job of the id that is dead, parked or in the far index is replaced as if absent.
 -- Sent twice: the second call is one more schedule of the same id a moment later; it
@@ -33,7 +42,13 @@ local s = redis.call('HGET', jobs_key, id)
 local waiting = nil
 if s then
   local lease = redis.call('ZSCORE', leased_key, id)
-  if lease then return {now, 4, tonumber(lease)} end
+  if lease then
+    local pending = redis.call('HGET', KEYS[10], id)
+    local first = pending and select(6, cmsgpack.unpack(pending)) or now
+    redis.call('HSET', KEYS[10], id,
+      cmsgpack.pack(ARGV[1], window, max_wait, ARGV[5], tonumber(ARGV[6]) or 0, first))
+    return {now, 6, tonumber(lease)}
+  end
   waiting = redis.call('ZSCORE', due_key, id)
   if waiting then
     waiting = tonumber(waiting)
@@ -42,6 +57,7 @@ if s then
     unpark_drop(KEYS[6], KEYS[7], id, s)
   end
 end
+redis.call('HDEL', KEYS[10], id)  -- not running: the run below is the trailing one
 if ARGV[1] == 't' then
   if waiting then
     put(waiting)
