@@ -19,6 +19,7 @@ from tests.durable_support import (
     push_clock,
     run,
     snapshot,
+    unique_ns,
 )
 from tests.pg_support import migrated, pg_scheduler
 from tickwheel.durable import (
@@ -275,3 +276,28 @@ def test_reconcile_restores_the_priority_index(private_redis: RedisServer, pg_ur
             await s.ack_many(batch.jobs)
 
     run(main())
+
+
+def test_the_cli_and_the_sync_scheduler_take_a_priority(
+    redis_server: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from tickwheel.durable.ops.cli import main as cli_main
+
+    ns = unique_ns()
+    o = ["--redis-url", redis_server.url, "--namespace", ns, "--shards", "1", "--json"]
+    assert cli_main(["schedule", "c", "t", "--priority", "6", *o]) == 0
+    capsys.readouterr()
+    assert cli_main(["inspect", "--job", "c", *o]) == 0
+    assert json.loads(capsys.readouterr().out)["priority"] == 6
+    for bad in ("10", "-1", "x"):
+        assert cli_main(["schedule", "d", "t", "--priority", bad, *o]) == 2
+        assert "--priority" in capsys.readouterr().err
+    sync = SyncScheduler.from_url(redis_server.url, ns, shards=1)
+    try:
+        assert sync.schedule("s", "t", priority=9).status.name == "CREATED"
+        info = sync.get("s")
+        assert info is not None and info.priority == 9 and sync.get("d") is None
+    finally:
+        sync.close()

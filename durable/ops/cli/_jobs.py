@@ -199,6 +199,7 @@ def _inspect_job(args: argparse.Namespace) -> int:
             "nominal_ms": info.nominal_ms,
             "attempt": info.attempt,
             "max_attempts": info.max_attempts,
+            "priority": info.priority,
             "every_ms": rec.every_ms if rec is not None else 0,
             "cron": rec.cron if rec is not None else "",
             "tz": (rec.tz or "UTC") if rec is not None and rec.cron else "",
@@ -212,6 +213,7 @@ def _inspect_job(args: argparse.Namespace) -> int:
             lines = [
                 f"job {info.id!r} (shard {info.shard}): {data['state']}, task {info.task!r},"
                 f" at {iso(info.when_ms)}, attempt {info.attempt} of {info.max_attempts}"
+                + (f", priority {info.priority}" if info.priority else "")
             ]
             if data["cron"]:
                 lines.append(f"  cron {data['cron']!r} in {data['tz']}, missed: {data['missed']}")
