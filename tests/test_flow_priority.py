@@ -301,3 +301,21 @@ def test_the_cli_and_the_sync_scheduler_take_a_priority(
         assert info is not None and info.priority == 9 and sync.get("d") is None
     finally:
         sync.close()
+
+
+def test_the_dashboard_shows_a_jobs_priority(redis_server: RedisServer) -> None:
+    from tests.dashboard_support import api_client
+
+    ns = unique_ns()
+
+    async def main() -> None:
+        async with open_scheduler(redis_server.url, ns, shards=1) as s:
+            await s.schedule("p", "t", delay=600, priority=7)
+            await s.schedule("z", "t", delay=600)
+
+    run(main())
+    with api_client(redis_server.url, ns) as client:
+        assert client.get("/api/job", params={"id": "p"}).json()["job"]["priority"] == 7
+        assert 'id="job-priority">7<' in client.get("/job", params={"id": "p"}).text
+        assert client.get("/api/job", params={"id": "z"}).json()["job"]["priority"] == 0
+        assert "job-priority" not in client.get("/job", params={"id": "z"}).text

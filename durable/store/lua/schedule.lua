@@ -114,16 +114,20 @@ if nz > 0 then bulk('ZADD', due_key, zadd) end
 -- A replaced job that was in due and now goes far leaves due.
 if nr > 0 then bulk('ZREM', due_key, zrem) end
 far_push(far_key, faro_key, slots, by_slot)
+-- The priority index: entries for the jobs written with a priority, none left for a
+-- job replaced without one. Nothing at all for a batch of new jobs without priorities.
 local prio = {}
 if ARGV[3] and ARGV[3] ~= '' then
   local pp = cmsgpack.unpack(ARGV[3])
   for j = 1, #pp, 2 do prio[pp[j]] = pp[j + 1] end
 end
-for k = 1, n do
-  local id = ids[k]
-  if last[id] == k then
-    if replaced[id] and not prio[k] then redis.call('ZREM', KEYS[10], id) end
-    prio_add(KEYS[10], id, dues[k], prio[k])
+if next(prio) or next(replaced) then
+  for k = 1, n do
+    local id = ids[k]
+    if last[id] == k then
+      if replaced[id] and not prio[k] then redis.call('ZREM', KEYS[10], id) end
+      prio_add(KEYS[10], id, dues[k], prio[k])
+    end
   end
 end
 return out
