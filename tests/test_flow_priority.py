@@ -29,6 +29,7 @@ from tickwheel.durable import (
     Scheduler,
     SyncScheduler,
     TaskRegistry,
+    Worker,
 )
 from tickwheel.durable.servers import RedisServer
 
@@ -319,3 +320,23 @@ def test_the_dashboard_shows_a_jobs_priority(redis_server: RedisServer) -> None:
         assert 'id="job-priority">7<' in client.get("/job", params={"id": "p"}).text
         assert client.get("/api/job", params={"id": "z"}).json()["job"]["priority"] == 0
         assert "job-priority" not in client.get("/job", params={"id": "z"}).text
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [(-1, ValueError), (math.nan, ValueError), (math.inf, ValueError), ("5", TypeError)],
+)
+def test_a_bad_priority_aging_is_refused_naming_it(
+    redis_server: RedisServer, value: object, error: type[Exception]
+) -> None:
+    registry = TaskRegistry()
+
+    async def main() -> None:
+        async with open_scheduler(redis_server.url, shards=1) as s:
+            with pytest.raises(error, match="priority_aging"):
+                Worker(s, registry, priority_aging=value)  # type: ignore[arg-type]
+            await s.take(0)
+            with pytest.raises(error, match="priority_aging"):
+                await s.claim(0, priority_aging=value)  # type: ignore[arg-type]
+
+    run(main())

@@ -40,6 +40,7 @@ __all__ = [
     "ScheduleStatus",
     "ShardInfo",
     "aging_ms",
+    "check_aging",
     "check_priority",
     "check_trace",
     "split_error",
@@ -325,6 +326,16 @@ def aging_ms(priority_aging: float | timedelta | None) -> int:
         return -1
     ms = finite_seconds_ms("priority_aging", priority_aging)
     return int_between("priority_aging", ms, 0, MAX_TIME_MS)
+
+
+def check_aging(priority_aging: float | timedelta | None) -> float | timedelta | None:
+    """``priority_aging`` as given, once :func:`aging_ms` accepts it.
+
+    Raises:
+        TypeError, ValueError: naming ``priority_aging``.
+    """
+    aging_ms(priority_aging)
+    return priority_aging
 
 
 def check_priority(priority: object) -> int:
