@@ -500,7 +500,8 @@ local function prio_add(prio_key, id, due, p)
 end
 
 -- The claim's hits when some due job has a priority: {id, due, ...} as ZRANGEBYSCORE
--- WITHSCORES gives them, at most `limit`, in claim order, each already out of due:
+-- WITHSCORES gives them, at most `limit`, in claim order, and how many of them (the
+-- first ones) are out of due already:
 --   1. aged: due by now - aging, oldest first, whatever their priority (the bound on
 --      a low priority's wait under a sustained higher backlog; aging < 0: none);
 --   2. each level from MAX_PRIORITY down to 1, due by `horizon`, in due order;
@@ -548,6 +549,7 @@ local function prio_lanes(due_key, prio_key, now, horizon, limit, aging)
     end
   end
   -- Out of due now, so the read of priority 0 below does not meet them again.
+  local removed = n
   for k = 1, n, CHUNK do
     local part = {}
     for j = k, math.min(k + CHUNK - 1, n) do part[#part + 1] = hits[2 * j - 1] end
@@ -558,5 +560,5 @@ local function prio_lanes(due_key, prio_key, now, horizon, limit, aging)
       'LIMIT', 0, limit - n)
     for j = 1, #rest, 2 do take(rest[j], tonumber(rest[j + 1])) end
   end
-  return hits
+  return hits, removed
 end

@@ -60,12 +60,12 @@ local limit = tonumber(ARGV[3])
 local left = far_promote(due_key, leased_key, KEYS[8], KEYS[9], KEYS[10], FIRST,
   far_slot(horizon) + FAR_SLOT, limit, KEYS[12])
 if left and left <= horizon then horizon = left - 1 end
-local hits
+local hits, removed = nil, 0  -- removed: the first hits are out of due already
 if redis.call('EXISTS', KEYS[14]) == 0 then  -- no priorities: due order
   hits = redis.call('ZRANGEBYSCORE', due_key, '-inf', fmt(horizon), 'WITHSCORES', 'LIMIT', 0, limit)
 else
   local aging = tonumber(ARGV[6] ~= '' and ARGV[6] or nil) or 60000
-  hits = prio_lanes(due_key, KEYS[14], now, horizon, limit, aging)
+  hits, removed = prio_lanes(due_key, KEYS[14], now, horizon, limit, aging)
 end
 if #hits == 0 then return cmsgpack.pack({now, 0, 0}) end
 -- The paused tasks: one EXISTS when none is (the common case).
@@ -87,7 +87,13 @@ for k = 1, count do
   ids[k] = hits[2 * k - 1]
   dues[k] = tonumber(hits[2 * k])
 end
-bulk('ZREM', due_key, ids)
+if removed == 0 then
+  bulk('ZREM', due_key, ids)
+elseif removed < count then
+  local rest = {}
+  for k = removed + 1, count do rest[k - removed] = ids[k] end
+  bulk('ZREM', due_key, rest)
+end
 local recs, key_of, index_of = get_records(ids, count, FIRST)
 -- Read each record and resolve its occurrence, then look them all up in done at once.
 -- A record of at most 6 fields (a one-shot job, not leased, no error: nearly all of
