@@ -311,8 +311,9 @@ class JobSpec:
         if self.debounce is not None or self.max_wait is not None or self.throttle is not None:
             flow = flow_args(self)
         object.__setattr__(self, "flow", flow)
-        if self.priority != 0 or type(self.priority) is not int:
-            check_priority(self.priority)
+        priority = self.priority
+        if type(priority) is not int or priority:
+            check_priority(priority)
 
 
 def aging_ms(priority_aging: float | timedelta | None) -> int:
