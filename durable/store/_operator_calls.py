@@ -80,7 +80,10 @@ class OperatorCalls:
         """Dead letters back to due now (dead_requeue.lua); ``ids`` empty: oldest ``limit``."""
         k = self.keys.shard(shard)
         reply = await self.transport.run(
-            self._scripts.dead_requeue, [k.dead, k.due, k.clock, *k.jobs], [limit, *ids], shard
+            self._scripts.dead_requeue,
+            [k.dead, k.due, k.clock, k.prio, *k.jobs],
+            [limit, *ids],
+            shard,
         )
         return [b.decode() for b in reply]
 
@@ -88,7 +91,7 @@ class OperatorCalls:
         """Delete dead letters (dead_purge.lua); ``ids`` empty: the oldest ``limit``."""
         k = self.keys.shard(shard)
         reply = await self.transport.run(
-            self._scripts.dead_purge, [k.dead, *k.jobs], [limit, *ids], shard
+            self._scripts.dead_purge, [k.dead, k.trail, *k.jobs], [limit, *ids], shard
         )
         return [b.decode() for b in reply]
 
