@@ -15,6 +15,8 @@ import logging
 from .model import (
     MAX_KEY_BYTES,
     MAX_PAYLOAD_DEPTH,
+    MAX_PRIORITY,
+    PRIORITY_AGING,
     BrokerMisconfigured,
     BrokerUnavailable,
     CancelResult,
@@ -79,6 +81,8 @@ __all__ = [
     "MAX_JOB_ID_BYTES",
     "MAX_KEY_BYTES",
     "MAX_PAYLOAD_DEPTH",
+    "MAX_PRIORITY",
+    "PRIORITY_AGING",
     "BrokerMisconfigured",
     "BrokerUnavailable",
     "CancelResult",

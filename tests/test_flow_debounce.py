@@ -17,14 +17,13 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 
-from tests.durable_support import client_of, open_scheduler, run, snapshot, unique_ns
+from tests.durable_support import client_of, open_scheduler, push_clock, run, snapshot, unique_ns
 from tickwheel.durable import JobSpec, JobState, ScheduleStatus, SyncScheduler
 from tickwheel.durable.servers import RedisServer
 
 pytestmark = pytest.mark.redis
 
-C, K, R, B = (ScheduleStatus.CREATED, ScheduleStatus.COALESCED, ScheduleStatus.REPLACED,
-              ScheduleStatus.BUSY)  # fmt: skip
+C, K, R = ScheduleStatus.CREATED, ScheduleStatus.COALESCED, ScheduleStatus.REPLACED
 
 
 @pytest.mark.parametrize(
@@ -99,7 +98,8 @@ def test_eight_producers_debounce_one_id(redis_url: str) -> None:
 def test_eight_threads_throttle_one_id_against_a_consumer(redis_url: str) -> None:
     """8 SyncScheduler threads hammer one id with throttle=0.3 while a consumer claims and
     acks it: the runs' due times are at least 0.3 s apart, and after the burst the last
-    call's trailing run happens."""
+    call's trailing run happens. A call while the job runs folds into its trailing run
+    (COALESCED), which the ack creates: never BUSY."""
     ns = unique_ns()
     stop = threading.Event()
     calls: list[Any] = []
@@ -151,8 +151,9 @@ def test_eight_threads_throttle_one_id_against_a_consumer(redis_url: str) -> Non
     assert dues  # at least the first run (more unless the machine starves the consumer)
     assert all(b - a >= 300 for a, b in itertools.pairwise(dues)), dues
     created = [c for c in calls if c.status in {C, R}]
-    assert len(created) == len(dues)  # each run is one created (or replaced) job
-    assert {c.status for c in calls} <= {C, K, R, B}
+    # Each run is one created (or replaced) job, or a trailing run an ack created.
+    assert len(created) <= len(dues)
+    assert {c.status for c in calls} <= {C, K, R}
 
 
 @dataclass
@@ -166,6 +167,24 @@ class Model:
     deadline: int = 0  # debounce: first schedule + max_wait
     last: int | None = None  # throttle: the due of its last throttled job
     payload: int = -1
+    pending: tuple[int, int] | None = None  # trailing run: (payload, first call's now)
+
+    def trail(self, now: int, payload: int) -> None:
+        """A schedule while the job runs: its trailing run's payload (the latest)."""
+        self.pending = (payload, now if self.pending is None else self.pending[1])
+
+    def finish(self, now: int) -> None:
+        """The running job acked: its trailing run, if any, is created."""
+        if self.pending is None:
+            return
+        payload, first = self.pending
+        self.pending, self.payload = None, payload
+        if self.kind == "t":
+            self.due = now if self.last is None else max(now, self.last + self.window)
+            self.last = self.due
+            return
+        self.deadline = max(first + self.max_wait, now)
+        self.due = min(now + self.window, self.deadline)
 
     def schedule(self, now: int, payload: int) -> tuple[ScheduleStatus, int]:
         if self.kind == "t":
@@ -235,8 +254,9 @@ def test_debounce_and_throttle_follow_a_model(redis_server: RedisServer) -> None
                 | ({"max_wait": m.max_wait / 1000} if m.max_wait < 10**15 else {})
             )
             got = self.loop.run_until_complete(self.s.schedule(self.id, "t", self.n, **flow))
-            if self.held is not None:  # running: refused, nothing written
-                assert got.status is B
+            if self.held is not None:  # running: folded into its trailing run
+                assert (got.status, got.when_ms) == (K, self.held.deadline_ms)
+                m.trail(self.now, self.n)
                 return
             want = m.schedule(self.now, self.n)
             assert (got.status, got.when_ms) == want
@@ -268,6 +288,8 @@ def test_debounce_and_throttle_follow_a_model(redis_server: RedisServer) -> None
             if self.held is not None:
                 self.loop.run_until_complete(self.s.ack_many([self.held]))
                 self.held = None
+                if self.model is not None:
+                    self.model.finish(self.now)
 
         @invariant()
         def stored_due_matches(self) -> None:
@@ -301,3 +323,54 @@ def test_cli_schedule_takes_debounce_and_throttle(redis_server: RedisServer) -> 
     assert cli_json(*args)["status"] == "replaced"
     assert cli_json("schedule", "k", "t", "--throttle", "60", *o)["status"] == "created"
     assert cli_json("schedule", "k", "t", "--throttle", "60", *o)["status"] == "coalesced"
+
+
+@pytest.mark.parametrize("kind", ["throttle", "debounce"])
+def test_calls_while_the_job_runs_make_exactly_one_trailing_run(redis_url: str, kind: str) -> None:
+    """8 producers schedule the id 10 times each while its job runs (leased): every call
+    folds into one pending trailing run (COALESCED, when = the lease deadline). The ack
+    creates it, once, with one of those calls' payloads: due at the last throttled due
+    + the period (throttle) or at the ack's now + the quiet time (debounce). Its own
+    ack creates nothing more."""
+    flow: dict[str, Any] = {kind: 5} | ({"max_wait": 20} if kind == "debounce" else {})
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=2) as s:
+            shard = s.keys.shard_of("x")
+            await s.take(shard)
+            first = await s.schedule("x", "t", {"p": -1}, delay=0)
+            [job] = (await s.claim(shard, limit=10)).jobs
+
+            async def producer(p: int) -> list[Any]:
+                return [await s.schedule("x", "t", {"p": p, "n": n}, **flow) for n in range(10)]
+
+            calls = [r for rs in await asyncio.gather(*map(producer, range(8))) for r in rs]
+            assert {(r.status, r.when_ms) for r in calls} == {(K, job.deadline_ms)}
+            k = s.keys.shard(shard)
+            assert await client_of(s).hlen(k.trail) == 1
+            before = await s.now(shard)
+            await s.ack_many([job])
+            after = await s.now(shard)
+            info = await s.get("x")
+            assert info is not None and info.state is JobState.DUE
+            assert info.payload in [{"p": p, "n": n} for p in range(8) for n in range(10)]
+            if kind == "throttle":  # no throttled run before: due at the ack's now
+                assert before <= info.when_ms <= after
+            else:
+                assert before + 5000 <= info.when_ms <= after + 5000
+            assert await client_of(s).exists(k.trail) == 0
+            assert await client_of(s).zcard(k.due) == 1
+            await push_clock(s, shard, 10_000)
+            [trailing] = (await s.claim(shard, limit=10)).jobs
+            assert trailing.payload == info.payload and trailing.nominal_ms != first.when_ms
+            await s.ack_many([trailing])
+            assert await s.get("x") is None  # exactly one trailing run
+            await s.schedule("x", "t", b"", **flow)
+            await push_clock(s, shard, 10_000)
+            [again] = (await s.claim(shard, limit=10)).jobs
+            await s.schedule("x", "t", b"late", **flow)  # pending again, then cancelled
+            assert await s.cancel("x")
+            assert await client_of(s).exists(k.trail) == 0
+            assert await s.get("x") is None and again.id == "x"
+
+    run(main())

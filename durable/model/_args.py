@@ -10,7 +10,11 @@ import inspect
 import math
 from datetime import timedelta
 
-__all__ = ["async_client", "finite_seconds_ms", "int_between"]
+__all__ = ["MAX_TIME_MS", "async_client", "finite_seconds_ms", "int_between"]
+
+# The largest due or delay in ms: the scripts' numbers are Lua doubles, exact to 2**53
+# (a later time would be rounded, and past 2**63 wrap to a negative due).
+MAX_TIME_MS = 2**53 - 1
 
 
 def async_client(name: str, client: object) -> None:

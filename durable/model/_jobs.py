@@ -16,8 +16,9 @@ from datetime import UTC, datetime, timedelta
 from enum import IntEnum
 from typing import Any
 
-from ._args import finite_seconds_ms, int_between
+from ._args import MAX_TIME_MS, finite_seconds_ms, int_between
 from ._flow import NO_FLOW, flow_args
+from ._priority import MAX_PRIORITY, PRIORITY_AGING, aging_ms, check_aging, check_priority
 from ._recurrence import Recurrence
 
 __all__ = [
@@ -25,9 +26,11 @@ __all__ = [
     "ERROR_TRACEBACK_MARK",
     "MAX_JOB_ID_BYTES",
     "MAX_KEY_BYTES",
+    "MAX_PRIORITY",
     "MAX_TASK_BYTES",
     "MAX_TRACE_BYTES",
     "MIN_AT_MS",
+    "PRIORITY_AGING",
     "ClaimBatch",
     "DeadPage",
     "Job",
@@ -38,7 +41,10 @@ __all__ = [
     "ScheduleResult",
     "ScheduleStatus",
     "ShardInfo",
+    "aging_ms",
+    "check_aging",
     "check_key",
+    "check_priority",
     "check_trace",
     "split_error",
 ]
@@ -155,9 +161,6 @@ def check_job_id(job_id: object) -> str:
     return job_id
 
 
-# The largest due or delay in ms: the scripts' numbers are Lua doubles, exact to 2**53
-# (a later time would be rounded, and past 2**63 wrap to a negative due).
-MAX_TIME_MS = 2**53 - 1
 # The earliest ``at`` accepted: 2000-01-01T00:00:00Z in epoch ms. An earlier time is a
 # mistake, most often epoch *seconds* where ms are expected (int(time.time()) reads as
 # January 1970 in ms, and ran at once): any time in seconds up to the year 31,000 is
@@ -237,6 +240,10 @@ class JobSpec:
         key: the flow key (``"merchant:42"``): the task's ``concurrency`` and ``rate``
             limits count runs per key (docs/limits.md). Non-empty text without NUL, at
             most ``MAX_KEY_BYTES`` UTF-8 bytes; None (the default): the task's single key.
+        priority: 0 (the default and lowest) to ``MAX_PRIORITY`` (9): among the jobs
+            that are due, a higher priority is claimed first; never before its due.
+            A job late by more than the claim's aging (``PRIORITY_AGING``, 60 s) is
+            claimed before any priority, oldest first (docs/flow-control.md).
 
     Raises:
         TypeError, ValueError: naming the bad parameter.
@@ -255,6 +262,7 @@ class JobSpec:
     max_wait: float | timedelta | None = None
     throttle: float | timedelta | None = None
     key: str | None = None
+    priority: int = 0
     mode: int = field(init=False, repr=False, compare=False)  # 1 delay, 0 absolute
     time_ms: int = field(init=False, repr=False, compare=False)  # delay or epoch ms
     timeout_ms: int = field(init=False, repr=False, compare=False)  # 0: none
@@ -304,6 +312,9 @@ class JobSpec:
         if self.debounce is not None or self.max_wait is not None or self.throttle is not None:
             flow = flow_args(self)
         object.__setattr__(self, "flow", flow)
+        priority = self.priority
+        if type(priority) is not int or priority:
+            check_priority(priority)
 
 
 def check_key(key: object) -> str:
@@ -394,6 +405,7 @@ class JobInfo:
     last_error: str  # error of the last failed attempt
     timeout_ms: int = 0  # its own timeout (schedule(timeout=)); 0: none
     key: str | None = None  # its flow key (schedule(key=)); None: none
+    priority: int = 0  # schedule(priority=): among due jobs, higher is claimed first
 
     def upcoming(self, count: int = 5) -> list[int]:
         """A recurring job's next ``count`` occurrences (UTC instants, ms), from the one
@@ -418,7 +430,7 @@ class ClaimBatch:
     # reply (a Postgres check, a missed-run move): convert due times to a local clock
     # from the moment the claim returned
     now_ms: int
-    jobs: list[Job]  # leased jobs, in due order
+    jobs: list[Job]  # leased jobs, in claim order: due order, higher priorities first
     dropped: int  # one-shot jobs dropped because their occurrence was done
     moved: int = 0  # recurring jobs moved unrun by their missed-run policy
     parked: int = 0  # due jobs of paused tasks set aside until a resume (not leased)

@@ -35,7 +35,9 @@ from tickwheel.durable.store import (
     encode_payload,
     pack_record,
     record_fields,
+    record_priority,
     with_key,
+    with_priority,
     with_timeout,
     with_trace,
 )
@@ -138,7 +140,7 @@ class PendingRow:
 
 def redis_job(job_id: str, due_ms: int, record: bytes) -> EncodedJob:
     """The schedule.lua form of a stored job: its own id at its nominal due."""
-    return EncodedJob(job_id, (job_id.encode(), 0, due_ms, record))
+    return EncodedJob(job_id, (job_id.encode(), 0, due_ms, record), record_priority(record))
 
 
 def retried_job(row: Any) -> EncodedJob:
@@ -172,4 +174,8 @@ def retried_job(row: Any) -> EncodedJob:
         fields = with_trace(fields, trace)
     if key:
         fields = with_key(fields, key)
-    return EncodedJob(row["id"], (row["id"].encode(), 0, int(row["run_ms"]), pack_record(fields)))
+    # The priority too (schedule.lua indexes it: EncodedJob.priority).
+    priority = record_priority(row["record"])
+    fields = with_priority(fields, priority)
+    values = (row["id"].encode(), 0, int(row["run_ms"]), pack_record(fields))
+    return EncodedJob(row["id"], values, priority)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 from tickwheel.durable.model import (
+    PRIORITY_AGING,
     Fenced,
     Job,
     LatenessHistogram,
@@ -95,6 +96,8 @@ class Claimer:
         poll_ms: ms between claim rounds.
         max_loaded: claim nothing while this many jobs are in memory.
         outages: where store outages are reported (logged once each).
+        priority_aging: seconds late after which a job goes before any priority
+            (None: never); see ``Leases.claim``.
     """
 
     def __init__(
@@ -113,6 +116,7 @@ class Claimer:
         start_ms: int | None = None,
         held: Callable[[Job], bool] | None = None,
         claiming: Callable[[], AbstractContextManager[None]] | None = None,
+        priority_aging: float | None = PRIORITY_AGING,
     ) -> None:
         self.scheduler = scheduler
         self.leases = scheduler.leases  # claim, without the facade's extra call
@@ -127,6 +131,7 @@ class Claimer:
         self.limit = limit
         self.poll_ms = poll_ms
         self.max_loaded = max_loaded
+        self.priority_aging = priority_aging  # s, or None (Leases.claim)
         self.outages = outages if outages is not None else Outages()
         self.tracer = scheduler.tracer  # a span per claim that leased jobs (None: off)
         # Firing lateness (s): loop time at firing minus the job's due in loop time.
@@ -185,6 +190,7 @@ class Claimer:
                 lookahead=self.lookahead_ms / 1000,
                 lease=lease_ms / 1000,
                 prestart=prestart,
+                priority_aging=self.priority_aging,
             )
         except Fenced:  # counted, and the shard forgotten, by the loader's on_fenced
             return False

@@ -167,14 +167,24 @@ class TaskHandle(Generic[P, R]):
         delay: float | timedelta | None = None,
         at: int | datetime | None = None,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        timeout: float | timedelta | None = None,
+        priority: int = 0,
     ) -> JobSpec:
-        """A :class:`JobSpec` of this task, for ``schedule_many``.
+        """A :class:`JobSpec` of this task, for ``schedule_many``: ``timeout`` (the job's
+        own) and ``priority`` (0 .. 9) as :meth:`Scheduler.schedule` takes them.
 
         Raises:
             TypeError, ValueError: for a payload that does not fit, or a bad argument.
         """
         return JobSpec(
-            id, self.name, self.encode(payload), delay=delay, at=at, max_attempts=max_attempts
+            id,
+            self.name,
+            self.encode(payload),
+            delay=delay,
+            at=at,
+            max_attempts=max_attempts,
+            timeout=timeout,
+            priority=priority,
         )
 
     async def schedule(

@@ -20,9 +20,11 @@ import logging
 from datetime import timedelta
 
 from tickwheel.durable.model import (
+    PRIORITY_AGING,
     Fenced,
     Job,
     LatenessHistogram,
+    aging_ms,
     finite_seconds_ms,
     int_between,
 )
@@ -89,6 +91,9 @@ class Loader:
             not started leaves them to the reaper within that, not a whole lease, and
             at the same attempt. A job that waits for a slot is shed when half the
             margin is left. None: claims lease ``lookahead + lease`` (no pre-start).
+        priority_aging: seconds (default :data:`PRIORITY_AGING`, 60) after which a late
+            job is claimed before any priority, oldest first: the bound on a low
+            priority's wait under a sustained higher backlog. None: no aging.
 
     Raises:
         TypeError, ValueError: naming a bad parameter.
@@ -110,6 +115,7 @@ class Loader:
         outages: Outages | None = None,
         default_timeout: float | None = None,
         start_margin: float | timedelta | None = DEFAULT_START_MARGIN,
+        priority_aging: float | timedelta | None = PRIORITY_AGING,
     ) -> None:
         if not isinstance(registry, TaskRegistry):
             raise TypeError(f"registry must be a TaskRegistry, got {registry!r}")
@@ -120,6 +126,9 @@ class Loader:
         ):
             int_between(name, value, 1, top)
         default_timeout = check_timeout(default_timeout)
+        aging_ms(priority_aging)  # checked here, at construction
+        if isinstance(priority_aging, timedelta):
+            priority_aging = priority_aging.total_seconds()
         self.scheduler = scheduler  # claims, acks, owned shards
         self.registry = registry  # task name -> function
         self.wheel = wheel  # where loaded jobs wait
@@ -171,6 +180,7 @@ class Loader:
             start_ms=self.start_ms,
             held=None if self.start_ms is None else self._held,
             claiming=None if self.start_ms is None else self._acks.claiming,
+            priority_aging=priority_aging,
         )
         self._runner.limiter.poke = self._claims.poke  # a woken waiter is claimed now
         # Firing lateness (s): loop time at firing minus the job's due in loop time.

@@ -41,11 +41,13 @@ from datetime import timedelta
 from typing import Any
 
 from tickwheel.durable.model import (
+    PRIORITY_AGING,
     Fenced,
     JobState,
     NotOwner,
     ReapResult,
     RedisUnavailable,
+    check_aging,
     finite_seconds_ms,
 )
 from tickwheel.durable.scheduler import DEFAULT_LEASE, RENEW_FRACTION, Scheduler
@@ -95,6 +97,7 @@ class Worker:
         poll_interval: as for :class:`Loader`.
         max_running: as for :class:`Loader`.
         start_margin: as for :class:`Loader` (the pre-start lease past the lookahead).
+        priority_aging: as for :class:`Loader` (60 s: late jobs first; None: no aging).
         reap_interval: seconds between reaper rounds.
         drain_timeout: seconds running tasks get at shutdown; then their handlers are
             cancelled and their jobs released unrun (same attempt).
@@ -134,6 +137,7 @@ class Worker:
         default_timeout: float | None = None,
         start_margin: float | timedelta | None = DEFAULT_START_MARGIN,
         history: bool = False,
+        priority_aging: float | timedelta | None = PRIORITY_AGING,
     ) -> None:
         given: object = scheduler  # typed, but a redis client is a common slip
         if not isinstance(given, Scheduler):
@@ -159,6 +163,7 @@ class Worker:
             "max_running": max_running,
             "default_timeout": check_timeout(default_timeout),
             "start_margin": start_margin,
+            "priority_aging": check_aging(priority_aging),
         }
         if not isinstance(history, bool):
             raise TypeError(f"history must be a bool, got {history!r}")
@@ -168,18 +173,15 @@ class Worker:
         self.reconcile_interval_ms = finite_seconds_ms(
             "reconcile_interval", reconcile_interval, minimum_ms=1
         )
-        # Store outages of all its loops: one line when each starts, one when it ends.
-        self.outages = Outages()
+        self.outages = Outages()  # store outages of its loops: logged when each starts, ends
         self._loader_args["outages"] = self.outages
         self.loader: Loader | None = None  # set while running
         self.live = 0  # live workers at the last heartbeat
         self._stop = asyncio.Event()  # set by stop()
-        # Set while the cancel listener is subscribed (cleared when it reconnects).
-        self.listening = asyncio.Event()
+        self.listening = asyncio.Event()  # set while subscribed to cancels (not reconnecting)
         # Shards being given back (their tasks drain): shard -> (epoch, the give-back task)
         self._leaving: dict[int, tuple[int, asyncio.Task[None]]] = {}
-        # Where to start looking for free shards: spread by token, so workers starting
-        # together do not all race for shard 0.
+        # Where to look for free shards first: by token, so starting workers spread out.
         self._offset = zlib.crc32(self.token.encode()) % scheduler.keys.shards
 
     @property

@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from tickwheel.durable.model import (
+    PRIORITY_AGING,
     ClaimBatch,
     Defer,
     Fenced,
@@ -27,6 +28,7 @@ from tickwheel.durable.model import (
     JobState,
     LeaseLost,
     ReapResult,
+    aging_ms,
     finite_seconds_ms,
     int_between,
 )
@@ -120,8 +122,14 @@ class Leases:
         lookahead: float | timedelta = 0.0,
         lease: float | timedelta = DEFAULT_LEASE,
         prestart: bool = False,
+        priority_aging: float | timedelta | None = PRIORITY_AGING,
     ) -> ClaimBatch:
         """Lease the owned shard's jobs due by now + lookahead (at most ``limit``).
+
+        Among them, a higher priority first (``JobSpec.priority``), then due order;
+        but a job late by more than ``priority_aging`` seconds goes before any
+        priority, oldest first (None: no aging, a low priority may wait as long as
+        higher ones keep coming).
 
         With ``prestart`` the leases are pre-start leases: ``lease`` is short (the
         worker's lookahead plus its start margin), and the run's start extends each
@@ -142,6 +150,7 @@ class Leases:
         int_between("limit", limit, 1, MAX_BATCH)
         lookahead_ms = finite_seconds_ms("lookahead", lookahead)
         lease_ms = finite_seconds_ms("lease", lease, minimum_ms=1)
+        aging = aging_ms(priority_aging)
         epoch = self.ownership.epoch(shard)
         counters = self.ownership.counters
         token, forget = self._claim_token(shard, epoch)
@@ -155,6 +164,7 @@ class Leases:
                 token=token,
                 forget=forget,
                 prestart=prestart,
+                aging_ms=aging,
             )
             received = time.monotonic()
             counters.claim_calls += 1

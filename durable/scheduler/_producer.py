@@ -130,6 +130,7 @@ def build_spec(
     max_wait: float | timedelta | None = None,
     throttle: float | timedelta | None = None,
     key: str | None = None,
+    priority: int = 0,
 ) -> JobSpec:
     """The :class:`JobSpec` of ``schedule()``'s keyword arguments (every producer's:
     ``Scheduler.schedule`` and ``SyncScheduler.schedule`` build theirs here).
@@ -159,6 +160,7 @@ def build_spec(
         max_wait=max_wait,
         throttle=throttle,
         key=key,
+        priority=priority,
     )
 
 

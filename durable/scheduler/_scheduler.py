@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Awaitable, Callable, Collection, Coroutine
+from collections.abc import Collection
 from datetime import datetime, timedelta
-from operator import attrgetter
-from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from tickwheel.durable.model import (
     DEFAULT_MAX_ATTEMPTS,
@@ -45,6 +44,7 @@ from tickwheel.durable.store import (
 )
 
 from ._console import Console
+from ._forwarding import forward_to as _forward
 from ._leases import DEFAULT_LEASE, MAX_BATCH, MAX_ERROR_CHARS, Leases
 from ._operator import Operator
 from ._pause import Pauses
@@ -73,25 +73,6 @@ DEFAULT_RETRY_MAX = 600.0
 # How long a producer write waits for its replicas (with replicas > 0): a healthy
 # replica on a LAN confirms in about a millisecond; a second means it is far behind.
 DEFAULT_REPLICA_TIMEOUT = 1.0
-
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def _forward(
-    to: str, method: Callable[Concatenate[Any, P], Awaitable[R]]
-) -> Callable[Concatenate[Scheduler, P], Coroutine[Any, Any, R]]:
-    """A :class:`Scheduler` method that awaits ``method`` on the collaborator held in
-    ``self.<to>``: the signature and the docstring are the collaborator's, written once."""
-    get = attrgetter(to)
-
-    @functools.wraps(method)
-    async def forward(self: Scheduler, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        return await method(get(self), *args, **kwargs)
-
-    forward.__qualname__ = f"Scheduler.{method.__name__}"
-    return forward
 
 
 class Scheduler:
@@ -305,6 +286,7 @@ class Scheduler:
         max_wait: float | timedelta | None = None,
         throttle: float | timedelta | None = None,
         key: str | None = None,
+        priority: int = 0,
         conn: Any = None,
     ) -> ScheduleResult:
         """Schedule one job by id. One script call.
@@ -347,6 +329,10 @@ class Scheduler:
             key: the flow key (``"merchant:42"``, at most 200 UTF-8 bytes): the
                 task's ``concurrency`` and ``rate`` limits count per key
                 (docs/limits.md); None: the task's single key.
+            priority: 0 (the default and lowest) to 9: among the jobs that are due, a
+                higher priority is claimed first, never before its due; a job late by
+                more than the workers' ``priority_aging`` (60 s) goes before any
+                priority. docs/durable.md, "Priorities".
             conn: Postgres mode only: the application's open asyncpg connection. The
                 job is written in its current transaction and exists iff that commits;
                 the relay indexes it in Redis after the commit. With ``replace`` the
@@ -382,6 +368,7 @@ class Scheduler:
             max_wait=max_wait,
             throttle=throttle,
             key=key,
+            priority=priority,
         )
         return await self.producer.schedule(spec, replace, conn)
 

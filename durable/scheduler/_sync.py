@@ -225,6 +225,7 @@ class SyncScheduler:
         max_wait: float | timedelta | None = None,
         throttle: float | timedelta | None = None,
         key: str | None = None,
+        priority: int = 0,
         conn: Any = None,
     ) -> ScheduleResult:
         """Schedule one job by id: :meth:`Scheduler.schedule`, blocking. ``conn``: the
@@ -253,6 +254,7 @@ class SyncScheduler:
             max_wait=max_wait,
             throttle=throttle,
             key=key,
+            priority=priority,
         )
         known_task(self.tasks, spec.task)
         if spec.flow[0]:

@@ -34,7 +34,9 @@ from ._codec import (
     encode_payload,
     pack_record,
     record_fields,
+    record_priority,
     with_key,
+    with_priority,
     with_timeout,
     with_trace,
 )
@@ -150,6 +152,7 @@ __all__ = [
     "parse_stats_document",
     "read_layout",
     "record_fields",
+    "record_priority",
     "register",
     "script_error_text",
     "shown_url",
@@ -160,6 +163,7 @@ __all__ = [
     "unwrap",
     "url_error",
     "with_key",
+    "with_priority",
     "with_timeout",
     "with_trace",
 ]

@@ -9,6 +9,7 @@ Each ``*_call`` returns ``(keys, args)`` for one script call on one shard; each
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 from tickwheel.durable.model import (
@@ -21,7 +22,7 @@ from tickwheel.durable.model import (
 
 from ._codec import EncodedJob, job_info
 from ._keys import Keys, parse_layout
-from ._msgpack import pack_schedule_batch
+from ._msgpack import pack_array, pack_schedule_batch
 
 __all__ = [
     "ROUND_BYTES",
@@ -77,6 +78,10 @@ class ScheduleCall:
         self.jobs = jobs
         self.keys, self.args = schedule_call(keys, shard, jobs, replace)
         self.size: int = len(self.args[1])  # the packed batch (bytes)
+
+
+# A job's priority, for map() (schedule_call).
+_PRIORITY_OF = attrgetter("priority")
 
 
 def _split_by_bytes(jobs: Sequence[EncodedJob]) -> list[Sequence[EncodedJob]]:
@@ -154,7 +159,12 @@ def schedule_call(keys: Keys, shard: int, jobs: Sequence[EncodedJob], replace: b
     args = [1 if replace else 0, pack_schedule_batch([job.values for job in jobs])]
     # One job needs its own bucket only (the script then skips hashing the id).
     buckets = [keys.jobs_key(shard, jobs[0].id)] if len(jobs) == 1 else k.jobs
-    keys_ = [k.due, k.leased, k.done, k.dead, k.clock, k.far, k.faro, k.parked, k.parkedx]
+    keys_ = [k.due, k.leased, k.done, k.dead, k.clock, k.far, k.faro, k.parked, k.parkedx, k.prio]
+    # (position, priority) of the jobs with one: schedule.lua indexes them (prio_add).
+    # Looked for in C first (map): most batches have none.
+    if any(map(_PRIORITY_OF, jobs)):
+        prio = [x for i, job in enumerate(jobs, 1) if job.priority for x in (i, job.priority)]
+        args.append(pack_array(prio))
     return [*keys_, *buckets], args
 
 
@@ -183,9 +193,9 @@ def schedule_one_call(keys: Keys, shard: int, job: EncodedJob, replace: bool) ->
     return (
         [
             *(k.due, k.leased, k.done, k.dead, k.clock, k.far, k.faro),
-            *(keys.jobs_key(shard, job.id), k.parked, k.parkedx),
+            *(keys.jobs_key(shard, job.id), k.parked, k.parkedx, k.prio),
         ],
-        [1 if replace else 0, ident, mode, time_ms, record],
+        [1 if replace else 0, ident, mode, time_ms, record, job.priority],
     )
 
 
@@ -206,8 +216,8 @@ def flow_call(keys: Keys, shard: int, job: EncodedJob, flow: tuple[str, int, int
     ident, _, _, record = job.values
     bucket = keys.jobs_key(shard, job.id)
     return (
-        [k.due, k.leased, k.dead, k.clock, bucket, k.parked, k.parkedx, flow_key],
-        [kind, ident, window_ms, max_wait_ms, record],
+        [k.due, k.leased, k.dead, k.clock, bucket, k.parked, k.parkedx, flow_key, k.prio, k.trail],
+        [kind, ident, window_ms, max_wait_ms, record, job.priority],
     )
 
 
@@ -216,7 +226,10 @@ def cancel_call(keys: Keys, shard: int, job_id: str) -> Call:
     channel, so the worker running it stops its handler)."""
     k = keys.shard(shard)
     return (
-        [k.due, k.leased, k.dead, keys.jobs_key(shard, job_id), k.parked, k.parkedx],
+        [
+            *(k.due, k.leased, k.dead, keys.jobs_key(shard, job_id)),
+            *(k.parked, k.parkedx, k.prio, k.trail),
+        ],
         [job_id, keys.cancels],
     )
 
@@ -232,7 +245,7 @@ def reschedule_call(keys: Keys, shard: int, job_id: str, mode: int, time_ms: int
     return (
         [
             *(k.due, k.done, k.clock, k.leased, k.dead, k.far, k.faro),
-            *(keys.jobs_key(shard, job_id), k.parked, k.parkedx),
+            *(keys.jobs_key(shard, job_id), k.parked, k.parkedx, k.prio),
         ],
         [job_id, mode, time_ms],
     )

@@ -33,11 +33,14 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
+import msgpack  # type: ignore[import-untyped]
+
 from tickwheel.durable.model import (
     KIND_CRON,
     KIND_INTERVAL,
     MAX_KEY_BYTES,
     MAX_PAYLOAD_DEPTH,
+    MAX_PRIORITY,
     MAX_TRACE_BYTES,
     POLICY_BY_CODE,
     POLICY_CODES,
@@ -62,6 +65,7 @@ __all__ = [
     "FIELDS",
     "FLAG_JSON",
     "KEY_FIELD",
+    "PRIORITY_FIELD",
     "TIMEOUT_FIELD",
     "TRACE_FIELD",
     "ClaimedRef",
@@ -79,8 +83,10 @@ __all__ = [
     "pack_oneshot",
     "pack_record",
     "record_fields",
+    "record_priority",
     "recurrence_of",
     "with_key",
+    "with_priority",
     "with_timeout",
     "with_trace",
 ]
@@ -104,14 +110,19 @@ FIELDS = (
     "timeout",
     "trace",
     "key",
+    "priority",
 )
 # Their defaults, in the same order (lua/_lib.lua: DEFAULTS); trailing ones are dropped.
-DEFAULTS: tuple[int | bytes, ...] = (b"", b"", 5, 0, 0, 1, 0, 0, b"", 0, 0, 0, b"", 0, b"", b"")
-# Record fields of a claim.lua row that is not short (F_KEY: the last one).
+DEFAULTS: tuple[int | bytes, ...] = (
+    *(b"", b"", 5, 0, 0, 1, 0, 0, b"", 0, 0, 0, b"", 0, b""),
+    *(b"", 0),  # key, priority
+)
+# Record fields of a claim.lua row that is not short (all of them).
 CLAIM_FULL_ROW = len(FIELDS)
 TRACE_FIELD = FIELDS.index("trace")  # its index from 0
 KEY_FIELD = FIELDS.index("key")
 TIMEOUT_FIELD = FIELDS.index("timeout")
+PRIORITY_FIELD = FIELDS.index("priority")
 
 FLAG_JSON = 1  # record field 4, bit 0: the payload is JSON text
 
@@ -121,7 +132,7 @@ _ROW_STRIDE = 2 + len(FIELDS)
 # A claim.lua row: id, due, deadline, tag (bit 0: the occurrence is done already; the
 # rest: the index of the job's record hash), count, then ``count`` record fields: 6 for a
 # one-shot job without an error, a timeout of its own or a trace; 7 (those 6, then the
-# timeout) for such a job with a timeout of its own; all 15 otherwise.
+# timeout) for such a job with a timeout of its own; all of them (17) otherwise.
 CLAIM_SHORT_ROW = 6
 CLAIM_TIMED_ROW = 7
 DUPLICATE = (False, True)  # a row's tag bit 0 as a bool, indexed (no call of bool())
@@ -171,6 +182,7 @@ class EncodedJob:
 
     id: str  # job id
     values: tuple[bytes, int, int, bytes]  # id (UTF-8), mode, time (ms), record
+    priority: int = 0  # its priority (also in the record): schedule.lua indexes it
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,11 +304,18 @@ def encode_job(spec: JobSpec, payload_limit: int) -> EncodedJob:
     """
     data, flags = encode_payload(spec.payload, payload_limit)
     rec = spec.recurrence
-    if rec is None and not spec.timeout_ms and not spec.trace and spec.key is None:
-        record = pack_oneshot(spec.task.encode(), data, spec.max_attempts, flags)
+    if (
+        rec is None
+        and not spec.timeout_ms
+        and not spec.trace
+        and spec.key is None
+        and not spec.priority
+    ):
+        record = pack_oneshot(spec.task.encode(), data, spec.max_attempts, flags)  # common
         return EncodedJob(spec.id, (spec.id.encode(), spec.mode, spec.time_ms, record))
     fields = record_fields(spec, data, flags)
-    return EncodedJob(spec.id, (spec.id.encode(), spec.mode, spec.time_ms, pack_record(fields)))
+    values = (spec.id.encode(), spec.mode, spec.time_ms, pack_record(fields))
+    return EncodedJob(spec.id, values, spec.priority)
 
 
 def record_fields(spec: JobSpec, data: bytes, flags: int) -> list[int | bytes]:
@@ -312,7 +331,9 @@ def record_fields(spec: JobSpec, data: bytes, flags: int) -> list[int | bytes]:
         fields = with_timeout(fields, spec.timeout_ms)
     if spec.trace:
         fields = with_trace(fields, spec.trace.encode())
-    return with_key(fields, spec.key.encode()) if spec.key is not None else fields
+    if spec.key is not None:
+        fields = with_key(fields, spec.key.encode())
+    return with_priority(fields, spec.priority)
 
 
 def with_key(fields: list[int | bytes], key: bytes) -> list[int | bytes]:
@@ -349,6 +370,29 @@ def claimed_extras(reply: Sequence[Any], i: int, count: int) -> tuple[bytes, str
     return claimed_trace(reply[i + 19]), claimed_key(reply[i + 20])
 
 
+def with_priority(fields: list[int | bytes], priority: int) -> list[int | bytes]:
+    """Record fields (up to the key at most) with the priority field after them, the fields
+    between at their defaults; ``fields`` as they are for priority 0."""
+    if not priority:
+        return fields
+    return [*fields, *DEFAULTS[len(fields) : PRIORITY_FIELD], priority]
+
+
+def record_priority(record: object) -> int:
+    """The priority field of a packed record (0 when it has none, or is not a record:
+    never raises). A record without one stops before it, so short ones are not read."""
+    if not isinstance(record, bytes | memoryview) or len(record) <= PRIORITY_FIELD:
+        return 0
+    unpacker = msgpack.Unpacker(raw=True, max_buffer_size=len(record) + 1)
+    try:
+        unpacker.feed(bytes(record))
+        fields = list(unpacker)
+    except Exception:  # not a record: none
+        return 0
+    value = fields[PRIORITY_FIELD] if len(fields) > PRIORITY_FIELD else 0
+    return value if type(value) is int and 0 <= value <= MAX_PRIORITY else 0
+
+
 def claimed_trace(value: object) -> bytes:
     """A claim row's trace field as :attr:`Job.trace`: bytes of at most
     :data:`MAX_TRACE_BYTES`, else b"" (a hostile record cannot break the claim)."""
@@ -381,7 +425,7 @@ def recurrence_of(kind: int, spec: bytes, policy: int, cap: int, grace: int) -> 
 def job_info(job_id: str, shard: int, state: JobState, when: int, f: Sequence[Any]) -> JobInfo:
     """A JobInfo from the record fields of a reply row (in :data:`FIELDS` order)."""
     task, payload, max_attempts, flags, nominal, attempt, epoch = f[:7]
-    rec, error, timeout, key = f[7:12], f[12], f[13], f[15]
+    rec, error, timeout, key, priority = f[7:12], f[12], f[13], f[15], f[16]
     return JobInfo(
         id=job_id,
         shard=shard,
@@ -397,6 +441,7 @@ def job_info(job_id: str, shard: int, state: JobState, when: int, f: Sequence[An
         last_error=error.decode(errors="replace"),
         timeout_ms=timeout,
         key=key.decode(errors="replace") if key else None,
+        priority=priority,
     )
 
 

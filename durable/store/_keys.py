@@ -71,6 +71,10 @@ class ShardKeys(NamedTuple):
     # Flow limits (store/_limits.py): jobs waiting for a permit of their key, and wakes
     waits: str  # prefix of ZSETs per task (Keys.waits): id -> the due its wait gave it
     wakes: str  # ZSET job id -> until (ms): a permit handed to it while still leased
+    # ZSET job id -> (9 - priority) * 2**49 + due (ms): the due jobs with a priority above
+    # 0, by level then due (lua/_lib.lua: prio_lanes); a hint the claim checks against due
+    prio: str
+    trail: str  # HASH job id -> its pending trailing run (flow.lua; ack.lua creates it)
 
 
 class Keys:
@@ -153,6 +157,8 @@ class Keys:
             parkedx=f"{tag}:parkedx",
             waits=f"{tag}:kwait",
             wakes=f"{tag}:kwake",
+            prio=f"{tag}:prio",
+            trail=f"{tag}:trail",
         )
 
     def shard_of(self, job_id: str) -> int:

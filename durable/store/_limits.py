@@ -139,7 +139,7 @@ class LimitCalls(ScriptCalls):
         shard = job.shard
         k = self.keys.shard(shard)
         keys = [k.leased, k.due, k.dead, k.epoch, k.clock, self.keys.jobs_key(shard, job.id)]
-        keys += [self.keys.waits(shard, job.task), k.wakes]
+        keys += [k.prio, self.keys.waits(shard, job.task), k.wakes]
         reply = await self.transport.run(
             self._scripts.retry,
             keys,
@@ -166,7 +166,7 @@ class LimitCalls(ScriptCalls):
         return int(
             await self.transport.run(
                 self._scripts.wake,
-                [k.due, k.leased, k.clock, self.keys.waits(shard, task), k.wakes],
+                [k.due, k.leased, k.clock, self.keys.waits(shard, task), k.wakes, k.prio],
                 [job_id, WAKE_HOLD_MS],
                 shard,
             )

@@ -68,7 +68,10 @@ class OperatorCalls(ScriptCalls):
         """Dead letters back to due now (dead_requeue.lua); ``ids`` empty: oldest ``limit``."""
         k = self.keys.shard(shard)
         reply = await self.transport.run(
-            self._scripts.dead_requeue, [k.dead, k.due, k.clock, *k.jobs], [limit, *ids], shard
+            self._scripts.dead_requeue,
+            [k.dead, k.due, k.clock, k.prio, *k.jobs],
+            [limit, *ids],
+            shard,
         )
         return [b.decode() for b in reply]
 
@@ -76,7 +79,7 @@ class OperatorCalls(ScriptCalls):
         """Delete dead letters (dead_purge.lua); ``ids`` empty: the oldest ``limit``."""
         k = self.keys.shard(shard)
         reply = await self.transport.run(
-            self._scripts.dead_purge, [k.dead, *k.jobs], [limit, *ids], shard
+            self._scripts.dead_purge, [k.dead, k.trail, *k.jobs], [limit, *ids], shard
         )
         return [b.decode() for b in reply]
 

@@ -47,7 +47,8 @@ def shard_pause_call(
 ) -> tuple[list[str], list[Any]]:
     """pause.lua on ``shard``: op 1 pause, 0 resume (moving at most ``limit`` back)."""
     k = keys.shard(shard)
-    return [k.paused, k.parked, k.parkedx, k.due], [op, task, since_ms, limit]
+    keys_ = [k.paused, k.parked, k.parkedx, k.due, k.prio, *k.jobs]
+    return keys_, [op, task, since_ms, limit]
 
 
 class PauseCalls(ScriptCalls):

@@ -45,5 +45,5 @@ class ReapCalls(ScriptCalls):
 
     async def _reap(self, shard: int, args: list[Any]) -> Any:
         k = self.keys.shard(shard)
-        keys = [k.leased, k.due, k.dead, k.epoch, k.clock, *k.jobs]
+        keys = [k.leased, k.due, k.dead, k.epoch, k.clock, k.prio, *k.jobs]
         return await self.transport.run(self._scripts.reap, keys, args, shard)

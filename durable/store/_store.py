@@ -237,6 +237,7 @@ class Store:
         token: str,
         forget: str | None = None,
         prestart: bool = False,
+        aging_ms: int = 60_000,
     ) -> ClaimBatch:
         """Lease jobs due by now + lookahead (claim.lua). O(limit log N).
 
@@ -248,8 +249,8 @@ class Store:
             forget: the token of the caller's previous claim on this shard, whose reply
                 arrived: its kept reply is deleted.
             prestart: the leases are pre-start leases (``lease_ms`` short): the reaper
-                returns one whose run never started (no :meth:`extend` since) without
-                charging an attempt.
+                returns one never started (no :meth:`extend`) at the same attempt.
+            aging_ms: a job late by this much goes before any priority (-1: never).
 
         Raises:
             Fenced: if ``epoch`` is stale.
@@ -262,9 +263,9 @@ class Store:
             self._scripts.claim,
             [
                 *(k.due, k.leased, k.done, k.epoch, k.clock, reply_key, forget_key),
-                *(k.dead, k.far, k.faro, k.paused, k.parked, k.parkedx, *k.jobs),
+                *(k.dead, k.far, k.faro, k.paused, k.parked, k.parkedx, k.prio, *k.jobs),
             ],
-            [epoch, lookahead_ms, limit, lease_ms, "1" if prestart else ""],
+            [epoch, lookahead_ms, limit, lease_ms, "1" if prestart else "", aging_ms],
             shard,
         )
         try:
@@ -364,7 +365,7 @@ class Store:
         args = [epoch, keep_done_ms, pack_ack_batch(items)]
         reply = await self.transport.write(
             self._scripts.ack,
-            [k.leased, k.due, k.done, k.epoch, k.clock, k.far, k.faro, *buckets],
+            [k.leased, k.due, k.done, k.epoch, k.clock, k.far, k.faro, k.prio, k.trail, *buckets],
             args,
             shard,
         )
@@ -392,7 +393,7 @@ class Store:
         k = self.keys.shard(shard)
         reply = await self.transport.write(
             self._scripts.retry,
-            [k.leased, k.due, k.dead, k.epoch, k.clock, self.keys.jobs_key(shard, job_id)],
+            [k.leased, k.due, k.dead, k.epoch, k.clock, self.keys.jobs_key(shard, job_id), k.prio],
             [epoch, job_id, attempt, nominal_ms, delay_ms, error, 2 if defer else int(final)],
             shard,
         )
@@ -428,7 +429,7 @@ class Store:
             mode = 2 if ref.keep_leased else 1 if ref.renominate else 0
             args += (ref.id, ref.attempt, ref.nominal_ms, ref.time_ms, mode)
         reply = await self.transport.write(
-            self._scripts.release, [k.leased, k.due, k.epoch, k.clock, *k.jobs], args, shard
+            self._scripts.release, [k.leased, k.due, k.epoch, k.clock, k.prio, *k.jobs], args, shard
         )
         return [bool(s) for s in reply]
 

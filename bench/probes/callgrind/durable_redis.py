@@ -1,7 +1,7 @@
 """Redis instructions per job of the durable hot paths, counted rather than timed.
 
     python -m bench.probes.callgrind durable-redis [--jobs 5000] [--limit 1000]
-        [--hashtables] [--job-timeout S] [--durable-dir DIR]
+        [--hashtables] [--job-timeout S] [--priorities K] [--durable-dir DIR]
 
 Why: on a shared virtual machine a job's Redis time moves by tens of percent from one
 day to the next, while callgrind's count of the instructions redis-server executes
@@ -21,6 +21,8 @@ the jobs it handled:
 - ``batch spread``: the same near, with every due distinct.
 
 ``--job-timeout`` gives the claimed jobs a timeout of their own (``schedule(timeout=)``).
+``--priorities K`` gives job ``i`` the priority ``i % K`` (``schedule(priority=)``; 1,
+the default: all 0, no priorities in use), so the claims take them level by level.
 ``--hashtables`` sets ``hash-max-listpack-entries 0``, so the record buckets are hash
 tables as they are past ~32,000 jobs a shard (default: listpacks, as at this size).
 ``--durable-dir`` loads ``tickwheel.durable`` from another checkout's ``durable/``
@@ -44,7 +46,13 @@ SHARDS = 16  # the batch rows' namespace
 
 
 async def _measure(
-    server: TracedServer, jobs: int, limit: int, hashtables: bool, own: float | None = None
+    server: TracedServer,
+    jobs: int,
+    limit: int,
+    hashtables: bool,
+    own: float | None = None,
+    *,
+    levels: int = 1,
 ) -> dict[str, float]:
     import redis.asyncio
 
@@ -67,9 +75,15 @@ async def _measure(
         await s.take(0)
         for start in range(0, jobs, 5000):
             n = min(5000, jobs - start)
-            await s.schedule_many(
-                JobSpec(f"job:{start + i}", "send_email", PAYLOAD, timeout=own) for i in range(n)
-            )
+            extra = {} if levels == 1 else {"priority": 0}  # a checkout without priorities
+            specs = []
+            for i in range(n):
+                if levels > 1:
+                    extra["priority"] = (start + i) % levels
+                specs.append(
+                    JobSpec(f"job:{start + i}", "send_email", PAYLOAD, timeout=own, **extra)
+                )
+            await s.schedule_many(specs)
         warm = await s.claim(0, limit=10)  # the scripts loaded, the connection made
         await s.ack_many(warm.jobs)
         batches = []
@@ -117,6 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=1000, help="jobs per claim")
     parser.add_argument("--hashtables", action="store_true", help="record buckets as hash tables")
     parser.add_argument("--job-timeout", type=float, help="the claimed jobs' own timeout (s)")
+    parser.add_argument("--priorities", type=int, default=1, help="job i's priority: i %% K")
     parser.add_argument("--durable-dir", default="", help="another checkout's durable/")
 
 
@@ -129,14 +144,22 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         server = TracedServer(tmp, traced=True)
         try:
-            measure = _measure(server, args.jobs, args.limit, args.hashtables, args.job_timeout)
+            measure = _measure(
+                server,
+                args.jobs,
+                args.limit,
+                args.hashtables,
+                args.job_timeout,
+                levels=args.priorities,
+            )
             out = asyncio.run(measure)
         finally:
             server.stop()
     kind = "hash tables" if args.hashtables else "listpacks"
+    levels = f", priorities i % {args.priorities}" if args.priorities > 1 else ""
     print(
         f"Redis instructions per job ({args.jobs:,} jobs, claims of {args.limit:,}, "
-        f"record buckets as {kind}):"
+        f"record buckets as {kind}{levels}):"
     )
     for name, per in out.items():
         print(f"  {name:<13} {per:>10,.0f}")

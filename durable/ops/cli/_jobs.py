@@ -7,6 +7,7 @@ from typing import Any
 
 from tickwheel.durable.model import (
     DEFAULT_MAX_ATTEMPTS,
+    MAX_PRIORITY,
     CancelResult,
     JobInfo,
     JobSpec,
@@ -92,6 +93,7 @@ def _schedule(args: argparse.Namespace) -> int:
             jitter=args.jitter,
             timeout=args.timeout,
             key=args.key,
+            priority=args.priority,
             **flow,
         )
         data = {
@@ -231,6 +233,7 @@ def _inspect_job(args: argparse.Namespace) -> int:
             "nominal_ms": info.nominal_ms,
             "attempt": info.attempt,
             "max_attempts": info.max_attempts,
+            "priority": info.priority,
             "every_ms": rec.every_ms if rec is not None else 0,
             "cron": rec.cron if rec is not None else "",
             "tz": (rec.tz or "UTC") if rec is not None and rec.cron else "",
@@ -245,6 +248,7 @@ def _inspect_job(args: argparse.Namespace) -> int:
             lines = [
                 f"job {info.id!r} (shard {info.shard}): {data['state']}, task {info.task!r},"
                 f" at {iso(info.when_ms)}, attempt {info.attempt} of {info.max_attempts}"
+                + (f", priority {info.priority}" if info.priority else "")
             ]
             if data["cron"]:
                 lines.append(f"  cron {data['cron']!r} in {data['tz']}, missed: {data['missed']}")
@@ -414,6 +418,14 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
         help="seconds its handler may run (before the task's and the worker's timeout)",
     )
     sched.add_argument("--key", help="the flow key the task's concurrency and rate limits count by")
+    sched.add_argument(
+        "--priority",
+        type=int,
+        choices=range(MAX_PRIORITY + 1),
+        default=0,
+        metavar=f"0..{MAX_PRIORITY}",
+        help="among due jobs, a higher priority is claimed first (default 0, the lowest)",
+    )
     for flag, what in (
         ("--debounce", "seconds: each schedule of this id while it waits moves it to now + this"),
         ("--max-wait", "with --debounce: due at most this long after the first schedule"),

@@ -11,6 +11,7 @@ import signal
 import sys
 from typing import Any
 
+from tickwheel.durable.model import PRIORITY_AGING
 from tickwheel.durable.ops.logs import FORMATS
 from tickwheel.durable.runtime import (
     DEFAULT_DRAIN_TIMEOUT,
@@ -101,6 +102,7 @@ async def _work(args: argparse.Namespace, registry: TaskRegistry) -> int:
             reconcile_interval=args.reconcile_interval,
             default_timeout=args.task_timeout,
             start_margin=args.start_margin,
+            priority_aging=args.priority_aging,
             publisher=publisher,
             history=args.history,
         )
@@ -220,6 +222,13 @@ def add_commands(add: AddCommand, common: argparse.ArgumentParser) -> None:
         help="seconds a claimed job's lease lasts past the lookahead until its run starts"
         " (then it is extended to --lease): a killed worker's unstarted jobs are back"
         " within --lookahead plus this, at the same attempt",
+    )
+    work.add_argument(
+        "--priority-aging",
+        type=non_negative_float,
+        default=PRIORITY_AGING,
+        help="seconds late after which a due job is claimed before any priority, oldest"
+        " first: the longest a low priority waits behind higher ones, past its due",
     )
     work.add_argument(
         "--metrics-port",

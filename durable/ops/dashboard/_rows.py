@@ -131,6 +131,7 @@ def job_row(job: JobInfo, now_ms: int, upcoming: int = 0) -> dict[str, Any]:
         "nominal": iso(job.nominal_ms),
         "attempt": job.attempt,
         "max_attempts": job.max_attempts,
+        "priority": job.priority,  # schedule(priority=), 0 .. 9
         "epoch": job.epoch,
         "recurring": describe_recurrence(rec),
         # cron: the zone it reads in ("UTC" without one); "" for an interval or one-shot

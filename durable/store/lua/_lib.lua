@@ -22,14 +22,15 @@
 --  15 trace     the producer's W3C trace context (text; '' none), kept as it is
 --  16 key       the flow key (schedule(key=); '' none: the task's single key), which
 --               the task's concurrency and rate limits count by (limits.lua)
+--  17 priority  0 (the default, lowest) .. MAX_PRIORITY: among due jobs, higher first
 -- Nothing here reads the client's clock: "now" is TIME, never below {ns:s}:clock.
 
 local F_TASK, F_PAYLOAD, F_MAX, F_FLAGS, F_NOMINAL, F_ATTEMPT, F_EPOCH = 1, 2, 3, 4, 5, 6, 7
 local F_RKIND, F_RSPEC, F_POLICY, F_CAP, F_GRACE, F_ERROR, F_TIMEOUT = 8, 9, 10, 11, 12, 13, 14
-local F_TRACE, F_KEY = 15, 16
-local NFIELDS = 16
+local F_TRACE, F_KEY, F_PRIORITY = 15, 16, 17
+local NFIELDS = 17
 -- Mirrored in _codec.py (DEFAULTS); 5 = DEFAULT_MAX_ATTEMPTS in model/_jobs.py.
-local DEFAULTS = {'', '', 5, 0, 0, 1, 0, 0, '', 0, 0, 0, '', 0, '', ''}
+local DEFAULTS = {'', '', 5, 0, 0, 1, 0, 0, '', 0, 0, 0, '', 0, '', '', 0}
 -- unpack() of a long list overflows Lua's C stack (LUAI_MAXCSTACK 8000): chunk bulk calls.
 local CHUNK = 1000
 -- A refusal from inside a helper is raised as a plain string, error('TW_<CODE> ...', 0):
@@ -474,4 +475,91 @@ local function unpark_drop(parked_key, parkedx_key, id, s)
   redis.call('ZREM', parked_key, id)
   redis.call('ZREM', parkedx_key, park_member(cmsgpack.unpack(s), tonumber(p), id))
   return true
+end
+
+-- Priorities (issue 35). {ns:s}:prio is an index of the due jobs whose priority is above
+-- 0: member id, score (MAX_PRIORITY - priority) * PRIO_SPAN + due, so one ZSET holds every
+-- level, highest first, each in due order. The due ZSET stays the truth of what is due:
+-- an entry is a hint that claim.lua checks against it (prio_lanes) and drops when the
+-- job is no longer due at that time (cancelled, claimed, replaced); every script that
+-- puts a job with a priority back into due (retry, reap, release, ack, resume, requeue)
+-- adds its entry again with prio_add. Priority 0 jobs have no entry: the claim of a
+-- namespace without priorities reads nothing more than one EXISTS.
+local MAX_PRIORITY = 9
+-- 2^49 ms is about 17,800 years: every due the far index can hold fits below it, and
+-- 9 levels of it stay under 2^53, the doubles' exact integers.
+local PRIO_SPAN = 562949953421312
+
+local function prio_score(p, due)
+  if due >= PRIO_SPAN then due = PRIO_SPAN - 1 end
+  return (MAX_PRIORITY - p) * PRIO_SPAN + due
+end
+
+-- Index `id`, due at `due`, under priority p (a number; 0 or nil: none, so nothing).
+local function prio_add(prio_key, id, due, p)
+  if p and p > 0 then redis.call('ZADD', prio_key, fmt(prio_score(p, due)), id) end
+end
+
+-- The claim's hits when some due job has a priority: {id, due, ...} as ZRANGEBYSCORE
+-- WITHSCORES gives them, at most `limit`, in claim order, and how many of them (the
+-- first ones) are out of due already:
+--   1. aged: due by now - aging, oldest first, whatever their priority (the bound on
+--      a low priority's wait under a sustained higher backlog; aging < 0: none);
+--   2. each level from MAX_PRIORITY down to 1, due by `horizon`, in due order;
+--   3. the rest of due (priority 0) by `horizon`, in due order.
+-- Index entries found stale on the way are dropped (not in due) or moved to the job's
+-- due (in due later than the horizon); the claimed ones are dropped (prio_add puts
+-- them back when the job returns to due). Each page of a level leaves the range it was
+-- read from, so a level is read from offset 0 until it is short.
+local function prio_lanes(due_key, prio_key, now, horizon, limit, aging)
+  local hits, n, taken = {}, 0, {}
+  local function take(id, due)
+    taken[id] = true
+    hits[2 * n + 1], hits[2 * n + 2] = id, due
+    n = n + 1
+  end
+  if aging >= 0 then
+    local old = redis.call('ZRANGEBYSCORE', due_key, '-inf', fmt(math.min(now - aging, horizon)),
+      'WITHSCORES', 'LIMIT', 0, limit)
+    for j = 1, #old, 2 do take(old[j], tonumber(old[j + 1])) end
+  end
+  local top = horizon < PRIO_SPAN and horizon or PRIO_SPAN - 1
+  for p = MAX_PRIORITY, 1, -1 do
+    local base = (MAX_PRIORITY - p) * PRIO_SPAN
+    while n < limit do
+      local want = limit - n
+      local got = redis.call('ZRANGEBYSCORE', prio_key, fmt(base), fmt(base + top),
+        'LIMIT', 0, want)
+      if #got == 0 then break end
+      local scores = redis.call('ZMSCORE', due_key, unpack(got))
+      local drop, moved = {}, {}
+      for j = 1, #got do
+        local id, due = got[j], tonumber(scores[j])
+        if due and due <= horizon and not taken[id] then
+          take(id, due)
+          drop[#drop + 1] = id
+        elseif due and due > horizon then
+          moved[#moved + 1], moved[#moved + 2] = fmt(prio_score(p, due)), id
+        else
+          drop[#drop + 1] = id  -- not in due, or claimed above as aged
+        end
+      end
+      if #drop > 0 then redis.call('ZREM', prio_key, unpack(drop)) end
+      if #moved > 0 then redis.call('ZADD', prio_key, unpack(moved)) end
+      if #got < want then break end
+    end
+  end
+  -- Out of due now, so the read of priority 0 below does not meet them again.
+  local removed = n
+  for k = 1, n, CHUNK do
+    local part = {}
+    for j = k, math.min(k + CHUNK - 1, n) do part[#part + 1] = hits[2 * j - 1] end
+    redis.call('ZREM', due_key, unpack(part))
+  end
+  if n < limit then
+    local rest = redis.call('ZRANGEBYSCORE', due_key, '-inf', fmt(horizon), 'WITHSCORES',
+      'LIMIT', 0, limit - n)
+    for j = 1, #rest, 2 do take(rest[j], tonumber(rest[j + 1])) end
+  end
+  return hits, removed
 end

@@ -1,6 +1,8 @@
 -- cancel.lua: remove a job, whatever its state.
 -- KEYS[1] due  KEYS[2] leased  KEYS[3] dead  KEYS[4] the job's jobs bucket
 -- KEYS[5] parked  KEYS[6] parkedx   (a parked job, of a paused task, is removed as due)
+-- KEYS[7] prio  the priority index (_lib.lua: prio_add): the job's entry goes
+-- KEYS[8] trail  the id's pending trailing run (flow.lua) goes too
 -- ARGV[1]  id
 -- ARGV[2]  channel (optional): where a removed leased job's id is published, so that the
 --   worker running it stops its handler
@@ -15,6 +17,8 @@ if p then
   redis.call('ZREM', KEYS[5], id)
   if s then redis.call('ZREM', KEYS[6], park_member(cmsgpack.unpack(s), tonumber(p), id)) end
 end
+redis.call('ZREM', KEYS[7], id)
+redis.call('HDEL', KEYS[8], id)
 if redis.call('HDEL', KEYS[4], id) == 0 then return 0 end
 if redis.call('ZREM', KEYS[1], id) == 1 then return 1 end
 if redis.call('ZREM', KEYS[2], id) == 1 then

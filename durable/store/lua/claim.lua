@@ -5,7 +5,8 @@
 --                 (may equal KEYS[6]'s prefix with another token; same slot)
 -- KEYS[8] dead  KEYS[9] far  KEYS[10] faro
 -- KEYS[11] paused  KEYS[12] parked  KEYS[13] parkedx   (the shard's pause, _lib.lua)
--- KEYS[14..] jobs buckets (all of the shard's, in order)
+-- KEYS[14] prio   the index of due jobs with a priority (_lib.lua: prio_lanes)
+-- KEYS[15..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  epoch      the caller's fencing epoch for this shard
 -- ARGV[2]  lookahead  ms: claim jobs due by now + lookahead
 -- ARGV[3]  limit      at most this many jobs
@@ -15,15 +16,20 @@
 --                     (extend.lua) stores a whole ms, and the reaper (reap.lua) returns
 --                     an expired lease with the half ms without charging an attempt.
 --                     '' or absent: whole ms (a started run's lease).
+-- ARGV[6]  aging      ms: with priorities in use, a job due by now - aging is claimed
+--                     before any priority, oldest first ('' or absent: 60000; negative:
+--                     no aging). Without priorities (KEYS[14] empty), jobs are claimed
+--                     in due order, as ever.
 -- Returns: a msgpack array (one bulk string: it is kept as it is sent, below, and the
 --   client decodes it faster than Redis converts a Lua table of it to RESP):
 --   {now, dropped, parked, then per job: id, due, deadline, tag, count, field_1 ..
 --   field_count}: tag = dup + 2 * bucket, where bucket is the index from 0 of the job's
---   record hash among KEYS[14..], for the ack to send back, and dup is 0 or 1 (below);
+--   record hash among KEYS[15..], for the ack to send back, and dup is 0 or 1 (below);
 --   count is 6 (task, payload, max, flags, nominal, attempt: the epoch is ARGV[1] and
 --   the rest are at their defaults) for a one-shot job with no error, no timeout of
---   its own, no trace context and no flow key; 7 (those 6, then the timeout) for such a
---   job with a timeout of its own; else 16 (NFIELDS); the nominal is resolved. dropped counts
+--   its own, no trace context and no flow key (a priority alone keeps it short); 7
+--   (those 6, then the timeout) for such a job with a timeout of its own; else 17
+--   (NFIELDS); the nominal is resolved. dropped counts
 --   one-shot jobs whose occurrence is in done already: removed, not returned. A
 --   recurring job whose occurrence is done comes back leased with dup = 1: the client
 --   acks it unrun, which re-inserts its next occurrence. parked counts the due jobs of paused tasks (a task
@@ -39,7 +45,7 @@
 --   (far_promote in _lib.lua; at most about LIMIT ids a call). If some are left, the
 --   horizon stops short of the first one's slot, so jobs are still claimed in due order.
 -- Errors: TW_FENCED if ARGV[1] is not the shard's current epoch (nothing written).
-local FIRST = 13
+local FIRST = 14
 local due_key, leased_key, done_key = KEYS[1], KEYS[2], KEYS[3]
 local err = fence(KEYS[4], ARGV[1])
 if err then return err end
@@ -55,8 +61,13 @@ local limit = tonumber(ARGV[3])
 local left = far_promote(due_key, leased_key, KEYS[8], KEYS[9], KEYS[10], FIRST,
   far_slot(horizon) + FAR_SLOT, limit, KEYS[12])
 if left and left <= horizon then horizon = left - 1 end
-local hits = redis.call('ZRANGEBYSCORE', due_key, '-inf', fmt(horizon),
-  'WITHSCORES', 'LIMIT', 0, limit)
+local hits, removed = nil, 0  -- removed: the first hits are out of due already
+if redis.call('EXISTS', KEYS[14]) == 0 then  -- no priorities: due order
+  hits = redis.call('ZRANGEBYSCORE', due_key, '-inf', fmt(horizon), 'WITHSCORES', 'LIMIT', 0, limit)
+else
+  local aging = tonumber(ARGV[6] ~= '' and ARGV[6] or nil) or 60000
+  hits, removed = prio_lanes(due_key, KEYS[14], now, horizon, limit, aging)
+end
 if #hits == 0 then return cmsgpack.pack({now, 0, 0}) end
 -- The paused tasks: one EXISTS when none is (the common case).
 local paused, pause_all = nil, false
@@ -77,7 +88,13 @@ for k = 1, count do
   ids[k] = hits[2 * k - 1]
   dues[k] = tonumber(hits[2 * k])
 end
-bulk('ZREM', due_key, ids)
+if removed == 0 then
+  bulk('ZREM', due_key, ids)
+elseif removed < count then
+  local rest = {}
+  for k = removed + 1, count do rest[k - removed] = ids[k] end
+  bulk('ZREM', due_key, rest)
+end
 local recs, key_of, index_of = get_records(ids, count, FIRST)
 -- Read each record and resolve its occurrence, then look them all up in done at once.
 -- A record of at most 6 fields (a one-shot job, not leased, no error: nearly all of

@@ -1,10 +1,11 @@
 -- dead_requeue.lua: put dead letters back to due now, attempt 1, same occurrence.
--- KEYS[1] dead  KEYS[2] due  KEYS[3] clock  KEYS[4..] jobs buckets (all, in order)
+-- KEYS[1] dead  KEYS[2] due  KEYS[3] clock  KEYS[4] prio  the priority index (_lib.lua: prio_add)
+-- KEYS[5..] jobs buckets (all, in order)
 -- ARGV[1]  limit   when no ids follow: requeue the oldest `limit` dead letters
 -- ARGV[2..] ids
 -- Returns: the ids requeued.
 -- Errors: none.
-local FIRST = 3
+local FIRST = 4
 local now = clock_now(KEYS[3], true)
 local ids = {}
 for k = 2, #ARGV do ids[#ids + 1] = ARGV[k] end
@@ -19,6 +20,7 @@ for _, id in ipairs(ids) do
       r[F_ATTEMPT], r[F_EPOCH], r[F_ERROR] = 1, 0, ''
       redis.call('HSET', jobs_key, id, rec_encode(r))
       redis.call('ZADD', KEYS[2], fmt(now), id)
+      prio_add(KEYS[4], id, now, r[F_PRIORITY])
       out[#out + 1] = id
     end
   end

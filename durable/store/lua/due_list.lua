@@ -5,7 +5,7 @@
 -- KEYS[7..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  offset
 -- ARGV[2]  count
--- Returns: {total, then per job: id, due, field_1 .. field_16} (18 values per job).
+-- Returns: {total, then per job: id, due, field_1 .. field_17} (19 values per job).
 --   A page that reaches into the far index reads it from its start: O(offset).
 -- Errors: TW_TOOMANY when that would read more than FAR_WALK far entries.
 local FIRST = 6

@@ -1,6 +1,9 @@
 -- pause.lua: pause or resume a task (or the whole namespace) on one shard.
 -- KEYS[1] paused   the shard's copy of the pause state (claim.lua reads it)
 -- KEYS[2] parked  KEYS[3] parkedx  KEYS[4] due
+-- KEYS[5] prio  the priority index (_lib.lua: prio_add): a job moved back with a
+--   priority is indexed again (its record read from its bucket)
+-- KEYS[6..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  op      1 pause, 0 resume
 -- ARGV[2]  task    a task name, or '' for the whole namespace
 -- ARGV[3]  since   ms: when it was paused (pause)
@@ -11,6 +14,7 @@
 --   whole namespace stays paused; resuming the namespace leaves the jobs of the tasks
 --   paused on their own parked. Re-sent safely (the same state, the rest moved).
 -- Errors: none (the client validates every argument).
+local FIRST = 5
 local paused_key, parked_key, parkedx_key, due_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local task = ARGV[2]
 if ARGV[1] == '1' then
@@ -52,6 +56,13 @@ while moved < limit do
 end
 if moved > 0 then
   bulk('ZADD', due_key, zadd)
+  for j = 1, moved do
+    local id = zadd[2 * j]
+    local s = redis.call('HGET', bucket_key(id, FIRST), id)
+    if s and #s > F_PRIORITY then  -- shorter: fewer fields than the priority's
+      prio_add(KEYS[5], id, tonumber(zadd[2 * j - 1]), rec_decode(s)[F_PRIORITY])
+    end
+  end
   bulk('ZREM', parked_key, zrem)
   bulk('ZREM', parkedx_key, xrem)
 end

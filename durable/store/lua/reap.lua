@@ -6,7 +6,8 @@
 --   in between) is charged as a started one, so a job that kills its worker before its
 --   start is marked still runs out of attempts (at half the pace).
 -- KEYS[1] leased  KEYS[2] due  KEYS[3] dead  KEYS[4] epoch  KEYS[5] clock
--- KEYS[6..] jobs buckets (all of the shard's, in order)
+-- KEYS[6] prio  the priority index (_lib.lua: prio_add)
+-- KEYS[7..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  epoch   the caller's fencing epoch for this shard
 -- ARGV[2]  limit   at most this many leases
 -- ARGV[3]  look    1: write nothing, return what a reap would do (the Postgres mode
@@ -15,7 +16,7 @@
 -- ARGV[4]  upto    ms, 0 none: only leases expired by then (what a look saw)
 -- Returns: {now, n_requeued, id_1 .. id_n (requeued), then the ids of dead jobs}
 -- Errors: TW_FENCED if ARGV[1] is not the shard's current epoch (nothing written).
-local FIRST = 5
+local FIRST = 6
 local UNSTARTED = 'lease expired before the run started'
 local leased_key, due_key, dead_key = KEYS[1], KEYS[2], KEYS[3]
 local err = fence(KEYS[4], ARGV[1])
@@ -50,6 +51,7 @@ for k = 1, #hits, 2 do
       if act == 0 then
         r[F_ERROR] = UNSTARTED
         redis.call('ZADD', due_key, fmt(now), id)
+        prio_add(KEYS[6], id, now, r[F_PRIORITY])
         requeued[#requeued + 1] = id
       elseif act == 2 then
         r[F_ERROR] = 'lease expired'
@@ -59,6 +61,7 @@ for k = 1, #hits, 2 do
         r[F_ERROR] = 'lease expired'
         r[F_ATTEMPT] = r[F_ATTEMPT] + 1
         redis.call('ZADD', due_key, fmt(now), id)
+        prio_add(KEYS[6], id, now, r[F_PRIORITY])
         requeued[#requeued + 1] = id
       end
       redis.call('HSET', jobs_key, id, rec_encode(r))

@@ -1,7 +1,8 @@
 -- release.lua: hand leased jobs back to due, unrun (same attempt): a graceful
 -- shutdown, or a recurring job moved by its missed-run policy.
 -- KEYS[1] leased  KEYS[2] due  KEYS[3] epoch  KEYS[4] clock
--- KEYS[5..] jobs buckets (all of the shard's, in order)
+-- KEYS[5] prio  the priority index (_lib.lua: prio_add)
+-- KEYS[6..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  epoch      the caller's fencing epoch for this shard
 -- ARGV[2]  count      number of jobs that follow
 -- then per job: id, attempt, nominal, due, renominate   (the lease: epoch, attempt, nominal)
@@ -12,7 +13,7 @@
 --                   run now as that occurrence (a missed-run policy's catch-up)
 -- Returns: {status_1 .. status_n}: 1 released (or moved, for 2), 0 lease lost.
 -- Errors: TW_FENCED if ARGV[1] is not the shard's current epoch (nothing written).
-local FIRST = 4
+local FIRST = 5
 local leased_key, due_key = KEYS[1], KEYS[2]
 local err = fence(KEYS[3], ARGV[1])
 if err then return err end
@@ -38,6 +39,7 @@ for k = 1, tonumber(ARGV[2]) do
         redis.call('ZREM', leased_key, id)
         redis.call('HSET', jobs_key, id, rec_encode(r))
         redis.call('ZADD', due_key, fmt(due), id)
+        prio_add(KEYS[5], id, due, r[F_PRIORITY])
       end
       status = 1
     end

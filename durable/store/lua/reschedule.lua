@@ -1,6 +1,7 @@
 -- reschedule.lua: move a due job to a new due time (a new occurrence: attempt 1).
 -- KEYS[1] due  KEYS[2] done  KEYS[3] clock  KEYS[4] leased  KEYS[5] dead  KEYS[6] far
 -- KEYS[7] faro  KEYS[8] the job's jobs bucket  KEYS[9] parked  KEYS[10] parkedx
+-- KEYS[11] prio  the priority index (_lib.lua: prio_add)
 --   (a parked job, of a paused task, leaves the parked jobs: a claim parks it again
 --   when it falls due while its task is still paused)
 -- ARGV[1]  id
@@ -32,4 +33,5 @@ else
   redis.call('ZADD', due_key, fmt(due), id)
 end
 redis.call('HSET', jobs_key, id, rec_encode(r))
+prio_add(KEYS[11], id, due, r[F_PRIORITY])
 return {1, due}

@@ -1,6 +1,6 @@
 -- retry.lua: give a leased job back for another attempt after a delay, or kill it.
 -- KEYS[1] leased  KEYS[2] due  KEYS[3] dead  KEYS[4] epoch  KEYS[5] clock
--- KEYS[6] the job's jobs bucket
+-- KEYS[6] the job's jobs bucket  KEYS[7] prio  the priority index (_lib.lua: prio_add)
 -- ARGV[1]  epoch   the caller's fencing epoch for this shard
 -- ARGV[2]  id
 -- ARGV[3]  attempt the attempt the caller holds
@@ -11,10 +11,10 @@
 --                  2: a Defer: due again at now + delay as the SAME attempt and
 --                  occurrence, the error text left as it was (ARGV[6] unused);
 --                  3: a wait for a permit or a start of its flow key (limits.lua):
---                  as 2, and the due it gets is noted in KEYS[7] (wake.lua, metrics);
+--                  as 2, and the due it gets is noted in KEYS[8] (wake.lua, metrics);
 --                  with ARGV[8] '1' (a permit wait) due at once instead when a wake
---                  came while it was still leased (KEYS[8], wake.lua)
--- KEYS[7] waits (the task's, this shard's)  KEYS[8] wakes   (mode 3 only)
+--                  came while it was still leased (KEYS[9], wake.lua)
+-- KEYS[8] waits (the task's, this shard's)  KEYS[9] wakes   (mode 3 only)
 -- ARGV[8]  mode 3: '1' a permit wait, '' a wait for a start (rate)
 -- Returns: {status, when}: 1 due again at when (attempt + 1), 2 dead since when
 --   (attempt was the last of max, or final), 3 deferred to when (same attempt),
@@ -37,17 +37,18 @@ if ARGV[7] == '2' or ARGV[7] == '3' then
   r[F_EPOCH] = 0
   local due = now + tonumber(ARGV[5])
   if ARGV[7] == '3' then
-    local woke = ARGV[8] == '1' and redis.call('ZSCORE', KEYS[8], id)
+    local woke = ARGV[8] == '1' and redis.call('ZSCORE', KEYS[9], id)
+    redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', '(' .. fmt(now))
     redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', '(' .. fmt(now))
-    redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', '(' .. fmt(now))
     if woke and tonumber(woke) >= now then
-      redis.call('ZREM', KEYS[8], id)
+      redis.call('ZREM', KEYS[9], id)
       due = now  -- its permit was handed to it while it was still leased here
     end
-    redis.call('ZADD', KEYS[7], fmt(due), id)
+    redis.call('ZADD', KEYS[8], fmt(due), id)
   end
   redis.call('HSET', jobs_key, id, rec_encode(r))
   redis.call('ZADD', KEYS[2], fmt(due), id)
+  prio_add(KEYS[7], id, due, r[F_PRIORITY])
   return {3, due}
 end
 r[F_EPOCH], r[F_ERROR] = 0, ARGV[6]
@@ -60,4 +61,5 @@ r[F_ATTEMPT] = r[F_ATTEMPT] + 1
 local due = now + tonumber(ARGV[5])
 redis.call('HSET', jobs_key, id, rec_encode(r))
 redis.call('ZADD', KEYS[2], fmt(due), id)
+prio_add(KEYS[7], id, due, r[F_PRIORITY])
 return {1, due}

@@ -1,11 +1,14 @@
 -- schedule.lua: create (or keep, or replace) jobs of one shard.
 -- KEYS[1] due  KEYS[2] leased  KEYS[3] done  KEYS[4] dead  KEYS[5] clock  KEYS[6] far
 -- KEYS[7] faro  KEYS[8] parked  KEYS[9] parkedx   (a replaced parked job leaves them)
--- KEYS[10..] jobs buckets (all of the shard's, in order)
+-- KEYS[10] prio  the priority index (_lib.lua: prio_add)
+-- KEYS[11..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  replace   1: overwrite a job that is due or dead; 0: keep any existing job
 -- ARGV[2]  batch     msgpack array, 4 values per job: id, mode, time, record
 --   mode     0: time is an absolute due (ms); 1: time is a delay (ms) added to now
 --   record   the packed record (see _lib.lua), nominal 0, encoded by the client
+-- ARGV[3]  priorities  msgpack array {position, priority, ...} of the jobs of the batch
+--          with a priority above 0 (their records carry it too); '' or absent: none
 -- Returns: {now, status_1, when_1, ..., status_n, when_n}
 --   status 1 created, 2 kept (exists; when = its due, lease deadline or time of death),
 --          3 replaced, 4 busy (leased: never replaced; when = lease deadline),
@@ -13,7 +16,7 @@
 -- A job due from the slot after next on goes to the far index (_lib.lua), else to due
 -- (a record with a nominal of its own other than its due always to due: own_nominal).
 -- Errors: none (the client validates every argument).
-local FIRST = 9
+local FIRST = 10
 local due_key, leased_key, done_key, dead_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local far_key, faro_key = KEYS[6], KEYS[7]
 local replace = ARGV[1] == '1'
@@ -43,6 +46,7 @@ end
 local out = {now}
 local hset = {}
 local in_due = {}  -- existing jobs replaced while in due
+local replaced = {}  -- existing jobs replaced: their priority entry goes
 local written = {}  -- ids written earlier in this batch: the due they got
 local last = {}  -- position of the last write of each written id
 for k = 1, n do
@@ -63,6 +67,7 @@ for k = 1, n do
       status = 5
     else
       status = 3
+      replaced[id] = true
       if not prior then
         -- In due (the ZADD or the ZREM below covers it), dead, or else far.
         if redis.call('ZSCORE', due_key, id) then
@@ -109,4 +114,20 @@ if nz > 0 then bulk('ZADD', due_key, zadd) end
 -- A replaced job that was in due and now goes far leaves due.
 if nr > 0 then bulk('ZREM', due_key, zrem) end
 far_push(far_key, faro_key, slots, by_slot)
+-- The priority index: entries for the jobs written with a priority, none left for a
+-- job replaced without one. Nothing at all for a batch of new jobs without priorities.
+local prio = {}
+if ARGV[3] and ARGV[3] ~= '' then
+  local pp = cmsgpack.unpack(ARGV[3])
+  for j = 1, #pp, 2 do prio[pp[j]] = pp[j + 1] end
+end
+if next(prio) or next(replaced) then
+  for k = 1, n do
+    local id = ids[k]
+    if last[id] == k then
+      if replaced[id] and not prio[k] then redis.call('ZREM', KEYS[10], id) end
+      prio_add(KEYS[10], id, dues[k], prio[k])
+    end
+  end
+end
 return out

@@ -5,11 +5,13 @@
 -- KEYS[1] due  KEYS[2] leased  KEYS[3] done  KEYS[4] dead  KEYS[5] clock  KEYS[6] far
 -- KEYS[7] faro  KEYS[8] the job's own record bucket  KEYS[9] parked  KEYS[10] parkedx
 --   (a replaced parked job, of a paused task, leaves the parked jobs)
+-- KEYS[11] prio  the priority index (_lib.lua: prio_add)
 -- ARGV[1]  replace   1: overwrite a job that is due or dead; 0: keep an existing job
 -- ARGV[2]  id
 -- ARGV[3]  mode      0: ARGV[4] is an absolute due (ms); 1: a delay (ms) added to now
 -- ARGV[4]  time
 -- ARGV[5]  record    the packed record (see _lib.lua), nominal 0, encoded by the client
+-- ARGV[6]  priority  the record's priority (0, '' or absent: none)
 -- Returns: {now, status, when}, as schedule.lua for its one job:
 --   status 1 created, 2 kept (exists; when = its due, lease deadline or time of death),
 --          3 replaced, 4 busy (leased: never replaced; when = lease deadline),
@@ -41,6 +43,7 @@ if s then
     unpark_drop(KEYS[9], KEYS[10], id, s)
   end
   status = 3
+  redis.call('ZREM', KEYS[11], id)
 elseif done then
   return {now, 5, due}
 end
@@ -52,4 +55,5 @@ else
   redis.call('HSET', jobs_key, id, ARGV[5])
   redis.call('ZADD', due_key, fmt(due), id)
 end
+prio_add(KEYS[11], id, due, tonumber(ARGV[6]))
 return {now, status, due}
