@@ -15,7 +15,6 @@ def test_all_is_pinned() -> None:
             "BrokerUnavailable",
             "CancelResult",
             "MAX_PAYLOAD_DEPTH",
-            "MAX_KEY_BYTES",
             "MAX_PRIORITY",
             "PRIORITY_AGING",
             "ClaimBatch",

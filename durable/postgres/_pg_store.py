@@ -34,6 +34,7 @@ from tickwheel.durable.store import ClaimedRef, hidden, shown_url
 
 from . import _relay, _replacing, _writes
 from ._errors import translate, translated
+from ._locks import advisory_lock
 from ._migrate import check_schema
 from ._rows import OutboxRow, PendingRow, PgJob
 
@@ -47,8 +48,6 @@ DEFAULT_POOL_SIZE = 10
 # locks live in PostgreSQL's shared lock table.
 MAX_LOCKED = 500
 # A session-level advisory lock per (namespace, purpose), keyed by a 64-bit hash.
-_TRY_LOCK = "SELECT pg_try_advisory_lock(hashtextextended($1, 0))"
-_UNLOCK = "SELECT pg_advisory_unlock(hashtextextended($1, 0))"
 # Set while a connection that ran only the library's own statements goes back to the
 # pool (PgStore._conn): they leave no session state (their locks and settings are the
 # transaction's), so the pool's reset round trip is skipped (asyncpg still rolls back a
@@ -188,32 +187,16 @@ class PgStore:
     @contextlib.asynccontextmanager
     async def exclusive(self, what: str) -> AsyncIterator[bool]:
         """Hold this namespace's advisory lock ``what`` for the body if no other session
-        holds it; yields whether it was taken (False: another holder is at it, skip).
-
-        The lock lives on one pooled connection for the body's length: a session lock,
-        so no transaction stays open to hold back vacuum. It is unlocked after the body,
-        and dies with the session if the connection breaks (the pool's reset also
-        releases every advisory lock before the connection is reused).
+        holds it; yields whether it was taken (False: skip). See
+        :func:`._locks.advisory_lock`.
 
         Raises:
             PostgresUnavailable: if the lock cannot be asked for.
         """
         await self.open()
         key = f"tickwheel:{self.namespace}:{what}"
-        with translated(None):
-            conn = await self._pool.acquire(timeout=self.call_timeout)
-        try:
-            with translated(None):
-                got = bool(await conn.fetchval(_TRY_LOCK, key))
-            try:
-                yield got
-            finally:
-                if got:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(conn.fetchval(_UNLOCK, key), self.call_timeout)
-        finally:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._pool.release(conn), self.call_timeout)
+        async with advisory_lock(self._pool, key, self.call_timeout) as got:
+            yield got
 
     # -- producers -----------------------------------------------------------------
 
