@@ -8,8 +8,10 @@ and pass ``/tmp/old/durable``.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +33,13 @@ def load_durable(folder: str) -> None:
 
 
 def redis_server_type() -> Any:
-    """This checkout's RedisServer, loaded from its file (it imports nothing of the
-    library), so that a --durable-dir from before the layer packages works too."""
-    path = ROOT / "durable" / "servers" / "_redis.py"
-    spec = importlib.util.spec_from_file_location("_bench_redis_server", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.RedisServer
+    """This checkout's RedisServer, loaded from its folder (it imports nothing of the
+    library but its sibling ``_processes``), so that a --durable-dir from before the layer
+    packages works too. The folder is made a package of its own name, for the relative
+    import; its ``__init__`` (which imports the other servers) is not run."""
+    name = "_bench_servers"
+    if name not in sys.modules:
+        package = types.ModuleType(name)
+        package.__path__ = [str(ROOT / "durable" / "servers")]
+        sys.modules[name] = package
+    return importlib.import_module(f"{name}._redis").RedisServer
