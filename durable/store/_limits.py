@@ -14,15 +14,18 @@ Ground rules:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tickwheel.durable.model import Job, Limits
 
 from ._scripts import ScriptCalls
+from ._transport import Call
 
 __all__ = [
     "ACQUIRED",
+    "BATCH_CALLS",
     "PERMIT_WAIT",
     "RATE_WAIT",
     "WAKE_HOLD_MS",
@@ -32,6 +35,9 @@ __all__ = [
 ]
 
 ACQUIRED, PERMIT_WAIT, RATE_WAIT = 1, 2, 3  # limits.lua acquire's codes
+# Script calls in one pipeline of the batched permit calls: a round of 4,000 limited
+# jobs goes in a few round trips, each well inside the call bound.
+BATCH_CALLS = 1000
 # How long a wake that found its job still leased is kept for the job's wait (ms).
 WAKE_HOLD_MS = 60_000
 
@@ -129,6 +135,73 @@ class LimitCalls(ScriptCalls):
         r = await self._call(task, key, ["l", "", "", lim, 0, ""])
         assert isinstance(r, list)
         return KeyState(task, key, lim, *(int(v) for v in r))
+
+    # -- batches: one pipeline of limits.lua calls, one round trip per node ----------
+
+    async def _pipelined(self, calls: list[Call]) -> list[Any]:
+        """``calls`` in pipelines of at most ``BATCH_CALLS`` (each call atomic alone;
+        one round trip per node each): their replies in order."""
+        out: list[Any] = []
+        for i in range(0, len(calls), BATCH_CALLS):
+            out += await self.transport.pipelined(calls[i : i + BATCH_CALLS], wait=False)
+        return out
+
+    def _limits_call(self, task: str, key: str, args: list[object], lim: Limits) -> Call:
+        args[3:3] = [lim.concurrency, lim.rate_n, lim.rate_ms]
+        return Call(self._scripts.limits, self.keys.limit_keys(task, key), args, -1)
+
+    async def acquire_many(
+        self, jobs: Sequence[tuple[Job, Limits]], hold_ms: int
+    ) -> list[tuple[int, int]]:
+        """:meth:`acquire` for each ``(job, limits)``, pipelined (one round trip per
+        node; each acquire atomic in its key's slot): the codes in order."""
+        calls = []
+        for job, lim in jobs:
+            holder = f"{job.epoch}:{job.attempt}"
+            occurrence = f"{job.nominal_ms}|{job.attempt}"
+            args: list[object] = ["a", member_of(job), holder, hold_ms, occurrence]
+            calls.append(self._limits_call(job.task, job.key, args, lim))
+        replies = await self._pipelined(calls)
+        return [(int(r[0]), int(r[1])) for r in replies]
+
+    async def release_many(
+        self, items: Sequence[tuple[str, str, str, str, Limits]], hold_ms: int
+    ) -> list[list[str]]:
+        """:meth:`release` for each ``(task, key, member, holder, limits)``, pipelined:
+        for each, the members handed a permit (to wake)."""
+        calls = [
+            self._limits_call(task, key, ["r", member, holder, hold_ms, ""], lim)
+            for task, key, member, holder, lim in items
+        ]
+        replies = await self._pipelined(calls)
+        return [[m.decode(errors="replace") for m in r] for r in replies]
+
+    async def wake_many(self, members: Sequence[tuple[str, str]]) -> list[int]:
+        """:meth:`wake` for each ``(task, member)``, pipelined: the codes in order."""
+        calls = []
+        for task, member in members:
+            text, _, job_id = member.partition("|")
+            shard = int(text)
+            k = self.keys.shard(shard)
+            keys = [k.due, k.leased, k.clock, self.keys.waits(shard, task), k.wakes, k.prio]
+            calls.append(Call(self._scripts.wake, keys, [job_id, WAKE_HOLD_MS], shard))
+        return [int(r) for r in await self._pipelined(calls)]
+
+    async def wait_many(self, shard: int, waits: Sequence[tuple[Job, int, bool]]) -> None:
+        """:meth:`wait` for each ``(job, delay_ms, permit)`` of one ``shard`` (one
+        epoch), pipelined.
+
+        Raises:
+            Fenced: if the shard's epoch moved on (the jobs are the new owner's).
+        """
+        k = self.keys.shard(shard)
+        calls = []
+        for job, delay_ms, permit in waits:
+            keys = [k.leased, k.due, k.dead, k.epoch, k.clock, self.keys.jobs_key(shard, job.id)]
+            keys += [k.prio, self.keys.waits(shard, job.task), k.wakes]
+            args = [job.epoch, job.id, job.attempt, job.nominal_ms, delay_ms, "", 3]
+            calls.append(Call(self._scripts.retry, keys, [*args, "1" if permit else ""], shard))
+        await self._pipelined(calls)
 
     # -- the job's shard ----------------------------------------------------------------
 
