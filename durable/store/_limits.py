@@ -14,6 +14,7 @@ Ground rules:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,10 +37,18 @@ __all__ = [
 
 ACQUIRED, PERMIT_WAIT, RATE_WAIT = 1, 2, 3  # limits.lua acquire's codes
 # Script calls in one pipeline of the batched permit calls: a round of 4,000 limited
-# jobs goes in a few round trips, each well inside the call bound.
-BATCH_CALLS = 1000
+# jobs goes in a few pipelines in flight at once, each well inside the call bound.
+BATCH_CALLS = 200
+# Jobs in one limits.lua batch call on one Redis (its own cost paid once per call):
+# small enough that a call holds Redis for a few ms at most.
+BATCH_JOBS = 200
 # How long a wake that found its job still leased is kept for the job's wait (ms).
 WAKE_HOLD_MS = 60_000
+
+
+def _counts(lim: Limits) -> list[object]:
+    """limits.lua's conc, rate_n and rate_ms of ``lim``."""
+    return [lim.concurrency, lim.rate_n, lim.rate_ms]
 
 
 def member_of(job: Job) -> str:
@@ -141,40 +150,78 @@ class LimitCalls(ScriptCalls):
     async def _pipelined(self, calls: list[Call]) -> list[Any]:
         """``calls`` in pipelines of at most ``BATCH_CALLS`` (each call atomic alone;
         one round trip per node each): their replies in order."""
-        out: list[Any] = []
-        for i in range(0, len(calls), BATCH_CALLS):
-            out += await self.transport.pipelined(calls[i : i + BATCH_CALLS], wait=False)
-        return out
+        if len(calls) <= BATCH_CALLS:
+            return await self.transport.pipelined(calls, wait=False)
+        # In flight together, on as many connections: Redis runs one while the next is
+        # packed and sent.
+        parts = await asyncio.gather(
+            *(
+                self.transport.pipelined(calls[i : i + BATCH_CALLS], wait=False)
+                for i in range(0, len(calls), BATCH_CALLS)
+            )
+        )
+        return [reply for part in parts for reply in part]
 
-    def _limits_call(self, task: str, key: str, args: list[object], lim: Limits) -> Call:
-        args[3:3] = [lim.concurrency, lim.rate_n, lim.rate_ms]
-        return Call(self._scripts.limits, self.keys.limit_keys(task, key), args, -1)
+    async def _batched(
+        self, op: str, hold_ms: int, items: Sequence[tuple[str, str, list[object]]]
+    ) -> list[list[Any]]:
+        """limits.lua batch calls (``op`` 'A' or 'R') of ``items`` (task, key, the job's
+        7 values past its group), pipelined: on one Redis up to ``BATCH_JOBS`` jobs a
+        call, whatever their keys; on a cluster one call per flow key (one slot). Each
+        job's part of its call's reply, in the order of ``items``."""
+        by_key: dict[tuple[str, str], list[int]] = {}
+        for i, (task, key, _) in enumerate(items):
+            by_key.setdefault((task, key), []).append(i)
+        calls: list[Call] = []
+        order: list[list[int]] = []  # per call, the items it carries
+        keys: list[str] = []
+        args: list[object] = []
+        for (task, key), members in by_key.items():
+            full = len(order) and len(order[-1]) + len(members) > BATCH_JOBS
+            if not args or self.transport.cluster or full:
+                keys, args = [], [op, hold_ms]
+                calls.append(Call(self._scripts.limits, keys, args, -1))
+                order.append([])
+            keys += self.keys.limit_keys(task, key)
+            group = len(keys) // 5
+            for i in members:
+                args.append(group)
+                args += items[i][2]
+                order[-1].append(i)
+        out: list[list[Any]] = [[] for _ in items]
+        for ids, reply in zip(order, await self._pipelined(calls), strict=True):
+            k = 0
+            for i in ids:  # 'A': code, delay; 'R': count, then that many members
+                n = 2 if op == "A" else 1 + int(reply[k])
+                out[i] = reply[k : k + n]
+                k += n
+        return out
 
     async def acquire_many(
         self, jobs: Sequence[tuple[Job, Limits]], hold_ms: int
     ) -> list[tuple[int, int]]:
-        """:meth:`acquire` for each ``(job, limits)``, pipelined (one round trip per
-        node; each acquire atomic in its key's slot): the codes in order."""
-        calls = []
+        """:meth:`acquire` for each ``(job, limits)``, in batches (limits.lua 'A'): one
+        round trip per node. Each acquire is atomic in its key's slot. The codes in
+        order."""
+        items = []
         for job, lim in jobs:
             holder = f"{job.epoch}:{job.attempt}"
             occurrence = f"{job.nominal_ms}|{job.attempt}"
-            args: list[object] = ["a", member_of(job), holder, hold_ms, occurrence]
-            calls.append(self._limits_call(job.task, job.key, args, lim))
-        replies = await self._pipelined(calls)
-        return [(int(r[0]), int(r[1])) for r in replies]
+            values: list[object] = [member_of(job), holder, *_counts(lim), occurrence]
+            items.append((job.task, job.key, values))
+        return [(int(r[0]), int(r[1])) for r in await self._batched("A", hold_ms, items)]
 
     async def release_many(
         self, items: Sequence[tuple[str, str, str, str, Limits]], hold_ms: int
     ) -> list[list[str]]:
-        """:meth:`release` for each ``(task, key, member, holder, limits)``, pipelined:
-        for each, the members handed a permit (to wake)."""
-        calls = [
-            self._limits_call(task, key, ["r", member, holder, hold_ms, ""], lim)
+        """:meth:`release` for each ``(task, key, member, holder, limits)``, in batches
+        (limits.lua 'R'): for each, the members handed a permit (to wake)."""
+        batch = [
+            (task, key, [member, holder, *_counts(lim), ""])
             for task, key, member, holder, lim in items
         ]
-        replies = await self._pipelined(calls)
-        return [[m.decode(errors="replace") for m in r] for r in replies]
+        replies = await self._batched("R", hold_ms, batch)
+        return [[m.decode(errors="replace") for m in r[1:]] for r in replies]
 
     async def wake_many(self, members: Sequence[tuple[str, str]]) -> list[int]:
         """:meth:`wake` for each ``(task, member)``, pipelined: the codes in order."""
