@@ -223,31 +223,67 @@ class LimitCalls(ScriptCalls):
         replies = await self._batched("R", hold_ms, batch)
         return [[m.decode(errors="replace") for m in r[1:]] for r in replies]
 
+    def _shard_call(self, shard: int, op: str, first: object) -> tuple[Call, dict[str, int]]:
+        """An empty waits.lua call on ``shard`` (``op``, ``first`` its ARGV[2]), and the
+        index of each key added to it past the shard's own six."""
+        k = self.keys.shard(shard)
+        keys = [k.leased, k.due, k.epoch, k.clock, k.prio, k.wakes]
+        return Call(self._scripts.waits, keys, [op, first], shard), {}
+
+    @staticmethod
+    def _index(call: Call, index: dict[str, int], key: str) -> int:
+        """The index of ``key`` among ``call``'s KEYS (added once)."""
+        i = index.get(key)
+        if i is None:
+            assert isinstance(call.keys, list)
+            call.keys.append(key)
+            i = index[key] = len(call.keys)
+        return i
+
     async def wake_many(self, members: Sequence[tuple[str, str]]) -> list[int]:
-        """:meth:`wake` for each ``(task, member)``, pipelined: the codes in order."""
-        calls = []
-        for task, member in members:
+        """:meth:`wake` for each ``(task, member)``: one waits.lua call per shard (of at
+        most ``BATCH_JOBS``), pipelined. The codes in order."""
+        by_shard: dict[int, list[int]] = {}
+        parsed = []
+        for i, (task, member) in enumerate(members):
             text, _, job_id = member.partition("|")
-            shard = int(text)
-            k = self.keys.shard(shard)
-            keys = [k.due, k.leased, k.clock, self.keys.waits(shard, task), k.wakes, k.prio]
-            calls.append(Call(self._scripts.wake, keys, [job_id, WAKE_HOLD_MS], shard))
-        return [int(r) for r in await self._pipelined(calls)]
+            parsed.append((task, int(text), job_id))
+            by_shard.setdefault(int(text), []).append(i)
+        calls: list[Call] = []
+        order: list[list[int]] = []
+        for shard, ids in by_shard.items():
+            for c in range(0, len(ids), BATCH_JOBS):
+                call, index = self._shard_call(shard, "k", WAKE_HOLD_MS)
+                for i in ids[c : c + BATCH_JOBS]:
+                    task, _, job_id = parsed[i]
+                    w = self._index(call, index, self.keys.waits(shard, task))
+                    assert isinstance(call.args, list)
+                    call.args.extend((job_id, w))
+                calls.append(call)
+                order.append(ids[c : c + BATCH_JOBS])
+        out = [0] * len(members)
+        for ids, reply in zip(order, await self._pipelined(calls), strict=True):
+            for i, code in zip(ids, reply, strict=True):
+                out[i] = int(code)
+        return out
 
     async def wait_many(self, shard: int, waits: Sequence[tuple[Job, int, bool]]) -> None:
-        """:meth:`wait` for each ``(job, delay_ms, permit)`` of one ``shard`` (one
-        epoch), pipelined.
+        """:meth:`wait` for each ``(job, delay_ms, permit)`` of one ``shard`` and one
+        epoch: waits.lua calls of at most ``BATCH_JOBS``, pipelined.
 
         Raises:
             Fenced: if the shard's epoch moved on (the jobs are the new owner's).
         """
-        k = self.keys.shard(shard)
-        calls = []
-        for job, delay_ms, permit in waits:
-            keys = [k.leased, k.due, k.dead, k.epoch, k.clock, self.keys.jobs_key(shard, job.id)]
-            keys += [k.prio, self.keys.waits(shard, job.task), k.wakes]
-            args = [job.epoch, job.id, job.attempt, job.nominal_ms, delay_ms, "", 3]
-            calls.append(Call(self._scripts.retry, keys, [*args, "1" if permit else ""], shard))
+        calls: list[Call] = []
+        for c in range(0, len(waits), BATCH_JOBS):
+            call, index = self._shard_call(shard, "w", waits[0][0].epoch)
+            assert isinstance(call.args, list)
+            for job, delay_ms, permit in waits[c : c + BATCH_JOBS]:
+                bucket = self._index(call, index, self.keys.jobs_key(shard, job.id))
+                w = self._index(call, index, self.keys.waits(shard, job.task))
+                args = [job.id, job.attempt, job.nominal_ms, delay_ms, "1" if permit else ""]
+                call.args.extend((*args, bucket, w))
+            calls.append(call)
         await self._pipelined(calls)
 
     # -- the job's shard ----------------------------------------------------------------
