@@ -9,13 +9,19 @@ Ground rules:
   ``LIMITS_REFRESH`` s. A task without limits there costs a dict look-up per job.
 - A limited job fires (the wheel's timer, as any job), then takes a permit in its key's
   slot (limits.lua) before the runner starts it. Over the limit, it goes back to due in
-  its shard, unspent (retry.lua mode 3): for a permit, queued in its key's waiters and
-  due again at the recheck time; for the rate, due at the start booked for it. Nothing
-  of it stays in this process.
+  its shard, unspent (waits.lua, as retry.lua mode 3): for a permit, queued in its
+  key's waiters and due again at the recheck time; for the rate, due at the start
+  booked for it. Nothing of it stays in this process.
 - A run's end (its handler returned, was stopped or failed) releases its permit; the
   release hands the freed permits to the first waiters, and each is made due now in
-  its shard (wake.lua) and claimed by its shard's owner at once (this worker's next
-  round is started right away; another worker's within its poll interval).
+  its shard (waits.lua, as wake.lua) and claimed by its shard's owner at once (this
+  worker's next round is started right away; another worker's within its poll
+  interval).
+- Batches, as the acks: the gates of the jobs fired while one batch is in flight go
+  together in the next (permits taken in limits.lua calls of many jobs, then the
+  waits in waits.lua calls of many jobs per shard), and so do the releases and their
+  wakes. One batch of each kind is in flight at a time; each is a pipeline (one round
+  trip per node). Each job's permit is still decided atomically in its key's slot.
 - A permit is held under the run's lease: its deadline is the lease's length, pushed
   with every lease extension. A worker killed while a run holds a permit leaks it for
   at most a lease. The recheck time (two leases) bounds the wait of a job whose wake
@@ -29,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from tickwheel.durable.model import Fenced, Job, Limits, PostgresUnavailable, RedisUnavailable
@@ -92,9 +98,9 @@ class Limiter:
         # the jobs fired meanwhile wait for the next, so a claim of 1,000 limited jobs
         # costs a few round trips, not 1,000 calls.
         self._gates: list[Gate] = []  # fired jobs for the next batch of permits
-        self._gating: asyncio.Task[Any] | None = None  # sends the gates' batches
+        self._gating: asyncio.Task[None] | None = None  # sends the gates' batches
         self._releases: list[Handing] = []  # permits for the next batch of releases
-        self._releasing: asyncio.Task[Any] | None = None  # sends the releases' batches
+        self._releasing: asyncio.Task[None] | None = None  # sends the releases' batches
 
     # -- the limits of record -------------------------------------------------------
 
@@ -273,7 +279,7 @@ class Limiter:
         if held is not None:
             await self.calls.extend(job, held[1], self.hold_ms)
 
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -4,7 +4,8 @@
 -- KEYS[1] permits   ZSET "<shard>|<id>" -> the permit's deadline (ms, this node's clock)
 -- KEYS[2] holders   HASH "<shard>|<id>" -> "<epoch>:<attempt>" of the run holding it;
 --                   "" for a permit handed to a waiter (release) and not taken yet
--- KEYS[3] waiters   ZSET "<shard>|<id>" -> the time it first waited (FIFO)
+-- KEYS[3] waiters   ZSET "<shard>|<id>" -> the time it first waited (FIFO; a
+--                   fraction of a ms orders the waiters of one call)
 -- KEYS[4] starts    ZSET "<shard>|<id>|<nominal>|<attempt>" -> start time (rate window)
 -- KEYS[5] booked    ZSET "<shard>|<id>|<nominal>" -> a start time booked for a job that
 --                   waits for the rate (so waiters are spread over the windows)
@@ -37,6 +38,10 @@
 -- longer holds it frees nothing of another's.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Waiters queued by this call so far: the n-th is queued at now + n / QUEUE_STEPS, so a
+-- batch's waiters keep their order and stay before the next millisecond's (a batch is
+-- far below QUEUE_STEPS jobs; a double holds 1/4096 ms exactly at today's ms).
+local queued, QUEUE_STEPS = 0, 4096
 
 -- Permits past their deadline (a worker killed or stalled past its lease) are freed.
 local function expire(P, H)
@@ -93,7 +98,11 @@ local function acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, no
     if cur then
       have = true  -- handed to it, or its own (a re-sent acquire, or a later attempt)
     elseif redis.call('ZCARD', P) >= conc then
-      if not redis.call('ZSCORE', W, m) then redis.call('ZADD', W, now, m) end
+      if not redis.call('ZSCORE', W, m) then
+        -- Queued in the order asked within a call too (a batch shares its `now`).
+        queued = queued + 1
+        redis.call('ZADD', W, now + queued / QUEUE_STEPS, m)
+      end
       return 2, 0
     end
   end
