@@ -205,17 +205,25 @@ class Limiter:
             permit = code == PERMIT_WAIT
             wait_ms = self.recheck_ms if permit else max(delay, 1)
             waits.setdefault((job.shard, job.epoch), []).append((job, wait_ms, permit))
-        if waits:
-            await asyncio.gather(*(self._wait(s, e, w) for (s, e), w in waits.items()))
+        for (shard, epoch), jobs in waits.items():
+            # Not awaited here: the next batch of gates goes meanwhile.
+            self._spawn(self._wait(shard, epoch, jobs))
 
     async def _wait(self, shard: int, epoch: int, waits: list[tuple[Job, int, bool]]) -> None:
-        """Hand the jobs of one shard back to due, to wait for a permit or a start."""
+        """Hand the jobs of one shard back to due, to wait for a permit or a start (a
+        failure leaves them to their pre-start leases: the reaper returns them)."""
         try:
             with self.scheduler.ownership.guard(shard, epoch):
                 await self.calls.wait_many(shard, waits)
             self.stats.limit_waits += len(waits)
         except Fenced:
             pass  # counted, and the shard forgotten, by the loader's on_fenced
+        except (RedisUnavailable, PostgresUnavailable) as exc:
+            self.stats.unavailable += len(waits)
+            logger.debug("%d waiting job(s) left to the reaper (%s)", len(waits), exc)
+        except Exception:
+            self.stats.errors += len(waits)
+            logger.exception("%d waiting job(s) left to the reaper", len(waits))
 
     def _admit(self, gate: Gate) -> None:
         if self.admit is not None:
@@ -255,23 +263,40 @@ class Limiter:
             self._releasing = None
 
     async def _hand_on(self, todo: list[Handing]) -> None:
-        """Release the permits of ``todo`` (one pipeline), then wake each waiter they
-        were handed to (one pipeline); a waiter that no longer waits (cancelled, done,
-        moved) frees its handed permit in the next pass."""
-        while todo:
-            woken = await self.calls.release_many(todo, self.hold_ms)
-            handed = [(r, w) for r, ws in zip(todo, woken, strict=True) for w in ws]
-            todo = []
-            if not handed:
-                return
+        """Release the permits of ``todo`` (one pipeline); the waiters they were handed
+        to are woken by a task of their own (:meth:`_wake`), while the next batch of
+        releases goes."""
+        woken = await self.calls.release_many(todo, self.hold_ms)
+        handed = [(r, w) for r, ws in zip(todo, woken, strict=True) for w in ws]
+        if handed:
+            self._spawn(self._wake(handed))
+
+    async def _wake(self, handed: list[tuple[Handing, str]]) -> None:
+        """Make each waiter handed a permit due now (one pipeline of waits.lua calls); a
+        waiter that no longer waits (cancelled, done, moved) frees its handed permit
+        in the next batch of releases. A failure leaves the waiters to their recheck
+        time and the permits to their deadline."""
+        try:
             codes = await self.calls.wake_many([(r[0], w) for r, w in handed])
-            for (r, waiter), code in zip(handed, codes, strict=True):
-                if code == 0:
-                    todo.append((r[0], r[1], waiter, "", r[4]))
-                else:
-                    self.stats.limit_wakes += 1
-            if self.poke is not None and len(todo) < len(handed):
-                self.poke()
+        except (RedisUnavailable, PostgresUnavailable) as exc:
+            self.stats.unavailable += 1
+            logger.debug("%d wake(s) left to their recheck time (%s)", len(handed), exc)
+            return
+        except Exception:
+            self.stats.errors += 1
+            logger.exception("%d wake(s) left to their recheck time", len(handed))
+            return
+        stale = 0
+        for (r, waiter), code in zip(handed, codes, strict=True):
+            if code == 0:
+                stale += 1
+                self._releases.append((r[0], r[1], waiter, "", r[4]))
+            else:
+                self.stats.limit_wakes += 1
+        if stale and self._releasing is None:
+            self._releasing = self._spawn(self._release_rounds())
+        if self.poke is not None and stale < len(handed):
+            self.poke()
 
     async def extend(self, job: Job) -> None:
         """Push the permit ``job``'s run holds (if any) with its lease."""
