@@ -43,8 +43,12 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- far below QUEUE_STEPS jobs; a double holds 1/4096 ms exactly at today's ms).
 local queued, QUEUE_STEPS = 0, 4096
 
--- Permits past their deadline (a worker killed or stalled past its lease) are freed.
+-- Permits past their deadline (a worker killed or stalled past its lease) are freed
+-- (once per key a call: `now` does not move within it).
+local expired = {}
 local function expire(P, H)
+  if expired[P] then return end
+  expired[P] = true
   local old = redis.call('ZRANGEBYSCORE', P, '-inf', now, 'LIMIT', 0, 100)
   if #old > 0 then
     redis.call('ZREM', P, unpack(old))
@@ -138,7 +142,8 @@ local function acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, no
   if conc > 0 then
     redis.call('HSET', H, m, holder)
     redis.call('ZADD', P, now + hold, m)
-    redis.call('ZREM', W, m)
+    -- Out of the waiters: a member with a permit (handed or its own) is never in them.
+    if not have then redis.call('ZREM', W, m) end
   end
   return 1, 0
 end
