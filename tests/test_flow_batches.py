@@ -124,3 +124,32 @@ def test_a_batch_of_waits_under_a_stale_epoch_is_fenced_and_writes_nothing(
             assert info is not None and info.state is JobState.LEASED
 
     run(main())
+
+
+def test_batches_load_their_scripts_again_after_a_script_flush(redis_url: str) -> None:
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=2) as s:
+            calls = s.store.limits
+            for i in range(4):
+                await s.schedule(f"f{i}", "charge", key="k")
+            jobs: list[Job] = []
+            for shard in range(2):
+                await s.take(shard)
+                jobs += (await s.claim(shard, lease=30.0)).jobs
+            jobs.sort(key=lambda j: j.id)
+            await s.store.client.script_flush()  # as after a restart or a failover
+            codes = await calls.acquire_many([(j, ONE) for j in jobs], HOLD)
+            assert [c for c, _ in codes] == [ACQUIRED] + [PERMIT_WAIT] * 3
+            await s.store.client.script_flush()
+            for shard in {j.shard for j in jobs[1:]}:
+                await calls.wait_many(
+                    shard, [(j, 60_000, True) for j in jobs[1:] if j.shard == shard]
+                )
+            await s.store.client.script_flush()
+            first = jobs[0]
+            release = ("charge", "k", member_of(first), _holder(first), ONE)
+            assert await calls.release_many([release], HOLD) == [[member_of(jobs[1])]]
+            await s.store.client.script_flush()
+            assert await calls.wake_many([("charge", member_of(jobs[1]))]) == [1]
+
+    run(main())

@@ -19,7 +19,9 @@ medians of 4 alternating runs).
 Ground rules:
 
 - One Redis only (a ``redis.asyncio.Redis`` with a plain ``ConnectionPool``); the
-  cluster and the pipelined writes keep going through redis-py.
+  cluster and the pipelines that end in WAIT keep going through redis-py. A pipeline
+  without WAIT (the flow limits' batches, the pauses' calls over the shards) is packed
+  here too (:meth:`Direct.pipeline`): the limits' batches cost half the client CPU so.
 - The connections are made by the client's pool (``make_connection``: its address,
   credentials, database, TLS, socket timeouts) but held here, in a free list: one per
   call in flight, reused after. :meth:`Direct.aclose` closes them (``Store.aclose``).
