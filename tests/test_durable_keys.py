@@ -110,6 +110,14 @@ def test_all_keys_of_each_script_land_in_one_slot(
         calls.append((names[script.sha], list(keys)))
         return await real_run(self, script, keys, args, shard)
 
+    real_pipelined = Transport.pipelined
+
+    async def spy_pipelined(self: Transport, sent: Sequence[Any], *, wait: bool) -> Any:
+        # The flow limits' batches (waits.lua, limits.lua 'A'/'R') go out pipelined.
+        for call in sent:
+            calls.append((names[call.script.sha], list(call.keys)))
+        return await real_pipelined(self, sent, wait=wait)
+
     def spy_schedule(keys_of: Any, shard: int, jobs: Any, replace: bool) -> Any:
         # schedule.lua goes out in rounds (Transport.batch), not through run: its keys
         # are seen where every call of it builds them.
@@ -126,6 +134,7 @@ def test_all_keys_of_each_script_land_in_one_slot(
         return keys, rest
 
     monkeypatch.setattr(Transport, "run", spy)
+    monkeypatch.setattr(Transport, "pipelined", spy_pipelined)
     monkeypatch.setattr(store_calls, "schedule_call", spy_schedule)
     monkeypatch.setattr(store_pauses, "shard_pause_call", spy_pause)
 
@@ -174,6 +183,12 @@ def test_all_keys_of_each_script_land_in_one_slot(
             await limits.release("t", job.key, member_of(job), "x", lim=lim, hold_ms=1000)
             await limits.wake("t", member_of(job))
             await limits.wait(job, 100, permit=True)
+            # Batches: waits.lua in the shard; limits.lua 'A' of one key (on one Redis a
+            # batch spans keys of many slots by design: one call per key on a cluster).
+            (job,) = [j for j in (await s.claim(s.keys.shard_of("lk"))).jobs if j.id == "lk"]
+            assert await limits.acquire_many([(job, lim)], 1000) == [(1, 0)]
+            await limits.wait_many(job.shard, [(job, 100, True)])
+            await limits.wake_many([("t", member_of(job))])
             await s.close()
 
     run(main())

@@ -9,13 +9,19 @@ Ground rules:
   ``LIMITS_REFRESH`` s. A task without limits there costs a dict look-up per job.
 - A limited job fires (the wheel's timer, as any job), then takes a permit in its key's
   slot (limits.lua) before the runner starts it. Over the limit, it goes back to due in
-  its shard, unspent (retry.lua mode 3): for a permit, queued in its key's waiters and
-  due again at the recheck time; for the rate, due at the start booked for it. Nothing
-  of it stays in this process.
+  its shard, unspent (waits.lua, as retry.lua mode 3): for a permit, queued in its
+  key's waiters and due again at the recheck time; for the rate, due at the start
+  booked for it. Nothing of it stays in this process.
 - A run's end (its handler returned, was stopped or failed) releases its permit; the
   release hands the freed permits to the first waiters, and each is made due now in
-  its shard (wake.lua) and claimed by its shard's owner at once (this worker's next
-  round is started right away; another worker's within its poll interval).
+  its shard (waits.lua, as wake.lua) and claimed by its shard's owner at once (this
+  worker's next round is started right away; another worker's within its poll
+  interval).
+- Batches, as the acks: the gates of the jobs fired while one batch is in flight go
+  together in the next (permits taken in limits.lua calls of many jobs, then the
+  waits in waits.lua calls of many jobs per shard), and so do the releases and their
+  wakes. One batch of each kind is in flight at a time; each is a pipeline (one round
+  trip per node). Each job's permit is still decided atomically in its key's slot.
 - A permit is held under the run's lease: its deadline is the lease's length, pushed
   with every lease extension. A worker killed while a run holds a permit leaks it for
   at most a lease. The recheck time (two leases) bounds the wait of a job whose wake
@@ -29,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from tickwheel.durable.model import Fenced, Job, Limits, PostgresUnavailable, RedisUnavailable
@@ -45,10 +51,12 @@ logger = logging.getLogger("tickwheel.durable")
 
 # Seconds between two reads of the limits of record by one worker.
 LIMITS_REFRESH = 1.0
-# Permit calls (acquire and wait, release and wakes) one worker has in flight at once.
-CALLS_IN_FLIGHT = 32
 # Fires a job the gate let through: the runner's fire (key, job, lease end, due).
 Admit = Callable[[tuple[int, str], Job, float, "float | None"], None]
+# A fired job at the gate: the runner's fire's arguments (key, job, lease end, due).
+Gate = tuple[tuple[int, str], Job, float, "float | None"]
+# A permit to release: (task, key, member, holder ("": handed, not taken), limits).
+Handing = tuple[str, str, str, str, Limits]
 
 
 class Limiter:
@@ -86,9 +94,13 @@ class Limiter:
         self._loaded: asyncio.Future[None] | None = None  # the first declare and read
         self._read_at = 0.0  # loop time of the last read
         self._tasks: set[asyncio.Task[Any]] = set()  # gates and releases in flight
-        # Permit calls in flight at once: a claim of 1,000 limited jobs must not open
-        # 1,000 connections (redis-py's pool would grow, then refuse).
-        self._calls_room = asyncio.Semaphore(CALLS_IN_FLIGHT)
+        # Batches (one pipeline of script calls each, one batch in flight at a time):
+        # the jobs fired meanwhile wait for the next, so a claim of 1,000 limited jobs
+        # costs a few round trips, not 1,000 calls.
+        self._gates: list[Gate] = []  # fired jobs for the next batch of permits
+        self._gating: asyncio.Task[None] | None = None  # sends the gates' batches
+        self._releases: list[Handing] = []  # permits for the next batch of releases
+        self._releasing: asyncio.Task[None] | None = None  # sends the releases' batches
 
     # -- the limits of record -------------------------------------------------------
 
@@ -130,8 +142,9 @@ class Limiter:
     # -- the gate (the runner's fire) ---------------------------------------------------
 
     def gated(self, key: tuple[int, str], job: Job, lease_end: float, due: float | None) -> bool:
-        """True if ``job`` must take a permit first (its gate now runs, and fires it
-        again once through); False: it starts now. Called once per fired job."""
+        """True if ``job`` must take a permit first (it joins the next batch of gates,
+        and fires again once through); False: it starts now. Called once per fired
+        job. O(1)."""
         if key in self.admitted:
             self.admitted.discard(key)
             return False
@@ -140,92 +153,150 @@ class Limiter:
             return False
         if job.duplicate:
             return False  # acked unrun: no run to limit
-        self._spawn(self._gate(key, job, lease_end, due))
+        self._gates.append((key, job, lease_end, due))
+        if self._gating is None:
+            self._gating = self._spawn(self._gate_rounds())
         return True
 
-    async def _gate(
-        self, key: tuple[int, str], job: Job, lease_end: float, due: float | None
-    ) -> None:
+    async def _gate_rounds(self) -> None:
+        """Send the gates in batches until none is left: the jobs fired during one
+        batch's round trip go together in the next (as the acks do)."""
         try:
-            await self._ready()
-            lim = self.current.get(job.task)
-            if lim is not None:
-                async with self._calls_room:
-                    granted = await self._acquire(job, lim)
-                if not granted:
-                    return
+            await asyncio.sleep(0)  # one loop turn: the other jobs of this tick join
+            while self._gates:
+                batch, self._gates = self._gates, []
+                try:
+                    await self._ready()
+                    await self._gate(batch)
+                except (RedisUnavailable, PostgresUnavailable) as exc:
+                    self.stats.unavailable += len(batch)
+                    logger.debug("%d job(s) left to the reaper at their permit (%s)",
+                                 len(batch), exc)  # fmt: skip
+                except Exception:
+                    self.stats.errors += len(batch)
+                    logger.exception("%d job(s) left to the reaper at their permit", len(batch))
+        finally:
+            self._gating = None
+
+    async def _gate(self, batch: list[Gate]) -> None:
+        """One batch: every permit taken in one pipeline (one round trip per node), the
+        granted jobs fired, then the waits written (one pipeline per shard)."""
+        limited: list[tuple[Gate, Limits]] = []
+        for gate in batch:
+            lim = self.current.get(gate[1].task)
+            if lim is None:
+                self._admit(gate)  # no limits of record (any more): it starts now
+            else:
+                limited.append((gate, lim))
+        if not limited:
+            return
+        codes = await self.calls.acquire_many([(g[1], lim) for g, lim in limited], self.hold_ms)
+        waits: dict[tuple[int, int], list[tuple[Job, int, bool]]] = {}
+        owned = self.scheduler.ownership.owned
+        for (gate, lim), (code, delay) in zip(limited, codes, strict=True):
+            key, job = gate[0], gate[1]
+            if code == ACQUIRED:
                 self.held[key] = (job, lim)
-                if self.scheduler.ownership.owned.get(job.shard) != job.epoch:
+                if owned.get(job.shard) != job.epoch:
                     self.finished(job)  # the shard left meanwhile: its run is not ours
-                    return
-            if self.admit is not None:
-                self.admitted.add(key)
-                self.admit(key, job, lease_end, due)
+                else:
+                    self._admit(gate)
+                continue
+            permit = code == PERMIT_WAIT
+            wait_ms = self.recheck_ms if permit else max(delay, 1)
+            waits.setdefault((job.shard, job.epoch), []).append((job, wait_ms, permit))
+        for (shard, epoch), jobs in waits.items():
+            # Not awaited here: the next batch of gates goes meanwhile.
+            self._spawn(self._wait(shard, epoch, jobs))
+
+    async def _wait(self, shard: int, epoch: int, waits: list[tuple[Job, int, bool]]) -> None:
+        """Hand the jobs of one shard back to due, to wait for a permit or a start (a
+        failure leaves them to their pre-start leases: the reaper returns them)."""
+        try:
+            with self.scheduler.ownership.guard(shard, epoch):
+                await self.calls.wait_many(shard, waits)
+            self.stats.limit_waits += len(waits)
         except Fenced:
             pass  # counted, and the shard forgotten, by the loader's on_fenced
         except (RedisUnavailable, PostgresUnavailable) as exc:
-            self.stats.unavailable += 1
-            logger.debug("job %r left to the reaper at its permit (%s)", job.id, exc)
+            self.stats.unavailable += len(waits)
+            logger.debug("%d waiting job(s) left to the reaper (%s)", len(waits), exc)
         except Exception:
-            self.stats.errors += 1
-            logger.exception("job %r left to the reaper at its permit", job.id)
+            self.stats.errors += len(waits)
+            logger.exception("%d waiting job(s) left to the reaper", len(waits))
 
-    async def _acquire(self, job: Job, lim: Limits) -> bool:
-        """Take ``job``'s permit (True), or hand it back to wait for one (False)."""
-        with self.scheduler.ownership.guard(job.shard, job.epoch):
-            code, delay = await self.calls.acquire(job, lim, self.hold_ms)
-            if code == ACQUIRED:
-                return True
-            permit = code == PERMIT_WAIT
-            wait_ms = self.recheck_ms if permit else max(delay, 1)
-            await self.calls.wait(job, wait_ms, permit=permit)
-            self.stats.limit_waits += 1
-            return False
+    def _admit(self, gate: Gate) -> None:
+        if self.admit is not None:
+            self.admitted.add(gate[0])
+            self.admit(*gate)
 
     # -- the end of a run -----------------------------------------------------------
 
     def finished(self, job: Job) -> None:
         """A run of ``job`` ended here (its handler returned, failed or was stopped):
-        its permit, if it holds one, is released and handed on."""
+        its permit, if it holds one, joins the next batch of releases. O(1)."""
         held = self.held.pop((job.shard, job.id), None)
         if held is not None:
-            self._spawn(self._release(*held))
+            lim = held[1]
+            holder = f"{job.epoch}:{job.attempt}"
+            self._releases.append((job.task, job.key, member_of(job), holder, lim))
+            if self._releasing is None:
+                self._releasing = self._spawn(self._release_rounds())
 
-    async def _release(self, job: Job, lim: Limits) -> None:
-        holder = f"{job.epoch}:{job.attempt}"
-        await self._hand_on(job.task, job.key, member_of(job), holder, lim)
-
-    async def _hand_on(self, task: str, key: str, member: str, holder: str, lim: Limits) -> None:
-        """Release ``member``'s permit, then wake each waiter it was handed to; a waiter
-        that no longer waits (cancelled, done, moved) frees its handed permit in turn."""
-        todo = [(member, holder)]
+    async def _release_rounds(self) -> None:
+        """Send the releases in batches until none is left (as :meth:`_gate_rounds`)."""
         try:
-            async with self._calls_room:
-                await self._hand_on_all(task, key, todo, lim)
+            await asyncio.sleep(0)
+            while self._releases:
+                batch, self._releases = self._releases, []
+                try:
+                    await self._hand_on(batch)
+                except (RedisUnavailable, PostgresUnavailable) as exc:
+                    # The permits run out at their deadline; a waiter not woken is due
+                    # at its recheck time.
+                    self.stats.unavailable += 1
+                    logger.debug("%d permit(s) left to their deadline (%s)", len(batch), exc)
+                except Exception:
+                    self.stats.errors += 1
+                    logger.exception("%d permit(s) left to their deadline", len(batch))
+        finally:
+            self._releasing = None
+
+    async def _hand_on(self, todo: list[Handing]) -> None:
+        """Release the permits of ``todo`` (one pipeline); the waiters they were handed
+        to are woken by a task of their own (:meth:`_wake`), while the next batch of
+        releases goes."""
+        woken = await self.calls.release_many(todo, self.hold_ms)
+        handed = [(r, w) for r, ws in zip(todo, woken, strict=True) for w in ws]
+        if handed:
+            self._spawn(self._wake(handed))
+
+    async def _wake(self, handed: list[tuple[Handing, str]]) -> None:
+        """Make each waiter handed a permit due now (one pipeline of waits.lua calls); a
+        waiter that no longer waits (cancelled, done, moved) frees its handed permit
+        in the next batch of releases. A failure leaves the waiters to their recheck
+        time and the permits to their deadline."""
+        try:
+            codes = await self.calls.wake_many([(r[0], w) for r, w in handed])
         except (RedisUnavailable, PostgresUnavailable) as exc:
-            # The permit runs out at its deadline; a waiter not woken is due at its
-            # recheck time.
             self.stats.unavailable += 1
-            logger.debug("permit of %r left to its deadline (%s)", member, exc)
+            logger.debug("%d wake(s) left to their recheck time (%s)", len(handed), exc)
+            return
         except Exception:
             self.stats.errors += 1
-            logger.exception("permit of %r left to its deadline", member)
-
-    async def _hand_on_all(
-        self, task: str, key: str, todo: list[tuple[str, str]], lim: Limits
-    ) -> None:
-        while todo:
-            member, holder = todo.pop()
-            woken = await self.calls.release(
-                task, key, member, holder, lim=lim, hold_ms=self.hold_ms
-            )
-            for waiter in woken:
-                if await self.calls.wake(task, waiter) == 0:
-                    todo.append((waiter, ""))
-                else:
-                    self.stats.limit_wakes += 1
-            if woken and self.poke is not None:
-                self.poke()
+            logger.exception("%d wake(s) left to their recheck time", len(handed))
+            return
+        stale = 0
+        for (r, waiter), code in zip(handed, codes, strict=True):
+            if code == 0:
+                stale += 1
+                self._releases.append((r[0], r[1], waiter, "", r[4]))
+            else:
+                self.stats.limit_wakes += 1
+        if stale and self._releasing is None:
+            self._releasing = self._spawn(self._release_rounds())
+        if self.poke is not None and stale < len(handed):
+            self.poke()
 
     async def extend(self, job: Job) -> None:
         """Push the permit ``job``'s run holds (if any) with its lease."""
@@ -233,10 +304,11 @@ class Limiter:
         if held is not None:
             await self.calls.extend(job, held[1], self.hold_ms)
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def settle(self) -> None:
         """Wait for the gates and releases in flight (a drain, before the worker ends)."""

@@ -19,7 +19,9 @@ medians of 4 alternating runs).
 Ground rules:
 
 - One Redis only (a ``redis.asyncio.Redis`` with a plain ``ConnectionPool``); the
-  cluster and the pipelined writes keep going through redis-py.
+  cluster and the pipelines that end in WAIT keep going through redis-py. A pipeline
+  without WAIT (the flow limits' batches, the pauses' calls over the shards) is packed
+  here too (:meth:`Direct.pipeline`): the limits' batches cost half the client CPU so.
 - The connections are made by the client's pool (``make_connection``: its address,
   credentials, database, TLS, socket timeouts) but held here, in a free list: one per
   call in flight, reused after. :meth:`Direct.aclose` closes them (``Store.aclose``).
@@ -279,7 +281,27 @@ class Direct:
             replies = await self._call(request, n + 1)
         return replies
 
-    async def _call(self, request: bytes, queued: int = 0) -> Any:
+    async def pipeline(
+        self, calls: Sequence[tuple[Any, Sequence[str], Sequence[Any]]]
+    ) -> list[Any]:
+        """Each ``(script, keys, args)`` as one EVALSHA, all sent in one write, no MULTI
+        (each call atomic on its own); the replies in call order, an error reply as the
+        exception object in its place (a NOSCRIPT one too: that call did not run, and
+        the caller loads the script and resends it). Never re-sent here.
+
+        Raises:
+            redis.exceptions.ConnectionError, TimeoutError: the connection failed.
+        """
+        if not calls:
+            return []
+        packed = self._keys
+        request = b"".join([pack_evalsha(s.sha.encode(), k, a, packed) for s, k, a in calls])
+        replies: list[Any] = await self._call(request, len(calls) - 1, raw=True)
+        return replies
+
+    async def _call(self, request: bytes, queued: int = 0, *, raw: bool = False) -> Any:
+        """The last of the ``queued + 1`` replies of ``request`` (an error reply raised);
+        with ``raw``, all of them as they are (error replies in place)."""
         held = self._free.pop() if self._free else None
         conn = self._pool.make_connection() if held is None else held.conn
         replies: list[Any] = []
@@ -296,6 +318,8 @@ class Direct:
                 self._free.append(held)
             else:
                 await conn.disconnect(nowait=True)
+        if raw:
+            return replies
         reply = replies[-1]
         if isinstance(reply, redis.exceptions.ResponseError):
             # MULTI's OK and a QUEUED (or an error) per call came first; EXEC's abort

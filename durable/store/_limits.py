@@ -14,15 +14,19 @@ Ground rules:
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tickwheel.durable.model import Job, Limits
 
 from ._scripts import ScriptCalls
+from ._transport import Call
 
 __all__ = [
     "ACQUIRED",
+    "BATCH_CALLS",
     "PERMIT_WAIT",
     "RATE_WAIT",
     "WAKE_HOLD_MS",
@@ -32,8 +36,19 @@ __all__ = [
 ]
 
 ACQUIRED, PERMIT_WAIT, RATE_WAIT = 1, 2, 3  # limits.lua acquire's codes
+# Script calls in one pipeline of the batched permit calls: a round of 4,000 limited
+# jobs goes in a few pipelines in flight at once, each well inside the call bound.
+BATCH_CALLS = 200
+# Jobs in one limits.lua batch call on one Redis (its own cost paid once per call):
+# small enough that a call holds Redis for a few ms at most.
+BATCH_JOBS = 200
 # How long a wake that found its job still leased is kept for the job's wait (ms).
 WAKE_HOLD_MS = 60_000
+
+
+def _counts(lim: Limits) -> list[object]:
+    """limits.lua's conc, rate_n and rate_ms of ``lim``."""
+    return [lim.concurrency, lim.rate_n, lim.rate_ms]
 
 
 def member_of(job: Job) -> str:
@@ -129,6 +144,147 @@ class LimitCalls(ScriptCalls):
         r = await self._call(task, key, ["l", "", "", lim, 0, ""])
         assert isinstance(r, list)
         return KeyState(task, key, lim, *(int(v) for v in r))
+
+    # -- batches: one pipeline of limits.lua calls, one round trip per node ----------
+
+    async def _pipelined(self, calls: list[Call]) -> list[Any]:
+        """``calls`` in pipelines of at most ``BATCH_CALLS`` (each call atomic alone;
+        one round trip per node each): their replies in order."""
+        if len(calls) <= BATCH_CALLS:
+            return await self.transport.pipelined(calls, wait=False)
+        # In flight together, on as many connections: Redis runs one while the next is
+        # packed and sent.
+        parts = await asyncio.gather(
+            *(
+                self.transport.pipelined(calls[i : i + BATCH_CALLS], wait=False)
+                for i in range(0, len(calls), BATCH_CALLS)
+            )
+        )
+        return [reply for part in parts for reply in part]
+
+    async def _batched(
+        self, op: str, hold_ms: int, items: Sequence[tuple[str, str, list[object]]]
+    ) -> list[list[Any]]:
+        """limits.lua batch calls (``op`` 'A' or 'R') of ``items`` (task, key, the job's
+        7 values past its group), pipelined: on one Redis up to ``BATCH_JOBS`` jobs a
+        call, whatever their keys; on a cluster one call per flow key (one slot). Each
+        job's part of its call's reply, in the order of ``items``."""
+        by_key: dict[tuple[str, str], list[int]] = {}
+        for i, (task, key, _) in enumerate(items):
+            by_key.setdefault((task, key), []).append(i)
+        calls: list[Call] = []
+        order: list[list[int]] = []  # per call, the items it carries
+        keys: list[str] = []
+        args: list[object] = []
+        for (task, key), members in by_key.items():
+            full = len(order) and len(order[-1]) + len(members) > BATCH_JOBS
+            if not args or self.transport.cluster or full:
+                keys, args = [], [op, hold_ms]
+                calls.append(Call(self._scripts.limits, keys, args, -1))
+                order.append([])
+            keys += self.keys.limit_keys(task, key)
+            group = len(keys) // 5
+            for i in members:
+                args.append(group)
+                args += items[i][2]
+                order[-1].append(i)
+        out: list[list[Any]] = [[] for _ in items]
+        for ids, reply in zip(order, await self._pipelined(calls), strict=True):
+            k = 0
+            for i in ids:  # 'A': code, delay; 'R': count, then that many members
+                n = 2 if op == "A" else 1 + int(reply[k])
+                out[i] = reply[k : k + n]
+                k += n
+        return out
+
+    async def acquire_many(
+        self, jobs: Sequence[tuple[Job, Limits]], hold_ms: int
+    ) -> list[tuple[int, int]]:
+        """:meth:`acquire` for each ``(job, limits)``, in batches (limits.lua 'A'): one
+        round trip per node. Each acquire is atomic in its key's slot. The codes in
+        order."""
+        items = []
+        for job, lim in jobs:
+            holder = f"{job.epoch}:{job.attempt}"
+            occurrence = f"{job.nominal_ms}|{job.attempt}"
+            values: list[object] = [member_of(job), holder, *_counts(lim), occurrence]
+            items.append((job.task, job.key, values))
+        return [(int(r[0]), int(r[1])) for r in await self._batched("A", hold_ms, items)]
+
+    async def release_many(
+        self, items: Sequence[tuple[str, str, str, str, Limits]], hold_ms: int
+    ) -> list[list[str]]:
+        """:meth:`release` for each ``(task, key, member, holder, limits)``, in batches
+        (limits.lua 'R'): for each, the members handed a permit (to wake)."""
+        batch = [
+            (task, key, [member, holder, *_counts(lim), ""])
+            for task, key, member, holder, lim in items
+        ]
+        replies = await self._batched("R", hold_ms, batch)
+        return [[m.decode(errors="replace") for m in r[1:]] for r in replies]
+
+    def _shard_call(self, shard: int, op: str, first: object) -> tuple[Call, dict[str, int]]:
+        """An empty waits.lua call on ``shard`` (``op``, ``first`` its ARGV[2]), and the
+        index of each key added to it past the shard's own six."""
+        k = self.keys.shard(shard)
+        keys = [k.leased, k.due, k.epoch, k.clock, k.prio, k.wakes]
+        return Call(self._scripts.waits, keys, [op, first], shard), {}
+
+    @staticmethod
+    def _index(call: Call, index: dict[str, int], key: str) -> int:
+        """The index of ``key`` among ``call``'s KEYS (added once)."""
+        i = index.get(key)
+        if i is None:
+            assert isinstance(call.keys, list)
+            call.keys.append(key)
+            i = index[key] = len(call.keys)
+        return i
+
+    async def wake_many(self, members: Sequence[tuple[str, str]]) -> list[int]:
+        """:meth:`wake` for each ``(task, member)``: one waits.lua call per shard (of at
+        most ``BATCH_JOBS``), pipelined. The codes in order."""
+        by_shard: dict[int, list[int]] = {}
+        parsed = []
+        for i, (task, member) in enumerate(members):
+            text, _, job_id = member.partition("|")
+            parsed.append((task, int(text), job_id))
+            by_shard.setdefault(int(text), []).append(i)
+        calls: list[Call] = []
+        order: list[list[int]] = []
+        for shard, ids in by_shard.items():
+            for c in range(0, len(ids), BATCH_JOBS):
+                call, index = self._shard_call(shard, "k", WAKE_HOLD_MS)
+                for i in ids[c : c + BATCH_JOBS]:
+                    task, _, job_id = parsed[i]
+                    w = self._index(call, index, self.keys.waits(shard, task))
+                    assert isinstance(call.args, list)
+                    call.args.extend((job_id, w))
+                calls.append(call)
+                order.append(ids[c : c + BATCH_JOBS])
+        out = [0] * len(members)
+        for ids, reply in zip(order, await self._pipelined(calls), strict=True):
+            for i, code in zip(ids, reply, strict=True):
+                out[i] = int(code)
+        return out
+
+    async def wait_many(self, shard: int, waits: Sequence[tuple[Job, int, bool]]) -> None:
+        """:meth:`wait` for each ``(job, delay_ms, permit)`` of one ``shard`` and one
+        epoch: waits.lua calls of at most ``BATCH_JOBS``, pipelined.
+
+        Raises:
+            Fenced: if the shard's epoch moved on (the jobs are the new owner's).
+        """
+        calls: list[Call] = []
+        for c in range(0, len(waits), BATCH_JOBS):
+            call, index = self._shard_call(shard, "w", waits[0][0].epoch)
+            assert isinstance(call.args, list)
+            for job, delay_ms, permit in waits[c : c + BATCH_JOBS]:
+                bucket = self._index(call, index, self.keys.jobs_key(shard, job.id))
+                w = self._index(call, index, self.keys.waits(shard, job.task))
+                args = [job.id, job.attempt, job.nominal_ms, delay_ms, "1" if permit else ""]
+                call.args.extend((*args, bucket, w))
+            calls.append(call)
+        await self._pipelined(calls)
 
     # -- the job's shard ----------------------------------------------------------------
 

@@ -55,6 +55,7 @@ SCRIPT_NAMES = (
     "pause_state",
     "limits",
     "wake",
+    "waits",
 )
 # Scripts that run without the helpers of _lib.lua: a stream consumer's occurrence claim,
 # registered on the stream's own client (store/_streams.py), not on a Store's.
@@ -171,6 +172,7 @@ class Scripts:
     pause: AsyncScript
     limits: AsyncScript
     wake: AsyncScript
+    waits: AsyncScript
     pause_state: AsyncScript
 
     def __init__(self, client: Client) -> None:

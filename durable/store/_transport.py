@@ -242,6 +242,10 @@ class Transport:
     async def _send(self, calls: Sequence[Call], todo: Sequence[int], wait: bool) -> list[Any]:
         """Replies of ``calls[i]`` for i in ``todo``, then one WAIT reply per node."""
         if not self.cluster:
+            if self._direct is not None and not wait:  # packed here: see _direct.py
+                return await self._direct.pipeline(
+                    [(calls[i].script, calls[i].keys, calls[i].args) for i in todo]
+                )
             return await self._send_node(self._client, calls, todo, wait)
         cluster: Any = self._client
         await cluster.initialize()  # routing needs the slot map (no-op once loaded)

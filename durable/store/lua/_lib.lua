@@ -563,3 +563,53 @@ local function prio_lanes(due_key, prio_key, now, horizon, limit, aging)
   end
   return hits, removed
 end
+
+-- Flow-limit waits (docs/limits.md). Give the leased job `id` (record r, decoded, held
+-- by the caller: checked) back to due, unspent, to wait for a permit (`permit`) or a
+-- start of its key: due at now + delay, or now when a wake came while it was still
+-- leased (a permit wait); its due noted in its task's waits. Returns the due.
+local function limit_wait(leased_key, due_key, prio_key, waits_key, wakes_key, jobs_key, id, r,
+  now, delay, permit)
+  redis.call('ZREM', leased_key, id)
+  r[F_EPOCH] = 0
+  local due = now + delay
+  local woke = permit and redis.call('ZSCORE', wakes_key, id)
+  if woke and tonumber(woke) >= now then
+    redis.call('ZREM', wakes_key, id)
+    due = now  -- its permit was handed to it while it was still leased here
+  end
+  redis.call('ZADD', waits_key, fmt(due), id)
+  -- The nominal stays explicit (the occurrence's identity): a recurring job's next
+  -- occurrence is planned from it at the ack, not from the deferred due.
+  redis.call('HSET', jobs_key, id, rec_encode(r))
+  redis.call('ZADD', due_key, fmt(due), id)
+  prio_add(prio_key, id, due, r[F_PRIORITY])
+  return due
+end
+
+-- A flow-limit wake (wake.lua): make the waiting job `id` due now. Returns 1 due now; 2
+-- still leased (a wake kept in wakes_key until now + hold, for its wait); 0 not waiting.
+local function limit_wake(due_key, leased_key, waits_key, wakes_key, prio_key, id, now, hold)
+  local w = redis.call('ZSCORE', waits_key, id)
+  if w then
+    redis.call('ZREM', waits_key, id)
+    local d = redis.call('ZSCORE', due_key, id)
+    if d and tonumber(d) == tonumber(w) then
+      if tonumber(d) > now then
+        redis.call('ZADD', due_key, fmt(now), id)
+        local ps = redis.call('ZSCORE', prio_key, id)
+        if ps then  -- its priority: the level of its entry, now due now
+          prio_add(prio_key, id, now, MAX_PRIORITY - math.floor(tonumber(ps) / PRIO_SPAN))
+        end
+      end
+      return 1
+    end
+  end
+  -- Waits past their due (never woken: claimed at their recheck time) are trimmed.
+  redis.call('ZREMRANGEBYSCORE', waits_key, '-inf', '(' .. fmt(now))
+  if redis.call('ZSCORE', leased_key, id) then
+    redis.call('ZADD', wakes_key, fmt(now + hold), id)
+    return 2
+  end
+  return 0
+end

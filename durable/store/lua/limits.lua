@@ -4,11 +4,13 @@
 -- KEYS[1] permits   ZSET "<shard>|<id>" -> the permit's deadline (ms, this node's clock)
 -- KEYS[2] holders   HASH "<shard>|<id>" -> "<epoch>:<attempt>" of the run holding it;
 --                   "" for a permit handed to a waiter (release) and not taken yet
--- KEYS[3] waiters   ZSET "<shard>|<id>" -> the time it first waited (FIFO)
+-- KEYS[3] waiters   ZSET "<shard>|<id>" -> the time it first waited (FIFO; a
+--                   fraction of a ms orders the waiters of one call)
 -- KEYS[4] starts    ZSET "<shard>|<id>|<nominal>|<attempt>" -> start time (rate window)
 -- KEYS[5] booked    ZSET "<shard>|<id>|<nominal>" -> a start time booked for a job that
 --                   waits for the rate (so waiters are spread over the windows)
--- ARGV[1]  op       'a' acquire, 'r' release, 'x' extend, 'l' look (read only)
+-- ARGV[1]  op       'a' acquire, 'r' release, 'x' extend, 'l' look (read only); 'A'
+--                   and 'R': batches (below)
 -- ARGV[2]  member   "<shard>|<id>"
 -- ARGV[3]  holder   "<epoch>:<attempt>" ('' with 'r': free a handed permit nobody took)
 -- ARGV[4]  conc     at most this many permits (0: no concurrency limit)
@@ -23,19 +25,30 @@
 --   'x': 1 extended, 0 not held by that holder.
 --   'l': {running, waiting, handed, next permit deadline or -1, next booked start or -1,
 --        starts in the current window, now}
+-- Batches (one call for many jobs: the script's own cost paid once, docs/limits.md):
+--   KEYS: 5 per flow key, in the order above (KEYS[5g-4 .. 5g] is group g; on a Redis
+--   Cluster the client sends one slot's groups a call).
+--   ARGV[1] 'A' acquire or 'R' release; ARGV[2] hold_ms; then 7 per job: group g,
+--   member, holder, conc, rate_n, rate_ms, nominal ('' with 'R').
+--   'A' returns {code_1, delay_1, code_2, delay_2, ...}, as 'a' per job in order;
+--   'R' returns {count_1, member.., count_2, member..}: per job, as 'r', its count first.
 -- Errors: none (the client checks the limits; a Redis error only for a wrong type).
 -- Re-sent safely: an acquire of a member that holds its permit is granted again (its
 -- deadline renewed), a queued one stays queued once; a release by a holder that no
 -- longer holds it frees nothing of another's.
-local op, m, holder = ARGV[1], ARGV[2], ARGV[3]
-local conc, rate_n, rate_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local hold = tonumber(ARGV[7])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local P, H, W, S, B = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+-- Waiters queued by this call so far: the n-th is queued at now + n / QUEUE_STEPS, so a
+-- batch's waiters keep their order and stay before the next millisecond's (a batch is
+-- far below QUEUE_STEPS jobs; a double holds 1/4096 ms exactly at today's ms).
+local queued, QUEUE_STEPS = 0, 4096
 
--- Permits past their deadline (a worker killed or stalled past its lease) are freed.
-local function expire()
+-- Permits past their deadline (a worker killed or stalled past its lease) are freed
+-- (once per key a call: `now` does not move within it).
+local expired = {}
+local function expire(P, H)
+  if expired[P] then return end
+  expired[P] = true
   local old = redis.call('ZRANGEBYSCORE', P, '-inf', now, 'LIMIT', 0, 100)
   if #old > 0 then
     redis.call('ZREM', P, unpack(old))
@@ -45,7 +58,7 @@ end
 
 -- The start time of the rate_n-th latest start or booking (the window's oldest one
 -- that counts), or nil when fewer than rate_n are left in the window.
-local function nth_latest()
+local function nth_latest(S, B, rate_n)
   local a = redis.call('ZREVRANGE', S, 0, rate_n - 1, 'WITHSCORES')
   local b = redis.call('ZREVRANGE', B, 0, rate_n - 1, 'WITHSCORES')
   if #a + #b < 2 * rate_n then return nil end
@@ -55,6 +68,112 @@ local function nth_latest()
   table.sort(all, function(x, y) return x > y end)
   return all[rate_n]
 end
+
+-- Release m's permit if holder holds it, then hand the free ones to the first waiters:
+-- appended to out (their members); how many were.
+local function release(P, H, W, m, holder, conc, hold, out)
+  if redis.call('HGET', H, m) == holder then
+    redis.call('HDEL', H, m)
+    redis.call('ZREM', P, m)
+  end
+  expire(P, H)
+  local n = 0
+  local free = conc - redis.call('ZCARD', P)
+  while free > 0 do
+    local top = redis.call('ZPOPMIN', W)
+    if #top == 0 then break end
+    -- Handed to the waiter: held for it until it takes it (or the deadline passes).
+    redis.call('HSET', H, top[1], '')
+    redis.call('ZADD', P, now + hold, top[1])
+    out[#out + 1] = top[1]
+    n = n + 1
+    free = free - 1
+  end
+  if redis.call('ZCARD', P) == 0 then redis.call('DEL', P, H) end
+  return n
+end
+
+-- Acquire m's permit: code, delay (as the header's 'a').
+local function acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, nominal)
+  local have = false
+  if conc > 0 then
+    expire(P, H)
+    local cur = redis.call('HGET', H, m)
+    if cur then
+      have = true  -- handed to it, or its own (a re-sent acquire, or a later attempt)
+    elseif redis.call('ZCARD', P) >= conc then
+      if not redis.call('ZSCORE', W, m) then
+        -- Queued in the order asked within a call too (a batch shares its `now`).
+        queued = queued + 1
+        redis.call('ZADD', W, now + queued / QUEUE_STEPS, m)
+      end
+      return 2, 0
+    end
+  end
+  local start_member = m .. '|' .. nominal
+  if rate_n > 0 then
+    redis.call('ZREMRANGEBYSCORE', S, '-inf', '(' .. (now - rate_ms))
+    redis.call('ZREMRANGEBYSCORE', B, '-inf', '(' .. (now - rate_ms))
+    local mine = string.match(nominal, '^[^|]*')
+    local book_member = m .. '|' .. mine
+    local booked = redis.call('ZSCORE', B, book_member)
+    if booked then redis.call('ZREM', B, book_member) end
+    local started = redis.call('ZSCORE', S, start_member)
+    if not started then
+      -- The window's own starts decide; bookings only place the waiters.
+      local full = redis.call('ZCOUNT', S, now - rate_ms, '+inf') >= rate_n
+      local at = nil
+      if full or not booked then
+        local nth = nth_latest(S, B, rate_n)
+        if nth and nth + rate_ms + 1 > now then at = nth + rate_ms + 1 end
+        if full and not at then
+          local a = redis.call('ZREVRANGE', S, rate_n - 1, rate_n - 1, 'WITHSCORES')
+          at = tonumber(a[2]) + rate_ms + 1
+        end
+      end
+      if at then
+        redis.call('ZADD', B, at, book_member)
+        if have then redis.call('ZADD', P, at + hold, m) end  -- kept for it meanwhile
+        return 3, at - now
+      end
+      redis.call('ZADD', S, now, start_member)
+    end
+  end
+  if conc > 0 then
+    redis.call('HSET', H, m, holder)
+    redis.call('ZADD', P, now + hold, m)
+    -- Out of the waiters: a member with a permit (handed or its own) is never in them.
+    if not have then redis.call('ZREM', W, m) end
+  end
+  return 1, 0
+end
+
+local op = ARGV[1]
+if op == 'A' or op == 'R' then
+  local hold, out = tonumber(ARGV[2]), {}
+  for i = 3, #ARGV, 7 do
+    local g = 5 * tonumber(ARGV[i]) - 5
+    local m, holder = ARGV[i + 1], ARGV[i + 2]
+    local conc = tonumber(ARGV[i + 3])
+    if op == 'A' then
+      local code, delay = acquire(KEYS[g + 1], KEYS[g + 2], KEYS[g + 3], KEYS[g + 4],
+        KEYS[g + 5], m, holder, conc, tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]), hold,
+        ARGV[i + 6])
+      out[#out + 1] = code
+      out[#out + 1] = delay
+    else
+      local at = #out + 1
+      out[at] = 0
+      out[at] = release(KEYS[g + 1], KEYS[g + 2], KEYS[g + 3], m, holder, conc, hold, out)
+    end
+  end
+  return out
+end
+
+local m, holder = ARGV[2], ARGV[3]
+local conc, rate_n, rate_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local hold = tonumber(ARGV[7])
+local P, H, W, S, B = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 
 if op == 'l' then
   local first = redis.call('ZRANGE', P, 0, 0, 'WITHSCORES')
@@ -76,70 +195,11 @@ if op == 'x' then
 end
 
 if op == 'r' then
-  if redis.call('HGET', H, m) == holder then
-    redis.call('HDEL', H, m)
-    redis.call('ZREM', P, m)
-  end
-  expire()
   local woken = {}
-  local free = conc - redis.call('ZCARD', P)
-  while free > 0 do
-    local top = redis.call('ZPOPMIN', W)
-    if #top == 0 then break end
-    -- Handed to the waiter: held for it until it takes it (or the deadline passes).
-    redis.call('HSET', H, top[1], '')
-    redis.call('ZADD', P, now + hold, top[1])
-    woken[#woken + 1] = top[1]
-    free = free - 1
-  end
-  if redis.call('ZCARD', P) == 0 then redis.call('DEL', P, H) end
+  release(P, H, W, m, holder, conc, hold, woken)
   return woken
 end
 
 -- op 'a': acquire.
-local have = false
-if conc > 0 then
-  expire()
-  local cur = redis.call('HGET', H, m)
-  if cur then
-    have = true  -- handed to it, or its own (a re-sent acquire, or a later attempt)
-  elseif redis.call('ZCARD', P) >= conc then
-    if not redis.call('ZSCORE', W, m) then redis.call('ZADD', W, now, m) end
-    return {2, 0}
-  end
-end
-local start_member = m .. '|' .. ARGV[8]
-if rate_n > 0 then
-  redis.call('ZREMRANGEBYSCORE', S, '-inf', '(' .. (now - rate_ms))
-  redis.call('ZREMRANGEBYSCORE', B, '-inf', '(' .. (now - rate_ms))
-  local mine = string.match(ARGV[8], '^[^|]*')
-  local book_member = m .. '|' .. mine
-  local booked = redis.call('ZSCORE', B, book_member)
-  if booked then redis.call('ZREM', B, book_member) end
-  local started = redis.call('ZSCORE', S, start_member)
-  if not started then
-    -- The window's own starts decide; bookings only place the waiters.
-    local full = redis.call('ZCOUNT', S, now - rate_ms, '+inf') >= rate_n
-    local at = nil
-    if full or not booked then
-      local nth = nth_latest()
-      if nth and nth + rate_ms + 1 > now then at = nth + rate_ms + 1 end
-      if full and not at then
-        local a = redis.call('ZREVRANGE', S, rate_n - 1, rate_n - 1, 'WITHSCORES')
-        at = tonumber(a[2]) + rate_ms + 1
-      end
-    end
-    if at then
-      redis.call('ZADD', B, at, book_member)
-      if have then redis.call('ZADD', P, at + hold, m) end  -- kept for it meanwhile
-      return {3, at - now}
-    end
-    redis.call('ZADD', S, now, start_member)
-  end
-end
-if conc > 0 then
-  redis.call('HSET', H, m, holder)
-  redis.call('ZADD', P, now + hold, m)
-  redis.call('ZREM', W, m)
-end
-return {1, 0}
+local code, delay = acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, ARGV[8])
+return {code, delay}

@@ -30,22 +30,18 @@ local s = redis.call('HGET', jobs_key, id)
 if not s or not redis.call('ZSCORE', leased_key, id) then return {0, 0} end
 local r = rec_decode(s)
 if not holds(r, epoch, ARGV[3], ARGV[4]) then return {0, 0} end
+if ARGV[7] == '3' then
+  redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', '(' .. fmt(now))
+  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', '(' .. fmt(now))
+  return {3, limit_wait(leased_key, KEYS[2], KEYS[7], KEYS[8], KEYS[9], jobs_key, id, r, now,
+    tonumber(ARGV[5]), ARGV[8] == '1')}
+end
 redis.call('ZREM', leased_key, id)
-if ARGV[7] == '2' or ARGV[7] == '3' then
+if ARGV[7] == '2' then
   -- The nominal stays explicit (the occurrence's identity): a recurring job's next
   -- occurrence is planned from it at the ack, not from the deferred due.
   r[F_EPOCH] = 0
   local due = now + tonumber(ARGV[5])
-  if ARGV[7] == '3' then
-    local woke = ARGV[8] == '1' and redis.call('ZSCORE', KEYS[9], id)
-    redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', '(' .. fmt(now))
-    redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', '(' .. fmt(now))
-    if woke and tonumber(woke) >= now then
-      redis.call('ZREM', KEYS[9], id)
-      due = now  -- its permit was handed to it while it was still leased here
-    end
-    redis.call('ZADD', KEYS[8], fmt(due), id)
-  end
   redis.call('HSET', jobs_key, id, rec_encode(r))
   redis.call('ZADD', KEYS[2], fmt(due), id)
   prio_add(KEYS[7], id, due, r[F_PRIORITY])

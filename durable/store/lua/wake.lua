@@ -9,27 +9,5 @@
 --   makes it due at once); 0 not waiting: gone, moved by a user (its due is not the
 --   one its wait gave it: a reschedule keeps its time), or running. Re-sent: 1 then 0.
 -- Errors: none.
-local id = ARGV[1]
-local now = clock_now(KEYS[3], true)
-local w = redis.call('ZSCORE', KEYS[4], id)
-if w then
-  redis.call('ZREM', KEYS[4], id)
-  local d = redis.call('ZSCORE', KEYS[1], id)
-  if d and tonumber(d) == tonumber(w) then
-    if tonumber(d) > now then
-      redis.call('ZADD', KEYS[1], fmt(now), id)
-      local ps = redis.call('ZSCORE', KEYS[6], id)
-      if ps then  -- its priority: the level of its entry, now due now
-        prio_add(KEYS[6], id, now, MAX_PRIORITY - math.floor(tonumber(ps) / PRIO_SPAN))
-      end
-    end
-    return 1
-  end
-end
--- Waits past their due (never woken: claimed at their recheck time) are trimmed.
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. fmt(now))
-if redis.call('ZSCORE', KEYS[2], id) then
-  redis.call('ZADD', KEYS[5], fmt(now + tonumber(ARGV[2])), id)
-  return 2
-end
-return 0
+return limit_wake(KEYS[1], KEYS[2], KEYS[4], KEYS[5], KEYS[6], ARGV[1],
+  clock_now(KEYS[3], true), tonumber(ARGV[2]))
