@@ -88,6 +88,18 @@ def peak_overlap(intervals: list[tuple[float, float]]) -> int:
     return peak
 
 
+def at_peak(finished: list[list[Any]], key: str) -> list[list[Any]]:
+    """The runs of ``key`` open at the first instant of its peak overlap (for a
+    failure's message)."""
+    mine = [r for r in finished if r[1] == key]
+    best: list[list[Any]] = []
+    for r in mine:
+        open_then = [x for x in mine if x[2] <= r[2] <= x[3]]
+        if len(open_then) > len(best):
+            best = open_then
+    return best
+
+
 def peaks_by_key(finished: list[list[Any]]) -> dict[str, int]:
     """Per flow key, the most runs open at one instant."""
     by: dict[str, list[tuple[float, float]]] = defaultdict(list)
