@@ -299,7 +299,7 @@ def test_three_worker_processes_keep_two_per_key(
                     # Its runs cut short by a lost lease end within half a lease.
                     ends[stopped_pid] = [time.time() * 1000 + lease * 1000]
                 all_done = await until_async(lambda: _done_ids(client, ns), n, 60)
-                assert all_done, f"{await _done_ids(client, ns)} of {n} ran"
+                assert all_done, f"{await _done_ids(client, ns)} of {n} ran: {await _stuck(s)}"
             finally:
                 for w in workers:
                     if w.proc.poll() is None:
@@ -342,6 +342,22 @@ async def _balanced(s: Any, workers: int, within: float) -> bool:
         last = owners
         await asyncio.sleep(0.5)
     return False
+
+
+async def _stuck(s: Any) -> dict[str, Any]:
+    """What a run that stopped making progress left: per shard (owner, due, overdue,
+    leased, expired, dead), per key (running, waiting, handed, next permit deadline
+    from now), for a failure's message."""
+    now = await s.now()
+    keys = {}
+    for k in range(20):
+        st = await s.key_state("keyed", f"k{k}")
+        keys[f"k{k}"] = (st.running, st.waiting, st.handed, st.next_release_ms - now)
+    shards = [
+        (i.shard, i.owner[:8], i.due, i.overdue, i.leased, i.expired, i.dead)
+        for i in await s.inspect()
+    ]
+    return {"keys": keys, "shards": shards}
 
 
 async def _done_ids(client: Any, prefix: str) -> int:
