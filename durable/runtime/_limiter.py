@@ -81,7 +81,10 @@ class Limiter:
         self.admit: Admit | None = None  # the runner's fire, set by the runner
         self.current: dict[str, Limits] = {}  # the limits of record, by task
         self.waiting: dict[str, int] = {}  # jobs waiting, by limited task (at the read)
-        self.admitted: set[tuple[int, str]] = set()  # let through, firing again
+        # Let through, firing again: the very claim (Job object) its gate admitted. A
+        # fire that stops before its gate check (its lease ran out, its shard left)
+        # leaves the entry; a later claim of the same id must not pass on it.
+        self.admitted: dict[tuple[int, str], Job] = {}
         self.held: dict[tuple[int, str], tuple[Job, Limits]] = {}  # permits held here
         self._loaded: asyncio.Future[None] | None = None  # the first declare and read
         self._read_at = 0.0  # loop time of the last read
@@ -132,8 +135,7 @@ class Limiter:
     def gated(self, key: tuple[int, str], job: Job, lease_end: float, due: float | None) -> bool:
         """True if ``job`` must take a permit first (its gate now runs, and fires it
         again once through); False: it starts now. Called once per fired job."""
-        if key in self.admitted:
-            self.admitted.discard(key)
+        if self.admitted.pop(key, None) is job:
             return False
         loaded = self._loaded is not None and self._loaded.done()
         if loaded and job.task not in self.current:
@@ -159,7 +161,7 @@ class Limiter:
                     self.finished(job)  # the shard left meanwhile: its run is not ours
                     return
             if self.admit is not None:
-                self.admitted.add(key)
+                self.admitted[key] = job
                 self.admit(key, job, lease_end, due)
         except Fenced:
             pass  # counted, and the shard forgotten, by the loader's on_fenced
