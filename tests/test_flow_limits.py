@@ -214,7 +214,8 @@ def test_rate_per_key(redis_url: str) -> None:
             # A grant lies between the due a job was claimed at and its handler's
             # start (the handlers' clock alone would count a lagging start into the
             # next window on a loaded machine).
-            assert most_surely_in_window(done, 1000) <= 10, sorted(round(r[2] - t0) for r in done)
+            # (10 ms less: the worker fires at a due by its estimate of Redis's clock.)
+            assert most_surely_in_window(done, 990) <= 10, sorted(round(r[2] - t0) for r in done)
             span = max(r[2] for r in done) - t0
             windows = (n - 1) // 10
             assert span >= windows * 1000, span  # never early

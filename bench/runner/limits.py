@@ -66,7 +66,8 @@ async def _repeat(url: str, r: int, size: dict[str, int], peer: bool) -> dict[st
     got["memory_pending_b"], got["memory_waiting_b"] = pending, waiting
     t0, runs = await fl.rate_runs(url, size["rate"])
     got["rate"] = _rate_row(t0, [s for _, s in runs], size["rate"])
-    got["rate"]["surely_in_1s"] = fl.most_surely_in_window(runs, 1000)
+    # 10 ms less than the window: a worker fires at a due by its estimate of Redis's clock.
+    got["rate"]["surely_in_1s"] = fl.most_surely_in_window(runs, 990)
     if peer:
         client = client_from_url(url)
         await client.flushall()
