@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import time
 from collections import defaultdict
@@ -24,16 +25,20 @@ registry = TaskRegistry()
 
 
 async def _record(ctx: TaskContext) -> None:
-    """RPUSH ``<prefix>:runs`` [id, key, start ms, end ms, pid], the start also to
-    ``<prefix>:starts`` at once (a run whose worker is killed has no end)."""
+    """RPUSH ``<prefix>:runs`` [id, key, start ms, end ms, pid, due ms], and [id, key,
+    start ms, pid] to ``<prefix>:starts`` at the start (a run whose worker is killed
+    has no end). The due is the one the job was claimed at: a rate's grant lies
+    between it and the start."""
     prefix, ms = ctx.payload["sink"], ctx.payload.get("ms", 0)
     start = time.time() * 1000
+    pid = os.getpid()
     client = _sink_client()
-    await client.rpush(f"{prefix}:starts", json.dumps([ctx.job_id, ctx.flow_key, start]))
+    await client.rpush(f"{prefix}:starts", json.dumps([ctx.job_id, ctx.flow_key, start, pid]))
     if ms:
         await asyncio.sleep(ms / 1000)
     end = time.time() * 1000
-    run = [ctx.job_id, ctx.flow_key, start, end, os.getpid()]
+    due = ctx.job.due_ms if ctx.job is not None else 0
+    run = [ctx.job_id, ctx.flow_key, start, end, pid, due]
     await client.rpush(f"{prefix}:runs", json.dumps(run))
 
 
@@ -48,8 +53,28 @@ async def rated(ctx: TaskContext) -> None:
 
 
 async def runs(client: redis.asyncio.Redis, prefix: str) -> list[list[Any]]:
-    """The finished runs: [id, key, start, end, pid] each."""
+    """The finished runs: [id, key, start, end, pid, due] each."""
     return [json.loads(r) for r in await client.lrange(f"{prefix}:runs", 0, -1)]
+
+
+async def starts(client: redis.asyncio.Redis, prefix: str) -> list[list[Any]]:
+    """Every run's start, finished or not: [id, key, start, pid] each."""
+    return [json.loads(r) for r in await client.lrange(f"{prefix}:starts", 0, -1)]
+
+
+def with_unfinished(
+    finished: list[list[Any]], started: list[list[Any]], ends: dict[int, list[float]]
+) -> list[list[Any]]:
+    """The finished runs plus the runs that started and never ended: each ends at the
+    first instant of its process's ``ends`` after its start (a SIGKILL; for a stopped
+    process, when its leases were surely found lost), else never (``inf``)."""
+    done = {(r[0], r[2]) for r in finished}
+    out = list(finished)
+    for job_id, key, start, pid in started:
+        if (job_id, start) not in done:
+            end = min((t for t in ends.get(pid, []) if t >= start), default=math.inf)
+            out.append([job_id, key, start, end, pid, 0])
+    return out
 
 
 def peak_overlap(intervals: list[tuple[float, float]]) -> int:
@@ -63,11 +88,23 @@ def peak_overlap(intervals: list[tuple[float, float]]) -> int:
     return peak
 
 
+def at_peak(finished: list[list[Any]], key: str) -> list[list[Any]]:
+    """The runs of ``key`` open at the first instant of its peak overlap (for a
+    failure's message)."""
+    mine = [r for r in finished if r[1] == key]
+    best: list[list[Any]] = []
+    for r in mine:
+        open_then = [x for x in mine if x[2] <= r[2] <= x[3]]
+        if len(open_then) > len(best):
+            best = open_then
+    return best
+
+
 def peaks_by_key(finished: list[list[Any]]) -> dict[str, int]:
     """Per flow key, the most runs open at one instant."""
     by: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for _, key, start, end, _ in finished:
-        by[key].append((start, end))
+    for run in finished:
+        by[run[1]].append((run[2], run[3]))
     return {key: peak_overlap(spans) for key, spans in by.items()}
 
 
@@ -80,3 +117,15 @@ def most_in_window(starts: list[float], window_ms: float) -> int:
             j += 1
         most = max(most, i - j + 1)
     return most
+
+
+def most_surely_in_window(finished: list[list[Any]], window_ms: float) -> int:
+    """The most runs whose rate grants are surely in one closed window of
+    ``window_ms``: a run's grant lies between its due as claimed and its start, so a
+    set of runs is surely in one window when its latest start less its earliest due is
+    at most ``window_ms``. Sound whatever a loaded machine's handler lag: a count
+    above the limit is a breach of the limit by the grants' clock."""
+    spans = [(run[5], run[2]) for run in finished]
+    return max(
+        (sum(1 for a, b in spans if a >= lo and b <= lo + window_ms) for lo, _ in spans), default=0
+    )

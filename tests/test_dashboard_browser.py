@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import os
 import re
+import threading
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,6 +25,7 @@ from dashboard_support import (
     WorkerThread,
     artifacts_dir,
     config,
+    wait_for,
 )
 from durable_support import open_scheduler, unique_ns
 from playwright.sync_api import Browser, Page, expect, sync_playwright
@@ -384,4 +386,67 @@ def test_throughput_per_task_history_and_attempts_in_the_browser(
         shot(page, tmp_path, "job-attempts")
         assert page.evaluate("window.__xss") is None
         assert page.locator("main img").count() == 0
+        page.close()
+
+
+async def _key_counts(url: str, ns: str, task: str, key: str) -> tuple[int, int]:
+    async with open_scheduler(url, ns, shards=SHARDS) as sched:
+        state = await sched.key_state(task, key)
+        return state.running, state.waiting
+
+
+def test_a_flow_key_from_a_job_page_and_the_lookup_form(
+    browser: Browser, redis_url: str, tmp_path: Path
+) -> None:
+    """A worker runs a ``concurrency=1`` task; the first run of a key (with markup in
+    it) holds the permit and the other two wait. A job page's flow key link opens the
+    key page: 1 running, 2 waiting, its limit, the key as text. The lookup form finds
+    another key (nothing there) and names a bad key's problem; once the run ends, the
+    key page shows the key drained."""
+    ns = unique_ns()
+    reg = TaskRegistry()
+    gate = threading.Event()
+
+    @reg.task(name="charge", concurrency=1)
+    async def charge(ctx: Any) -> None:
+        while not gate.is_set():  # noqa: ASYNC110 (a thread's event)
+            await asyncio.sleep(0.02)
+
+    key = 'm:<b id="evil">42</b> & co'
+    run(schedule(redis_url, ns, [JobSpec(f"c{i}", "charge", key=key) for i in range(3)]))
+    with (
+        LiveDashboard(config(redis_url, ns)) as live,
+        WorkerThread(redis_url, ns, reg, shards=SHARDS),
+    ):
+
+        def counts() -> tuple[int, int]:
+            return run(_key_counts(redis_url, ns, "charge", key))
+
+        try:
+            assert wait_for(lambda: counts() == (1, 2), 30), counts()
+            page = browser.new_page(base_url=live.url)
+            page.goto("/job?id=c2")
+            page.click("#job-key a")
+            expect(page).to_have_url(re.compile(r"/key\?task=charge&key=m%3A%3Cb"))
+            expect(page.locator("#key-name")).to_have_text(key)
+            expect(page.locator("#evil")).to_have_count(0)  # text, not markup
+            expect(page.locator("#key-limits")).to_have_text("concurrency 1")
+            expect(page.locator("#key-running")).to_have_text("1")
+            expect(page.locator("#key-waiting")).to_have_text("2")
+            shot(page, tmp_path, "flow-key")
+            page.fill("#key-key", "merchant:7")
+            page.click("main form button")
+            expect(page.locator("#key-name")).to_have_text("merchant:7")
+            expect(page.locator("#key-running")).to_have_text("0")
+            expect(page.locator("#key-waiting")).to_have_text("0")
+            page.fill("#key-key", "k" * 201)
+            page.click("main form button")
+            expect(page.locator("#message")).to_contain_text("key")
+            expect(page.locator("#key")).to_have_count(0)  # no row for a refused key
+        finally:
+            gate.set()
+        assert wait_for(lambda: counts() == (0, 0), 30), counts()
+        page.goto("/key?task=charge&key=" + page.evaluate("encodeURIComponent", key))
+        expect(page.locator("#key-running")).to_have_text("0")
+        expect(page.locator("#key-waiting")).to_have_text("0")
         page.close()

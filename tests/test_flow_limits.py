@@ -14,7 +14,14 @@ from typing import Any
 
 import pytest
 from durable_support import client_of, open_scheduler, run
-from limits_support import most_in_window, peaks_by_key, runs
+from limits_support import (
+    at_peak,
+    most_surely_in_window,
+    peaks_by_key,
+    runs,
+    starts,
+    with_unfinished,
+)
 from spill_support import SINK_ENV, WorkerProcess, running_worker, until
 
 from tickwheel.durable import JobSpec, JobState, Limits, TaskContext, TaskRegistry
@@ -167,9 +174,11 @@ async def _wait_run(client: Any, prefix: str, job_id: str) -> list[Any]:
 
 @pytest.mark.slow
 def test_rate_per_key(redis_url: str) -> None:
-    """rate=(10, 1.0) on one key, 40 jobs due at once (20 on the cluster; soak: 200):
-    no 1 s window holds more than 10 starts, and they finish in about 3 s (1 s; soak:
-    19 s), not much more."""
+    """rate=(10, 1.0) on one key, 40 jobs due at once (20 on the cluster; soak: 200 on
+    both): no 1 s window holds more than 10 grants, by Redis's clock (the key's
+    ``window_starts``, read all along, and the grants surely in a window, from each
+    run's due and start); the last starts no sooner than the limit allows and not much
+    later (the soak's 200: from 19 s to 28.75 s, a quarter of a window's lag each)."""
     n = 200 if SOAK else 20 if redis_url.startswith("redis+cluster") else 40
 
     async def main() -> None:
@@ -185,23 +194,39 @@ def test_rate_per_key(redis_url: str) -> None:
             prefix = s.keys.namespace
             client = client_of(s)
             specs = [JobSpec(f"r{i}", "rated", {"sink": prefix}, key="ep") for i in range(n)]
+            seen: list[int] = []  # the key's starts in its window, by its slot's clock
+
+            async def watch() -> None:
+                while True:
+                    seen.append((await s.key_state("rated", "ep")).window_starts)
+                    await asyncio.sleep(0.01)
+
             t0 = await s.now()
-            await s.schedule_many(specs)
-            assert await until_async(lambda: _count(client, prefix), n, n / 10 + 30)
+            watcher = asyncio.ensure_future(watch())
+            try:
+                await s.schedule_many(specs)
+                assert await until_async(lambda: _count(client, prefix), n, n / 10 + 30)
+            finally:
+                watcher.cancel()
             done = await runs(client, prefix)
             assert sorted(r[0] for r in done) == sorted(f"r{i}" for i in range(n))
-            starts = [r[2] for r in done]
-            # The permits are granted by Redis's clock; a handler records its start a
-            # few ms after its grant, so the window checked is 1 s less that jitter.
-            rel = sorted(round(x - t0) for x in starts)
-            assert most_in_window(starts, 1000 - 30) <= 10, str(rel)
-            span = max(starts) - t0
+            assert len(seen) > n / 10 and max(seen) == 10, seen  # reached, never passed
+            # A grant lies between the due a job was claimed at and its handler's
+            # start (the handlers' clock alone would count a lagging start into the
+            # next window on a loaded machine).
+            # (10 ms less: the worker fires at a due by its estimate of Redis's clock.)
+            assert most_surely_in_window(done, 990) <= 10, sorted(round(r[2] - t0) for r in done)
+            span = max(r[2] for r in done) - t0
             windows = (n - 1) // 10
             assert span >= windows * 1000, span  # never early
-            assert span <= windows * 1000 + 5000, span  # not much more
+            # Not much more: the window slides on the grants, so a grant that lags its
+            # booked start (a claim on a loaded machine) delays the ones after it.
+            assert span <= windows * 1250 + 5000, span
 
     run(main())
 
+
+RUN_MS = 20  # each run's handler sleeps this long
 
 # The worker processes' options (a lease is a permit's length). The clean run has a
 # lease well past any stall of a loaded 2-core machine (a lease lost is a run twice).
@@ -223,20 +248,21 @@ def _start_workers(url: str, ns: str, count: int, lease: float) -> list[WorkerPr
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("faults", [False, True], ids=["cluster-clean", "redis-kills"])
+@pytest.mark.parametrize("faults", [False, True], ids=["clean", "kills"])
+@pytest.mark.parametrize("backend", ["redis_server", "redis_cluster"], ids=["redis", "cluster"])
 def test_three_worker_processes_keep_two_per_key(
-    request: pytest.FixtureRequest, faults: bool
+    request: pytest.FixtureRequest, backend: str, faults: bool
 ) -> None:
     """3 ``tickwheel worker`` processes, 300 jobs over 20 keys with concurrency=2 (soak:
-    2,000). Clean: never more than 2 runs of a key at once, every job once. With two
-    SIGKILLs and a SIGSTOP past the lease: nothing lost, and a key's overlap passes 2
-    only by the runs the stopped worker held when it stopped (their permits expired
-    under them: the stated bound, docs/limits.md)."""
+    2,000), on one Redis and on a Redis Cluster (a key's permits in one slot, its jobs
+    in every shard's). Clean: never more than 2 runs of a key at once, every job once.
+    With two SIGKILLs and a SIGSTOP past the lease: nothing lost, and a key's overlap
+    passes 2 only by runs whose process stalled past half a lease while they ran: the
+    stopped worker's, or any a loaded machine starved (their permits could expire under
+    them: the stated bound, docs/limits.md). A killed worker's runs count as running
+    until its kill."""
     n = 2000 if SOAK else 300
-    # The clean run on a Redis Cluster (a key's permits in one slot, its jobs in all
-    # shards' slots), the faults on one Redis (SIGSTOP of a process that owns shards).
-    server = request.getfixturevalue("redis_server" if faults else "redis_cluster")
-    redis_url = server.url
+    redis_url = request.getfixturevalue(backend).url
     lease = 1.0 if faults else 5.0
 
     async def main() -> None:
@@ -246,16 +272,22 @@ def test_three_worker_processes_keep_two_per_key(
             workers = await asyncio.to_thread(_start_workers, redis_url, ns, 3, lease)
             stopped_at: float | None = None
             stopped_pid = 0
+            ends: dict[int, list[float]] = {}  # pid -> when its unfinished runs ended
+
+            def kill(w: WorkerProcess) -> None:
+                w.kill()
+                ends.setdefault(w.pid, []).append(time.time() * 1000)
+
             try:
                 # The shards settle first (2 each): a worker that starts takes its share
                 # from the others, who give it back draining, and jobs scheduled before
                 # can run twice (fenced acks), which the clean run counts.
                 assert await _balanced(s, 3, 20)
-                await s.schedule_many(_keyed_specs(ns, n, 20, 20))
+                await s.schedule_many(_keyed_specs(ns, n, 20, RUN_MS))
                 if faults:
                     for victim in (0, 1):  # two SIGKILLs, each replaced
                         await until_async(lambda: _count(client, ns), n // 6 * (victim + 1), 30)
-                        await asyncio.to_thread(workers[victim].kill)
+                        await asyncio.to_thread(kill, workers[victim])
                         (workers[victim],) = await asyncio.to_thread(
                             _start_workers, redis_url, ns, 1, lease
                         )
@@ -265,13 +297,17 @@ def test_three_worker_processes_keep_two_per_key(
                     workers[2].signal(signal.SIGSTOP)
                     await asyncio.sleep(2.5 * lease)  # past its lease and its ownership
                     workers[2].signal(signal.SIGCONT)
-                assert await until_async(lambda: _done_ids(client, ns), n, 60)
+                    # Its runs cut short by a lost lease end within half a lease.
+                    ends[stopped_pid] = [time.time() * 1000 + lease * 1000]
+                all_done = await until_async(lambda: _done_ids(client, ns), n, 60)
+                assert all_done, f"{await _done_ids(client, ns)} of {n} ran: {await _stuck(s)}"
             finally:
                 for w in workers:
                     if w.proc.poll() is None:
-                        w.kill()
-            done = await runs(client, ns)
-            ids = {r[0] for r in done}
+                        kill(w)
+            finished = await runs(client, ns)
+            done = with_unfinished(finished, await starts(client, ns), ends)
+            ids = {r[0] for r in finished}
             assert ids == {f"j{i}" for i in range(n)}  # nothing lost
             peaks = peaks_by_key(done)
             if not faults:
@@ -284,13 +320,14 @@ def test_three_worker_processes_keep_two_per_key(
                 assert max(peaks.values()) <= 2, peaks
                 return
             assert stopped_at is not None
-            # The runs the stopped worker held at the SIGSTOP, per key: the bound.
-            stalled: dict[str, int] = {}
-            for _, key, start, end, pid in done:
-                if pid == stopped_pid and start <= stopped_at <= end:
-                    stalled[key] = stalled.get(key, 0) + 1
-            over = {k: p for k, p in peaks.items() if p > 2 + stalled.get(k, 0)}
-            assert not over, (over, stalled)
+            # A run whose process stalled past half a lease while it ran (the SIGSTOP,
+            # or a loaded machine starving it) may have lost its lease and its permit
+            # under it: the stated bound is 2 plus such runs open at the instant, that
+            # is, the runs that kept their process running never overlap more than 2.
+            prompt = [r for r in done if r[3] - r[2] <= RUN_MS + lease * 500]
+            over = {k: p for k, p in peaks_by_key(prompt).items() if p > 2}
+            events = {"stopped": (stopped_pid, stopped_at), "ends": ends}
+            assert not over, f"{(over, [at_peak(prompt, k) for k in over], events)}"
 
     run(main())
 
@@ -306,6 +343,22 @@ async def _balanced(s: Any, workers: int, within: float) -> bool:
         last = owners
         await asyncio.sleep(0.5)
     return False
+
+
+async def _stuck(s: Any) -> dict[str, Any]:
+    """What a run that stopped making progress left: per shard (owner, due, overdue,
+    leased, expired, dead), per key (running, waiting, handed, next permit deadline
+    from now), for a failure's message."""
+    now = await s.now()
+    keys = {}
+    for k in range(20):
+        st = await s.key_state("keyed", f"k{k}")
+        keys[f"k{k}"] = (st.running, st.waiting, st.handed, st.next_release_ms - now)
+    shards = [
+        (i.shard, i.owner[:8], i.due, i.overdue, i.leased, i.expired, i.dead)
+        for i in await s.inspect()
+    ]
+    return {"keys": keys, "shards": shards}
 
 
 async def _done_ids(client: Any, prefix: str) -> int:

@@ -30,6 +30,8 @@ SUMMARY_ROWS = (
         )
     ),
     ("example", "claim capacity per shard (claim only)", "the document's 5,000/s"),
+    ("limits", "claim+run+ack, concurrency=4", "limits off"),
+    ("limits", "rate 10/s", "bullmq limiter (per queue)"),
     *(
         ("postgres", f"Postgres mode {name}", "procrastinate")
         for name in ("schedule", "schedule_many", "claim+ack")
@@ -130,6 +132,7 @@ def write(out: Path, results: dict[str, Any]) -> list[Path]:
         "example": "4. The worked example (16 shards, peak 2,900 jobs/s)",
         "postgres": "5. The Postgres mode against procrastinate and pgqueuer",
         "brokers": "6. The publish handoff on NATS and RabbitMQ, against taskiq",
+        "limits": "7. Per-key flow limits, against no limits and BullMQ's global limiter",
     }
     for section, title in titles.items():
         sec = [d for d in figs if d["section"] == section]
@@ -270,6 +273,8 @@ def _section_notes(section: str, results: dict[str, Any]) -> list[str]:
         return _postgres_notes(raw)
     if section == "brokers":
         return _brokers_notes(raw)
+    if section == "limits":
+        return _limits_notes(raw)
     return []
 
 
@@ -289,6 +294,36 @@ def _brokers_notes(raw: dict[str, Any]) -> list[str]:
         notes.append(
             f"| {g['broker']} | {g['rate']:,} | {g['jobs']:,} | {g['p50_ms']:.1f} "
             f"| {g['p99_ms']:.1f} | {g['missing']} | {g['early']} | {g['twice']} |"
+        )
+    return [*notes, ""]
+
+
+def _limits_notes(raw: dict[str, Any]) -> list[str]:
+    """The flow limits' raw figures, one row per repeat (bench/runner/limits.py)."""
+    reps, size = raw.get("repeats"), raw.get("sizes", {})
+    if not reps:
+        return []
+    notes = [
+        f"One private redis-server, one Worker. claim+run+ack: {size['jobs']:,} jobs over "
+        f"{size['keys']:,} keys; release: {size['release']} jobs of one key at "
+        f"concurrency=1; memory: {size['memory']:,} jobs; rate: {size['rate']} jobs of one "
+        f"key at rate=(10, 1.0). Peer: {raw.get('peer')} (drainDelay 1 s: "
+        "bench/peers/bullmq_limiter.py says why). Most starts in 1 s: by the handlers' "
+        "clock (a start lags its grant by a few ms); surely: grants surely in one window.",
+        "",
+        "| repeat | jobs/s off | on | release p50 ms | p99 | max | B pending | B waiting "
+        "| rate: last start s | most in 1 s | surely | bullmq: last start s | most in 1 s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for g in reps:
+        rel, rate, bull = g["release_ms"], g["rate"], g.get("bullmq", {})
+        notes.append(
+            f"| {g['repeat'] + 1} | {g['jobs_per_s_off']:,.0f} | {g['jobs_per_s_on']:,.0f} "
+            f"| {rel['p50']:.1f} | {rel['p99']:.1f} | {rel['max']:.1f} "
+            f"| {g['memory_pending_b']:.0f} | {g['memory_waiting_b']:.0f} "
+            f"| {rate['last_start_s']:.2f} | {rate['most_in_1s_by_start']} "
+            f"| {rate['surely_in_1s']} | {_num(bull.get('last_start_s'))} "
+            f"| {bull.get('most_in_1s_by_start', '-')} |"
         )
     return [*notes, ""]
 
@@ -337,7 +372,7 @@ def plots(out: Path, results: dict[str, Any]) -> list[Path]:
 
     written = []
     figs = results["figures"]
-    for section in ("wheel", "server", "durable", "example", "postgres"):
+    for section in ("wheel", "server", "durable", "example", "postgres", "limits"):
         sec = [d for d in figs if d["section"] == section]
         if sec:
             path = out / f"{section}.png"

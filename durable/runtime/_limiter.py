@@ -89,7 +89,10 @@ class Limiter:
         self.admit: Admit | None = None  # the runner's fire, set by the runner
         self.current: dict[str, Limits] = {}  # the limits of record, by task
         self.waiting: dict[str, int] = {}  # jobs waiting, by limited task (at the read)
-        self.admitted: set[tuple[int, str]] = set()  # let through, firing again
+        # Let through, firing again: the very claim (Job object) its gate admitted. A
+        # fire that stops before its gate check (its lease ran out, its shard left)
+        # leaves the entry; a later claim of the same id must not pass on it.
+        self.admitted: dict[tuple[int, str], Job] = {}
         self.held: dict[tuple[int, str], tuple[Job, Limits]] = {}  # permits held here
         self._loaded: asyncio.Future[None] | None = None  # the first declare and read
         self._read_at = 0.0  # loop time of the last read
@@ -145,8 +148,7 @@ class Limiter:
         """True if ``job`` must take a permit first (it joins the next batch of gates,
         and fires again once through); False: it starts now. Called once per fired
         job. O(1)."""
-        if key in self.admitted:
-            self.admitted.discard(key)
+        if self.admitted.pop(key, None) is job:
             return False
         loaded = self._loaded is not None and self._loaded.done()
         if loaded and job.task not in self.current:
@@ -227,7 +229,7 @@ class Limiter:
 
     def _admit(self, gate: Gate) -> None:
         if self.admit is not None:
-            self.admitted.add(gate[0])
+            self.admitted[gate[0]] = gate[1]
             self.admit(*gate)
 
     # -- the end of a run -----------------------------------------------------------
