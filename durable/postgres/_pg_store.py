@@ -52,6 +52,8 @@ MAX_LOCKED = 500
 # pool (PgStore._conn): they leave no session state (their locks and settings are the
 # transaction's), so the pool's reset round trip is skipped (asyncpg still rolls back a
 # transaction left open). Any other use is reset in full.
+# Seconds the delete task waits before it deletes what no statement took (_forget).
+_FORGET_AFTER = 0.05
 _QUIET: contextvars.ContextVar[bool] = contextvars.ContextVar("tickwheel_pg_quiet", default=False)
 
 
@@ -289,6 +291,9 @@ class PgStore:
 
     async def _forget(self) -> None:
         try:
+            # The write behind a schedule (_behind.py) hands its rows over while the
+            # producer's next statement is on its way: let that one take them first.
+            await asyncio.sleep(_FORGET_AFTER)
             while self._to_forget:
                 seqs, self._to_forget = self._to_forget, []
                 try:
