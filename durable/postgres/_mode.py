@@ -4,10 +4,9 @@ What changes against the Redis-only mode (everything else is the same code):
 
 - ``schedule`` writes the job row and an outbox row in one PostgreSQL transaction (the
   application's own, when it passes ``conn=``). After a commit of its own it writes the
-  Redis index entry at once; whatever it could not write (Redis down, or the
-  application's transaction) the relay writes later from the outbox. The Redis write is
-  schedule.lua at the stored nominal due with ``replace`` off, so writing an entry twice
-  is a no-op.
+  Redis index entry (one job's after the call returns: ``_behind.py``); what it could
+  not write the relay writes from the outbox. The write is schedule.lua at the stored
+  nominal due with ``replace`` off, so writing an entry twice is a no-op.
 - ``claim`` records the owner's epoch in PostgreSQL and drops (acks unrun) any claimed
   occurrence that PostgreSQL has done already: an acked occurrence never runs again,
   even when Redis lost the ack.
@@ -40,6 +39,8 @@ from tickwheel.durable.model import (
 from tickwheel.durable.store import ClaimedRef, EncodedJob, Keys, Store
 
 from . import _pauses, _replacing
+from ._behind import REDIS_BATCH as _REDIS_BATCH
+from ._behind import IndexBehind, write
 from ._clock import warn_of_skew
 from ._drivers import async_connection
 from ._enqueue import encode_jobs, first_run, needs_now, sorted_by_id
@@ -61,8 +62,6 @@ DEFAULT_RELAY_INTERVAL = 1.0
 # Pending rows read per reconcile page (and written per schedule.lua call).
 DEFAULT_RECONCILE_PAGE = 1000
 _CHANNEL = "tickwheel_outbox"
-# Jobs per schedule.lua call (MAX_BATCH of the scheduler: a script blocks Redis).
-_REDIS_BATCH = 1000
 # What a replace writes to PostgreSQL after Redis: the outcomes that wrote the job.
 _WRITTEN = (ScheduleStatus.CREATED, ScheduleStatus.REPLACED)
 
@@ -108,6 +107,7 @@ class PostgresMode:
 
     def __init__(self, store: PgStore) -> None:
         self.store = store
+        self.behind = IndexBehind(store)  # one job's Redis write, after schedule returns
 
     # -- producers -----------------------------------------------------------------
 
@@ -172,6 +172,7 @@ class PostgresMode:
             RedisUnavailable, PostgresUnavailable: on a failure of either.
         """
         await sched.open()
+        await self.behind.settled()  # this process's own writes first (_behind.py)
         out: list[ScheduleResult] = []
         for i in range(0, len(specs), MAX_LOCKED):  # in order: an id given twice, the last wins
             out += await self._replace(sched, specs[i : i + MAX_LOCKED])
@@ -251,6 +252,7 @@ class PostgresMode:
             RedisUnavailable, PostgresUnavailable: on a failure of either.
         """
         await sched.open()
+        await self.behind.settled()
         shard = sched.keys.shard_of(job_id)
         async with self.store.locked([job_id]) as (conn, _):
             found = await self.store.cancel(job_id, conn)
@@ -274,6 +276,7 @@ class PostgresMode:
             RedisUnavailable, PostgresUnavailable: on a failure of either.
         """
         await sched.open()
+        await self.behind.settled()
         shard = sched.keys.shard_of(job_id)
         async with self.store.locked([job_id]) as (conn, pending):
             if mode == 0 and await self.store.done_of(conn, [(job_id, time_ms)]):
@@ -292,16 +295,15 @@ class PostgresMode:
     _first_run = staticmethod(first_run)
 
     async def _index(self, sched: RedisSide, created: Sequence[tuple[PgJob, int, int]]) -> None:
-        """Write committed jobs to Redis and drop their outbox rows; on failure leave
-        both to the relay (the job is committed: this is never the caller's error)."""
+        """Write committed jobs to Redis, drop their outbox rows; on failure leave both
+        to the relay (the job is committed: never the caller's error). One job goes to
+        the write behind (``_behind.py``), a batch is written before the call returns."""
+        if len(created) == 1:
+            self.behind.add(sched, created)
+            return
         try:
             await sched.open()
-            groups: dict[int, list[EncodedJob]] = {}
-            for job, when, _ in created:
-                groups.setdefault(job.shard, []).append(redis_job(job.id, when, job.record))
-            for shard, encoded in groups.items():
-                for i in range(0, len(encoded), _REDIS_BATCH):
-                    await sched.store.schedule(shard, encoded[i : i + _REDIS_BATCH], False)
+            await write(sched, [redis_job(job.id, when, job.record) for job, when, _ in created])
             self.store.relayed_later([seq for _, _, seq in created])
         except (RedisUnavailable, PostgresUnavailable) as exc:
             logger.warning("%d committed job(s) left to the relay (%s)", len(created), exc)
@@ -422,6 +424,7 @@ class PostgresMode:
     async def relay_all(self, sched: RedisSide) -> int:
         """:meth:`relay` until the outbox is empty (of rows no other relay holds), then
         the committed replacements (``_replacing.apply``; a leased job's waits)."""
+        await self.behind.settled()
         total = 0
         while n := await self.relay(sched):
             total += n
@@ -457,6 +460,7 @@ class PostgresMode:
     async def _reconcile(self, sched: RedisSide, page: int) -> ReconcileResult:
         start = time.monotonic()
         await sched.open()
+        await self.behind.settled()
         await sched.store.init(postgres=True)  # the layout and mode, if Redis lost them
         raised = 0
         for shard, epoch in sorted((await self.store.shard_epochs()).items()):

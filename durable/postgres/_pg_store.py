@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Sequence
@@ -34,6 +33,8 @@ from tickwheel.durable.store import ClaimedRef, hidden, shown_url
 
 from . import _relay, _replacing, _writes
 from ._errors import translate, translated
+from ._line import QUIET as _QUIET
+from ._line import Line, reset_unless_quiet
 from ._locks import advisory_lock
 from ._migrate import check_schema
 from ._rows import OutboxRow, PendingRow, PgJob
@@ -48,17 +49,8 @@ DEFAULT_POOL_SIZE = 10
 # locks live in PostgreSQL's shared lock table.
 MAX_LOCKED = 500
 # A session-level advisory lock per (namespace, purpose), keyed by a 64-bit hash.
-# Set while a connection that ran only the library's own statements goes back to the
-# pool (PgStore._conn): they leave no session state (their locks and settings are the
-# transaction's), so the pool's reset round trip is skipped (asyncpg still rolls back a
-# transaction left open). Any other use is reset in full.
-_QUIET: contextvars.ContextVar[bool] = contextvars.ContextVar("tickwheel_pg_quiet", default=False)
-
-
-async def _reset(conn: Any) -> None:
-    """The pool's reset: none after the library's own statements (:data:`_QUIET`)."""
-    if not _QUIET.get():
-        await conn.reset()
+# Seconds the delete task waits before it deletes what no statement took (_forget).
+_FORGET_AFTER = 0.05
 
 
 class PgStore:
@@ -96,6 +88,7 @@ class PgStore:
         self._lock = asyncio.Lock()
         self._to_forget: list[int] = []  # outbox rows to delete (relayed_later)
         self._forgetting: asyncio.Task[None] | None = None  # the task deleting them
+        self._line = Line()  # the connection held for schedule's own statement
 
     # -- connections ---------------------------------------------------------------
 
@@ -127,7 +120,7 @@ class PgStore:
                     max_size=self.pool_size,
                     command_timeout=self.call_timeout,
                     timeout=self.call_timeout,
-                    reset=_reset,  # asyncpg >= 0.30
+                    reset=reset_unless_quiet,  # asyncpg >= 0.30
                 )
             except Exception as exc:
                 err = translate(exc)
@@ -149,6 +142,7 @@ class PgStore:
         if forgetting is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(forgetting), self.call_timeout)
+        await self._line.close()
         pool, self._pool = self._pool, None
         if pool is not None:
             with contextlib.suppress(Exception):
@@ -217,9 +211,9 @@ class PgStore:
             Per job, (status, when_ms, outbox seq) with schedule.lua's status codes:
             1 created (seq set), 2 kept, 5 done.
 
-        Pass a batch sorted by id (rows are locked in that order): a batch of distinct
-        ids is one set-based statement, one that names an id twice runs the job-by-job
-        function (each copy sees the ones before it).
+        Pass a batch sorted by id (rows are locked in that order): distinct ids are one
+        set-based statement, an id named twice runs the function job by job. Our own
+        statement goes on the held connection (``_line.py``).
         """
         if conn is not None:
             async with self._on(conn, own_transaction=False) as c:
@@ -227,8 +221,14 @@ class PgStore:
         # Our own commit also deletes the outbox rows relayed_later() holds (lost with a
         # failed statement, they are the relay's: harmless).
         forget, self._to_forget = self._to_forget, []
-        async with self._on(None, own_transaction=False) as c:
-            return await _writes.schedule(c, self.namespace, jobs, notify, forget)
+        await self.open()
+        token = _QUIET.set(True)  # its release skips the reset, as _conn's does
+        try:
+            with translated(None):
+                async with self._line.use(self._pool, self.url, self.call_timeout) as c:
+                    return await _writes.schedule(c, self.namespace, jobs, notify, forget)
+        finally:
+            _QUIET.reset(token)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Any]:
@@ -245,13 +245,11 @@ class PgStore:
 
     @contextlib.asynccontextmanager
     async def locked(self, ids: Sequence[str]) -> AsyncIterator[tuple[Any, dict[str, int]]]:
-        """A transaction of its own holding the jobs ``ids`` for the body: a
-        transaction-level advisory lock per id (so an id with no row yet is held too)
-        and the row locks of the rows there are, whatever their state, both taken in id
-        order (two callers never deadlock). Yields the connection and the pending rows'
-        due times by id. Keep ``ids`` to a batch (``MAX_LOCKED``): advisory locks live
-        in PostgreSQL's shared lock table.
-        Committed when the body returns, rolled back if it raises.
+        """A transaction of its own holding the jobs ``ids`` for the body (committed
+        when it returns, rolled back if it raises): a transaction-level advisory lock
+        per id (an id with no row yet is held too), then the row locks there are, both
+        in id order (no deadlock). Yields the connection and the pending rows' due
+        times by id. At most ``MAX_LOCKED`` ids (advisory locks are in shared memory).
 
         Raises:
             PostgresUnavailable: if PostgreSQL fails.
@@ -289,6 +287,9 @@ class PgStore:
 
     async def _forget(self) -> None:
         try:
+            # The write behind a schedule (_behind.py) hands its rows over while the
+            # producer's next statement is on its way: let that one take them first.
+            await asyncio.sleep(_FORGET_AFTER)
             while self._to_forget:
                 seqs, self._to_forget = self._to_forget, []
                 try:

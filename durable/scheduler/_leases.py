@@ -154,6 +154,8 @@ class Leases:
         epoch = self.ownership.epoch(shard)
         counters = self.ownership.counters
         token, forget = self._claim_token(shard, epoch)
+        if self.pg is not None and self.pg.behind.busy:  # this process's jobs in Redis first
+            await self.pg.behind.settled()
         with self.ownership.guard(shard, epoch):
             batch = await self.store.claim(
                 shard,

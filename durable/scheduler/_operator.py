@@ -103,6 +103,8 @@ class Operator:
             ShardCountMismatch, RedisUnavailable: see :meth:`Scheduler.open`.
         """
         await self._open()
+        if self.pg is not None:  # this process's jobs written behind are in Redis first
+            await self.pg.behind.settled()
         return [await self.store.inspect(shard) for shard in range(self.keys.shards)]
 
     async def dead_letters(self, shard: int, *, offset: int = 0, count: int = 100) -> DeadPage:

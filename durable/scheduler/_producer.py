@@ -490,4 +490,6 @@ class Producer:
         """One job's state and record, or None if it is done or unknown. O(log N)."""
         check_job_id(job_id)
         await self._open()
+        if self.pg is not None:  # this process's jobs written behind are in Redis first
+            await self.pg.behind.settled()
         return await self.store.get(self.keys.shard_of(job_id), job_id)

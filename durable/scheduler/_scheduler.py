@@ -245,6 +245,8 @@ class Scheduler:
         """Give back every owned shard (their epochs are bumped) and close the
         connections this scheduler opened itself (the client given is left open)."""
         try:
+            if self.pg is not None:  # the writes behind, bounded (else the relays')
+                await self.pg.behind.aclose(self.store.call_timeout)
             await self.ownership.give_back_all()
         finally:
             await self.store.aclose()

@@ -1,0 +1,116 @@
+"""The index write behind a single ``schedule``: a committed job is written to Redis
+after the call returns, the jobs of calls made meanwhile in the same batch.
+
+Ground rules (docs/postgres.md, "The index written behind"):
+
+- A job is handed over only once its row and outbox row are committed: it is safe in
+  PostgreSQL from then on, and its Redis write is an index write like the relay's
+  (``schedule.lua`` at the stored nominal due, ``replace`` off: an entry Redis has is
+  kept as it is, so a write that comes twice, or after a relay's, is a no-op).
+- A write that fails (Redis down) leaves the outbox rows to the relays, as when the
+  producer dies between its commit and its write; one that succeeds hands the rows to
+  :meth:`PgStore.relayed_later` (deleted by the producer's next statement).
+- Read your writes: the scheduler's own calls that read or change Redis by id (claim,
+  get, cancel, reschedule, replace, inspect, relay, reconcile, close) wait for the
+  writes handed over so far (:meth:`IndexBehind.settled`), so within a process a job
+  is in Redis for every later call, as when ``schedule`` wrote it before returning,
+  and a ``cancel`` after ``schedule`` is never overtaken by the write.
+- Another process's call sees the job a write later. A write that lands after another
+  process's ``cancel`` or ``replace`` of the id is what the synchronous write did in
+  the same race (a window of one Redis call then, a batch's now): a claim finds no row
+  for a cancelled job and removes it unrun, and a replaced job Redis holds is kept
+  (``replace`` off). See docs/postgres.md for what remains.
+- One write in flight at a time; the jobs committed meanwhile go together in the next
+  (as the worker's acks do): with concurrent producers, one Redis call per shard and
+  batch rather than one per job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from tickwheel.durable.model import PostgresUnavailable, RedisUnavailable
+from tickwheel.durable.store import EncodedJob
+
+from ._rows import PgJob, redis_job
+
+if TYPE_CHECKING:
+    from ._mode import RedisSide
+    from ._pg_store import PgStore
+
+__all__ = ["REDIS_BATCH", "IndexBehind", "write"]
+
+logger = logging.getLogger("tickwheel.durable")
+
+# Jobs per schedule.lua call (MAX_BATCH of the scheduler: a script blocks Redis).
+REDIS_BATCH = 1000
+
+
+class IndexBehind:
+    """The Redis writes of committed single schedules, one batch in flight."""
+
+    __slots__ = ("_pending", "_sched", "_store", "_task")
+
+    def __init__(self, store: PgStore) -> None:
+        self._store = store
+        # (job, nominal due, outbox seq) committed and not yet taken by a write
+        self._pending: list[tuple[PgJob, int, int]] = []
+        self._task: asyncio.Task[None] | None = None  # the write in flight, if any
+        self._sched: RedisSide | None = None  # the scheduler whose Redis they go to
+
+    def add(self, sched: RedisSide, created: Sequence[tuple[PgJob, int, int]]) -> None:
+        """Hand over committed jobs ``(job, nominal due, outbox seq)`` to be written to
+        Redis; returns at once. O(1) per job."""
+        self._pending.extend(created)
+        self._sched = sched
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._run())
+
+    @property
+    def busy(self) -> bool:
+        """Whether a write is in flight or waiting."""
+        return self._task is not None
+
+    async def settled(self) -> None:
+        """Wait until every job handed over so far was written (or left to the relays)."""
+        while self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def aclose(self, seconds: float) -> None:
+        """:meth:`settled`, bounded: what is not written by then is the relays'."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.settled(), seconds)
+
+    async def _run(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                sched = self._sched
+                assert sched is not None
+                try:
+                    await sched.open()
+                    await write(
+                        sched, [redis_job(job.id, when, job.record) for job, when, _ in batch]
+                    )
+                    self._store.relayed_later([seq for _, _, seq in batch])
+                except (RedisUnavailable, PostgresUnavailable) as exc:
+                    logger.warning("%d committed job(s) left to the relay (%s)", len(batch), exc)
+                except Exception:  # the jobs are committed: the relay repairs whatever failed
+                    logger.exception("%d committed job(s) left to the relay", len(batch))
+        finally:
+            self._task = None  # in the step that found the list empty
+
+
+async def write(sched: RedisSide, jobs: Sequence[EncodedJob]) -> None:
+    """Write stored jobs to Redis with ``schedule.lua`` (``replace`` off), one call per
+    shard (and per :data:`REDIS_BATCH`)."""
+    groups: dict[int, list[EncodedJob]] = {}
+    for job in jobs:  # the shard by this scheduler's count, as claims see it
+        groups.setdefault(sched.keys.shard_of(job.id), []).append(job)
+    for shard, encoded in groups.items():
+        for i in range(0, len(encoded), REDIS_BATCH):
+            await sched.store.schedule(shard, encoded[i : i + REDIS_BATCH], False)
