@@ -116,6 +116,3 @@ def test_a_dense_cron_days_behind_costs_at_most_the_cap(monkeypatch: pytest.Monk
     steps = _catch_up_steps(monkeypatch, rec, 2 * DAY)
     assert steps[0] <= 2 * MAX_CATCH_UP + 10
     assert max(steps[1:]) <= 10, steps[:5]
-    started = time.perf_counter()
-    rec.plan(NOW - 2 * DAY, NOW)
-    assert time.perf_counter() - started < 0.2  # was 0.31 s with no ceiling

@@ -98,6 +98,9 @@ def test_a_jittered_zoned_series_keeps_both_through_a_redis_loss(
             await s.schedule("j", "t", at=z(2030, 3, 31, 1), cron=EXPR, tz=ZONE, jitter=90)
             (stored,) = await rows(pg_url, "SELECT rspec FROM tickwheel_jobs WHERE id = 'j'")
             assert stored[0] == f"J=90000 TZ={ZONE} {EXPR}"
+            # In Redis before the loss: a get waits for the index written behind schedule
+            # (a raw FLUSHALL does not, and a write landing after it would be restored 0).
+            assert await s.get("j") is not None
             await client_of(s).flushall()
         async with pg_scheduler(private_redis.url, pg_url, ns, shards=1) as s:
             await client_of(s).set(s.keys.shard(0).clock, z(2030, 3, 31, 0, 30))
