@@ -104,8 +104,20 @@ def serve_aiohttp(port: int, loop: str, keepalive: float) -> None:
         runner.run(main())
 
 
-def start_server(kind: str, loop: str, port: int, keepalive: float) -> subprocess.Popen[bytes]:
-    """Start uvicorn or aiohttp on ``loop`` in a child process; return once it accepts."""
+def start_server(
+    kind: str,
+    loop: str,
+    port: int,
+    keepalive: float,
+    *,
+    wrapper: list[str] | None = None,
+    start_timeout: float = 30.0,
+) -> subprocess.Popen[bytes]:
+    """Start uvicorn or aiohttp on ``loop`` in a child process; return once it accepts.
+
+    ``wrapper`` prefixes the command (valgrind's, to count the server's instructions);
+    ``start_timeout`` bounds the wait for its first accepted connection.
+    """
     if kind == "uvicorn":
         name = LOOPS[loop]
         cmd = [
@@ -117,8 +129,8 @@ def start_server(kind: str, loop: str, port: int, keepalive: float) -> subproces
         ]  # fmt: skip
     else:
         cmd = [sys.executable, __file__, "aiohttp", str(port), loop, str(keepalive)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
+    proc = subprocess.Popen([*(wrapper or []), *cmd], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + start_timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{kind} on {loop} exited with {proc.returncode}")
