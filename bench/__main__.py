@@ -17,6 +17,9 @@ Run from the repository root after ``pip install -e '.[dev,bench]'``. Sections:
   brokers  the publish handoff on NATS JetStream and RabbitMQ against the Redis Streams
            publisher, and taskiq on RabbitMQ with a countdown: handoff throughput,
            lateness p50/p99 at 1,000 and 5,000 jobs/s
+  loop     uvicorn and aiohttp on the wheel-timed event loops against the stdlib loop
+           and uvloop: requests/s and CPU per request at 1,000 and 10,000 keep-alive
+           connections (wrk, or a Python client without it), memory per idle connection
 
 Each section is a module of bench/runner/ with ``steps(plan)`` and ``run(plan,
 progress, checks)``.
@@ -39,7 +42,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench.runner import brokers, durable, example, postgres, server, wheel
+from bench.runner import brokers, durable, example, loop, postgres, server, wheel
 from bench.runner.harness import Checks, Plan, Progress, machine
 from bench.runner.report import write
 
@@ -50,6 +53,7 @@ SECTIONS = {
     "example": example,
     "postgres": postgres,
     "brokers": brokers,
+    "loop": loop,
 }
 # Seconds before a hung run is ended (faulthandler dumps every thread, exit status 1).
 WATCHDOG = {True: 300, False: 3600}

@@ -130,6 +130,7 @@ def write(out: Path, results: dict[str, Any]) -> list[Path]:
         "example": "4. The worked example (16 shards, peak 2,900 jobs/s)",
         "postgres": "5. The Postgres mode against procrastinate and pgqueuer",
         "brokers": "6. The publish handoff on NATS and RabbitMQ, against taskiq",
+        "loop": "7. uvicorn and aiohttp on the wheel-timed event loops",
     }
     for section, title in titles.items():
         sec = [d for d in figs if d["section"] == section]
@@ -268,6 +269,10 @@ def _section_notes(section: str, results: dict[str, Any]) -> list[str]:
         ]
     if section == "postgres":
         return _postgres_notes(raw)
+    if section == "loop":
+        from bench.runner.loop import notes
+
+        return notes(raw, plan)
     if section == "brokers":
         return _brokers_notes(raw)
     return []
@@ -337,7 +342,7 @@ def plots(out: Path, results: dict[str, Any]) -> list[Path]:
 
     written = []
     figs = results["figures"]
-    for section in ("wheel", "server", "durable", "example", "postgres"):
+    for section in ("wheel", "server", "durable", "example", "postgres", "loop"):
         sec = [d for d in figs if d["section"] == section]
         if sec:
             path = out / f"{section}.png"

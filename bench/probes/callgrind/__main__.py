@@ -22,7 +22,11 @@ KINDS = {
     "single": ("single", "one awaited single schedule beside the peers, both sides"),
 }
 # The tools each kind needs besides valgrind.
-NEEDS = {"loop": ("callgrind_control",), "durable-redis": ("callgrind_control",), "single": ("callgrind_control",)}
+NEEDS = {
+    "loop": ("callgrind_control",),
+    "durable-redis": ("callgrind_control",),
+    "single": ("callgrind_control",),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
