@@ -13,15 +13,15 @@ server process per (server, loop), on one of :data:`LOOPS`; in that process, in 
    same number of new connections (tracing started just before them, by ``GET /mem``,
    and stopped after). tracemalloc sees every allocation made through Python's
    allocators, raw ones included (uvloop's libuv handles, the wheel's C timers), not
-   libuv's own ``malloc`` calls (its watcher array: 16 bytes per descriptor) nor the
+   libuv's own ``malloc`` calls (its watcher array: a pointer per descriptor) nor the
    kernel's socket memory (the same on every loop). The second pass reuses the first
-   one's grown dicts (the selector's map of descriptors on the selector loops: about 40
-   bytes per connection), which a fresh process would count.
+   one's grown containers (on the selector loops, the selector's map of descriptors),
+   which a fresh process would count.
 2. **Requests per second and CPU per request**, at each connection count: a load
    generator (:func:`wrk`, ``wrk -t2`` when on PATH, else :func:`python_load`) keeps
    every connection busy with keep-alive ``GET /`` for ``seconds`` (twice as long above
-   1,000 connections); the server's
-   user+system CPU over that run (``/proc/PID/stat``) divided by the requests answered.
+   1,000 connections); the server's user+system CPU over that run (``/proc/PID/stat``)
+   divided by the requests answered.
    Each request cancels one keep-alive timer and arms another (aiohttp 3.10+ re-arms
    lazily: its timer runs once per keep-alive period, not per request).
 """
