@@ -20,6 +20,9 @@ Run from the repository root after ``pip install -e '.[dev,bench]'``. Sections:
   limits   per-key flow limits: claim+run+ack with concurrency=4 against no limits,
            release latency p50/p99, Redis memory per waiting against pending job;
            rate=(10, 1.0) on one key against BullMQ's global limiter
+  loop     uvicorn and aiohttp on the wheel-timed event loops against the stdlib loop
+           and uvloop: requests/s and CPU per request at 1,000 and 10,000 keep-alive
+           connections (wrk, or a Python client without it), memory per idle connection
 
 Each section is a module of bench/runner/ with ``steps(plan)`` and ``run(plan,
 progress, checks)``.
@@ -42,7 +45,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench.runner import brokers, durable, example, limits, postgres, server, wheel
+from bench.runner import brokers, durable, example, limits, loop, postgres, server, wheel
 from bench.runner.harness import Checks, Plan, Progress, machine
 from bench.runner.report import write
 
@@ -54,6 +57,7 @@ SECTIONS = {
     "postgres": postgres,
     "brokers": brokers,
     "limits": limits,
+    "loop": loop,
 }
 # Seconds before a hung run is ended (faulthandler dumps every thread, exit status 1).
 WATCHDOG = {True: 300, False: 3600}

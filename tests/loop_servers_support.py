@@ -6,18 +6,24 @@ aiohttp, and a client that holds many keep-alive connections and times their clo
 app on 127.0.0.1:PORT on LOOP (``stdlib``, ``uvloop``, ``wheel`` or ``wheel-uvloop``).
 uvicorn is run by its own command line (``--loop tickwheel.wheel:new_event_loop``).
 
-Both apps answer ``GET /`` with ``ok``, ``GET /loop`` with the loop's class name, and
+Both apps answer ``GET /`` with ``ok``, ``GET /loop`` with the loop's class name,
 ``GET /slow`` with 504 after a request timeout of ``SLOW_TIMEOUT`` seconds
-(``asyncio.timeout`` around a sleep that would take longer).
+(``asyncio.timeout`` around a sleep that would take longer), ``GET /mem`` (or
+``/mem/stop``) with :func:`memory_report` (the benchmark's memory per idle connection),
+and ``GET /gc`` with ``ok`` after a full collection (so that two counted runs start
+from the same state of the collector).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import re
 import socket
 import subprocess
 import sys
 import time
+import tracemalloc
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -42,6 +48,10 @@ async def asgi_app(
     status, body = 200, b"ok"
     if scope["path"] == "/loop":
         body = type(asyncio.get_running_loop()).__name__.encode()
+    elif scope["path"] == "/gc":
+        gc.collect()
+    elif scope["path"].startswith("/mem"):
+        body = memory_report(stop=scope["path"] == "/mem/stop").encode()
     elif scope["path"] == "/slow":
         try:
             async with asyncio.timeout(SLOW_TIMEOUT):
@@ -56,6 +66,23 @@ async def asgi_app(
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+def memory_report(stop: bool = False) -> str:
+    """``"TRACED RSS"`` after a full collection: the bytes tracemalloc counts as allocated
+    and still live (tracing starts at the first call, so this covers what was allocated
+    since), and the process's resident set. ``stop``: end the tracing afterwards (so that
+    it no longer slows the server)."""
+    gc.collect()
+    if not tracemalloc.is_tracing():
+        tracemalloc.start()
+    traced = tracemalloc.get_traced_memory()[0]
+    if stop:
+        tracemalloc.stop()
+    with open("/proc/self/status") as f:
+        m = re.search(r"VmRSS:\s+(\d+) kB", f.read())
+    rss = int(m.group(1)) * 1024 if m else -1
+    return f"{traced} {rss}"
 
 
 def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
@@ -89,11 +116,21 @@ def serve_aiohttp(port: int, loop: str, keepalive: float) -> None:
     async def loop_name(_request: web.Request) -> web.Response:
         return web.Response(text=type(asyncio.get_running_loop()).__name__)
 
+    async def collect(_request: web.Request) -> web.Response:
+        gc.collect()
+        return web.Response(text="ok")
+
+    async def mem(request: web.Request) -> web.Response:
+        return web.Response(text=memory_report(stop=request.path == "/mem/stop"))
+
     async def main() -> None:
         app = web.Application()
         app.router.add_get("/", ok)
         app.router.add_get("/slow", slow)
         app.router.add_get("/loop", loop_name)
+        app.router.add_get("/gc", collect)
+        app.router.add_get("/mem", mem)
+        app.router.add_get("/mem/stop", mem)
         runner = web.AppRunner(app, keepalive_timeout=keepalive, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
@@ -104,8 +141,20 @@ def serve_aiohttp(port: int, loop: str, keepalive: float) -> None:
         runner.run(main())
 
 
-def start_server(kind: str, loop: str, port: int, keepalive: float) -> subprocess.Popen[bytes]:
-    """Start uvicorn or aiohttp on ``loop`` in a child process; return once it accepts."""
+def start_server(
+    kind: str,
+    loop: str,
+    port: int,
+    keepalive: float,
+    *,
+    wrapper: list[str] | None = None,
+    start_timeout: float = 30.0,
+) -> subprocess.Popen[bytes]:
+    """Start uvicorn or aiohttp on ``loop`` in a child process; return once it accepts.
+
+    ``wrapper`` prefixes the command (valgrind's, to count the server's instructions);
+    ``start_timeout`` bounds the wait for its first accepted connection.
+    """
     if kind == "uvicorn":
         name = LOOPS[loop]
         cmd = [
@@ -117,8 +166,8 @@ def start_server(kind: str, loop: str, port: int, keepalive: float) -> subproces
         ]  # fmt: skip
     else:
         cmd = [sys.executable, __file__, "aiohttp", str(port), loop, str(keepalive)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
+    proc = subprocess.Popen([*(wrapper or []), *cmd], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + start_timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{kind} on {loop} exited with {proc.returncode}")

@@ -44,6 +44,9 @@ class Plan:
     example_rate: int
     example_seconds: float
     example_capacity_jobs: int  # due jobs of the saturated claim loop
+    loop_conns: tuple[int, ...]  # keep-alive connections of each load run (loop section)
+    loop_seconds: float  # length of each load run
+    loop_idle: int  # idle connections of the memory passes
 
     @classmethod
     def make(cls, quick: bool) -> Plan:
@@ -68,6 +71,9 @@ class Plan:
                 example_rate=2_900,
                 example_seconds=2.0,
                 example_capacity_jobs=5_000,
+                loop_conns=(100,),
+                loop_seconds=1.0,
+                loop_idle=200,
             )
         return cls(
             quick=False,
@@ -89,6 +95,9 @@ class Plan:
             example_rate=2_900,
             example_seconds=60.0,
             example_capacity_jobs=100_000,
+            loop_conns=(1_000, 10_000),
+            loop_seconds=5.0,
+            loop_idle=10_000,
         )
 
 

@@ -133,6 +133,7 @@ def write(out: Path, results: dict[str, Any]) -> list[Path]:
         "postgres": "5. The Postgres mode against procrastinate and pgqueuer",
         "brokers": "6. The publish handoff on NATS and RabbitMQ, against taskiq",
         "limits": "7. Per-key flow limits, against no limits and BullMQ's global limiter",
+        "loop": "8. uvicorn and aiohttp on the wheel-timed event loops",
     }
     for section, title in titles.items():
         sec = [d for d in figs if d["section"] == section]
@@ -271,6 +272,10 @@ def _section_notes(section: str, results: dict[str, Any]) -> list[str]:
         ]
     if section == "postgres":
         return _postgres_notes(raw)
+    if section == "loop":
+        from bench.runner.loop import notes
+
+        return notes(raw, plan)
     if section == "brokers":
         return _brokers_notes(raw)
     if section == "limits":
@@ -372,7 +377,7 @@ def plots(out: Path, results: dict[str, Any]) -> list[Path]:
 
     written = []
     figs = results["figures"]
-    for section in ("wheel", "server", "durable", "example", "postgres", "limits"):
+    for section in ("wheel", "server", "durable", "example", "postgres", "limits", "loop"):
         sec = [d for d in figs if d["section"] == section]
         if sec:
             path = out / f"{section}.png"

@@ -18,10 +18,15 @@ KINDS = {
     "server": ("server", "instructions per request of the server scenario's servers"),
     "durable-client": ("durable_client", "client instructions per job of the hot paths"),
     "durable-redis": ("durable_redis", "redis-server instructions per job of the hot paths"),
+    "loop": ("loop_servers", "instructions per request of uvicorn and aiohttp on each loop"),
     "single": ("single", "one awaited single schedule beside the peers, both sides"),
 }
 # The tools each kind needs besides valgrind.
-NEEDS = {"durable-redis": ("callgrind_control",), "single": ("callgrind_control",)}
+NEEDS = {
+    "loop": ("callgrind_control",),
+    "durable-redis": ("callgrind_control",),
+    "single": ("callgrind_control",),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
