@@ -108,17 +108,6 @@ def peaks_by_key(finished: list[list[Any]]) -> dict[str, int]:
     return {key: peak_overlap(spans) for key, spans in by.items()}
 
 
-def most_in_window(starts: list[float], window_ms: float) -> int:
-    """The most starts in any closed window of ``window_ms``."""
-    starts = sorted(starts)
-    most, j = 0, 0
-    for i, s in enumerate(starts):
-        while starts[j] < s - window_ms:
-            j += 1
-        most = max(most, i - j + 1)
-    return most
-
-
 def most_surely_in_window(finished: list[list[Any]], window_ms: float) -> int:
     """The most runs whose rate grants are surely in one closed window of
     ``window_ms``: a run's grant lies between its due as claimed and its start, so a

@@ -22,13 +22,11 @@ the broker clients themselves (nats-py, aio-pika) the section is skipped, and sa
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
-import time
 from typing import Any
 
 from bench.peers.taskiq_rabbitmq import available, taskiq_lateness
-from bench.runner.harness import Checks, Figure, Plan, Progress
+from bench.runner.harness import Checks, Figure, Plan, Progress, run_async_section
 from tickwheel.durable import JobSpec
 from tickwheel.durable.servers import NatsServer, RabbitServer, RedisServer
 
@@ -137,11 +135,4 @@ async def _section(plan: Plan, progress: Progress, checks: Checks) -> dict[str, 
 
 
 def run(plan: Plan, progress: Progress, checks: Checks) -> dict[str, Any]:
-    loop = asyncio.new_event_loop()
-    try:
-        t = time.perf_counter()
-        out = loop.run_until_complete(_section(plan, progress, checks))
-        out["raw"]["seconds"] = time.perf_counter() - t
-        return out
-    finally:
-        loop.close()
+    return run_async_section(_section, plan, progress, checks)

@@ -28,12 +28,10 @@ at and its handler's start), and its last start is not before the limit allows
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Any
 
 from bench.peers.bullmq_limiter import available, bullmq_rate
-from bench.runner.harness import Checks, Figure, Plan, Progress, percentiles
+from bench.runner.harness import Checks, Figure, Plan, Progress, percentiles, run_async_section
 from bench.workloads import flow_limits as fl
 from tickwheel.durable.servers._redis import RedisServer
 from tickwheel.durable.store._connect import client_from_url
@@ -133,11 +131,4 @@ async def _section(plan: Plan, progress: Progress, checks: Checks) -> dict[str, 
 
 
 def run(plan: Plan, progress: Progress, checks: Checks) -> dict[str, Any]:
-    loop = asyncio.new_event_loop()
-    try:
-        t = time.perf_counter()
-        out = loop.run_until_complete(_section(plan, progress, checks))
-        out["raw"]["seconds"] = time.perf_counter() - t
-        return out
-    finally:
-        loop.close()
+    return run_async_section(_section, plan, progress, checks)

@@ -34,7 +34,7 @@ from typing import Any
 import asyncpg
 
 from bench.peers.postgres import FIGURES, installed, pgqueuer_ready
-from bench.runner.harness import Checks, Figure, Plan, Progress, percentiles
+from bench.runner.harness import Checks, Figure, Plan, Progress, percentiles, run_async_section
 from bench.workloads.durable_lateness import lateness_probe
 from bench.workloads.durable_ops import mode_round
 from tickwheel.durable import JobSpec, Scheduler, TaskRegistry, Worker
@@ -153,11 +153,4 @@ async def _section(plan: Plan, progress: Progress, checks: Checks) -> dict[str, 
 
 
 def run(plan: Plan, progress: Progress, checks: Checks) -> dict[str, Any]:
-    loop = asyncio.new_event_loop()
-    try:
-        t = time.perf_counter()
-        out = loop.run_until_complete(_section(plan, progress, checks))
-        out["raw"]["seconds"] = time.perf_counter() - t
-        return out
-    finally:
-        loop.close()
+    return run_async_section(_section, plan, progress, checks)
