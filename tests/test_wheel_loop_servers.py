@@ -25,7 +25,9 @@ from tickwheel.durable.servers import free_port
 SOAK = os.environ.get("TICKWHEEL_SOAK") == "1"
 CONNECTIONS = 10_000 if SOAK else 300
 KEEPALIVE = 1.0  # seconds (uvicorn's --timeout-keep-alive takes whole seconds)
-LATE = 3.0  # bound on a close's lateness on a loaded 2-core machine (the clients included)
+LATE = 5.0  # bound on a close's lateness on a loaded 2-core machine (the clients included;
+# aiohttp 3.10+ checks an idle connection once per keep-alive period, so its close can
+# come up to a whole period after the timeout before any load adds to it)
 
 EXPECTED_LOOP = {"wheel": b"WheelEventLoop", "wheel-uvloop": b"WheelUVLoop"}
 
