@@ -69,6 +69,13 @@ local function nth_latest(S, B, rate_n)
   return all[rate_n]
 end
 
+-- The instant a full window's own starts leave room for one more: its rate_n-th latest
+-- start leaves it.
+local function room_at(S, rate_n, rate_ms)
+  local a = redis.call('ZREVRANGE', S, rate_n - 1, rate_n - 1, 'WITHSCORES')
+  return tonumber(a[2]) + rate_ms + 1
+end
+
 -- Release m's permit if holder holds it, then hand the free ones to the first waiters:
 -- appended to out (their members); how many were.
 local function release(P, H, W, m, holder, conc, hold, out)
@@ -123,13 +130,16 @@ local function acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, no
       -- The window's own starts decide; bookings only place the waiters.
       local full = redis.call('ZCOUNT', S, now - rate_ms, '+inf') >= rate_n
       local at = nil
-      if full or not booked then
+      if booked then
+        -- Its booked start came while the window is still full (the grants before it
+        -- lagged their bookings, or it fired a little early): it keeps its place, booked
+        -- again for the instant the window's own starts leave room, not behind every
+        -- later booking (that cost a whole window per lag).
+        if full then at = room_at(S, rate_n, rate_ms) end
+      else
         local nth = nth_latest(S, B, rate_n)
         if nth and nth + rate_ms + 1 > now then at = nth + rate_ms + 1 end
-        if full and not at then
-          local a = redis.call('ZREVRANGE', S, rate_n - 1, rate_n - 1, 'WITHSCORES')
-          at = tonumber(a[2]) + rate_ms + 1
-        end
+        if full and not at then at = room_at(S, rate_n, rate_ms) end
       end
       if at then
         redis.call('ZADD', B, at, book_member)
