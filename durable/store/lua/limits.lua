@@ -131,11 +131,12 @@ local function acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, no
       local full = redis.call('ZCOUNT', S, now - rate_ms, '+inf') >= rate_n
       local at = nil
       if booked then
-        -- Its booked start came while the window is still full (the grants before it
-        -- lagged their bookings, or it fired a little early): it keeps its place, booked
-        -- again for the instant the window's own starts leave room, not behind every
-        -- later booking (that cost a whole window per lag).
-        if full then at = room_at(S, rate_n, rate_ms) end
+        -- It came for its booked start and the window is still full (the grants before
+        -- it lagged their bookings, or it fired a little early): it keeps its place,
+        -- booked again for its own start or, that passed, the instant the window's own
+        -- starts leave room; never behind the later bookings (that cost a whole window
+        -- per lag).
+        if full then at = math.max(tonumber(booked), room_at(S, rate_n, rate_ms)) end
       else
         local nth = nth_latest(S, B, rate_n)
         if nth and nth + rate_ms + 1 > now then at = nth + rate_ms + 1 end
