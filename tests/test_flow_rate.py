@@ -4,9 +4,10 @@ made due at it. A waiter that comes for its booked start while the window is sti
 full (the grants before it lagged their bookings, or it fired a little early) keeps its
 place: it is booked again for its own start or for the instant the window leaves room,
 never behind the bookings made after it (that cost a whole window per lag: 40 jobs at
-10 a second ended at 4 s, not 3). The times read here are the key slot's own (the
-starts and bookings as limits.lua wrote them), so nothing depends on this machine's
-load. Real redis-server processes and a Redis Cluster (``redis_url`` is
+10 a second ended at 4 s, not 3). The times checked are the key slot's own (the
+starts and bookings as limits.lua wrote them), not this machine's; where a scene needs
+the clock to move, a stall of this machine shows in Redis's replies and the scene is
+played again. Real redis-server processes and a Redis Cluster (``redis_url`` is
 parametrized)."""
 
 from __future__ import annotations
