@@ -72,6 +72,7 @@ def test_an_early_rate_waiter_keeps_its_booked_start(redis_url: str) -> None:
     run(main())
 
 
+@pytest.mark.slow  # waits on the key's clock, 1.5 s a scene
 def test_a_rate_waiter_after_a_late_grant_is_booked_when_the_window_frees(
     redis_url: str,
 ) -> None:
