@@ -120,16 +120,18 @@ def wrk(port: int, connections: int, seconds: float) -> dict[str, int]:
     return res
 
 
-async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int:
-    """One keep-alive request on an open connection; the status."""
-    writer.write(REQUEST % b"/")
+async def exchange(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: bytes = b"/"
+) -> tuple[int, bytes]:
+    """One keep-alive request on an open connection: (status, body)."""
+    writer.write(REQUEST % path)
     head = await reader.readuntil(b"\r\n\r\n")
     length = 0
     for line in head.split(b"\r\n"):
         if line[:15].lower() == b"content-length:":
             length = int(line[15:])
-    await reader.readexactly(length)
-    return int(head.split(b" ", 2)[1])
+    body = await reader.readexactly(length)
+    return int(head.split(b" ", 2)[1]), body
 
 
 async def _busy(port: int, deadline: float, counts: dict[str, int]) -> None:
@@ -140,7 +142,7 @@ async def _busy(port: int, deadline: float, counts: dict[str, int]) -> None:
         return
     try:
         while time.monotonic() < deadline:
-            ok = await _exchange(reader, writer) == 200
+            ok = (await exchange(reader, writer))[0] == 200
             counts["requests" if ok else "bad"] += 1
     except (OSError, asyncio.IncompleteReadError):
         counts["lost"] += 1
@@ -166,10 +168,7 @@ def python_load(port: int, connections: int, seconds: float) -> dict[str, int]:
 async def _request(port: int, path: bytes) -> bytes:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        writer.write(REQUEST % path)
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = int(re.search(rb"(?i)content-length:\s*(\d+)", head).group(1))  # type: ignore[union-attr]
-        return await reader.readexactly(length)
+        return (await exchange(reader, writer, path))[1]
     finally:
         writer.close()
 
@@ -184,7 +183,7 @@ async def _open_idle(port: int, n: int) -> tuple[list[asyncio.StreamWriter], int
 
     async def one() -> tuple[asyncio.StreamWriter, int]:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        return writer, await _exchange(reader, writer)
+        return writer, (await exchange(reader, writer))[0]
 
     writers: list[asyncio.StreamWriter] = []
     bad = 0

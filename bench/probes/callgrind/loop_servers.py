@@ -38,12 +38,12 @@ import time
 from typing import Any
 
 from bench.probes.callgrind._tools import ROOT, free_port, total_in
+from bench.workloads.loop_servers import exchange
 
 sys.path.insert(0, str(ROOT / "tests"))
 
 from loop_servers_support import LOOPS, start_server  # the tests' support module
 
-REQUEST = b"GET %s HTTP/1.1\r\nHost: t\r\n\r\n"
 # The collector's entry in CPython 3.11-3.13 (gcmodule.c, gc.c): what "without the
 # collector" leaves out.
 COLLECTOR = "gc_collect_main"
@@ -58,15 +58,11 @@ async def _connect(port: int, conns: int) -> list[tuple[asyncio.StreamReader, An
     return pairs
 
 
-async def _requests(reader: asyncio.StreamReader, writer: Any, n: int, path: bytes = b"/") -> None:
+async def _requests(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, n: int, path: bytes = b"/"
+) -> None:
     for _ in range(n):
-        writer.write(REQUEST % path)
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = 0
-        for line in head.split(b"\r\n"):
-            if line[:15].lower() == b"content-length:":
-                length = int(line[15:])
-        await reader.readexactly(length)
+        await exchange(reader, writer, path)
 
 
 async def _drive(port: int, args: argparse.Namespace, control: Any) -> None:
