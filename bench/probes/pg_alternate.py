@@ -36,6 +36,7 @@ from typing import Any
 
 
 async def _round_trip(s: Any, q: Any, peer: tuple[Any, Any], tag: str, a: Any) -> dict[str, Any]:
+    from bench.workloads.durable_ops import claim_ack_rounds
     from tickwheel.durable import JobSpec
 
     entry, manager = peer
@@ -56,17 +57,8 @@ async def _round_trip(s: Any, q: Any, peer: tuple[Any, Any], tag: str, a: Any) -
     t = time.perf_counter()
     await q.enqueue(["t"] * a.many, [b"payload"] * a.many, [0] * a.many)
     out["schedule_many"] = (time.perf_counter() - t) / ours
-    t, done = time.perf_counter(), 0
-    while True:
-        got = 0
-        for shard in range(4):
-            batch = await s.claim(shard, limit=100)
-            if batch.jobs:
-                await s.ack_many(batch.jobs)
-                got += len(batch.jobs)
-        if not got:
-            break
-        done += got
+    t = time.perf_counter()
+    done = await claim_ack_rounds(s, 4)
     ours = (time.perf_counter() - t) / done
     t, done = time.perf_counter(), 0
     while batch := await q.dequeue(100, entry, manager, None, timedelta(seconds=30)):

@@ -31,6 +31,7 @@ from typing import Any
 
 import asyncpg
 
+from bench.workloads.durable_ops import claim_ack_rounds
 from tickwheel.durable import JobSpec, Scheduler
 from tickwheel.durable.postgres import migrate
 from tickwheel.durable.servers._postgres import PostgresServer
@@ -86,17 +87,7 @@ async def _round(pg_url: str, redis_url: str, tag: str, jobs: int) -> dict[str, 
             await sched.schedule_many([JobSpec(f"m{i}", "t", b"payload") for i in range(jobs)])
 
         async def claim_ack() -> None:
-            done = 0
-            while done < 2 * jobs:
-                got = 0
-                for shard in range(SHARDS):
-                    batch = await sched.claim(shard, limit=100)
-                    if batch.jobs:
-                        await sched.ack_many(batch.jobs)
-                        got += len(batch.jobs)
-                if not got:
-                    break
-                done += got
+            await claim_ack_rounds(sched, SHARDS, 2 * jobs)
 
         out["schedule"] = await _measure(conn, client, jobs, single)
         out["schedule_many"] = await _measure(conn, client, jobs, many)

@@ -64,6 +64,23 @@ async def drain(sched: Scheduler, shard: int, limit: int, *, ack: bool = True) -
     return claimed, time.perf_counter() - t
 
 
+async def claim_ack_rounds(sched: Scheduler, shards: int, most: int | None = None) -> int:
+    """Claim (100 a shard) and ack every shard in turn until a round finds nothing or
+    ``most`` were done: the jobs done. The Postgres figures' claim + ack."""
+    done = 0
+    while most is None or done < most:
+        got = 0
+        for shard in range(shards):
+            batch = await sched.claim(shard, limit=100)
+            if batch.jobs:
+                await sched.ack_many(batch.jobs)
+                got += len(batch.jobs)
+        if not got:
+            break
+        done += got
+    return done
+
+
 async def mode_round(redis_url: str, pg_url: str | None, tag: str, jobs: int) -> dict[str, float]:
     """One round in the Postgres mode (``pg_url``) or the Redis-only mode (None):
     ``jobs`` awaited schedules (each its own commit in the Postgres mode), one
@@ -83,18 +100,8 @@ async def mode_round(redis_url: str, pg_url: str | None, tag: str, jobs: int) ->
         out["schedule_many (us/job)"] = (time.perf_counter() - t) / jobs * 1e6
         for shard in range(MODE_SHARDS):
             await sched.take(shard)
-        done = 0
         t = time.perf_counter()
-        while done < 2 * jobs:
-            got = 0
-            for shard in range(MODE_SHARDS):
-                batch = await sched.claim(shard, limit=100)
-                if batch.jobs:
-                    await sched.ack_many(batch.jobs)
-                    got += len(batch.jobs)
-            if not got:
-                break
-            done += got
+        done = await claim_ack_rounds(sched, MODE_SHARDS, 2 * jobs)
         out["claim+ack (us/job)"] = (time.perf_counter() - t) / max(done, 1) * 1e6
     finally:
         await sched.close()
