@@ -14,10 +14,11 @@ What each adapter sets, and why (bench/README.md has the same list):
   re-runs a job only after its in-progress key expires, ``job_timeout + 10`` s).
 * BullMQ: ``Queue.addBulk`` (one pipeline of its ``addDelayedJob`` script per job) for
   batches, ``Queue.add`` for singles, ``delay=`` in ms and ``jobId=``, ``removeOnComplete``;
-  ``Worker(concurrency=100)``. Its worker blocks on a marker until the next delayed job is
-  due, so it has no poll interval to set. Kill row: ``lockDuration=3000``,
-  ``stalledInterval=1000`` (30 s each by default) so a killed worker's jobs come back in
-  seconds.
+  ``Worker(concurrency=100, drainDelay=1)``. Its worker blocks on a marker until the next
+  delayed job is due, so it has no poll interval to set; ``drainDelay`` (its idle wait,
+  5 s by default) is cut to 1 s for the stall bench/peers/bullmq_limiter.py explains.
+  Kill row: ``lockDuration=3000``, ``stalledInterval=1000`` (30 s each by default) so a
+  killed worker's jobs come back in seconds.
 * saq: ``enqueue(key=, scheduled=)`` with ``scheduled`` an epoch in seconds (a float, for
   sub-second due times), no batch call, so 100 calls in flight (saq itself lets 20 run at
   once); ``retries=3`` (1 by default: a job swept after a crash would otherwise fail, not
@@ -219,6 +220,10 @@ class BullMQPeer(Peer):
         opts: dict[str, Any] = {
             "connection": self.url,
             "concurrency": concurrency,
+            # An idle wait of the default 5 s meets redis-py's 5 s socket timeout and
+            # stalls the worker for minutes (bench/peers/bullmq_limiter.py says how); a
+            # wait for a delayed job still ends at that job's due, so 1 s costs nothing.
+            "drainDelay": 1,
             "autorun": False,
         }
         if kill_row:
