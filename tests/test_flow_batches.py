@@ -59,7 +59,7 @@ def test_a_batch_decides_as_one_call_per_job_in_order(redis_url: str) -> None:
             now = await s.now()
             for waiter in ("a1", "a2"):
                 info = await s.get(waiter)
-                assert info is not None and info.state is JobState.DUE
+                assert info is not None and info.state is JobState.WAITING
                 assert info.when_ms >= now + 50_000 and info.attempt == 1
             assert await s.limit_waiting() == {"charge": 2}
             # Releases in one batch: a0's permit goes to a1 (the first waiter); b0's and

@@ -88,6 +88,9 @@ class JobState(IntEnum):
     DUE = 1  # in {ns:s}:due, waiting for its due time
     LEASED = 2  # in {ns:s}:leased, held by a claimer until the lease deadline
     DEAD = 3  # in {ns:s}:dead, after max attempts
+    # In {ns:s}:due, waiting for a permit or a start of its flow key (docs/limits.md):
+    # due at its recheck time (or its booked start), due now when a permit frees.
+    WAITING = 4
 
 
 class ScheduleStatus(IntEnum):

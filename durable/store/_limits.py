@@ -225,9 +225,9 @@ class LimitCalls(ScriptCalls):
 
     def _shard_call(self, shard: int, op: str, first: object) -> tuple[Call, dict[str, int]]:
         """An empty waits.lua call on ``shard`` (``op``, ``first`` its ARGV[2]), and the
-        index of each key added to it past the shard's own six."""
+        index of each key added to it past the shard's own seven."""
         k = self.keys.shard(shard)
-        keys = [k.leased, k.due, k.epoch, k.clock, k.prio, k.wakes]
+        keys = [k.leased, k.due, k.epoch, k.clock, k.prio, k.wakes, k.waiting]
         return Call(self._scripts.waits, keys, [op, first], shard), {}
 
     @staticmethod
@@ -255,10 +255,10 @@ class LimitCalls(ScriptCalls):
             for c in range(0, len(ids), BATCH_JOBS):
                 call, index = self._shard_call(shard, "k", WAKE_HOLD_MS)
                 for i in ids[c : c + BATCH_JOBS]:
-                    task, _, job_id = parsed[i]
-                    w = self._index(call, index, self.keys.waits(shard, task))
+                    _, _, job_id = parsed[i]
+                    bucket = self._index(call, index, self.keys.jobs_key(shard, job_id))
                     assert isinstance(call.args, list)
-                    call.args.extend((job_id, w))
+                    call.args.extend((job_id, bucket))
                 calls.append(call)
                 order.append(ids[c : c + BATCH_JOBS])
         out = [0] * len(members)
@@ -280,9 +280,8 @@ class LimitCalls(ScriptCalls):
             assert isinstance(call.args, list)
             for job, delay_ms, permit in waits[c : c + BATCH_JOBS]:
                 bucket = self._index(call, index, self.keys.jobs_key(shard, job.id))
-                w = self._index(call, index, self.keys.waits(shard, job.task))
                 args = [job.id, job.attempt, job.nominal_ms, delay_ms, "1" if permit else ""]
-                call.args.extend((*args, bucket, w))
+                call.args.extend((*args, bucket))
             calls.append(call)
         await self._pipelined(calls)
 
@@ -295,7 +294,7 @@ class LimitCalls(ScriptCalls):
         shard = job.shard
         k = self.keys.shard(shard)
         keys = [k.leased, k.due, k.dead, k.epoch, k.clock, self.keys.jobs_key(shard, job.id)]
-        keys += [k.prio, self.keys.waits(shard, job.task), k.wakes]
+        keys += [k.prio, k.waiting, k.wakes]
         reply = await self.transport.run(
             self._scripts.retry,
             keys,
@@ -319,10 +318,11 @@ class LimitCalls(ScriptCalls):
         text, _, job_id = member.partition("|")
         shard = int(text)
         k = self.keys.shard(shard)
+        bucket = self.keys.jobs_key(shard, job_id)
         return int(
             await self.transport.run(
                 self._scripts.wake,
-                [k.due, k.leased, k.clock, self.keys.waits(shard, task), k.wakes, k.prio],
+                [*(k.due, k.leased, k.clock, k.waiting, k.wakes, k.prio), bucket],
                 [job_id, WAKE_HOLD_MS],
                 shard,
             )
@@ -330,9 +330,9 @@ class LimitCalls(ScriptCalls):
 
     async def waiting(self, tasks: list[str]) -> dict[str, int]:
         """Jobs per task that wait for a permit or a start of their key, over every
-        shard (one pipeline): the metrics' totals. A wait that ended at its recheck
-        time is counted until the task's next wait in that shard trims it (retry.lua
-        mode 3). O(tasks x shards)."""
+        shard (one pipeline): the metrics' totals, each shard's counts
+        (``{ns:s}:kwaitn``, kept by the scripts that start and end a wait). O(tasks x
+        shards)."""
         if not tasks:
             return {}
         client = self.transport.client
@@ -341,8 +341,8 @@ class LimitCalls(ScriptCalls):
             pipe = client.pipeline(transaction=False)
             for task in tasks:
                 for shard in range(self.keys.shards):
-                    pipe.zcard(self.keys.waits(shard, task))
-            return [int(n) for n in await pipe.execute()]
+                    pipe.hget(self.keys.shard(shard).waiting, task)
+            return [max(int(n or 0), 0) for n in await pipe.execute()]
 
         counts = await self.transport.bounded(count)
         n = self.keys.shards

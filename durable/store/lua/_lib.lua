@@ -23,14 +23,16 @@
 --  16 key       the flow key (schedule(key=); '' none: the task's single key), which
 --               the task's concurrency and rate limits count by (limits.lua)
 --  17 priority  0 (the default, lowest) .. MAX_PRIORITY: among due jobs, higher first
+--  18 wait      1 while the job waits in due for a permit or a start of its flow key
+--               (limit_wait); 0 otherwise. Counted in {ns:s}:kwaitn (wait_end)
 -- Nothing here reads the client's clock: "now" is TIME, never below {ns:s}:clock.
 
 local F_TASK, F_PAYLOAD, F_MAX, F_FLAGS, F_NOMINAL, F_ATTEMPT, F_EPOCH = 1, 2, 3, 4, 5, 6, 7
 local F_RKIND, F_RSPEC, F_POLICY, F_CAP, F_GRACE, F_ERROR, F_TIMEOUT = 8, 9, 10, 11, 12, 13, 14
-local F_TRACE, F_KEY, F_PRIORITY = 15, 16, 17
-local NFIELDS = 17
+local F_TRACE, F_KEY, F_PRIORITY, F_WAIT = 15, 16, 17, 18
+local NFIELDS = 18
 -- Mirrored in _codec.py (DEFAULTS); 5 = DEFAULT_MAX_ATTEMPTS in model/_jobs.py.
-local DEFAULTS = {'', '', 5, 0, 0, 1, 0, 0, '', 0, 0, 0, '', 0, '', '', 0}
+local DEFAULTS = {'', '', 5, 0, 0, 1, 0, 0, '', 0, 0, 0, '', 0, '', '', 0, 0}
 -- unpack() of a long list overflows Lua's C stack (LUAI_MAXCSTACK 8000): chunk bulk calls.
 local CHUNK = 1000
 -- A refusal from inside a helper is raised as a plain string, error('TW_<CODE> ...', 0):
@@ -564,11 +566,34 @@ local function prio_lanes(due_key, prio_key, now, horizon, limit, aging)
   return hits, removed
 end
 
--- Flow-limit waits (docs/limits.md). Give the leased job `id` (record r, decoded, held
--- by the caller: checked) back to due, unspent, to wait for a permit (`permit`) or a
--- start of its key: due at now + delay, or now when a wake came while it was still
--- leased (a permit wait); its due noted in its task's waits. Returns the due.
-local function limit_wait(leased_key, due_key, prio_key, waits_key, wakes_key, jobs_key, id, r,
+-- Flow-limit waits (docs/limits.md). A job waiting for a permit or a start of its key is
+-- an ordinary due job (its due is its recheck time, or its booked start) whose record has
+-- F_WAIT = 1; {ns:s}:kwaitn (HASH task -> jobs) counts them per task for the metrics.
+-- Every script that takes a job out of its wait (the wake, a claim, a cancel, a
+-- reschedule, a replace) clears the flag and the count with wait_end (a decoded record)
+-- or wait_end_packed (a packed one, about to be overwritten or deleted).
+local function wait_count(counts_key, task, by)
+  if redis.call('HINCRBY', counts_key, task, by) <= 0 then redis.call('HDEL', counts_key, task) end
+end
+
+local function wait_end(counts_key, r)
+  if r[F_WAIT] ~= 0 then
+    r[F_WAIT] = 0
+    wait_count(counts_key, r[F_TASK], -1)
+  end
+end
+
+local function wait_end_packed(counts_key, s)
+  if select(F_WAIT, cmsgpack.unpack(s)) == 1 then
+    wait_count(counts_key, (cmsgpack.unpack(s)), -1)
+  end
+end
+
+-- Give the leased job `id` (record r, decoded, held by the caller: checked) back to due,
+-- unspent, to wait for a permit (`permit`) or a start of its key: due at now + delay, or
+-- now when a wake came while it was still leased (a permit wait: no longer waiting
+-- then); flagged and counted as waiting (above). Returns the due.
+local function limit_wait(leased_key, due_key, prio_key, counts_key, wakes_key, jobs_key, id, r,
   now, delay, permit)
   redis.call('ZREM', leased_key, id)
   r[F_EPOCH] = 0
@@ -577,8 +602,11 @@ local function limit_wait(leased_key, due_key, prio_key, waits_key, wakes_key, j
   if woke and tonumber(woke) >= now then
     redis.call('ZREM', wakes_key, id)
     due = now  -- its permit was handed to it while it was still leased here
+    wait_end(counts_key, r)
+  elseif r[F_WAIT] == 0 then
+    r[F_WAIT] = 1
+    wait_count(counts_key, r[F_TASK], 1)
   end
-  redis.call('ZADD', waits_key, fmt(due), id)
   -- The nominal stays explicit (the occurrence's identity): a recurring job's next
   -- occurrence is planned from it at the ack, not from the deferred due.
   redis.call('HSET', jobs_key, id, rec_encode(r))
@@ -587,14 +615,20 @@ local function limit_wait(leased_key, due_key, prio_key, waits_key, wakes_key, j
   return due
 end
 
--- A flow-limit wake (wake.lua): make the waiting job `id` due now. Returns 1 due now; 2
--- still leased (a wake kept in wakes_key until now + hold, for its wait); 0 not waiting.
-local function limit_wake(due_key, leased_key, waits_key, wakes_key, prio_key, id, now, hold)
-  local w = redis.call('ZSCORE', waits_key, id)
-  if w then
-    redis.call('ZREM', waits_key, id)
+-- A flow-limit wake (wake.lua): make the waiting job `id` (its record in jobs_key) due
+-- now. Returns 1 due now; 2 still leased (a wake kept in wakes_key until now + hold, for
+-- its wait); 0 not waiting (gone, or out of its wait: claimed at its recheck time,
+-- rescheduled or replaced by a user, cancelled).
+local function limit_wake(due_key, leased_key, counts_key, wakes_key, prio_key, jobs_key, id, now,
+  hold)
+  local s = redis.call('HGET', jobs_key, id)
+  if not s then return 0 end
+  if select(F_WAIT, cmsgpack.unpack(s)) == 1 then
     local d = redis.call('ZSCORE', due_key, id)
-    if d and tonumber(d) == tonumber(w) then
+    if d then
+      local r = rec_decode(s)
+      wait_end(counts_key, r)
+      redis.call('HSET', jobs_key, id, rec_encode(r))
       if tonumber(d) > now then
         redis.call('ZADD', due_key, fmt(now), id)
         local ps = redis.call('ZSCORE', prio_key, id)
@@ -605,8 +639,6 @@ local function limit_wake(due_key, leased_key, waits_key, wakes_key, prio_key, i
       return 1
     end
   end
-  -- Waits past their due (never woken: claimed at their recheck time) are trimmed.
-  redis.call('ZREMRANGEBYSCORE', waits_key, '-inf', '(' .. fmt(now))
   if redis.call('ZSCORE', leased_key, id) then
     redis.call('ZADD', wakes_key, fmt(now + hold), id)
     return 2
