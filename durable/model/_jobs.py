@@ -476,6 +476,9 @@ class ShardInfo:
     # due jobs of paused tasks a claim set aside (counted in due, not in overdue)
     parked: int = 0
     paused: tuple[str, ...] = ()  # the shard's copy of the paused tasks ("" = all)
+    # jobs waiting for a permit of their flow key: in no index (not in due), woken into
+    # due when a permit frees (docs/limits.md)
+    waiting: int = 0
 
     @property
     def lag_ms(self) -> int:

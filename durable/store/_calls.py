@@ -217,8 +217,10 @@ def flow_call(keys: Keys, shard: int, job: EncodedJob, flow: tuple[str, int, int
     ident, _, _, record = job.values
     bucket = keys.jobs_key(shard, job.id)
     return (
-        [k.due, k.leased, k.dead, k.clock, bucket, k.parked, k.parkedx, flow_key, k.prio, k.trail]
-        + [k.waiting],
+        [
+            *(k.due, k.leased, k.dead, k.clock, bucket, k.parked, k.parkedx, flow_key),
+            *(k.prio, k.trail, k.waiting),
+        ],
         [kind, ident, window_ms, max_wait_ms, record, job.priority],
     )
 

@@ -69,7 +69,8 @@ class ShardKeys(NamedTuple):
     parked: str  # ZSET job id -> due time (ms)
     parkedx: str  # ZSET (all scores 0) "<task>\0<due, 16 digits>\0<id>": by task, due order
     # Flow limits (store/_limits.py): jobs waiting for a permit of their key, and wakes
-    waiting: str  # HASH task -> its jobs waiting (their record's field 18 is 1): the metrics
+    waiting: str  # HASH task -> its jobs waiting (record field 18), '' -> those out of due
+    rechecks: str  # ZSET "<task>\0<key>" -> when: a flow key's recheck (a lost wake's net)
     wakes: str  # ZSET job id -> until (ms): a permit handed to it while still leased
     # ZSET job id -> (9 - priority) * 2**49 + due (ms): the due jobs with a priority above
     # 0, by level then due (lua/_lib.lua: prio_lanes); a hint the claim checks against due
@@ -156,6 +157,7 @@ class Keys:
             parked=f"{tag}:parked",
             parkedx=f"{tag}:parkedx",
             waiting=f"{tag}:kwaitn",
+            rechecks=f"{tag}:krecheck",
             wakes=f"{tag}:kwake",
             prio=f"{tag}:prio",
             trail=f"{tag}:trail",
@@ -198,7 +200,7 @@ class Keys:
         return (
             f"{tag}:p:{name}",
             f"{tag}:h:{name}",
-            f"{tag}:w:{name}",
+            f"{tag}:q:{name}",  # a LIST (it was a ZSET named :w:)
             f"{tag}:s:{name}",
             f"{tag}:b:{name}",
         )

@@ -192,7 +192,12 @@ class LimitCalls(ScriptCalls):
         for ids, reply in zip(order, await self._pipelined(calls), strict=True):
             k = 0
             for i in ids:  # 'A': code, delay; 'R': count, then that many members
-                n = 2 if op == "A" else 1 + int(reply[k])
+                if op == "A":
+                    n = 2
+                elif op == "K":  # waiters left, new, all, then all members
+                    n = 3 + int(reply[k + 2])
+                else:
+                    n = 1 + int(reply[k])
                 out[i] = reply[k : k + n]
                 k += n
         return out
@@ -223,11 +228,56 @@ class LimitCalls(ScriptCalls):
         replies = await self._batched("R", hold_ms, batch)
         return [[m.decode(errors="replace") for m in r[1:]] for r in replies]
 
+    async def recheck_many(
+        self, items: Sequence[tuple[str, str, Limits | None]], hold_ms: int
+    ) -> list[tuple[int, list[str], list[str]]]:
+        """The recheck of each ``(task, key, limits)`` (limits.lua 'K', in batches):
+        permits past their deadline freed, free ones handed to the first waiters. For
+        each: the waiters left, the members handed a permit now, and those handed one
+        before and not taken yet (each to be woken)."""
+        batch = []
+        for task, key, lim in items:
+            conc = lim.concurrency if lim is not None and lim.concurrency else -1
+            batch.append((task, key, ["", "", conc, 0, 0, ""]))
+        out = []
+        for r in await self._batched("K", hold_ms, batch):
+            members = [m.decode(errors="replace") for m in r[3:]]
+            new = int(r[1])
+            out.append((int(r[0]), members[:new], members[new:]))
+        return out
+
+    async def rechecks_due(
+        self, shards: Sequence[int], limit: int
+    ) -> dict[int, list[tuple[str, str, int]]]:
+        """The flow keys of each shard's permit waiters whose recheck time has come
+        (waits.lua 'r', read only; one pipeline): ``(task, key, when_ms)``, at most
+        ``limit`` a shard; shards with none left out."""
+        calls = [self._shard_call(shard, "r", limit)[0] for shard in shards]
+        out: dict[int, list[tuple[str, str, int]]] = {}
+        for shard, reply in zip(shards, await self._pipelined(calls), strict=True):
+            for i in range(0, len(reply), 2):
+                task, _, key = reply[i].partition(b"\0")
+                when = int(reply[i + 1])
+                out.setdefault(shard, []).append((task.decode(), key.decode(), when))
+        return out
+
+    async def rechecked(
+        self, shard: int, recheck_ms: int, done: Sequence[tuple[str, str, int, int]]
+    ) -> int:
+        """After :meth:`recheck_many`: each ``(task, key, when_ms, waiters left)``'s
+        timer is set ``recheck_ms`` ahead while its key has waiters, else removed
+        (waits.lua 't'). The count set again."""
+        call, _ = self._shard_call(shard, "t", recheck_ms)
+        assert isinstance(call.args, list)
+        for task, key, when_ms, left in done:
+            call.args.extend((f"{task}\0{key}", when_ms, left))
+        return int(await self.transport.run(call.script, call.keys, call.args, shard))
+
     def _shard_call(self, shard: int, op: str, first: object) -> tuple[Call, dict[str, int]]:
         """An empty waits.lua call on ``shard`` (``op``, ``first`` its ARGV[2]), and the
-        index of each key added to it past the shard's own seven."""
+        index of each key added to it past the shard's own eight."""
         k = self.keys.shard(shard)
-        keys = [k.leased, k.due, k.epoch, k.clock, k.prio, k.wakes, k.waiting]
+        keys = [k.leased, k.due, k.epoch, k.clock, k.prio, k.wakes, k.waiting, k.rechecks]
         return Call(self._scripts.waits, keys, [op, first], shard), {}
 
     @staticmethod
@@ -294,7 +344,7 @@ class LimitCalls(ScriptCalls):
         shard = job.shard
         k = self.keys.shard(shard)
         keys = [k.leased, k.due, k.dead, k.epoch, k.clock, self.keys.jobs_key(shard, job.id)]
-        keys += [k.prio, k.waiting, k.wakes]
+        keys += [k.prio, k.waiting, k.wakes, k.rechecks]
         reply = await self.transport.run(
             self._scripts.retry,
             keys,

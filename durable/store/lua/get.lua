@@ -2,8 +2,9 @@
 -- KEYS[1] due  KEYS[2] leased  KEYS[3] dead  KEYS[4] the job's jobs bucket  KEYS[5] parked
 -- ARGV[1]  id
 -- Returns: nil if no such job, else {state, score, field_1 .. field_17}
---   state 4 waiting for a permit or a start of its flow key (in due at its recheck
---   time or booked start: record field 18, _lib.lua: limit_wait),
+--   state 4 waiting for a permit or a start of its flow key (record field 18, _lib.lua:
+--   limit_wait; score: its booked start, in due, or for a permit, in no index, its
+--   nominal due),
 --   1 due (score = due time; a parked job, of a paused task, is due too; a job in
 --   none of due, leased, dead and parked is in the far index, due at its nominal), 2 leased (lease deadline), 3 dead (time of death);
 --   the nominal field is resolved (never 0).
