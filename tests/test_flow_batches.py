@@ -56,7 +56,6 @@ def test_a_batch_decides_as_one_call_per_job_in_order(redis_url: str) -> None:
             for shard in {jobs[i].shard for i in ("a1", "a2")}:
                 waits = [(jobs[i], 60_000, True) for i in ("a1", "a2") if jobs[i].shard == shard]
                 await calls.wait_many(shard, waits)
-            now = await s.now()
             for waiter in ("a1", "a2"):
                 info = await s.get(waiter)
                 assert info is not None and info.state is JobState.WAITING
