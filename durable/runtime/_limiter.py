@@ -60,6 +60,10 @@ LIMITS_REFRESH = 1.0
 # rechecked per shard per look.
 RECHECK_PACE = 1.0
 RECHECK_KEYS = 100
+# Seconds between two looks while no task has limits of record (a limit removed while
+# jobs waited for it leaves them to these looks; a namespace without limits pays one
+# read per owned shard this often).
+RECHECK_IDLE = 30.0
 # Fires a job the gate let through: the runner's fire (key, job, lease end, due).
 Admit = Callable[[tuple[int, str], Job, float, "float | None"], None]
 # A fired job at the gate: the runner's fire's arguments (key, job, lease end, due).
@@ -318,7 +322,8 @@ class Limiter:
         whose recheck timer is due in an owned shard are rechecked in the background
         (:meth:`_recheck`). O(1) here."""
         loop = asyncio.get_running_loop()
-        if self._rechecking is not None or loop.time() - self._recheck_at < RECHECK_PACE:
+        pace = RECHECK_PACE if self.current else RECHECK_IDLE
+        if self._rechecking is not None or loop.time() - self._recheck_at < pace:
             return
         self._recheck_at = loop.time()
         self._rechecking = self._spawn(self._recheck())
