@@ -657,9 +657,9 @@ local function limit_wake(due_key, leased_key, counts_key, wakes_key, prio_key, 
   hold)
   local s = redis.call('HGET', jobs_key, id)
   if not s then return 0 end
-  local flag = select(F_WAIT, cmsgpack.unpack(s))
+  local r = rec_decode(s)
+  local flag = r[F_WAIT]
   if flag == WAIT_PERMIT then
-    local r = rec_decode(s)
     wait_end(counts_key, r)
     redis.call('HSET', jobs_key, id, rec_encode(r))
     redis.call('ZADD', due_key, fmt(now), id)
@@ -669,7 +669,6 @@ local function limit_wake(due_key, leased_key, counts_key, wakes_key, prio_key, 
   if flag == WAIT_DUE then
     local d = redis.call('ZSCORE', due_key, id)
     if d then
-      local r = rec_decode(s)
       wait_end(counts_key, r)
       redis.call('HSET', jobs_key, id, rec_encode(r))
       if tonumber(d) > now then
