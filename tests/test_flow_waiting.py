@@ -11,7 +11,8 @@ import time
 from typing import Any
 
 import pytest
-from durable_support import client_of, open_scheduler, run
+from dashboard_support import api_client
+from durable_support import client_of, open_scheduler, run, unique_ns
 from spill_support import running_worker
 
 from tickwheel.durable import (
@@ -210,3 +211,27 @@ def test_a_waiting_job_costs_redis_no_more_than_a_pending_one(
             assert waiting <= pending, (waiting / (n - 1), pending / n)
 
     run(main())
+
+
+def test_the_dashboard_shows_a_waiting_job(redis_url: str) -> None:
+    """The job page and its API say "waiting" (the page renders its time and actions);
+    the key page counts it."""
+
+    async def prepare(ns: str) -> None:
+        async with open_scheduler(redis_url, ns, shards=2) as s:
+            await s.store.limits.declare({"charge": ONE})
+            await s.schedule_many([JobSpec(f"d{i}", "charge", key="k") for i in (0, 1)])
+            jobs = await _claim_all(s, 2)
+            assert await s.store.limits.acquire(jobs["d0"], ONE, HOLD_MS) == (ACQUIRED, 0)
+            assert await s.store.limits.acquire(jobs["d1"], ONE, HOLD_MS) == (PERMIT_WAIT, 0)
+            await _wait(s, [jobs["d1"]], 60_000)
+
+    ns = unique_ns()
+    run(prepare(ns))
+    with api_client(redis_url, ns) as client:
+        data = client.get("/api/job", params={"id": "d1"}).json()["job"]
+        assert data["state"] == "waiting" and data["key"] == "k", data
+        page = client.get("/job", params={"id": "d1"})
+        assert page.status_code == 200 and 'id="job-state">waiting<' in page.text
+        key = client.get("/api/key", params={"task": "charge", "key": "k"}).json()
+        assert key["running"] == 1 and key["waiting"] == 1, key
