@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from dashboard_support import api_client
-from durable_support import client_of, open_scheduler, run, unique_ns
+from durable_support import check_all, client_of, open_scheduler, run, unique_ns
 from spill_support import running_worker
 
 from tickwheel.durable import (
@@ -76,6 +76,8 @@ def test_a_waiting_job_by_id_get_cancel_reschedule_inspect(redis_url: str) -> No
                 info = await s.get(f"w{i}")
                 assert info is not None and info.state is JobState.WAITING, info
                 assert info.key == "k" and info.attempt == 1 and info.priority == i
+            states = await check_all(s)  # the shards' invariants: in no index
+            assert [states[f"w{i}"] for i in (1, 2, 3)] == [JobState.WAITING] * 3
             shards = await s.inspect()
             assert sum(i.waiting for i in shards) == 3 and sum(i.due for i in shards) == 0
             assert await s.limit_waiting() == {"charge": 3}
@@ -120,6 +122,7 @@ def test_a_waiting_job_by_id_get_cancel_reschedule_inspect(redis_url: str) -> No
             assert (state.running, state.waiting, state.handed) == (0, 0, 0)
             still = await s.get("w3")
             assert still is not None and still.state is JobState.DUE
+            await check_all(s)
 
     run(main())
 

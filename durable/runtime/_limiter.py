@@ -363,9 +363,12 @@ class Limiter:
             owner = [i for i, (_, now, before) in enumerate(results) for _ in now + before]
             for (task, member), code, fresh, i in zip(woken, codes, new, owner, strict=True):
                 lim = lims[i]
-                if code == 0 and fresh and lim is not None:
-                    # Handed now to a job that no longer waits: freed again.
-                    self._releases.append((task, due[i][1], member, "", lim))
+                if code == 0 and (fresh or lim is None):
+                    # Handed now to a job that no longer waits: freed again. (One handed
+                    # before is left to its deadline: its job may be due, not claimed
+                    # yet. Without limits of record, every such permit goes: it gates
+                    # nothing, and it would be handed around again at its deadline.)
+                    self._releases.append((task, due[i][1], member, "", lim or Limits()))
                 elif code != 0:
                     self.stats.limit_wakes += 1
             if self._releases and self._releasing is None:
