@@ -238,3 +238,53 @@ def test_the_dashboard_shows_a_waiting_job(redis_url: str) -> None:
         assert page.status_code == 200 and 'id="job-state">waiting<' in page.text
         key = client.get("/api/key", params={"task": "charge", "key": "k"}).json()
         assert key["running"] == 1 and key["waiting"] == 1, key
+
+
+def test_the_recheck_of_a_key(redis_url: str) -> None:
+    """limits.lua 'K' and the shard's timers, step by step: a timer is due at the wait's
+    recheck time; a permit handed to a waiter whose wake was lost and that passed its
+    deadline puts that waiter back at the head and hands it the permit again; one still
+    handed is named again (to be woken again); with no limits of record every waiter
+    is handed one; a timer is set again while its key has waiters."""
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=2) as s:
+            calls = s.store.limits
+            await calls.declare({"t": ONE})
+            await s.schedule_many([JobSpec(f"r{i}", "t", key="k") for i in range(3)])
+            jobs = await _claim_all(s, 2)
+            assert await calls.acquire(jobs["r0"], ONE, HOLD_MS) == (ACQUIRED, 0)
+            for i in (1, 2):
+                assert await calls.acquire(jobs[f"r{i}"], ONE, HOLD_MS) == (PERMIT_WAIT, 0)
+            await _wait(s, [jobs["r1"], jobs["r2"]], 300)
+            shards = sorted({jobs["r1"].shard, jobs["r2"].shard})
+            assert await calls.rechecks_due(shards, 10) == {}  # not before its time
+            m0, m1, m2 = (member_of(jobs[f"r{i}"]) for i in range(3))
+            handed = await calls.release("t", "k", m0, _holder(jobs["r0"]), lim=ONE, hold_ms=100)
+            assert handed == [m1]  # ... and its wake is lost
+            await asyncio.sleep(0.4)  # the timers are due, r1's handed permit expired
+            due = await calls.rechecks_due(shards, 10)
+            assert sorted(due) == shards
+            assert all(d[:2] == ("t", "k") for ds in due.values() for d in ds)
+            # r1 back at the head and handed the permit again; r2 still waits.
+            assert await calls.recheck_many([("t", "k", ONE)], HOLD_MS) == [(1, [m1], [])]
+            assert await calls.wake_many([("t", m1)]) == [1]
+            # Still handed, not taken: named again (a wake again is harmless: 0 now).
+            assert await calls.recheck_many([("t", "k", ONE)], HOLD_MS) == [(1, [], [m1])]
+            for shard, ds in due.items():
+                left = [(t, k, when, 1) for t, k, when in ds]
+                assert await calls.rechecked(shard, 60_000, left) == len(ds)
+            assert await calls.rechecks_due(shards, 10) == {}  # set a minute ahead
+            # No limits of record any more: the other waiter is handed one too.
+            assert await calls.recheck_many([("t", "k", None)], HOLD_MS) == [(0, [m2], [m1])]
+            assert await calls.wake_many([("t", m2)]) == [1]
+            assert await s.limit_waiting() == {"t": 0}
+            client = client_of(s)
+            for shard in shards:  # no waiters left: the timers go
+                timers = s.keys.shard(shard).rechecks
+                ((member, when),) = await client.zrange(timers, 0, -1, withscores=True)
+                assert member == b"t\0k"
+                assert await calls.rechecked(shard, 60_000, [("t", "k", int(when), 0)]) == 0
+                assert await client.zcard(timers) == 0
+
+    run(main())
