@@ -262,9 +262,8 @@ class Store:
         packed = await self.transport.run(
             self._scripts.claim,
             [
-                *(k.due, k.leased, k.done, k.epoch, k.clock, reply_key, forget_key),
-                *(k.dead, k.far, k.faro, k.paused, k.parked, k.parkedx, k.prio, k.waiting),
-                *k.jobs,
+                *(k.due, k.leased, k.done, k.epoch, k.clock, reply_key, forget_key, k.dead),
+                *(k.far, k.faro, k.paused, k.parked, k.parkedx, k.prio, k.waiting, *k.jobs),
             ],
             [epoch, lookahead_ms, limit, lease_ms, "1" if prestart else "", aging_ms],
             shard,
