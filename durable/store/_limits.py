@@ -338,9 +338,10 @@ class LimitCalls(ScriptCalls):
     # -- the job's shard ----------------------------------------------------------------
 
     async def wait(self, job: Job, delay_ms: int, *, permit: bool) -> tuple[int, int]:
-        """Hand ``job`` back to due, unspent, for ``delay_ms`` (retry.lua mode 3; a
-        ``permit`` wait may be woken at once by a wake that came first): ``(status,
-        due_ms)``, status 3 done, 0 its lease is lost."""
+        """Hand ``job`` back, unspent, to wait (retry.lua mode 3): for a ``permit``, in no
+        index, its key's recheck timer at most ``delay_ms`` ahead (due at once when a
+        wake came first); for a start, due in ``delay_ms``. ``(status, due_ms)``,
+        status 3 done, 0 its lease is lost."""
         shard = job.shard
         k = self.keys.shard(shard)
         keys = [k.leased, k.due, k.dead, k.epoch, k.clock, self.keys.jobs_key(shard, job.id)]

@@ -11,10 +11,11 @@
 --                  2: a Defer: due again at now + delay as the SAME attempt and
 --                  occurrence, the error text left as it was (ARGV[6] unused);
 --                  3: a wait for a permit or a start of its flow key (limits.lua):
---                  as 2, and the job is flagged and counted as waiting in KEYS[8]
---                  (_lib.lua: limit_wait; wake.lua, metrics);
---                  with ARGV[8] '1' (a permit wait) due at once instead when a wake
---                  came while it was still leased (KEYS[9], wake.lua)
+--                  the same attempt and occurrence, flagged and counted as waiting
+--                  in KEYS[8] (_lib.lua: limit_wait; wake.lua, metrics): for a start
+--                  as 2; for a permit (ARGV[8] '1') in no index, its key's timer in
+--                  KEYS[10] set to now + delay at the latest, or due at once, not
+--                  waiting, when a wake came while it was still leased (KEYS[9])
 -- KEYS[8] waiting ({ns:s}:kwaitn)  KEYS[9] wakes  KEYS[10] rechecks   (mode 3 only)
 -- ARGV[8]  mode 3: '1' a permit wait, '' a wait for a start (rate)
 -- Returns: {status, when}: 1 due again at when (attempt + 1), 2 dead since when

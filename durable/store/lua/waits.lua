@@ -11,9 +11,10 @@
 -- ARGV[1]  op     'w' wait, 'k' wake, 'r' the rechecks due, 't' the rechecks done
 -- 'w': ARGV[2] epoch (the caller's for this shard), then 6 per job: id, attempt,
 --      nominal, delay (ms), permit ('1' a permit wait, '' a wait for a start), the
---      index of its bucket key. Each job is given back to due, unspent, at now + delay
---      (now, for a permit wait whose wake came while it was still leased), flagged
---      and counted as waiting (_lib.lua: limit_wait).
+--      index of its bucket key. Each job is given back, unspent, flagged and counted as
+--      waiting (_lib.lua: limit_wait): for a permit, in no index, its key's timer set
+--      to now + delay at the latest (due now instead, not waiting, when its wake came
+--      while it was still leased); for a start, due at now + delay.
 -- 'k': ARGV[2] ms a wake of a leased job is kept, then 2 per job: id, the index of its
 --      bucket key.
 -- 'r': ARGV[2] at most this many: returns {member, when, ...} of the rechecks due by
