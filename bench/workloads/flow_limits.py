@@ -163,7 +163,8 @@ async def memory_per_job(url: str, n: int, keys: int = 1) -> tuple[float, float]
         await client.execute_command("FLUSHALL", "SYNC")
         sched = Scheduler(client, "bench", shards=4, check=False)
         await sched.open()
-        worker = Worker(sched, reg, **FAST)
+        # A slot for each key's runner, so that every job reaches its key's gate.
+        worker = Worker(sched, reg, **{**FAST, "max_running": max(keys, 100) + 100})
         task = asyncio.ensure_future(worker.run())
         try:
             await asyncio.sleep(0.3)  # the worker settles (its limits, ownership, stats)
