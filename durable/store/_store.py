@@ -292,7 +292,7 @@ class Store:
             elif count == timed:  # the short row and the job's own timeout
                 ep, recurrence, error = epoch, None, ""
                 limit, trace, key = reply[i + 11], b"", ""
-            else:  # all 16: a recurring job, one with an error, a trace or a key
+            else:  # all 18: a recurring job, one with an error, a trace or a key
                 ep, kind = reply[i + 11], reply[i + 12]
                 recurrence = recurrence_of(kind, *reply[i + 13 : i + 17]) if kind else None
                 error = reply[i + 17].decode(errors="replace")

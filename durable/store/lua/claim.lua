@@ -30,7 +30,7 @@
 --   count is 6 (task, payload, max, flags, nominal, attempt: the epoch is ARGV[1] and
 --   the rest are at their defaults) for a one-shot job with no error, no timeout of
 --   its own, no trace context and no flow key (a priority alone keeps it short); 7
---   (those 6, then the timeout) for such a job with a timeout of its own; else 17
+--   (those 6, then the timeout) for such a job with a timeout of its own; else 18
 --   (NFIELDS); the nominal is resolved. dropped counts
 --   one-shot jobs whose occurrence is in done already: removed, not returned. A
 --   recurring job whose occurrence is done comes back leased with dup = 1: the client

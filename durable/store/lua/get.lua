@@ -1,7 +1,7 @@
 -- get.lua: one job's state and record (read only).
 -- KEYS[1] due  KEYS[2] leased  KEYS[3] dead  KEYS[4] the job's jobs bucket  KEYS[5] parked
 -- ARGV[1]  id
--- Returns: nil if no such job, else {state, score, field_1 .. field_17}
+-- Returns: nil if no such job, else {state, score, field_1 .. field_18}
 --   state 4 waiting for a permit or a start of its flow key (record field 18, _lib.lua:
 --   limit_wait; score: its booked start, in due, or for a permit, in no index, its
 --   nominal due),
