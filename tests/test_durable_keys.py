@@ -43,7 +43,7 @@ def test_every_key_of_a_shard_carries_its_hash_tag() -> None:
     for s in range(4):
         sk = keys.shard(s)
         names = [*(k for k in sk if isinstance(k, str)), *sk.jobs]
-        assert len(names) == 16 + 8  # 12, the flow limits' waits and wakes, prio, trail
+        assert len(names) == 17 + 8  # 12, the flow limits' counts, rechecks and wakes, prio, trail
         assert all(k.startswith(f"{{orders:{s}}}:") for k in names)
         assert len({key_slot(k.encode()) for k in names}) == 1
         assert sk.jobs == tuple(f"{{orders:{s}}}:jobs:{b}" for b in range(8))

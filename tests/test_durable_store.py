@@ -243,7 +243,8 @@ def test_a_claim_reply_is_one_msgpack_string_kept_for_its_resend(redis_url: str)
             k = s.keys.shard(0)
             reply_key = s.keys.claim_reply(0, "tok")
             keys = [k.due, k.leased, k.done, k.epoch, k.clock, reply_key, reply_key]
-            keys += [k.dead, k.far, k.faro, k.paused, k.parked, k.parkedx, k.prio, *k.jobs]
+            keys += [k.dead, k.far, k.faro, k.paused, k.parked, k.parkedx, k.prio, k.waiting]
+            keys += k.jobs
             client = client_of(s)
             sha = await client.script_load(s.store._scripts.claim.script)
             first = await client.evalsha(sha, len(keys), *keys, epoch, 0, 2, 30_000)

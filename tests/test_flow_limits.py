@@ -146,7 +146,7 @@ def test_a_key_at_its_limit_does_not_delay_another_key(redis_url: str) -> None:
             assert await until_async(lambda: _count_starts(client, prefix), 2, 10)
             await asyncio.sleep(0.2)  # the other 8 are waiting now
             waiting = [await s.get(f"b{i}") for i in range(10)]
-            assert sum(1 for j in waiting if j is not None and j.state is JobState.DUE) >= 7
+            assert sum(1 for j in waiting if j is not None and j.state is JobState.WAITING) >= 7
             assert w.loader is not None and w.loader.loaded == 0  # none held in memory
             t0 = await s.now()
             await s.schedule("f", "keyed", {"sink": prefix, "ms": 0}, key="free")

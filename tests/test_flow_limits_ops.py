@@ -44,9 +44,12 @@ def test_waiting_jobs_are_found_by_id_and_woken_by_a_release(redis_url: str) -> 
             assert (state.running, state.waiting, state.handed) == (1, 2, 0)
             assert state.next_release_ms > state.now_ms and state.window_starts == 1
             assert await s.limit_waiting() == {"charge": 2}
-            info = await s.get("c1")  # by id, in its own shard: an ordinary due job
-            assert info is not None and info.state is JobState.DUE and info.key == "m1"
-            assert info.when_ms >= state.now_ms + 50_000  # its recheck time
+            info = await s.get("c1")  # by id, in its own shard: a due job, flagged waiting
+            assert info is not None and info.state is JobState.WAITING and info.key == "m1"
+            assert info.when_ms == info.nominal_ms  # in no index: its nominal due
+            # Out of the due index: counted by inspect as waiting, not as due.
+            shards = await s.inspect()
+            assert sum(i.waiting for i in shards) == 2 and sum(i.due for i in shards) == 0
             assert info.attempt == 1  # the wait spent nothing
             # c0 ends: its permit goes to c1, the first waiter, who is made due now.
             member = member_of(jobs["c0"])
@@ -56,8 +59,11 @@ def test_waiting_jobs_are_found_by_id_and_woken_by_a_release(redis_url: str) -> 
             assert await calls.wake("charge", handed[0]) == 1
             woken = await s.get("c1")
             assert woken is not None and woken.when_ms <= await s.now()
+            assert woken.state is JobState.DUE  # out of its wait
+            assert await s.limit_waiting() == {"charge": 1}
             # A waiter cancelled while it waits: its handed permit comes back (wake 0).
             assert await s.cancel("c2")
+            assert await s.limit_waiting() == {"charge": 0}
             state = await s.key_state("charge", "m1")
             assert (state.running, state.waiting, state.handed) == (0, 1, 1)
             assert await s.key_state("charge") is not None  # the single key: empty

@@ -59,6 +59,7 @@ def main() -> None:
                 rates[name].append(float(out.stdout.split()[-1]))
         gaps = asyncio.run(fl.release_gaps(server.url, 300))
         pending, waiting = asyncio.run(fl.memory_per_job(server.url, 20_000))
+        many = asyncio.run(fl.memory_per_job(server.url, 20_000, 500))
         t0, runs = asyncio.run(fl.rate_runs(server.url, 40))
         bull = asyncio.run(bullmq_rate(server.url, 40, *fl.RATE)) if available() else None
     med = {name: statistics.median(v) for name, v in rates.items()}
@@ -73,7 +74,8 @@ def main() -> None:
           f" p50 {_pct(gaps, 0.5):.2f} ms  p99 {_pct(gaps, 0.99):.2f} ms"
           f"  max {max(gaps):.2f} ms")  # fmt: skip
     print(f"Redis memory per job: pending {pending:.0f} B, waiting for a permit {waiting:.0f} B"
-          f" ({waiting / pending:.2f}x)")  # fmt: skip
+          f" ({waiting / pending:.2f}x), 20,000 on one key; over 500 keys: pending"
+          f" {many[0]:.0f} B, waiting {many[1]:.0f} B ({many[1] / many[0]:.2f}x)")  # fmt: skip
     starts = [s for _, s in runs]
     print(f"rate (10 per 1 s), 40 jobs at once: tickwheel per key: the last start at"
           f" {(max(starts) - t0) / 1000:.2f} s; most in a 1 s window by the handlers'"

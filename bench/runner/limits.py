@@ -12,8 +12,12 @@ One private redis-server for the section; each measurement flushes it first
    the time from a run's end to the next run's start, p50 and p99. Figures against
    the issue's target of a 5 ms p99 (a constant, not a peer: above 1 means under it).
 3. **memory**: ``limits_memory_jobs`` jobs pending (due in a minute) against the same
-   jobs waiting for one key's permit. Figure: waiting bytes over pending bytes (the
-   target: no more).
+   jobs waiting for a permit, by ``MEMORY USAGE`` over the namespace's keys. Figure
+   (the issue's): all of them on one key, concurrency=1, waiting bytes over pending
+   bytes (the target: no more). One key is the shape measured before (20,000 waiters:
+   355 B a job then) and the one whose waiters' structure is largest (a listpack holds
+   a small key's, a list of listpack nodes a big one's). A second figure: the same jobs
+   over ``limits_memory_jobs / 40`` keys (40 a key), each key's runner included.
 4. **rate**: ``limits_rate_jobs`` jobs of one key due at once under ``rate=(10, 1.0)``,
    against BullMQ's ``Worker(limiter={max: 10, duration: 1000})`` on one queue (the
    peer: bench/peers/bullmq_limiter.py, which also says why its ``drainDelay`` is 1 s).
@@ -62,6 +66,9 @@ async def _repeat(url: str, r: int, size: dict[str, int], peer: bool) -> dict[st
     got["release_ms"] = percentiles(gaps)
     pending, waiting = await fl.memory_per_job(url, size["memory"])
     got["memory_pending_b"], got["memory_waiting_b"] = pending, waiting
+    many = size["memory"] // 40
+    pending, waiting = await fl.memory_per_job(url, size["memory"], many)
+    got["memory_pending_many_b"], got["memory_waiting_many_b"] = pending, waiting
     t0, runs = await fl.rate_runs(url, size["rate"])
     got["rate"] = _rate_row(t0, [s for _, s in runs], size["rate"])
     # 10 ms less than the window: a worker fires at a due by its estimate of Redis's clock.
@@ -111,12 +118,14 @@ async def _section(plan: Plan, progress: Progress, checks: Checks) -> dict[str, 
         Figure(SECTION, "release latency p50", "the 5 ms p99 target", "ms", "lower"),
         Figure(SECTION, "release latency p99", "the 5 ms p99 target", "ms", "lower"),
         Figure(SECTION, "Redis memory per waiting job", "a pending job", "B", "lower"),
+        Figure(SECTION, "Redis memory per waiting job, 40 a key", "a pending job", "B", "lower"),
     ]
     for got in repeats:
         figures[0].add(got["jobs_per_s_on"], got["jobs_per_s_off"])
         figures[1].add(got["release_ms"]["p50"], TARGET_P99_MS)
         figures[2].add(got["release_ms"]["p99"], TARGET_P99_MS)
         figures[3].add(got["memory_waiting_b"], got["memory_pending_b"])
+        figures[4].add(got["memory_waiting_many_b"], got["memory_pending_many_b"])
     if peer:
         fig = Figure(SECTION, f"rate 10/s, {n} jobs: last start", PEER, "s", "lower")
         for got in repeats:

@@ -311,7 +311,9 @@ def _limits_notes(raw: dict[str, Any]) -> list[str]:
     notes = [
         f"One private redis-server, one Worker. claim+run+ack: {size['jobs']:,} jobs over "
         f"{size['keys']:,} keys; release: {size['release']} jobs of one key at "
-        f"concurrency=1; memory: {size['memory']:,} jobs; rate: {size['rate']} jobs of one "
+        f"concurrency=1; memory (MEMORY USAGE of the namespace's keys): {size['memory']:,} "
+        f"jobs waiting for one key's permit, then over {size['memory'] // 40:,} keys; "
+        f"rate: {size['rate']} jobs of one "
         f"key at rate=(10, 1.0). Peer: {raw.get('peer')} (drainDelay 1 s: "
         "bench/peers/bullmq_limiter.py says why). Most starts in 1 s: by the handlers' "
         "clock (a start lags its grant by a few ms); surely: grants surely in one window.",

@@ -88,6 +88,9 @@ class JobState(IntEnum):
     DUE = 1  # in {ns:s}:due, waiting for its due time
     LEASED = 2  # in {ns:s}:leased, held by a claimer until the lease deadline
     DEAD = 3  # in {ns:s}:dead, after max attempts
+    # In {ns:s}:due, waiting for a permit or a start of its flow key (docs/limits.md):
+    # due at its recheck time (or its booked start), due now when a permit frees.
+    WAITING = 4
 
 
 class ScheduleStatus(IntEnum):
@@ -473,6 +476,9 @@ class ShardInfo:
     # due jobs of paused tasks a claim set aside (counted in due, not in overdue)
     parked: int = 0
     paused: tuple[str, ...] = ()  # the shard's copy of the paused tasks ("" = all)
+    # jobs waiting for a permit of their flow key: in no index (not in due), woken into
+    # due when a permit frees (docs/limits.md)
+    waiting: int = 0
 
     @property
     def lag_ms(self) -> int:

@@ -257,6 +257,7 @@ class Claimer:
                 await self._pause(UNAVAILABLE_BACKOFF)
                 continue
             self.outages.ok("loader")
+            self._runner.limiter.recheck_soon()  # the flow keys' lost wakes
             if self._runner.backlogged:
                 # Backpressure: claim again as soon as the queue shortens.
                 with contextlib.suppress(TimeoutError):

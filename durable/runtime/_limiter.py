@@ -8,10 +8,11 @@ Ground rules:
   declarations when it starts (the last writer wins) and reads them back every
   ``LIMITS_REFRESH`` s. A task without limits there costs a dict look-up per job.
 - A limited job fires (the wheel's timer, as any job), then takes a permit in its key's
-  slot (limits.lua) before the runner starts it. Over the limit, it goes back to due in
-  its shard, unspent (waits.lua, as retry.lua mode 3): for a permit, queued in its
-  key's waiters and due again at the recheck time; for the rate, due at the start
-  booked for it. Nothing of it stays in this process.
+  slot (limits.lua) before the runner starts it. Over the limit, it goes back to its
+  shard, unspent (waits.lua, as retry.lua mode 3): for a permit, queued in its key's
+  waiters and in no index of its shard (its record says it waits), its key's recheck
+  timer in the shard set; for the rate, due at the start booked for it. Nothing of it
+  stays in this process.
 - A run's end (its handler returned, was stopped or failed) releases its permit; the
   release hands the freed permits to the first waiters, and each is made due now in
   its shard (waits.lua, as wake.lua) and claimed by its shard's owner at once (this
@@ -25,7 +26,11 @@ Ground rules:
 - A permit is held under the run's lease: its deadline is the lease's length, pushed
   with every lease extension. A worker killed while a run holds a permit leaks it for
   at most a lease. The recheck time (two leases) bounds the wait of a job whose wake
-  was lost the same way (its waker killed between the release and the wake).
+  was lost the same way (its waker killed between the release and the wake): after
+  each claim round (at most once per ``RECHECK_PACE`` s) the owner of a shard
+  rechecks the flow keys whose timer there is due (:meth:`Limiter.recheck_soon`):
+  permits past their deadline freed, free ones handed to the first waiters, and every
+  handed permit not taken yet woken (again).
 - Nothing here raises into the runner: a failed call is counted and logged, and the job
   is left to its lease (the reaper returns it unspent: a pre-start lease).
 """
@@ -51,6 +56,14 @@ logger = logging.getLogger("tickwheel.durable")
 
 # Seconds between two reads of the limits of record by one worker.
 LIMITS_REFRESH = 1.0
+# Seconds between two looks at the owned shards' recheck timers, and flow keys
+# rechecked per shard per look.
+RECHECK_PACE = 1.0
+RECHECK_KEYS = 100
+# Seconds between two looks while no task has limits of record (a limit removed while
+# jobs waited for it leaves them to these looks; a namespace without limits pays one
+# read per owned shard this often).
+RECHECK_IDLE = 30.0
 # Fires a job the gate let through: the runner's fire (key, job, lease end, due).
 Admit = Callable[[tuple[int, str], Job, float, "float | None"], None]
 # A fired job at the gate: the runner's fire's arguments (key, job, lease end, due).
@@ -104,6 +117,8 @@ class Limiter:
         self._gating: asyncio.Task[None] | None = None  # sends the gates' batches
         self._releases: list[Handing] = []  # permits for the next batch of releases
         self._releasing: asyncio.Task[None] | None = None  # sends the releases' batches
+        self._rechecking: asyncio.Task[None] | None = None  # the owned shards' rechecks
+        self._recheck_at = 0.0  # loop time of the last look at the recheck timers
 
     # -- the limits of record -------------------------------------------------------
 
@@ -299,6 +314,69 @@ class Limiter:
             self._releasing = self._spawn(self._release_rounds())
         if self.poke is not None and stale < len(handed):
             self.poke()
+
+    # -- the safety net of a lost wake -----------------------------------------------
+
+    def recheck_soon(self) -> None:
+        """After a claim round: at most once per ``RECHECK_PACE`` s, the flow keys
+        whose recheck timer is due in an owned shard are rechecked in the background
+        (:meth:`_recheck`). O(1) here."""
+        loop = asyncio.get_running_loop()
+        pace = RECHECK_PACE if self.current else RECHECK_IDLE
+        if self._rechecking is not None or loop.time() - self._recheck_at < pace:
+            return
+        self._recheck_at = loop.time()
+        self._rechecking = self._spawn(self._recheck())
+
+    async def _recheck(self) -> None:
+        """Recheck each owned shard's due flow keys: limits.lua 'K' frees the permits
+        past their deadline and hands the free ones to the first waiters; every waiter
+        holding a handed permit is woken (again: a wake is idempotent), and each key's
+        timer is set again while it has waiters. A failure leaves the timers due: the
+        next look tries again."""
+        try:
+            await self._ready()
+            owned = list(self.scheduler.ownership.owned)
+            if owned:
+                for shard, due in (await self.calls.rechecks_due(owned, RECHECK_KEYS)).items():
+                    await self._recheck_keys(shard, due)
+        except (RedisUnavailable, PostgresUnavailable) as exc:
+            self.stats.unavailable += 1
+            logger.debug("flow key recheck left to the next look (%s)", exc)
+        except Exception:
+            self.stats.errors += 1
+            logger.exception("flow key recheck left to the next look")
+        finally:
+            self._rechecking = None
+
+    async def _recheck_keys(self, shard: int, due: list[tuple[str, str, int]]) -> None:
+        lims = [self.current.get(task) for task, _, _ in due]
+        items = [(task, key, lim) for (task, key, _), lim in zip(due, lims, strict=True)]
+        results = await self.calls.recheck_many(items, self.hold_ms)
+        woken: list[tuple[str, str]] = []
+        new: list[bool] = []
+        for (task, _, _), (_, now, before) in zip(due, results, strict=True):
+            woken += [(task, m) for m in now + before]
+            new += [True] * len(now) + [False] * len(before)
+        if woken:
+            codes = await self.calls.wake_many(woken)
+            owner = [i for i, (_, now, before) in enumerate(results) for _ in now + before]
+            for (task, member), code, fresh, i in zip(woken, codes, new, owner, strict=True):
+                lim = lims[i]
+                if code == 0 and (fresh or lim is None):
+                    # Handed now to a job that no longer waits: freed again. (One handed
+                    # before is left to its deadline: its job may be due, not claimed
+                    # yet. Without limits of record, every such permit goes: it gates
+                    # nothing, and it would be handed around again at its deadline.)
+                    self._releases.append((task, due[i][1], member, "", lim or Limits()))
+                elif code != 0:
+                    self.stats.limit_wakes += 1
+            if self._releases and self._releasing is None:
+                self._releasing = self._spawn(self._release_rounds())
+            if self.poke is not None:
+                self.poke()
+        left = [(t, k, when, r[0]) for (t, k, when), r in zip(due, results, strict=True)]
+        await self.calls.rechecked(shard, self.recheck_ms, left)
 
     async def extend(self, job: Job) -> None:
         """Push the permit ``job``'s run holds (if any) with its lease."""

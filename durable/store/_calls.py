@@ -160,6 +160,7 @@ def schedule_call(keys: Keys, shard: int, jobs: Sequence[EncodedJob], replace: b
     # One job needs its own bucket only (the script then skips hashing the id).
     buckets = [keys.jobs_key(shard, jobs[0].id)] if len(jobs) == 1 else k.jobs
     keys_ = [k.due, k.leased, k.done, k.dead, k.clock, k.far, k.faro, k.parked, k.parkedx, k.prio]
+    keys_.append(k.waiting)
     # (position, priority) of the jobs with one: schedule.lua indexes them (prio_add).
     # Looked for in C first (map): most batches have none.
     if any(map(_PRIORITY_OF, jobs)):
@@ -193,7 +194,7 @@ def schedule_one_call(keys: Keys, shard: int, job: EncodedJob, replace: bool) ->
     return (
         [
             *(k.due, k.leased, k.done, k.dead, k.clock, k.far, k.faro),
-            *(keys.jobs_key(shard, job.id), k.parked, k.parkedx, k.prio),
+            *(keys.jobs_key(shard, job.id), k.parked, k.parkedx, k.prio, k.waiting),
         ],
         [1 if replace else 0, ident, mode, time_ms, record, job.priority],
     )
@@ -216,7 +217,10 @@ def flow_call(keys: Keys, shard: int, job: EncodedJob, flow: tuple[str, int, int
     ident, _, _, record = job.values
     bucket = keys.jobs_key(shard, job.id)
     return (
-        [k.due, k.leased, k.dead, k.clock, bucket, k.parked, k.parkedx, flow_key, k.prio, k.trail],
+        [
+            *(k.due, k.leased, k.dead, k.clock, bucket, k.parked, k.parkedx, flow_key),
+            *(k.prio, k.trail, k.waiting),
+        ],
         [kind, ident, window_ms, max_wait_ms, record, job.priority],
     )
 
@@ -228,7 +232,7 @@ def cancel_call(keys: Keys, shard: int, job_id: str) -> Call:
     return (
         [
             *(k.due, k.leased, k.dead, keys.jobs_key(shard, job_id)),
-            *(k.parked, k.parkedx, k.prio, k.trail),
+            *(k.parked, k.parkedx, k.prio, k.trail, k.waiting),
         ],
         [job_id, keys.cancels],
     )
@@ -245,7 +249,7 @@ def reschedule_call(keys: Keys, shard: int, job_id: str, mode: int, time_ms: int
     return (
         [
             *(k.due, k.done, k.clock, k.leased, k.dead, k.far, k.faro),
-            *(keys.jobs_key(shard, job_id), k.parked, k.parkedx, k.prio),
+            *(keys.jobs_key(shard, job_id), k.parked, k.parkedx, k.prio, k.waiting),
         ],
         [job_id, mode, time_ms],
     )

@@ -111,11 +111,12 @@ FIELDS = (
     "trace",
     "key",
     "priority",
+    "wait",
 )
 # Their defaults, in the same order (lua/_lib.lua: DEFAULTS); trailing ones are dropped.
 DEFAULTS: tuple[int | bytes, ...] = (
     *(b"", b"", 5, 0, 0, 1, 0, 0, b"", 0, 0, 0, b"", 0, b""),
-    *(b"", 0),  # key, priority
+    *(b"", 0, 0),  # key, priority, wait
 )
 # Record fields of a claim.lua row that is not short (all of them).
 CLAIM_FULL_ROW = len(FIELDS)
@@ -132,7 +133,7 @@ _ROW_STRIDE = 2 + len(FIELDS)
 # A claim.lua row: id, due, deadline, tag (bit 0: the occurrence is done already; the
 # rest: the index of the job's record hash), count, then ``count`` record fields: 6 for a
 # one-shot job without an error, a timeout of its own or a trace; 7 (those 6, then the
-# timeout) for such a job with a timeout of its own; all of them (17) otherwise.
+# timeout) for such a job with a timeout of its own; all of them (18) otherwise.
 CLAIM_SHORT_ROW = 6
 CLAIM_TIMED_ROW = 7
 DUPLICATE = (False, True)  # a row's tag bit 0 as a bool, indexed (no call of bool())
@@ -426,6 +427,8 @@ def job_info(job_id: str, shard: int, state: JobState, when: int, f: Sequence[An
     """A JobInfo from the record fields of a reply row (in :data:`FIELDS` order)."""
     task, payload, max_attempts, flags, nominal, attempt, epoch = f[:7]
     rec, error, timeout, key, priority = f[7:12], f[12], f[13], f[15], f[16]
+    if state == JobState.DUE and f[17]:  # waiting for its flow key (field 18)
+        state = JobState.WAITING
     return JobInfo(
         id=job_id,
         shard=shard,

@@ -69,7 +69,8 @@ class ShardKeys(NamedTuple):
     parked: str  # ZSET job id -> due time (ms)
     parkedx: str  # ZSET (all scores 0) "<task>\0<due, 16 digits>\0<id>": by task, due order
     # Flow limits (store/_limits.py): jobs waiting for a permit of their key, and wakes
-    waits: str  # prefix of ZSETs per task (Keys.waits): id -> the due its wait gave it
+    waiting: str  # HASH task -> its jobs waiting (record field 18), '' -> those out of due
+    rechecks: str  # ZSET "<task>\0<key>" -> when: a flow key's recheck (a lost wake's net)
     wakes: str  # ZSET job id -> until (ms): a permit handed to it while still leased
     # ZSET job id -> (9 - priority) * 2**49 + due (ms): the due jobs with a priority above
     # 0, by level then due (lua/_lib.lua: prio_lanes); a hint the claim checks against due
@@ -155,7 +156,8 @@ class Keys:
             paused=f"{tag}:paused",
             parked=f"{tag}:parked",
             parkedx=f"{tag}:parkedx",
-            waits=f"{tag}:kwait",
+            waiting=f"{tag}:kwaitn",
+            rechecks=f"{tag}:krecheck",
             wakes=f"{tag}:kwake",
             prio=f"{tag}:prio",
             trail=f"{tag}:trail",
@@ -186,12 +188,6 @@ class Keys:
         capped; written by the workers, read by the dashboard: store/_history.py)."""
         return f"{{{self.namespace}:{shard}}}:history"
 
-    def waits(self, shard: int, task: str) -> str:
-        """Return the ZSET of ``task``'s jobs of ``shard`` that wait for a permit or a
-        start of their flow key (``{ns:s}:kwait:<task>``): id -> the due it waits for
-        (retry.lua mode 3), so a wake (wake.lua) knows it and the metrics count it."""
-        return f"{self.shard(shard).waits}:{task}"
-
     def limit_keys(self, task: str, key: str) -> tuple[str, str, str, str, str]:
         """Return the keys of the permits of ``key`` (``""``: the task's single key) of
         ``task`` (limits.lua): permits, holders, waiters, starts, booked. All carry the
@@ -204,7 +200,7 @@ class Keys:
         return (
             f"{tag}:p:{name}",
             f"{tag}:h:{name}",
-            f"{tag}:w:{name}",
+            f"{tag}:q:{name}",  # a LIST (it was a ZSET named :w:)
             f"{tag}:s:{name}",
             f"{tag}:b:{name}",
         )

@@ -192,7 +192,12 @@ class LimitCalls(ScriptCalls):
         for ids, reply in zip(order, await self._pipelined(calls), strict=True):
             k = 0
             for i in ids:  # 'A': code, delay; 'R': count, then that many members
-                n = 2 if op == "A" else 1 + int(reply[k])
+                if op == "A":
+                    n = 2
+                elif op == "K":  # waiters left, new, all, then all members
+                    n = 3 + int(reply[k + 2])
+                else:
+                    n = 1 + int(reply[k])
                 out[i] = reply[k : k + n]
                 k += n
         return out
@@ -223,11 +228,56 @@ class LimitCalls(ScriptCalls):
         replies = await self._batched("R", hold_ms, batch)
         return [[m.decode(errors="replace") for m in r[1:]] for r in replies]
 
+    async def recheck_many(
+        self, items: Sequence[tuple[str, str, Limits | None]], hold_ms: int
+    ) -> list[tuple[int, list[str], list[str]]]:
+        """The recheck of each ``(task, key, limits)`` (limits.lua 'K', in batches):
+        permits past their deadline freed, free ones handed to the first waiters. For
+        each: the waiters left, the members handed a permit now, and those handed one
+        before and not taken yet (each to be woken)."""
+        batch = []
+        for task, key, lim in items:
+            conc = lim.concurrency if lim is not None and lim.concurrency else -1
+            batch.append((task, key, ["", "", conc, 0, 0, ""]))
+        out = []
+        for r in await self._batched("K", hold_ms, batch):
+            members = [m.decode(errors="replace") for m in r[3:]]
+            new = int(r[1])
+            out.append((int(r[0]), members[:new], members[new:]))
+        return out
+
+    async def rechecks_due(
+        self, shards: Sequence[int], limit: int
+    ) -> dict[int, list[tuple[str, str, int]]]:
+        """The flow keys of each shard's permit waiters whose recheck time has come
+        (waits.lua 'r', read only; one pipeline): ``(task, key, when_ms)``, at most
+        ``limit`` a shard; shards with none left out."""
+        calls = [self._shard_call(shard, "r", limit)[0] for shard in shards]
+        out: dict[int, list[tuple[str, str, int]]] = {}
+        for shard, reply in zip(shards, await self._pipelined(calls), strict=True):
+            for i in range(0, len(reply), 2):
+                task, _, key = reply[i].partition(b"\0")
+                when = int(reply[i + 1])
+                out.setdefault(shard, []).append((task.decode(), key.decode(), when))
+        return out
+
+    async def rechecked(
+        self, shard: int, recheck_ms: int, done: Sequence[tuple[str, str, int, int]]
+    ) -> int:
+        """After :meth:`recheck_many`: each ``(task, key, when_ms, waiters left)``'s
+        timer is set ``recheck_ms`` ahead while its key has waiters, else removed
+        (waits.lua 't'). The count set again."""
+        call, _ = self._shard_call(shard, "t", recheck_ms)
+        assert isinstance(call.args, list)
+        for task, key, when_ms, left in done:
+            call.args.extend((f"{task}\0{key}", when_ms, left))
+        return int(await self.transport.run(call.script, call.keys, call.args, shard))
+
     def _shard_call(self, shard: int, op: str, first: object) -> tuple[Call, dict[str, int]]:
         """An empty waits.lua call on ``shard`` (``op``, ``first`` its ARGV[2]), and the
-        index of each key added to it past the shard's own six."""
+        index of each key added to it past the shard's own eight."""
         k = self.keys.shard(shard)
-        keys = [k.leased, k.due, k.epoch, k.clock, k.prio, k.wakes]
+        keys = [k.leased, k.due, k.epoch, k.clock, k.prio, k.wakes, k.waiting, k.rechecks]
         return Call(self._scripts.waits, keys, [op, first], shard), {}
 
     @staticmethod
@@ -255,10 +305,10 @@ class LimitCalls(ScriptCalls):
             for c in range(0, len(ids), BATCH_JOBS):
                 call, index = self._shard_call(shard, "k", WAKE_HOLD_MS)
                 for i in ids[c : c + BATCH_JOBS]:
-                    task, _, job_id = parsed[i]
-                    w = self._index(call, index, self.keys.waits(shard, task))
+                    _, _, job_id = parsed[i]
+                    bucket = self._index(call, index, self.keys.jobs_key(shard, job_id))
                     assert isinstance(call.args, list)
-                    call.args.extend((job_id, w))
+                    call.args.extend((job_id, bucket))
                 calls.append(call)
                 order.append(ids[c : c + BATCH_JOBS])
         out = [0] * len(members)
@@ -280,22 +330,22 @@ class LimitCalls(ScriptCalls):
             assert isinstance(call.args, list)
             for job, delay_ms, permit in waits[c : c + BATCH_JOBS]:
                 bucket = self._index(call, index, self.keys.jobs_key(shard, job.id))
-                w = self._index(call, index, self.keys.waits(shard, job.task))
                 args = [job.id, job.attempt, job.nominal_ms, delay_ms, "1" if permit else ""]
-                call.args.extend((*args, bucket, w))
+                call.args.extend((*args, bucket))
             calls.append(call)
         await self._pipelined(calls)
 
     # -- the job's shard ----------------------------------------------------------------
 
     async def wait(self, job: Job, delay_ms: int, *, permit: bool) -> tuple[int, int]:
-        """Hand ``job`` back to due, unspent, for ``delay_ms`` (retry.lua mode 3; a
-        ``permit`` wait may be woken at once by a wake that came first): ``(status,
-        due_ms)``, status 3 done, 0 its lease is lost."""
+        """Hand ``job`` back, unspent, to wait (retry.lua mode 3): for a ``permit``, in no
+        index, its key's recheck timer at most ``delay_ms`` ahead (due at once when a
+        wake came first); for a start, due in ``delay_ms``. ``(status, due_ms)``,
+        status 3 done, 0 its lease is lost."""
         shard = job.shard
         k = self.keys.shard(shard)
         keys = [k.leased, k.due, k.dead, k.epoch, k.clock, self.keys.jobs_key(shard, job.id)]
-        keys += [k.prio, self.keys.waits(shard, job.task), k.wakes]
+        keys += [k.prio, k.waiting, k.wakes, k.rechecks]
         reply = await self.transport.run(
             self._scripts.retry,
             keys,
@@ -319,10 +369,11 @@ class LimitCalls(ScriptCalls):
         text, _, job_id = member.partition("|")
         shard = int(text)
         k = self.keys.shard(shard)
+        bucket = self.keys.jobs_key(shard, job_id)
         return int(
             await self.transport.run(
                 self._scripts.wake,
-                [k.due, k.leased, k.clock, self.keys.waits(shard, task), k.wakes, k.prio],
+                [*(k.due, k.leased, k.clock, k.waiting, k.wakes, k.prio), bucket],
                 [job_id, WAKE_HOLD_MS],
                 shard,
             )
@@ -330,9 +381,9 @@ class LimitCalls(ScriptCalls):
 
     async def waiting(self, tasks: list[str]) -> dict[str, int]:
         """Jobs per task that wait for a permit or a start of their key, over every
-        shard (one pipeline): the metrics' totals. A wait that ended at its recheck
-        time is counted until the task's next wait in that shard trims it (retry.lua
-        mode 3). O(tasks x shards)."""
+        shard (one pipeline): the metrics' totals, each shard's counts
+        (``{ns:s}:kwaitn``, kept by the scripts that start and end a wait). O(tasks x
+        shards)."""
         if not tasks:
             return {}
         client = self.transport.client
@@ -341,8 +392,8 @@ class LimitCalls(ScriptCalls):
             pipe = client.pipeline(transaction=False)
             for task in tasks:
                 for shard in range(self.keys.shards):
-                    pipe.zcard(self.keys.waits(shard, task))
-            return [int(n) for n in await pipe.execute()]
+                    pipe.hget(self.keys.shard(shard).waiting, task)
+            return [max(int(n or 0), 0) for n in await pipe.execute()]
 
         counts = await self.transport.bounded(count)
         n = self.keys.shards

@@ -113,13 +113,13 @@ class OperatorCalls(ScriptCalls):
     def _listing_keys(self, shard: int) -> list[str]:
         """due_list.lua's and due_rank.lua's keys."""
         k = self.keys.shard(shard)
-        return [k.due, k.leased, k.dead, k.far, k.faro, k.parked, *k.jobs]
+        return [k.due, k.leased, k.dead, k.far, k.faro, k.parked, k.waiting, *k.jobs]
 
     def _inspect_keys(self, shard: int) -> list[str]:
         k = self.keys.shard(shard)
         return [
             *(k.due, k.leased, k.dead, k.owner, k.epoch, k.clock, k.far, k.faro),
-            *(k.parked, k.paused, *k.jobs),
+            *(k.parked, k.paused, k.waiting, *k.jobs),
         ]
 
     async def inspect(self, shard: int) -> ShardInfo:
@@ -144,7 +144,7 @@ class OperatorCalls(ScriptCalls):
 def _shard_info(shard: int, reply: Sequence[Any]) -> ShardInfo:
     """A ShardInfo from inspect.lua's reply."""
     now, due, overdue, oldest, next_due, leased, expired, dead, owner, ttl, epoch = reply[:11]
-    parked, paused = reply[11:13]
+    parked, paused, waiting = reply[11:14]
     return ShardInfo(
         shard=shard,
         now_ms=int(now),
@@ -160,4 +160,5 @@ def _shard_info(shard: int, reply: Sequence[Any]) -> ShardInfo:
         epoch=int(epoch),
         parked=int(parked),
         paused=tuple(sorted(t.decode(errors="replace") for t in paused)),
+        waiting=int(waiting),
     )

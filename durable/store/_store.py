@@ -262,8 +262,8 @@ class Store:
         packed = await self.transport.run(
             self._scripts.claim,
             [
-                *(k.due, k.leased, k.done, k.epoch, k.clock, reply_key, forget_key),
-                *(k.dead, k.far, k.faro, k.paused, k.parked, k.parkedx, k.prio, *k.jobs),
+                *(k.due, k.leased, k.done, k.epoch, k.clock, reply_key, forget_key, k.dead),
+                *(k.far, k.faro, k.paused, k.parked, k.parkedx, k.prio, k.waiting, *k.jobs),
             ],
             [epoch, lookahead_ms, limit, lease_ms, "1" if prestart else "", aging_ms],
             shard,
@@ -292,7 +292,7 @@ class Store:
             elif count == timed:  # the short row and the job's own timeout
                 ep, recurrence, error = epoch, None, ""
                 limit, trace, key = reply[i + 11], b"", ""
-            else:  # all 16: a recurring job, one with an error, a trace or a key
+            else:  # all 18: a recurring job, one with an error, a trace or a key
                 ep, kind = reply[i + 11], reply[i + 12]
                 recurrence = recurrence_of(kind, *reply[i + 13 : i + 17]) if kind else None
                 error = reply[i + 17].decode(errors="replace")

@@ -142,7 +142,7 @@ def _inspect(args: argparse.Namespace) -> int:
         rows = await scheduler.inspect()
         totals = {
             name: sum(getattr(r, name) for r in rows)
-            for name in ("due", "overdue", "leased", "expired", "dead", "parked")
+            for name in ("due", "overdue", "leased", "expired", "dead", "parked", "waiting")
         }
         paused = paused_rows(await scheduler.paused())
         # Shards whose copy of the pause state differs from the state of record: a
@@ -175,6 +175,11 @@ def _inspect(args: argparse.Namespace) -> int:
                 )
             if totals["parked"]:
                 lines.append(f"  {totals['parked']} due jobs of paused tasks wait for a resume")
+            if totals["waiting"]:
+                lines.append(
+                    f"  {totals['waiting']} jobs wait for a permit of their flow key "
+                    "(not in due: docs/limits.md)"
+                )
             for task, t in sorted(tasks.items()):
                 lines.append(
                     f"  task {task or '(other tasks)'!r}, last {TASK_WINDOW_S // 60} min:"

@@ -138,7 +138,7 @@ async def reschedule(
     job_id = checked_id(job_id)
     sched = await ns.need()
     info = await _current(sched, job_id, seen)
-    if info.state is not JobState.DUE:
+    if info.state not in (JobState.DUE, JobState.WAITING):
         raise Stale(
             f"job {job_id!r} is {info.state.name.lower()}: only a due job can be moved",
         )

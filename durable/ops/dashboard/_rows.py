@@ -112,7 +112,7 @@ def job_row(job: JobInfo, now_ms: int, upcoming: int = 0) -> dict[str, Any]:
     if rec is not None:
         next_ms = (
             job.when_ms
-            if job.state is JobState.DUE
+            if job.state in (JobState.DUE, JobState.WAITING)
             else rec.next_after(job.nominal_ms, job.nominal_ms)
         )
     return {

@@ -23,14 +23,20 @@
 --  16 key       the flow key (schedule(key=); '' none: the task's single key), which
 --               the task's concurrency and rate limits count by (limits.lua)
 --  17 priority  0 (the default, lowest) .. MAX_PRIORITY: among due jobs, higher first
+--  18 wait      its flow-limit wait (limit_wait): 0 none; 1 it waits in due for a
+--               start of its key (rate: due at its booked start); 2 it waits for a
+--               permit, in no index of its shard (woken into due by limit_wake).
+--               Counted in {ns:s}:kwaitn (wait_end)
 -- Nothing here reads the client's clock: "now" is TIME, never below {ns:s}:clock.
 
 local F_TASK, F_PAYLOAD, F_MAX, F_FLAGS, F_NOMINAL, F_ATTEMPT, F_EPOCH = 1, 2, 3, 4, 5, 6, 7
 local F_RKIND, F_RSPEC, F_POLICY, F_CAP, F_GRACE, F_ERROR, F_TIMEOUT = 8, 9, 10, 11, 12, 13, 14
-local F_TRACE, F_KEY, F_PRIORITY = 15, 16, 17
-local NFIELDS = 17
+local F_TRACE, F_KEY, F_PRIORITY, F_WAIT = 15, 16, 17, 18
+local NFIELDS = 18
+-- F_WAIT's values (below: limit_wait).
+local WAIT_DUE, WAIT_PERMIT = 1, 2
 -- Mirrored in _codec.py (DEFAULTS); 5 = DEFAULT_MAX_ATTEMPTS in model/_jobs.py.
-local DEFAULTS = {'', '', 5, 0, 0, 1, 0, 0, '', 0, 0, 0, '', 0, '', '', 0}
+local DEFAULTS = {'', '', 5, 0, 0, 1, 0, 0, '', 0, 0, 0, '', 0, '', '', 0, 0}
 -- unpack() of a long list overflows Lua's C stack (LUAI_MAXCSTACK 8000): chunk bulk calls.
 local CHUNK = 1000
 -- A refusal from inside a helper is raised as a plain string, error('TW_<CODE> ...', 0):
@@ -326,12 +332,14 @@ local function far_drop(far_key, faro_key, member, slot, open)
 end
 
 -- How many jobs the far index holds: the records (KEYS[first + 1 ..]) in none of due,
--- leased, dead and parked.
-local function far_count(due_key, leased_key, dead_key, first, parked_key)
+-- leased, dead and parked, less the jobs waiting for a permit (in none either: their
+-- count is the field '' of counts_key, {ns:s}:kwaitn).
+local function far_count(due_key, leased_key, dead_key, first, parked_key, counts_key)
   local n = 0
   for i = first + 1, #KEYS do n = n + redis.call('HLEN', KEYS[i]) end
+  local out = tonumber(redis.call('HGET', counts_key, '') or '0')
   return n - redis.call('ZCARD', due_key) - redis.call('ZCARD', leased_key)
-    - redis.call('ZCARD', dead_key) - redis.call('ZCARD', parked_key)
+    - redis.call('ZCARD', dead_key) - redis.call('ZCARD', parked_key) - out
 end
 
 -- A record with its nominal set to due (schedule paths: the nominal was 0). A record
@@ -381,7 +389,7 @@ local function far_live(due_key, leased_key, dead_key, first, slot, ids, parked_
         and not redis.call('ZSCORE', parked_key, id) then
       local r = rec_decode(s)
       local due = r[F_NOMINAL]
-      if due ~= 0 and far_slot(due) == slot then
+      if due ~= 0 and far_slot(due) == slot and r[F_WAIT] ~= WAIT_PERMIT then
         seen[id] = true
         live[#live + 1] = {id, due, r}
       end
@@ -564,49 +572,112 @@ local function prio_lanes(due_key, prio_key, now, horizon, limit, aging)
   return hits, removed
 end
 
--- Flow-limit waits (docs/limits.md). Give the leased job `id` (record r, decoded, held
--- by the caller: checked) back to due, unspent, to wait for a permit (`permit`) or a
--- start of its key: due at now + delay, or now when a wake came while it was still
--- leased (a permit wait); its due noted in its task's waits. Returns the due.
-local function limit_wait(leased_key, due_key, prio_key, waits_key, wakes_key, jobs_key, id, r,
-  now, delay, permit)
+-- Flow-limit waits (docs/limits.md). A job that waits for a start of its key (rate) is
+-- an ordinary due job, due at its booked start, with F_WAIT = 1. A job that waits for a
+-- permit (concurrency) has F_WAIT = 2 and is in no index of its shard: only its record
+-- and its entry in its key's waiters (limits.lua) hold it, and the wake (limit_wake)
+-- puts it in due at now. The safety net of a lost wake is one timer per (task, key)
+-- in the shard, {ns:s}:krecheck (ZSET "<task>\0<key>" -> when), not one per job.
+-- {ns:s}:kwaitn (HASH) counts the waiting jobs per task, and under the field '' those
+-- out of due (far_count leaves them out). Every script that takes a job out of its
+-- wait (the wake, a claim, a cancel, a reschedule, a replace) clears the flag and the
+-- counts with wait_end (a decoded record) or wait_end_packed (a packed one, about to be
+-- overwritten or deleted).
+local function wait_count(counts_key, task, flag, by)
+  if redis.call('HINCRBY', counts_key, task, by) <= 0 then redis.call('HDEL', counts_key, task) end
+  if flag == WAIT_PERMIT and redis.call('HINCRBY', counts_key, '', by) <= 0 then
+    redis.call('HDEL', counts_key, '')
+  end
+end
+
+local function wait_end(counts_key, r)
+  local flag = r[F_WAIT]
+  if flag ~= 0 then
+    r[F_WAIT] = 0
+    wait_count(counts_key, r[F_TASK], flag, -1)
+  end
+end
+
+local function wait_end_packed(counts_key, s)
+  local flag = select(F_WAIT, cmsgpack.unpack(s))
+  if flag == WAIT_DUE or flag == WAIT_PERMIT then
+    wait_count(counts_key, (cmsgpack.unpack(s)), flag, -1)
+  end
+end
+
+-- The recheck timer's member of a task's flow key.
+local function recheck_member(task, key)
+  return task .. '\0' .. key
+end
+
+-- Give the leased job `id` (record r, decoded, held by the caller: checked) back,
+-- unspent, to wait: for a permit (`permit`), out of due, its key's timer in rechecks_key
+-- set to now + delay unless it is due sooner (a timer already due is set again: the
+-- recheck that read it may be about to remove it); for a start of its key, due at now
+-- + delay. A permit wait whose wake came while it was still leased is due now instead,
+-- not waiting. Returns the due (for a permit wait, its recheck bound).
+local function limit_wait(leased_key, due_key, prio_key, counts_key, wakes_key, rechecks_key,
+  jobs_key, id, r, now, delay, permit)
   redis.call('ZREM', leased_key, id)
   r[F_EPOCH] = 0
   local due = now + delay
   local woke = permit and redis.call('ZSCORE', wakes_key, id)
+  local flag = permit and WAIT_PERMIT or WAIT_DUE
   if woke and tonumber(woke) >= now then
     redis.call('ZREM', wakes_key, id)
     due = now  -- its permit was handed to it while it was still leased here
+    flag = 0
   end
-  redis.call('ZADD', waits_key, fmt(due), id)
+  wait_end(counts_key, r)
+  if flag ~= 0 then
+    r[F_WAIT] = flag
+    wait_count(counts_key, r[F_TASK], flag, 1)
+  end
   -- The nominal stays explicit (the occurrence's identity): a recurring job's next
   -- occurrence is planned from it at the ack, not from the deferred due.
   redis.call('HSET', jobs_key, id, rec_encode(r))
+  if flag == WAIT_PERMIT then
+    local m = recheck_member(r[F_TASK], r[F_KEY])
+    local at = redis.call('ZSCORE', rechecks_key, m)
+    if not at or tonumber(at) <= now or tonumber(at) > due then
+      redis.call('ZADD', rechecks_key, fmt(due), m)
+    end
+    return due
+  end
   redis.call('ZADD', due_key, fmt(due), id)
   prio_add(prio_key, id, due, r[F_PRIORITY])
   return due
 end
 
--- A flow-limit wake (wake.lua): make the waiting job `id` due now. Returns 1 due now; 2
--- still leased (a wake kept in wakes_key until now + hold, for its wait); 0 not waiting.
-local function limit_wake(due_key, leased_key, waits_key, wakes_key, prio_key, id, now, hold)
-  local w = redis.call('ZSCORE', waits_key, id)
-  if w then
-    redis.call('ZREM', waits_key, id)
+-- A flow-limit wake (wake.lua): make the waiting job `id` (its record in jobs_key) due
+-- now. Returns 1 due now; 2 still leased (a wake kept in wakes_key until now + hold, for
+-- its wait); 0 not waiting (gone, or out of its wait: claimed at its booked start,
+-- rescheduled or replaced by a user, cancelled).
+local function limit_wake(due_key, leased_key, counts_key, wakes_key, prio_key, jobs_key, id, now,
+  hold)
+  local s = redis.call('HGET', jobs_key, id)
+  if not s then return 0 end
+  local r = rec_decode(s)
+  local flag = r[F_WAIT]
+  if flag == WAIT_PERMIT then
+    wait_end(counts_key, r)
+    redis.call('HSET', jobs_key, id, rec_encode(r))
+    redis.call('ZADD', due_key, fmt(now), id)
+    prio_add(prio_key, id, now, r[F_PRIORITY])
+    return 1
+  end
+  if flag == WAIT_DUE then
     local d = redis.call('ZSCORE', due_key, id)
-    if d and tonumber(d) == tonumber(w) then
+    if d then
+      wait_end(counts_key, r)
+      redis.call('HSET', jobs_key, id, rec_encode(r))
       if tonumber(d) > now then
         redis.call('ZADD', due_key, fmt(now), id)
-        local ps = redis.call('ZSCORE', prio_key, id)
-        if ps then  -- its priority: the level of its entry, now due now
-          prio_add(prio_key, id, now, MAX_PRIORITY - math.floor(tonumber(ps) / PRIO_SPAN))
-        end
+        prio_add(prio_key, id, now, r[F_PRIORITY])
       end
       return 1
     end
   end
-  -- Waits past their due (never woken: claimed at their recheck time) are trimmed.
-  redis.call('ZREMRANGEBYSCORE', waits_key, '-inf', '(' .. fmt(now))
   if redis.call('ZSCORE', leased_key, id) then
     redis.call('ZADD', wakes_key, fmt(now + hold), id)
     return 2

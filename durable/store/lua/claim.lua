@@ -6,7 +6,9 @@
 -- KEYS[8] dead  KEYS[9] far  KEYS[10] faro
 -- KEYS[11] paused  KEYS[12] parked  KEYS[13] parkedx   (the shard's pause, _lib.lua)
 -- KEYS[14] prio   the index of due jobs with a priority (_lib.lua: prio_lanes)
--- KEYS[15..] jobs buckets (all of the shard's, in order)
+-- KEYS[15] waiting  HASH task -> its jobs waiting for their flow key (_lib.lua: a job
+--                  claimed out of its wait, at its recheck time, leaves the count)
+-- KEYS[16..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  epoch      the caller's fencing epoch for this shard
 -- ARGV[2]  lookahead  ms: claim jobs due by now + lookahead
 -- ARGV[3]  limit      at most this many jobs
@@ -24,11 +26,11 @@
 --   client decodes it faster than Redis converts a Lua table of it to RESP):
 --   {now, dropped, parked, then per job: id, due, deadline, tag, count, field_1 ..
 --   field_count}: tag = dup + 2 * bucket, where bucket is the index from 0 of the job's
---   record hash among KEYS[15..], for the ack to send back, and dup is 0 or 1 (below);
+--   record hash among KEYS[16..], for the ack to send back, and dup is 0 or 1 (below);
 --   count is 6 (task, payload, max, flags, nominal, attempt: the epoch is ARGV[1] and
 --   the rest are at their defaults) for a one-shot job with no error, no timeout of
 --   its own, no trace context and no flow key (a priority alone keeps it short); 7
---   (those 6, then the timeout) for such a job with a timeout of its own; else 17
+--   (those 6, then the timeout) for such a job with a timeout of its own; else 18
 --   (NFIELDS); the nominal is resolved. dropped counts
 --   one-shot jobs whose occurrence is in done already: removed, not returned. A
 --   recurring job whose occurrence is done comes back leased with dup = 1: the client
@@ -45,7 +47,7 @@
 --   (far_promote in _lib.lua; at most about LIMIT ids a call). If some are left, the
 --   horizon stops short of the first one's slot, so jobs are still claimed in due order.
 -- Errors: TW_FENCED if ARGV[1] is not the shard's current epoch (nothing written).
-local FIRST = 14
+local FIRST = 15
 local due_key, leased_key, done_key = KEYS[1], KEYS[2], KEYS[3]
 local err = fence(KEYS[4], ARGV[1])
 if err then return err end
@@ -127,6 +129,7 @@ for k = 1, count do
     else
       local r = rec_decode(s)
       if r[F_NOMINAL] == 0 then r[F_NOMINAL] = dues[k] end
+      wait_end(KEYS[15], r)  -- a flow-limit waiter claimed at its recheck time
       nominal = r[F_NOMINAL]
       decoded[k] = r
     end

@@ -7,6 +7,8 @@
 -- KEYS[9] prio  the priority index (_lib.lua: prio_add)
 -- KEYS[10] trail  HASH id -> the id's pending trailing run (below), which ack.lua
 --   creates when the running job's run completes
+-- KEYS[11] waiting  HASH task -> jobs waiting for their flow key: a waiting job of the
+--   id replaced here leaves the count (_lib.lua: wait_end_packed)
 -- ARGV[1]  kind      'd' debounce, 't' throttle
 -- ARGV[2]  id
 -- ARGV[3]  window    ms: the debounce quiet time, or the throttle period
@@ -49,6 +51,7 @@ if s then
       cmsgpack.pack(ARGV[1], window, max_wait, ARGV[5], tonumber(ARGV[6]) or 0, first))
     return {now, 6, tonumber(lease)}
   end
+  wait_end_packed(KEYS[11], s)
   waiting = redis.call('ZSCORE', due_key, id)
   if waiting then
     waiting = tonumber(waiting)

@@ -1,10 +1,11 @@
 -- inspect.lua: what an operator wants to know about one shard (read only).
 -- KEYS[1] due  KEYS[2] leased  KEYS[3] dead  KEYS[4] owner  KEYS[5] epoch  KEYS[6] clock
 -- KEYS[7] far  KEYS[8] faro  KEYS[9] parked  KEYS[10] paused
--- KEYS[11..] jobs buckets (all of the shard's, in order)
+-- KEYS[11] waiting  HASH task -> jobs waiting for their flow key ({ns:s}:kwaitn)
+-- KEYS[12..] jobs buckets (all of the shard's, in order)
 -- ARGV: none.
 -- Returns: {now, due, overdue, oldest_overdue, next_due, leased, expired, dead, owner,
---   owner_ttl, epoch, parked, paused}: now is max(TIME, clock) in ms (the clock is not advanced);
+--   owner_ttl, epoch, parked, paused, waiting}: now is max(TIME, clock) in ms (the clock is not advanced);
 --   due, leased and dead are counts (due: in due and in the far index); overdue counts
 --   jobs in due whose time is <= now, and oldest_overdue is the earliest of their due
 --   times (0 when none); next_due is the earliest due time after now (0 when none).
@@ -18,7 +19,9 @@
 --   deadline (the reaper's work); owner is the owner token ('' when free) and
 --   owner_ttl its PTTL in ms (-2 when free); epoch is the shard's fencing epoch;
 --   parked counts the due jobs of paused tasks set aside (in due's count too, not in
---   overdue's); paused is the shard's copy of the pause state: {task, ...} ('' = all).
+--   overdue's); paused is the shard's copy of the pause state: {task, ...} ('' = all);
+--   waiting counts the jobs waiting for a permit of their flow key (in no index: not
+--   in due's count; _lib.lua: limit_wait).
 -- Errors: none.
 local due_key, leased_key = KEYS[1], KEYS[2]
 local now = clock_now(KEYS[6], false)
@@ -51,7 +54,7 @@ if far_first then
         local _, part = far_entries(KEYS[8], chunk)
         for _, id in ipairs(part) do ids[#ids + 1] = id end
       end
-      local live = far_live(due_key, leased_key, KEYS[3], 10, far_first, ids, KEYS[9])
+      local live = far_live(due_key, leased_key, KEYS[3], 11, far_first, ids, KEYS[9])
       if #live > 0 then
         at = live[1][2]
         for _, e in ipairs(live) do at = math.min(at, e[2]) end
@@ -64,7 +67,7 @@ local owner = redis.call('GET', KEYS[4]) or ''
 return {
   now,
   redis.call('ZCARD', due_key) + redis.call('ZCARD', KEYS[9])
-    + far_count(due_key, leased_key, KEYS[3], 10, KEYS[9]),
+    + far_count(due_key, leased_key, KEYS[3], 11, KEYS[9], KEYS[11]),
   overdue,
   oldest,
   next_due,
@@ -76,4 +79,5 @@ return {
   tonumber(redis.call('GET', KEYS[5]) or '0'),
   redis.call('ZCARD', KEYS[9]),
   redis.call('HKEYS', KEYS[10]),
+  tonumber(redis.call('HGET', KEYS[11], '') or '0'),
 }

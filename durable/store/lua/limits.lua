@@ -4,13 +4,17 @@
 -- KEYS[1] permits   ZSET "<shard>|<id>" -> the permit's deadline (ms, this node's clock)
 -- KEYS[2] holders   HASH "<shard>|<id>" -> "<epoch>:<attempt>" of the run holding it;
 --                   "" for a permit handed to a waiter (release) and not taken yet
--- KEYS[3] waiters   ZSET "<shard>|<id>" -> the time it first waited (FIFO; a
---                   fraction of a ms orders the waiters of one call)
+-- KEYS[3] waiters   LIST of "<shard>|<id>", first come first (RPUSH, LPOP): a
+--                   listpack of a dozen bytes an entry, not a sorted set's ~100. An
+--                   entry is not removed when its job stops waiting otherwise (it is
+--                   cancelled, moved by a user, or its acquire was sent twice): it is
+--                   popped in turn, and a member that holds a permit already is skipped;
+--                   the wake of one whose job no longer waits finds none (wake.lua: 0)
 -- KEYS[4] starts    ZSET "<shard>|<id>|<nominal>|<attempt>" -> start time (rate window)
 -- KEYS[5] booked    ZSET "<shard>|<id>|<nominal>" -> a start time booked for a job that
 --                   waits for the rate (so waiters are spread over the windows)
--- ARGV[1]  op       'a' acquire, 'r' release, 'x' extend, 'l' look (read only); 'A'
---                   and 'R': batches (below)
+-- ARGV[1]  op       'a' acquire, 'r' release, 'x' extend, 'l' look (read only); 'A',
+--                   'R' and 'K' (recheck): batches (below)
 -- ARGV[2]  member   "<shard>|<id>"
 -- ARGV[3]  holder   "<epoch>:<attempt>" ('' with 'r': free a handed permit nobody took)
 -- ARGV[4]  conc     at most this many permits (0: no concurrency limit)
@@ -28,31 +32,41 @@
 -- Batches (one call for many jobs: the script's own cost paid once, docs/limits.md):
 --   KEYS: 5 per flow key, in the order above (KEYS[5g-4 .. 5g] is group g; on a Redis
 --   Cluster the client sends one slot's groups a call).
---   ARGV[1] 'A' acquire or 'R' release; ARGV[2] hold_ms; then 7 per job: group g,
---   member, holder, conc, rate_n, rate_ms, nominal ('' with 'R').
+--   ARGV[1] 'A' acquire, 'R' release or 'K' recheck; ARGV[2] hold_ms; then 7 per job:
+--   group g, member, holder, conc, rate_n, rate_ms, nominal ('' with 'R' and 'K';
+--   'K' reads only group and conc: conc -1 for a task with no concurrency limit of
+--   record any more, whose waiters are all handed out, RECHECK_MAX a call).
 --   'A' returns {code_1, delay_1, code_2, delay_2, ...}, as 'a' per job in order;
 --   'R' returns {count_1, member.., count_2, member..}: per job, as 'r', its count first.
+--   'K' (the safety net of a lost wake, Limiter's recheck): per key, the permits past
+--   their deadline freed (a handed one that nobody took goes back to the head of the
+--   waiters), the free ones handed to the first waiters, and returns {waiters left,
+--   new, all, member..}: the `new` members handed now, then the members handed before
+--   and not taken yet (`all` in all), each to be woken (again).
 -- Errors: none (the client checks the limits; a Redis error only for a wrong type).
 -- Re-sent safely: an acquire of a member that holds its permit is granted again (its
--- deadline renewed), a queued one stays queued once; a release by a holder that no
+-- deadline renewed), a queued one is queued twice (above: harmless); a release by a holder that no
 -- longer holds it frees nothing of another's.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
--- Waiters queued by this call so far: the n-th is queued at now + n / QUEUE_STEPS, so a
--- batch's waiters keep their order and stay before the next millisecond's (a batch is
--- far below QUEUE_STEPS jobs; a double holds 1/4096 ms exactly at today's ms).
-local queued, QUEUE_STEPS = 0, 4096
+local RECHECK_MAX = 200
 
 -- Permits past their deadline (a worker killed or stalled past its lease) are freed
 -- (once per key a call: `now` does not move within it).
 local expired = {}
-local function expire(P, H)
+local function expire(P, H, W)
   if expired[P] then return end
   expired[P] = true
   local old = redis.call('ZRANGEBYSCORE', P, '-inf', now, 'LIMIT', 0, 100)
   if #old > 0 then
+    local holders = redis.call('HMGET', H, unpack(old))
     redis.call('ZREM', P, unpack(old))
     redis.call('HDEL', H, unpack(old))
+    -- A permit handed to a waiter that never took it (its wake was lost, or it is
+    -- due still, unclaimed): the waiter goes back to the head of the waiters, in order.
+    for i = #old, 1, -1 do
+      if holders[i] == '' then redis.call('LPUSH', W, old[i]) end
+    end
   end
 end
 
@@ -79,22 +93,26 @@ end
 -- Release m's permit if holder holds it, then hand the free ones to the first waiters:
 -- appended to out (their members); how many were.
 local function release(P, H, W, m, holder, conc, hold, out)
-  if redis.call('HGET', H, m) == holder then
+  if m ~= '' and redis.call('HGET', H, m) == holder then
     redis.call('HDEL', H, m)
     redis.call('ZREM', P, m)
   end
-  expire(P, H)
+  expire(P, H, W)
   local n = 0
   local free = conc - redis.call('ZCARD', P)
+  if conc < 0 then free = RECHECK_MAX end  -- no concurrency limit of record any more
   while free > 0 do
-    local top = redis.call('ZPOPMIN', W)
-    if #top == 0 then break end
-    -- Handed to the waiter: held for it until it takes it (or the deadline passes).
-    redis.call('HSET', H, top[1], '')
-    redis.call('ZADD', P, now + hold, top[1])
-    out[#out + 1] = top[1]
-    n = n + 1
-    free = free - 1
+    local top = redis.call('LPOP', W)
+    if not top then break end
+    -- A member with a permit (its own, or handed already) is not handed another.
+    if redis.call('HEXISTS', H, top) == 0 then
+      -- Handed to the waiter: held for it until it takes it (or the deadline passes).
+      redis.call('HSET', H, top, '')
+      redis.call('ZADD', P, now + hold, top)
+      out[#out + 1] = top
+      n = n + 1
+      free = free - 1
+    end
   end
   if redis.call('ZCARD', P) == 0 then redis.call('DEL', P, H) end
   return n
@@ -104,16 +122,14 @@ end
 local function acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, nominal)
   local have = false
   if conc > 0 then
-    expire(P, H)
+    expire(P, H, W)
     local cur = redis.call('HGET', H, m)
     if cur then
       have = true  -- handed to it, or its own (a re-sent acquire, or a later attempt)
     elseif redis.call('ZCARD', P) >= conc then
-      if not redis.call('ZSCORE', W, m) then
-        -- Queued in the order asked within a call too (a batch shares its `now`).
-        queued = queued + 1
-        redis.call('ZADD', W, now + queued / QUEUE_STEPS, m)
-      end
+      -- Queued in the order asked (a re-sent acquire queues it twice: its second entry
+      -- finds it holding a permit, or its wake finds it not waiting: 0).
+      redis.call('RPUSH', W, m)
       return 2, 0
     end
   end
@@ -153,20 +169,38 @@ local function acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, no
   if conc > 0 then
     redis.call('HSET', H, m, holder)
     redis.call('ZADD', P, now + hold, m)
-    -- Out of the waiters: a member with a permit (handed or its own) is never in them.
-    if not have then redis.call('ZREM', W, m) end
   end
   return 1, 0
 end
 
+-- The recheck of one key ('K'): appended to out as the header says.
+local function recheck(P, H, W, conc, hold, out)
+  local at = #out
+  out[at + 1], out[at + 2], out[at + 3] = 0, 0, 0
+  local new = {}
+  local n = release(P, H, W, '', '', conc, hold, new)
+  for i = 1, n do out[#out + 1] = new[i] end
+  if redis.call('EXISTS', H) == 1 then
+    local seen = {}
+    for i = 1, n do seen[new[i]] = true end
+    local all = redis.call('HGETALL', H)
+    for i = 1, #all, 2 do
+      if all[i + 1] == '' and not seen[all[i]] then out[#out + 1] = all[i] end
+    end
+  end
+  out[at + 1], out[at + 2], out[at + 3] = redis.call('LLEN', W), n, #out - at - 3
+end
+
 local op = ARGV[1]
-if op == 'A' or op == 'R' then
+if op == 'A' or op == 'R' or op == 'K' then
   local hold, out = tonumber(ARGV[2]), {}
   for i = 3, #ARGV, 7 do
     local g = 5 * tonumber(ARGV[i]) - 5
     local m, holder = ARGV[i + 1], ARGV[i + 2]
     local conc = tonumber(ARGV[i + 3])
-    if op == 'A' then
+    if op == 'K' then
+      recheck(KEYS[g + 1], KEYS[g + 2], KEYS[g + 3], conc, hold, out)
+    elseif op == 'A' then
       local code, delay = acquire(KEYS[g + 1], KEYS[g + 2], KEYS[g + 3], KEYS[g + 4],
         KEYS[g + 5], m, holder, conc, tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]), hold,
         ARGV[i + 6])
@@ -194,7 +228,7 @@ if op == 'l' then
     for _, v in ipairs(redis.call('HVALS', H)) do if v == '' then handed = handed + 1 end end
   end
   local window = rate_ms > 0 and redis.call('ZCOUNT', S, now - rate_ms, '+inf') or 0
-  return {redis.call('ZCARD', P) - handed, redis.call('ZCARD', W), handed,
+  return {redis.call('ZCARD', P) - handed, redis.call('LLEN', W), handed,
     first[2] and tonumber(first[2]) or -1, booked[2] and tonumber(booked[2]) or -1,
     window, now}
 end

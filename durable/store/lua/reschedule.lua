@@ -2,6 +2,8 @@
 -- KEYS[1] due  KEYS[2] done  KEYS[3] clock  KEYS[4] leased  KEYS[5] dead  KEYS[6] far
 -- KEYS[7] faro  KEYS[8] the job's jobs bucket  KEYS[9] parked  KEYS[10] parkedx
 -- KEYS[11] prio  the priority index (_lib.lua: prio_add)
+-- KEYS[12] waiting  HASH task -> jobs waiting for their flow key: a waiting job moved
+--   leaves its wait (its wake finds it out of it: docs/limits.md)
 --   (a parked job, of a paused task, leaves the parked jobs: a claim parks it again
 --   when it falls due while its task is still paused)
 -- ARGV[1]  id
@@ -25,6 +27,7 @@ if redis.call('ZSCORE', KEYS[2], done_member(due, id)) then return {5, due} end
 unpark_drop(KEYS[9], KEYS[10], id, s)
 local r = rec_decode(s)
 r[F_NOMINAL], r[F_ATTEMPT], r[F_ERROR] = 0, 1, ''
+wait_end(KEYS[12], r)
 if goes_far(now, due) then
   r[F_NOMINAL] = due
   if in_due then redis.call('ZREM', due_key, id) end

@@ -11,10 +11,12 @@
 --                  2: a Defer: due again at now + delay as the SAME attempt and
 --                  occurrence, the error text left as it was (ARGV[6] unused);
 --                  3: a wait for a permit or a start of its flow key (limits.lua):
---                  as 2, and the due it gets is noted in KEYS[8] (wake.lua, metrics);
---                  with ARGV[8] '1' (a permit wait) due at once instead when a wake
---                  came while it was still leased (KEYS[9], wake.lua)
--- KEYS[8] waits (the task's, this shard's)  KEYS[9] wakes   (mode 3 only)
+--                  the same attempt and occurrence, flagged and counted as waiting
+--                  in KEYS[8] (_lib.lua: limit_wait; wake.lua, metrics): for a start
+--                  as 2; for a permit (ARGV[8] '1') in no index, its key's timer in
+--                  KEYS[10] set to now + delay at the latest, or due at once, not
+--                  waiting, when a wake came while it was still leased (KEYS[9])
+-- KEYS[8] waiting ({ns:s}:kwaitn)  KEYS[9] wakes  KEYS[10] rechecks   (mode 3 only)
 -- ARGV[8]  mode 3: '1' a permit wait, '' a wait for a start (rate)
 -- Returns: {status, when}: 1 due again at when (attempt + 1), 2 dead since when
 --   (attempt was the last of max, or final), 3 deferred to when (same attempt),
@@ -32,9 +34,8 @@ local r = rec_decode(s)
 if not holds(r, epoch, ARGV[3], ARGV[4]) then return {0, 0} end
 if ARGV[7] == '3' then
   redis.call('ZREMRANGEBYSCORE', KEYS[9], '-inf', '(' .. fmt(now))
-  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', '(' .. fmt(now))
-  return {3, limit_wait(leased_key, KEYS[2], KEYS[7], KEYS[8], KEYS[9], jobs_key, id, r, now,
-    tonumber(ARGV[5]), ARGV[8] == '1')}
+  return {3, limit_wait(leased_key, KEYS[2], KEYS[7], KEYS[8], KEYS[9], KEYS[10], jobs_key, id, r,
+    now, tonumber(ARGV[5]), ARGV[8] == '1')}
 end
 redis.call('ZREM', leased_key, id)
 if ARGV[7] == '2' then

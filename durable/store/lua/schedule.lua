@@ -2,7 +2,9 @@
 -- KEYS[1] due  KEYS[2] leased  KEYS[3] done  KEYS[4] dead  KEYS[5] clock  KEYS[6] far
 -- KEYS[7] faro  KEYS[8] parked  KEYS[9] parkedx   (a replaced parked job leaves them)
 -- KEYS[10] prio  the priority index (_lib.lua: prio_add)
--- KEYS[11..] jobs buckets (all of the shard's, in order)
+-- KEYS[11] waiting  HASH task -> jobs waiting for their flow key: a replaced waiting
+--   job leaves the count (_lib.lua: wait_end_packed)
+-- KEYS[12..] jobs buckets (all of the shard's, in order)
 -- ARGV[1]  replace   1: overwrite a job that is due or dead; 0: keep any existing job
 -- ARGV[2]  batch     msgpack array, 4 values per job: id, mode, time, record
 --   mode     0: time is an absolute due (ms); 1: time is a delay (ms) added to now
@@ -16,7 +18,7 @@
 -- A job due from the slot after next on goes to the far index (_lib.lua), else to due
 -- (a record with a nominal of its own other than its due always to due: own_nominal).
 -- Errors: none (the client validates every argument).
-local FIRST = 10
+local FIRST = 11
 local due_key, leased_key, done_key, dead_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local far_key, faro_key = KEYS[6], KEYS[7]
 local replace = ARGV[1] == '1'
@@ -69,6 +71,7 @@ for k = 1, n do
       status = 3
       replaced[id] = true
       if not prior then
+        wait_end_packed(KEYS[11], recs[k])
         -- In due (the ZADD or the ZREM below covers it), dead, or else far.
         if redis.call('ZSCORE', due_key, id) then
           in_due[id] = true

@@ -6,6 +6,8 @@
 -- KEYS[7] faro  KEYS[8] the job's own record bucket  KEYS[9] parked  KEYS[10] parkedx
 --   (a replaced parked job, of a paused task, leaves the parked jobs)
 -- KEYS[11] prio  the priority index (_lib.lua: prio_add)
+-- KEYS[12] waiting  HASH task -> jobs waiting for their flow key: a replaced waiting
+--   job leaves the count (_lib.lua: wait_end_packed)
 -- ARGV[1]  replace   1: overwrite a job that is due or dead; 0: keep an existing job
 -- ARGV[2]  id
 -- ARGV[3]  mode      0: ARGV[4] is an absolute due (ms); 1: a delay (ms) added to now
@@ -43,6 +45,7 @@ if s then
     unpark_drop(KEYS[9], KEYS[10], id, s)
   end
   status = 3
+  wait_end_packed(KEYS[12], s)
   redis.call('ZREM', KEYS[11], id)
 elseif done then
   return {now, 5, due}
