@@ -131,7 +131,7 @@ class PostgresMode:
             now = await self.store.now(conn)
             jobs = encode_jobs(specs, sched.keys.shard_of, limit, now)
         order = sorted_by_id(jobs)
-        # Our own transaction indexes its jobs itself (_behind.py): the relays sleep on.
+        # Our own transaction indexes its jobs itself (_index): the relays sleep on.
         with self.behind.flying():
             replies = await self.store.schedule(
                 [jobs[k] for k in order], conn, notify=conn is not None
@@ -144,7 +144,7 @@ class PostgresMode:
                 if result.status is ScheduleStatus.CREATED
             ]
             if created:
-                await self.behind.index(sched, created)
+                await self._index(sched, created)
         return [result for _, result, _ in done]
 
     @staticmethod
@@ -296,6 +296,11 @@ class PostgresMode:
         return True
 
     _first_run = staticmethod(first_run)
+
+    async def _index(self, sched: RedisSide, created: Sequence[tuple[PgJob, int, int]]) -> None:
+        """Write committed jobs to Redis (``IndexBehind.index``: one job behind the call,
+        a batch before it returns); a failure leaves them to the relay."""
+        await self.behind.index(sched, created)
 
     # -- workers -------------------------------------------------------------------
 
