@@ -54,9 +54,11 @@ logger = logging.getLogger("tickwheel.durable")
 # Jobs per schedule.lua call (MAX_BATCH of the scheduler: a script blocks Redis).
 REDIS_BATCH = 1000
 # Seconds a write waits at most for the schedule statements in flight (their jobs join
-# it). A schedule's commit takes 0.5-1.5 ms here: a few jobs a write when they come one
-# by one. Another process sees a job that much later, at most.
-LINGER = 0.005
+# it). A schedule's commit took 0.5-1.5 ms here on a quiet machine and 5-10 ms at a load
+# of 8 (pg_messages --jobs 500, Redis calls per schedule: 0.87-0.89 with 5 ms, 0.54-0.62
+# with 20 ms at that load; 0.25-0.31 with 5 ms at a load of 2-3). Another process sees a
+# job this much later at most; this scheduler's own calls never wait for it.
+LINGER = 0.02
 
 
 class IndexBehind:
