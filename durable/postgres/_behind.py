@@ -175,11 +175,19 @@ class IndexBehind:
 
 
 async def write(sched: RedisSide, jobs: Sequence[EncodedJob]) -> None:
-    """Write stored jobs to Redis with ``schedule.lua`` (``replace`` off), one call per
-    shard (and per :data:`REDIS_BATCH`)."""
+    """Write stored jobs to Redis with ``schedule.lua`` (``replace`` off): the jobs of
+    one shard in one call, those of several shards in one round trip (``Store.
+    schedule_many``: a MULTI/EXEC of one call per shard and :data:`REDIS_BATCH` on one
+    Redis, bounded rounds)."""
     groups: dict[int, list[EncodedJob]] = {}
     for job in jobs:  # the shard by this scheduler's count, as claims see it
         groups.setdefault(sched.keys.shard_of(job.id), []).append(job)
-    for shard, encoded in groups.items():
-        for i in range(0, len(encoded), REDIS_BATCH):
-            await sched.store.schedule(shard, encoded[i : i + REDIS_BATCH], False)
+    if len(groups) == 1 and len(jobs) <= REDIS_BATCH:
+        ((shard, encoded),) = groups.items()
+        await sched.store.schedule(shard, encoded, False)
+        return
+    chunked = {
+        shard: [encoded[i : i + REDIS_BATCH] for i in range(0, len(encoded), REDIS_BATCH)]
+        for shard, encoded in groups.items()
+    }
+    await sched.store.schedule_many(chunked, False)
