@@ -21,8 +21,8 @@ Ground rules (docs/postgres.md, "The index written behind"):
   for a cancelled job and removes it unrun, and a replaced job Redis holds is kept
   (``replace`` off). See docs/postgres.md for what remains.
 - One write in flight at a time; the jobs committed meanwhile go together in the next
-  (as the worker's acks do): with concurrent producers, one Redis call per shard and
-  batch rather than one per job.
+  (as the worker's acks do): with concurrent producers, one Redis round trip per
+  batch (one call per shard in it) rather than one per job.
 - A write waits for this scheduler's schedule statements in flight (their jobs join
   it), for at most :data:`LINGER` seconds: a producer that awaits one schedule after
   another then sends one Redis call per few jobs rather than one per job. A write with
