@@ -40,7 +40,7 @@ from tickwheel.durable.store import ClaimedRef, EncodedJob, Keys, Store
 
 from . import _pauses, _replacing
 from ._behind import REDIS_BATCH as _REDIS_BATCH
-from ._behind import IndexBehind, write
+from ._behind import IndexBehind
 from ._clock import warn_of_skew
 from ._drivers import async_connection
 from ._enqueue import encode_jobs, first_run, needs_now, sorted_by_id
@@ -132,7 +132,10 @@ class PostgresMode:
             jobs = encode_jobs(specs, sched.keys.shard_of, limit, now)
         order = sorted_by_id(jobs)
         # Our own transaction indexes its jobs itself (_index): the relays sleep on.
-        replies = await self.store.schedule([jobs[k] for k in order], conn, notify=conn is not None)
+        with self.behind.flying():
+            replies = await self.store.schedule(
+                [jobs[k] for k in order], conn, notify=conn is not None
+            )
         done = enqueue_results(jobs, order, replies)
         if conn is None:
             created = [
@@ -295,20 +298,9 @@ class PostgresMode:
     _first_run = staticmethod(first_run)
 
     async def _index(self, sched: RedisSide, created: Sequence[tuple[PgJob, int, int]]) -> None:
-        """Write committed jobs to Redis, drop their outbox rows; on failure leave both
-        to the relay (the job is committed: never the caller's error). One job goes to
-        the write behind (``_behind.py``), a batch is written before the call returns."""
-        if len(created) == 1:
-            self.behind.add(sched, created)
-            return
-        try:
-            await sched.open()
-            await write(sched, [redis_job(job.id, when, job.record) for job, when, _ in created])
-            self.store.relayed_later([seq for _, _, seq in created])
-        except (RedisUnavailable, PostgresUnavailable) as exc:
-            logger.warning("%d committed job(s) left to the relay (%s)", len(created), exc)
-        except Exception:  # the jobs are committed: whatever failed, the relay repairs it
-            logger.exception("%d committed job(s) left to the relay", len(created))
+        """Write committed jobs to Redis (``IndexBehind.index``: one job behind the call,
+        a batch before it returns); a failure leaves them to the relay."""
+        await self.behind.index(sched, created)
 
     # -- workers -------------------------------------------------------------------
 

@@ -99,13 +99,19 @@ _LOCK_IDS = (
     "SELECT count(pg_advisory_xact_lock(hashtextextended($1::text || ':' || i, 0)))"
     " FROM unnest($2::text[]) WITH ORDINALITY AS u(i, k)"
 )
+# Both look each id up by its key (a LATERAL subquery per id, OFFSET 0 so that it is not
+# flattened into a join): with `id = ANY(...)` or a join, a table not yet analyzed got
+# the whole namespace scanned (migration 0010 says more). The rows are locked in the
+# order of the ids given, which lock() sorts.
 _LOCKED_ROWS = (
-    "SELECT id, due_ms, state FROM tickwheel_jobs WHERE ns = $1::text"
-    ' AND id = ANY($2::text[]) ORDER BY id COLLATE "C" FOR UPDATE'
+    "SELECT x.id, x.due_ms, x.state FROM unnest($2::text[]) AS u(i), LATERAL (SELECT j.id,"
+    " j.due_ms, j.state FROM tickwheel_jobs j WHERE j.ns = $1::text AND j.id = u.i"
+    " FOR UPDATE) AS x"
 )
 _DONE_OF = (
-    "SELECT d.id, d.nominal_ms FROM unnest($2::text[], $3::bigint[]) AS o(id, nominal)"
-    " JOIN tickwheel_done d ON d.ns = $1::text AND d.id = o.id AND d.nominal_ms = o.nominal"
+    "SELECT o.id, o.nominal FROM unnest($2::text[], $3::bigint[]) AS o(id, nominal),"
+    " LATERAL (SELECT 1 FROM tickwheel_done d WHERE d.ns = $1::text AND d.id = o.id"
+    " AND d.nominal_ms = o.nominal OFFSET 0) AS x"
 )
 _MOVED = (
     "UPDATE tickwheel_jobs SET due_ms = $3::bigint, attempt = 1, run_ms = 0,"
