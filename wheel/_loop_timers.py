@@ -92,6 +92,13 @@ class WheelTimerHandle(asyncio.TimerHandle):  # the pure-Python form; see the do
             self._scheduled = False
         asyncio.Handle.cancel(self)
 
+    def __getstate__(self) -> object:
+        """The slots, as asyncio's handle gives them, but not the wheel timer: a copy
+        (``copy.copy``) is not filed in the wheel, as a copy of asyncio's is not in its
+        heap (its ``cancel()`` must not cancel this handle's timer)."""
+        state: Any = super().__getstate__()  # type: ignore[misc]  # (None, slots)
+        return state[0], {**state[1], "_timer": None}
+
     def __call__(self) -> None:
         # The wheel fired this handle's timer: it is due. Hand it to the loop, which runs
         # it among its ready callbacks in asyncio's order (see the module docstring).
@@ -179,6 +186,14 @@ if not TYPE_CHECKING and IMPLEMENTATION == "c":
     WheelTimerHandle = _cwheel._make_loop_handle(
         asyncio.TimerHandle, asyncio.Handle.cancel, _loop_when
     )
+
+    def _getstate(self: Any) -> object:
+        # The slots, as object.__getstate__ gives them for asyncio's handle (whose
+        # default refuses a type with a C tail): copy.copy works and pickling fails on
+        # the loop, as both do for asyncio.TimerHandle.
+        return object.__getstate__(self)  # type: ignore[attr-defined, unused-ignore]
+
+    WheelTimerHandle.__getstate__ = _getstate
 
 
 def new_wheel(

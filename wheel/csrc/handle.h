@@ -20,7 +20,11 @@
  *
  * The tail holds no reference, so the base class's dealloc, traverse and clear (CPython's
  * for classes with __slots__) serve it unchanged: a pending handle is kept alive by the
- * wheel's reference, and a wheel unlinks every entry (closed) before it goes.
+ * wheel's reference, and a wheel unlinks every entry (closed) before it goes. Nor does
+ * it hold a pointer to its wheel: cancel() finds the wheel by the entry's owner, an index
+ * into loop_wheels kept in what was the entry's padding, so that the tail is the entry
+ * and a double (40 bytes: a handle is 152 bytes with its GC header, the wheel's Timer
+ * alone was 96).
  */
 
 #ifndef TICKWHEEL_HANDLE_H
@@ -36,6 +40,40 @@
 #include "state.h"
 
 #define HANDLE_TAIL(o) ((HandleTail *)((char *)(o) + handle_entry_offset))
+
+/* The wheels that file loop handles (those given a due list), by Entry.owner - 1; a slot
+ * is NULL once its wheel is cleared (every entry of it unlinked first). */
+static WheelObject **loop_wheels;
+static Py_ssize_t loop_wheels_len;
+
+static int wheel_register(WheelObject *w) {
+    if (w->owner) return 0;
+    Py_ssize_t i = 0;
+    while (i < loop_wheels_len && loop_wheels[i] != NULL) i++;
+    if (i == loop_wheels_len) {
+        if (loop_wheels_len >= (Py_ssize_t)UINT32_MAX - 1) {
+            PyErr_SetString(PyExc_OverflowError, "too many wheel-timed loops");
+            return -1;
+        }
+        Py_ssize_t n = loop_wheels_len ? loop_wheels_len * 2 : 8;
+        WheelObject **grown = PyMem_Realloc(loop_wheels, (size_t)n * sizeof(WheelObject *));
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t j = loop_wheels_len; j < n; j++) grown[j] = NULL;
+        loop_wheels = grown;
+        loop_wheels_len = n;
+    }
+    loop_wheels[i] = w; /* borrowed: Wheel_clear takes it out */
+    w->owner = (uint32_t)(i + 1);
+    return 0;
+}
+
+static void wheel_unregister(WheelObject *w) {
+    if (w->owner) loop_wheels[w->owner - 1] = NULL;
+    w->owner = 0;
+}
 
 static inline int entry_pending(Entry *e) {
     uint8_t s = e->state;
@@ -60,7 +98,7 @@ static PyObject *LoopHandle_cancel(PyObject *self, PyObject *Py_UNUSED(ignored))
     if (!done) {
         Entry *e = &HANDLE_TAIL(self)->entry;
         if (entry_pending(e)) {
-            WheelObject *w = HANDLE_TAIL(self)->wheel;
+            WheelObject *w = loop_wheels[e->owner - 1]; /* alive: it holds the entry */
             core_unlink(&w->core, e);
             e->state = ST_CANCELLED;
             w->cancelled++;
@@ -135,6 +173,10 @@ static PyObject *Wheel__file(WheelObject *w, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_RuntimeError, "the handle is already filed in a wheel");
         return NULL;
     }
+    if (!w->owner) {
+        PyErr_SetString(PyExc_RuntimeError, "_file() needs the wheel's due list (_set_due)");
+        return NULL;
+    }
     if (when < INFINITY) {
         if ((double)w->core.len >= w->capacity) {
             refuse(w);
@@ -146,7 +188,7 @@ static PyObject *Wheel__file(WheelObject *w, PyObject *const *args, Py_ssize_t n
             when = now - w->tick;
         }
         if (wheel_catch_up(w, 0.0, 0) < 0) return NULL;
-        t->wheel = w;
+        t->entry.owner = w->owner;
         Py_XSETREF(*handle_slot(h, scheduled_offset), Py_NewRef(Py_True));
         if (wheel_place(w, &t->entry, h, when) < 0) return NULL; /* placed; arming failed */
     } else {

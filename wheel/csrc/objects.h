@@ -40,12 +40,11 @@ enum {
 };
 
 /* What a loop handle adds after the slots of asyncio.TimerHandle. It holds no reference,
- * so the base class's dealloc, traverse and clear serve the handle unchanged. */
+ * so the base class's dealloc, traverse and clear serve the handle unchanged. The wheel
+ * it is filed in is entry.owner (an index, in what was the entry's padding). */
 typedef struct {
-    Entry entry;        /* the core's: list links, deadline, state and place */
-    WheelObject *wheel; /* the wheel it was filed in: borrowed, read only while pending
-                           (a wheel unlinks every entry before it goes) */
-    double when;        /* _when when it is a finite float; NAN: see the _when slot */
+    Entry entry; /* the core's: list links, deadline, state and place; owner */
+    double when; /* _when when it is a finite float; NAN: see the _when slot */
 } HandleTail;
 
 /* The offset of a loop handle's HandleTail (and entry) from its start: the base class's
@@ -75,6 +74,7 @@ struct WheelObject {
     PyObject *call_at; /* loop.call_at, bound */
     PyObject *run;     /* self._run, bound */
     PyObject *due;     /* list the loop handles it fires go to (set by the loop), or NULL */
+    uint32_t owner;    /* 1 + its index in loop_wheels (handle.h) once due is set; else 0 */
     double capacity;
     double armed_tick;
     int closed;

@@ -206,6 +206,7 @@ static int Wheel_clear(WheelObject *w) {
     }
     clear_list(w, &w->core.firing);
     clear_list(w, &w->core.far);
+    wheel_unregister(w); /* no loop handle is filed in it any more */
     w->monotonic = 0; /* so that a late call finds w->time gone and refuses */
     Py_CLEAR(w->loop);
     Py_CLEAR(w->time);
@@ -258,6 +259,7 @@ static PyObject *Wheel__set_due(WheelObject *w, PyObject *due) {
         PyErr_Format(PyExc_TypeError, "_set_due() takes a list, got %R", due);
         return NULL;
     }
+    if (wheel_register(w) < 0) return NULL;
     Py_XSETREF(w->due, Py_NewRef(due));
     Py_RETURN_NONE;
 }
