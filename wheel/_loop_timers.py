@@ -96,7 +96,7 @@ class WheelTimerHandle(asyncio.TimerHandle):  # the pure-Python form; see the do
         """The slots, as asyncio's handle gives them, but not the wheel timer: a copy
         (``copy.copy``) is not filed in the wheel, as a copy of asyncio's is not in its
         heap (its ``cancel()`` must not cancel this handle's timer)."""
-        state: Any = super().__getstate__()  # type: ignore[misc]  # (None, slots)
+        state: Any = super().__getstate__()  # (None, slots)
         return state[0], {**state[1], "_timer": None}
 
     def __call__(self) -> None:
