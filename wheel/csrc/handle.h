@@ -177,6 +177,10 @@ static PyObject *Wheel__file(WheelObject *w, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_RuntimeError, "_file() needs the wheel's due list (_set_due)");
         return NULL;
     }
+    if (*handle_slot(h, cancelled_offset) == NULL) {
+        PyErr_SetString(PyExc_TypeError, "_file() takes an initialised handle");
+        return NULL;
+    }
     if (when < INFINITY) {
         if ((double)w->core.len >= w->capacity) {
             refuse(w);
