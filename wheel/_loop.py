@@ -49,7 +49,6 @@ __all__ = ["WheelEventLoop", "new_event_loop", "new_uvloop_event_loop"]
 # selector (some cannot take more); the same cap for a wait bounded by the wheel.
 _MAX_WAIT = 24 * 3600
 _monotonic = time.monotonic
-_INF = float("inf")
 
 
 class WheelEventLoop(asyncio.SelectorEventLoop):
