@@ -11,10 +11,12 @@
  *
  *   csrc/list.h     the intrusive doubly-linked list
  *   csrc/core.h     the wheel on integer ticks: buckets, levels, advancing (no Python)
- *   csrc/objects.h  the layouts of Timer and Wheel (shared with _cwheel_testing.c)
+ *   csrc/objects.h  the layouts of Timer, the loop handle's tail and Wheel (shared with
+ *                   _cwheel_testing.c)
  *   csrc/state.h    the module-wide names, types and helpers the parts share
  *   csrc/clock.h    reading the clock; checking the delays and times callers pass
  *   csrc/driver.h   adding timers, arming the loop's call_at, firing what is due
+ *   csrc/handle.h   the loops' handle: an asyncio.TimerHandle that is its own entry
  *   csrc/wheel.h    the Wheel type (the base of _cdriver.TimingWheel)
  *   csrc/timer.h    the Timer type
  *   csrc/timeout.h  the Timeout type and its awaitable step
@@ -33,6 +35,7 @@
 #include "csrc/state.h"
 #include "csrc/clock.h"
 #include "csrc/driver.h"
+#include "csrc/handle.h"
 #include "csrc/wheel.h"
 #include "csrc/timer.h"
 #include "csrc/timeout.h"
@@ -55,6 +58,7 @@ static PyObject *mod_setup(PyObject *m, PyObject *args) {
 
 static PyMethodDef module_methods[] = {
     {"_setup", (PyCFunction)mod_setup, METH_VARARGS, NULL},
+    {"_make_loop_handle", (PyCFunction)mod_make_loop_handle, METH_VARARGS, NULL},
     {NULL},
 };
 

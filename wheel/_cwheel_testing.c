@@ -65,8 +65,7 @@ static PyObject *wheel_check(WheelObject *w, int core_only) {
             if (level && !list_empty(h) && slot == pos)
                 return assert_fail("current slot of level %d is not empty", level);
             for (Node *n = h->next; n != h; n = n->next) {
-                TimerObject *t = TIMER_OF(n);
-                Entry *e = &t->entry;
+                Entry *e = ENTRY_OF(n);
                 count++;
                 if (e->state != ST_BUCKET || e->level != level || e->slot != slot)
                     return assert_fail("timer in %d/%d has a wrong place", level, slot);
@@ -76,7 +75,10 @@ static PyObject *wheel_check(WheelObject *w, int core_only) {
                 int sl = (int)((e->deadline >> (lv * BITS)) & MASK);
                 if (lv != level || sl != slot)
                     return assert_fail("timer in %d/%d belongs in %d/%d", level, slot, lv, sl);
-                if (Py_REFCNT(t) < 1) return assert_fail("dead timer in a bucket");
+                if (e->kind != KIND_TIMER && e->kind != KIND_HANDLE)
+                    return assert_fail("entry of unknown kind %d", (int)e->kind);
+                if (e->kind == KIND_TIMER && Py_REFCNT(TIMER_OF(n)) < 1)
+                    return assert_fail("dead timer in a bucket");
                 if (e->deadline < earliest) earliest = e->deadline;
             }
         }
@@ -134,6 +136,7 @@ static PyObject *t_insert(PyObject *m, PyObject *args) {
     t->args = PyTuple_New(0);
     t->context = NULL;
     t->entry.state = 0;
+    t->entry.kind = KIND_TIMER;
     PyObject_GC_Track(t);
     Py_INCREF(t); /* the wheel's reference */
     w->core.len++;

@@ -33,7 +33,7 @@ from ._loop_timers import (
     WheelTimerHandle,
     check_tick,
     close_wheel,
-    file_timer,
+    filer,
     new_wheel,
     sort_due,
 )
@@ -49,7 +49,6 @@ __all__ = ["WheelEventLoop", "new_event_loop", "new_uvloop_event_loop"]
 # selector (some cannot take more); the same cap for a wait bounded by the wheel.
 _MAX_WAIT = 24 * 3600
 _monotonic = time.monotonic
-_INF = float("inf")
 
 
 class WheelEventLoop(asyncio.SelectorEventLoop):
@@ -75,12 +74,12 @@ class WheelEventLoop(asyncio.SelectorEventLoop):
         except (TypeError, ValueError):
             self._closed = True  # what BaseEventLoop.__del__ reads of a loop never made
             raise
-        wheel, alarm = new_wheel(self, tick)
+        wheel, alarm, due = new_wheel(self, tick)
         self._wheel = wheel  # every call_later/call_at of this loop
         self._wheel_alarm = alarm  # when the wheel must next run (inf: no timer)
-        self._wheel_due: list[WheelTimerHandle] = []  # one firing's handles, to sort
+        self._wheel_due: list[WheelTimerHandle] = due  # one firing's handles, to sort
         self._wheel_run: Callable[[], None] = wheel._run
-        self._wheel_schedule_at = wheel.schedule_at
+        self._wheel_file = filer(wheel)  # file(handle, when): into the wheel
         inner = selectors.DefaultSelector() if selector is None else selector
         super().__init__(_WheelSelector(inner, alarm))
 
@@ -141,14 +140,7 @@ class WheelEventLoop(asyncio.SelectorEventLoop):
         handle: Any = WheelTimerHandle(when, callback, args, self, context)
         if handle._source_traceback:  # the frame of this method
             del handle._source_traceback[-1]
-        try:
-            if -_INF < when < _INF:
-                handle._timer = self._wheel_schedule_at(when, handle)
-                handle._scheduled = True
-                return handle  # type: ignore[no-any-return]
-        except TypeError:
-            raise TypeError(f"when must be a real number, got {when!r}") from None
-        file_timer(self._wheel, handle, when)
+        self._wheel_file(handle, when)
         return handle  # type: ignore[no-any-return]
 
     def close(self) -> None:

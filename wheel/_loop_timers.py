@@ -3,9 +3,19 @@
 An event loop of ``_loop.py`` or ``_uvloop.py`` keeps one :class:`TimingWheel` for every
 ``call_later`` and ``call_at``. Each call makes a :class:`WheelTimerHandle` (an
 ``asyncio.TimerHandle``: the caller's context is copied, ``when()`` is the time asked for)
-and files it in the wheel as the callback of a wheel timer. When the wheel fires that
-timer the handle is not run there: it is appended to the loop's due list, which the loop
-sorts by ``when()`` (ties keep call order) and runs as ordinary handles.
+and files it in the wheel. When the wheel fires it, the handle is not run there: it is
+appended to the loop's due list, which the loop sorts by ``when()`` (ties keep call order)
+and runs as ordinary handles.
+
+Two forms of the handle, one behaviour:
+
+* On the compiled core the handle *is* the wheel's entry: a C subclass of
+  ``asyncio.TimerHandle`` made here at import (``_cwheel._make_loop_handle``; see
+  wheel/csrc/handle.h) whose tail holds the core's list links, filed by the wheel's
+  ``_file`` and fired straight onto the due list (one object per timer).
+* On the pure-Python wheel (``IMPLEMENTATION == "python"``) it is the Python class below,
+  filed as the callback of a wheel ``Timer`` (``_timer``), whose call appends it to the
+  due list (two objects per timer).
 
 Ground rules:
 
@@ -16,13 +26,15 @@ Ground rules:
    ``when <= time()``.
 2. A handle is filed in the wheel only with a finite ``when``: ``+inf`` never fires (as
    in asyncio's heap) and is kept outside it; ``-inf`` fires at the next iteration.
-3. A handle's ``_timer`` is its pending wheel timer, or None once fired or cancelled; a
-   fired handle is in the due list or the loop's ready queue, ``_scheduled`` False.
+3. A fired handle is in the due list or the loop's ready queue, ``_scheduled`` False.
+   (Pure Python: its ``_timer`` is its pending wheel timer, or None once fired or
+   cancelled.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import operator
 from collections.abc import Callable
@@ -44,6 +56,7 @@ __all__ = [
     "check_tick",
     "close_wheel",
     "file_timer",
+    "filer",
     "new_wheel",
     "sort_due",
 ]
@@ -54,7 +67,7 @@ _when_of = operator.attrgetter("_when")
 _NO_LOOP: Any = object()
 
 
-class WheelTimerHandle(asyncio.TimerHandle):
+class WheelTimerHandle(asyncio.TimerHandle):  # the pure-Python form; see the docstring
     """The handle ``call_later``/``call_at`` return on a wheel-timed loop.
 
     An :class:`asyncio.TimerHandle` (``when()``, ``cancel()``, ``cancelled()``, the
@@ -78,6 +91,13 @@ class WheelTimerHandle(asyncio.TimerHandle):
                 timer.cancel()
             self._scheduled = False
         asyncio.Handle.cancel(self)
+
+    def __getstate__(self) -> object:
+        """The slots, as asyncio's handle gives them, but not the wheel timer: a copy
+        (``copy.copy``) is not filed in the wheel, as a copy of asyncio's is not in its
+        heap (its ``cancel()`` must not cancel this handle's timer)."""
+        state: Any = super().__getstate__()  # (None, slots)
+        return state[0], {**state[1], "_timer": None}
 
     def __call__(self) -> None:
         # The wheel fired this handle's timer: it is due. Hand it to the loop, which runs
@@ -144,17 +164,61 @@ def check_tick(tick: float) -> None:
     _validated(tick, _NO_LOOP, None)
 
 
+def _loop_when(when: Any) -> float:
+    """A ``when`` that is not a float, as a float (the compiled ``_file`` calls this).
+
+    Raises:
+        ValueError: ``when`` is NaN.
+        TypeError: ``when`` is not a real number.
+    """
+    try:
+        if -_INF <= when <= _INF:
+            return float(when)
+    except TypeError:
+        raise TypeError(f"when must be a real number, got {when!r}") from None
+    raise ValueError(f"when must be a number, got {when!r}")
+
+
+if not TYPE_CHECKING and IMPLEMENTATION == "c":
+    from . import _cwheel
+
+    # The compiled form (see the module docstring): the same name, asyncio's semantics.
+    WheelTimerHandle = _cwheel._make_loop_handle(
+        asyncio.TimerHandle, asyncio.Handle.cancel, _loop_when
+    )
+
+    def _getstate(self: Any) -> object:
+        # The slots, as object.__getstate__ gives them for asyncio's handle (whose
+        # default refuses a type with a C tail): copy.copy works and pickling fails on
+        # the loop, as both do for asyncio.TimerHandle.
+        return object.__getstate__(self)  # type: ignore[attr-defined, unused-ignore]
+
+    WheelTimerHandle.__getstate__ = _getstate
+
+
 def new_wheel(
     loop: asyncio.AbstractEventLoop, tick: float, alarm_type: type[Alarm] = Alarm
-) -> tuple[TimingWheel, Alarm]:
-    """Make the wheel of ``loop`` with its alarm (``tick`` checked by TimingWheel)."""
+) -> tuple[TimingWheel, Alarm, list[WheelTimerHandle]]:
+    """Make the wheel of ``loop`` with its alarm and its due list (``tick`` checked by
+    TimingWheel): the handles each firing of the wheel makes due, for the loop to run."""
     alarm = alarm_type(loop)
     wheel = TimingWheel(tick, loop=alarm)  # type: ignore[arg-type]  # a duck of a loop
-    return wheel, alarm
+    due: list[WheelTimerHandle] = []
+    if IMPLEMENTATION == "c":
+        wheel._set_due(due)  # type: ignore[attr-defined]  # the compiled wheel's
+    return wheel, alarm, due
+
+
+def filer(wheel: TimingWheel) -> Callable[[WheelTimerHandle, float], object]:
+    """``file(handle, when)`` for the handles of ``wheel``'s loop: :func:`file_timer`,
+    or on the compiled core the wheel's own ``_file`` (the same checks and errors)."""
+    if IMPLEMENTATION == "c":
+        return wheel._file  # type: ignore[attr-defined, no-any-return]
+    return functools.partial(file_timer, wheel)
 
 
 def file_timer(wheel: TimingWheel, handle: WheelTimerHandle, when: float) -> None:
-    """File ``handle`` in ``wheel`` for loop time ``when`` (see ground rule 2).
+    """File the pure-Python ``handle`` in ``wheel`` for loop time ``when`` (ground rule 2).
 
     Raises:
         ValueError: ``when`` is NaN.
@@ -176,10 +240,12 @@ def file_timer(wheel: TimingWheel, handle: WheelTimerHandle, when: float) -> Non
 def close_wheel(wheel: TimingWheel) -> None:
     """Close a loop's ``wheel``: its pending timers are dropped (as the stdlib loop drops
     its heap), and their handles let go of them."""
-    for timer in wheel.close():
-        handle = timer.callback
-        if isinstance(handle, WheelTimerHandle):
-            handle._timer = None
+    closed = wheel.close()  # compiled: the handles themselves, no longer filed
+    if IMPLEMENTATION == "python":
+        for timer in closed:
+            handle = timer.callback  # the handle is its timer's callback
+            if isinstance(handle, WheelTimerHandle):
+                handle._timer = None
 
 
 def sort_due(due: list[WheelTimerHandle]) -> None:

@@ -31,7 +31,7 @@ from ._loop_timers import (
     WheelTimerHandle,
     check_tick,
     close_wheel,
-    file_timer,
+    filer,
     new_wheel,
     sort_due,
 )
@@ -62,11 +62,11 @@ class WheelUVLoop(uvloop.Loop):
     def __init__(self, *, tick: float = DEFAULT_TICK) -> None:
         check_tick(tick)  # before uvloop opens anything
         super().__init__()
-        wheel, alarm = new_wheel(self, tick, LoopClockAlarm)
+        wheel, alarm, due = new_wheel(self, tick, LoopClockAlarm)
         self._wheel = wheel  # every Python-level call_later/call_at of this loop
         self._wheel_alarm = alarm
-        self._wheel_due: list[WheelTimerHandle] = []  # one firing's handles, to sort
-        self._wheel_schedule_at = wheel.schedule_at
+        self._wheel_due: list[WheelTimerHandle] = due  # one firing's handles, to sort
+        self._wheel_file = filer(wheel)  # file(handle, when): into the wheel
         self._wheel_native: asyncio.TimerHandle | None = None  # the wheel's wake-up
         self._wheel_native_when = _INF  # the loop time it is armed for
         alarm.on_change = self._wheel_rearm
@@ -119,14 +119,7 @@ class WheelUVLoop(uvloop.Loop):
         handle: Any = WheelTimerHandle(when, callback, args, self, context)
         if handle._source_traceback:  # the frame of this method
             del handle._source_traceback[-1]
-        try:
-            if -_INF < when < _INF:
-                handle._timer = self._wheel_schedule_at(when, handle)
-                handle._scheduled = True
-                return handle  # type: ignore[no-any-return]
-        except TypeError:
-            raise TypeError(f"when must be a real number, got {when!r}") from None
-        file_timer(self._wheel, handle, when)
+        self._wheel_file(handle, when)
         return handle  # type: ignore[no-any-return]
 
     def close(self) -> None:

@@ -49,6 +49,8 @@ typedef struct {
     uint8_t state;
     uint8_t level;
     uint8_t slot;
+    uint8_t kind;   /* what holds the entry (objects.h: KIND_*); the core never reads it */
+    uint32_t owner; /* a loop handle's wheel (handle.h: loop_wheels); the core never reads it */
 } Entry;
 
 #define ENTRY_OF(n) CONTAINER_OF(n, Entry, node)

@@ -11,8 +11,10 @@
  * 3. While _run fires callbacks, armed_tick is -inf, so that the timers they schedule do
  *    not arm; _run arms once at the end.
  *
- * The wheel holds one reference to each pending timer: taken in wheel_add, dropped when
- * the timer fires (fire_one), is cancelled (timer.h) or is drained (wheel.h).
+ * The wheel holds one reference to each pending timer: taken in wheel_place, dropped when
+ * the timer fires (fire_one), is cancelled (timer.h) or is drained (wheel.h). Its lists
+ * hold the loop's handles too (handle.h): one of those is not called when it fires but
+ * appended to the wheel's due list (fire_handle), which the loop runs.
  */
 
 #ifndef TICKWHEEL_DRIVER_H
@@ -73,6 +75,41 @@ static int refuse(WheelObject *w) {
     return -1;
 }
 
+/* Bring the core's clock up to now when the wheel is empty (an idle wheel does not
+ * advance): from ``now`` when the caller read the clock (schedule), else read here. */
+static int wheel_catch_up(WheelObject *w, double now, int idle_from_when) {
+    if (w->core.len) return 0;
+    int64_t n;
+    if (idle_from_when) {
+        n = floor_tick(now, w->tick);
+    } else {
+        double t;
+        if (read_clock(w, &t) < 0) return -1;
+        n = floor_tick(t, w->tick);
+    }
+    if (n > w->core.elapsed) w->core.elapsed = n;
+    return 0;
+}
+
+/* Place the unlinked entry ``e`` of ``obj`` for ``when`` (wheel_catch_up done), taking
+ * the wheel's reference to obj, and arm. -1 if arming failed: the entry stays placed. */
+static int wheel_place(WheelObject *w, Entry *e, PyObject *obj, double when) {
+    int far;
+    double fard;
+    int64_t deadline = deadline_of(when, w->tick, &far, &fard);
+    Py_INCREF(obj); /* the wheel's reference */
+    w->core.len++;
+    double dl;
+    if (far) {
+        core_place_far(&w->core, e, fard);
+        dl = fard;
+    } else {
+        dl = (double)core_place(&w->core, e, deadline);
+    }
+    if (dl < w->armed_tick && wheel_arm(w, dl) < 0) return -1;
+    return 0;
+}
+
 /* Make and place a timer; args is a new reference that is stolen. */
 static PyObject *wheel_add(WheelObject *w, double when, double now, PyObject *callback,
                            PyObject *args, PyObject *context, int idle_from_when) {
@@ -85,22 +122,9 @@ static PyObject *wheel_add(WheelObject *w, double when, double now, PyObject *ca
         refuse(w);
         return NULL;
     }
-    int far;
-    double fard;
-    int64_t deadline = deadline_of(when, w->tick, &far, &fard);
-    if (!w->core.len) {
-        int64_t n;
-        if (idle_from_when) {
-            n = floor_tick(now, w->tick);
-        } else {
-            double t;
-            if (read_clock(w, &t) < 0) {
-                Py_DECREF(args);
-                return NULL;
-            }
-            n = floor_tick(t, w->tick);
-        }
-        if (n > w->core.elapsed) w->core.elapsed = n;
+    if (wheel_catch_up(w, now, idle_from_when) < 0) {
+        Py_DECREF(args);
+        return NULL;
     }
     TimerObject *t = PyObject_GC_New(TimerObject, &TimerType);
     if (t == NULL) {
@@ -114,17 +138,9 @@ static PyObject *wheel_add(WheelObject *w, double when, double now, PyObject *ca
     t->entry.node.prev = t->entry.node.next = NULL;
     t->entry.state = 0;
     t->entry.level = t->entry.slot = 0;
+    t->entry.kind = KIND_TIMER;
     PyObject_GC_Track(t);
-    Py_INCREF(t); /* the wheel's reference */
-    w->core.len++;
-    double dl;
-    if (far) {
-        core_place_far(&w->core, &t->entry, fard);
-        dl = fard;
-    } else {
-        dl = (double)core_place(&w->core, &t->entry, deadline);
-    }
-    if (dl < w->armed_tick && wheel_arm(w, dl) < 0) {
+    if (wheel_place(w, &t->entry, (PyObject *)t, when) < 0) {
         /* the timer is placed; report the loop's error like Python would */
         Py_DECREF(t);
         return NULL;
@@ -133,6 +149,24 @@ static PyObject *wheel_add(WheelObject *w, double when, double now, PyObject *ca
 }
 
 /* ---- firing -------------------------------------------------------------------------- */
+
+/* Fire a loop handle taken off the firing list (the list's reference is passed in): it is
+ * not run here but appended to the loop's due list (handle.h), its _scheduled False. */
+static int fire_handle(WheelObject *w, Entry *e) {
+    PyObject *h = object_of(e);
+    e->state = ST_FIRED;
+    w->core.len--;
+    Py_XSETREF(*handle_slot(h, scheduled_offset), Py_NewRef(Py_False));
+    int status;
+    if (w->due == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the wheel has no due list for loop handles");
+        status = -1;
+    } else {
+        status = PyList_Append(w->due, h);
+    }
+    Py_DECREF(h);
+    return status;
+}
 
 /* Fire one timer taken off the firing list (the list's reference is passed in). */
 static int fire_one(WheelObject *w, TimerObject *t) {
@@ -217,7 +251,8 @@ static PyObject *Wheel__run(WheelObject *w, PyObject *Py_UNUSED(ignored)) {
             Node *n = w->core.firing.next;
             list_unlink(n);
             fired++;
-            if (fire_one(w, TIMER_OF(n)) < 0) {
+            Entry *e = ENTRY_OF(n);
+            if ((e->kind == KIND_HANDLE ? fire_handle(w, e) : fire_one(w, TIMER_OF(n))) < 0) {
                 status = -1;
                 break;
             }
@@ -233,8 +268,8 @@ static PyObject *Wheel__run(WheelObject *w, PyObject *Py_UNUSED(ignored)) {
         while (!list_empty(&w->core.firing)) {
             Node *n = w->core.firing.next;
             list_unlink(n);
-            TimerObject *t = TIMER_OF(n);
-            core_place(&w->core, &t->entry, t->entry.deadline);
+            Entry *e = ENTRY_OF(n);
+            core_place(&w->core, e, e->deadline);
         }
     }
     w->armed_tick = INFINITY;

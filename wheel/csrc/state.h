@@ -1,6 +1,6 @@
 /* The extension's module-wide state, shared by its parts.
  *
- * The type objects are defined in their parts (wheel.h, timer.h, timeout.h) and declared
+ * The type objects are defined in their parts (wheel.h, timer.h, timeout.h, handle.h) and declared
  * here so that any part can name them. The interned names are made by PyInit__cwheel; the
  * Python helpers are handed over by _setup, called once by wheel/_cdriver.py at import
  * (both in _cwheel.c).
@@ -20,6 +20,12 @@ static PyTypeObject StepType;
  * and asyncio's current_task and CancelledError (for Timeout). */
 static PyObject *WheelClosedErr, *WheelFullErr, *SlowWhenAfter, *SlowCheckWhen, *TimerRepr;
 static PyObject *CurrentTask, *CancelledErr;
+
+/* Set by _make_loop_handle (handle.h): the loop handle type, asyncio.Handle.cancel, the
+ * check of a when that is not a float, and the offsets of asyncio.TimerHandle's slots. */
+static PyTypeObject *LoopHandleType;
+static PyObject *HandleCancel, *SlowLoopWhen;
+static Py_ssize_t scheduled_offset, when_offset, cancelled_offset;
 
 /* Set by PyInit__cwheel. */
 static PyObject *str_cancel, *str_context, *str_message, *str_exception, *str_timer;

@@ -3,7 +3,7 @@
  * Its methods are the entry points into the driver: schedule and schedule_at (argument
  * parsing, then wheel_add), _run (the armed call_at), next_when, and what the Python
  * subclass needs for __init__, close() and stats() (_init_core, _disarm, _drain and the
- * private attributes). The rest is the object's life: allocation, the GC's traverse and
+ * private attributes), and what the wheel-timed loops use (_file, _set_due: handle.h). The rest is the object's life: allocation, the GC's traverse and
  * clear, and dealloc.
  */
 
@@ -14,6 +14,7 @@
 #include <structmember.h>
 
 #include "driver.h"
+#include "handle.h"
 #include "objects.h"
 #include "state.h"
 
@@ -83,7 +84,7 @@ static Py_ssize_t Wheel_len(WheelObject *w) { return w->core.len; }
 
 static void collect(WheelObject *w, Node *h, PyObject *list, int *err) {
     for (Node *n = h->next; n != h; n = n->next)
-        if (!*err && PyList_Append(list, (PyObject *)TIMER_OF(n)) < 0) *err = 1;
+        if (!*err && PyList_Append(list, object_of(ENTRY_OF(n))) < 0) *err = 1;
 }
 
 /* Every pending timer but the firing ones: the buckets in order, then the far list. */
@@ -109,10 +110,11 @@ static PyObject *Wheel__drain(WheelObject *w, PyObject *Py_UNUSED(ignored)) {
     if (list == NULL) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(list);
     for (Py_ssize_t i = 0; i < n; i++) {
-        TimerObject *t = (TimerObject *)PyList_GET_ITEM(list, i);
-        core_unlink(&w->core, &t->entry);
-        t->entry.state = ST_CLOSED;
-        Py_DECREF(t); /* the wheel's reference; the list holds its own */
+        PyObject *o = PyList_GET_ITEM(list, i);
+        Entry *e = Py_IS_TYPE(o, &TimerType) ? &((TimerObject *)o)->entry : &HANDLE_TAIL(o)->entry;
+        core_unlink(&w->core, e);
+        e->state = ST_CLOSED;
+        Py_DECREF(o); /* the wheel's reference; the list holds its own */
     }
     for (int level = 0; level < NLEVELS; level++) w->core.occupied[level] = 0;
     w->core.len -= n;
@@ -161,7 +163,7 @@ static PyObject *Wheel_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 }
 
 static int visit_list(Node *h, visitproc visit, void *arg) {
-    for (Node *n = h->next; n != h; n = n->next) Py_VISIT((PyObject *)TIMER_OF(n));
+    for (Node *n = h->next; n != h; n = n->next) Py_VISIT(object_of(ENTRY_OF(n)));
     return 0;
 }
 
@@ -173,6 +175,7 @@ static int Wheel_traverse(WheelObject *w, visitproc visit, void *arg) {
     Py_VISIT(w->max_pending);
     Py_VISIT(w->call_at);
     Py_VISIT(w->run);
+    Py_VISIT(w->due);
     for (int level = 0; level < NLEVELS; level++) {
         if (!w->core.occupied[level]) continue;
         for (int slot = 0; slot < SLOTS; slot++) {
@@ -189,10 +192,10 @@ static void clear_list(WheelObject *w, Node *h) {
     while (!list_empty(h)) {
         Node *n = h->next;
         list_unlink(n);
-        TimerObject *t = TIMER_OF(n);
-        t->entry.state = ST_CLOSED;
+        Entry *e = ENTRY_OF(n);
+        e->state = ST_CLOSED;
         w->core.len--;
-        Py_DECREF(t);
+        Py_DECREF(object_of(e));
     }
 }
 
@@ -203,6 +206,7 @@ static int Wheel_clear(WheelObject *w) {
     }
     clear_list(w, &w->core.firing);
     clear_list(w, &w->core.far);
+    wheel_unregister(w); /* no loop handle is filed in it any more */
     w->monotonic = 0; /* so that a late call finds w->time gone and refuses */
     Py_CLEAR(w->loop);
     Py_CLEAR(w->time);
@@ -211,6 +215,7 @@ static int Wheel_clear(WheelObject *w) {
     Py_CLEAR(w->max_pending);
     Py_CLEAR(w->call_at);
     Py_CLEAR(w->run);
+    Py_CLEAR(w->due);
     return 0;
 }
 
@@ -248,6 +253,17 @@ static PyObject *Wheel__disarm(WheelObject *w, PyObject *Py_UNUSED(ignored)) {
     Py_RETURN_NONE;
 }
 
+/* _set_due(list): where the loop handles this wheel fires go (the loop runs them). */
+static PyObject *Wheel__set_due(WheelObject *w, PyObject *due) {
+    if (!PyList_CheckExact(due)) {
+        PyErr_Format(PyExc_TypeError, "_set_due() takes a list, got %R", due);
+        return NULL;
+    }
+    if (wheel_register(w) < 0) return NULL;
+    Py_XSETREF(w->due, Py_NewRef(due));
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef Wheel_methods[] = {
     {"schedule", (PyCFunction)(void (*)(void))Wheel_schedule, METH_FASTCALL | METH_KEYWORDS,
      NULL},
@@ -258,6 +274,8 @@ static PyMethodDef Wheel_methods[] = {
     {"_drain", (PyCFunction)Wheel__drain, METH_NOARGS, NULL},
     {"_disarm", (PyCFunction)Wheel__disarm, METH_NOARGS, NULL},
     {"_init_core", (PyCFunction)Wheel__init_core, METH_VARARGS, NULL},
+    {"_file", (PyCFunction)(void (*)(void))Wheel__file, METH_FASTCALL, NULL},
+    {"_set_due", (PyCFunction)Wheel__set_due, METH_O, NULL},
     {NULL},
 };
 
