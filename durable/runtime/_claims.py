@@ -144,6 +144,8 @@ class Claimer:
         # claim reply lands after the shard's jobs were released.
         self.lock = asyncio.Lock()
         self._stopped = asyncio.Event()  # set by stop() and poke(): wakes run()
+        self._woken: set[int] = set()  # shards to claim now (claim_now), not claimed yet
+        self._claiming_woken: asyncio.Task[None] | None = None  # claims them
 
     @property
     def placed(self) -> int:
@@ -159,13 +161,19 @@ class Claimer:
     async def load_once(self) -> bool:
         """One claim round over the owned shards; True if some shard returned a full
         batch (see :meth:`Loader.load_once`)."""
+        return await self._claim_shards(list(self.scheduler.ownership.owned))
+
+    async def _claim_shards(self, shards: list[int]) -> bool:
+        """Claim ``shards`` (those still owned) in turn, while memory and the slots'
+        queue have room; True if some shard returned a full batch."""
         full = False
         prestart = self.start_ms is not None
         lease_ms = self.lookahead_ms + (
             self.start_ms if self.start_ms is not None else self.lease_ms
         )
         runner = self._runner
-        for shard in list(self.scheduler.ownership.owned):
+        owned = self.scheduler.ownership.owned
+        for shard in shards:
             in_memory = len(self._placed) + runner.waiting + runner.running
             if not self.claiming or in_memory >= self.max_loaded:
                 break
@@ -173,9 +181,38 @@ class Claimer:
                 runner.room.clear()
                 break
             async with self.lock:
+                # Checked under the lock: a shutdown hands the loaded jobs back under it.
+                if not self.claiming or shard not in owned:
+                    continue
                 with self._claiming():
                     full = await self._claim(shard, lease_ms, prestart) or full
         return full
+
+    def claim_now(self, shards: set[int]) -> None:
+        """Claim ``shards`` at once, not waiting for the next round: jobs were made due
+        now there (waiters woken by a release here, on the permits it handed them).
+        The claims of one call go in turn; the shards asked for meanwhile go next."""
+        self._woken |= shards
+        if self._claiming_woken is None:
+            self._claiming_woken = asyncio.ensure_future(self._claim_woken())
+
+    async def _claim_woken(self) -> None:
+        try:
+            while self._woken and self.claiming:
+                shards, self._woken = sorted(self._woken), set()
+                try:
+                    if await self._claim_shards(shards):
+                        self.poke()  # a full batch: more is due, the rounds go on
+                except OUTAGE_ERRORS as exc:  # the jobs stay due: the rounds claim them
+                    self.stats.unavailable += 1
+                    self.outages.failed("loader", exc)
+                    return
+                except Exception:
+                    self.stats.errors += 1
+                    logger.exception("claim of woken jobs failed")
+                    return
+        finally:
+            self._claiming_woken = None
 
     async def _claim(self, shard: int, lease_ms: int, prestart: bool) -> bool:
         """Claim ``shard``'s due jobs and place them; True if the batch was full. Under

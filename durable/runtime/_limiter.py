@@ -14,9 +14,18 @@ Ground rules:
   booked for it. Nothing of it stays in this process.
 - A run's end (its handler returned, was stopped or failed) releases its permit; the
   release hands the freed permits to the first waiters, and each is made due now in
-  its shard (waits.lua, as wake.lua) and claimed by its shard's owner at once (this
-  worker's next round is started right away; another worker's within its poll
-  interval).
+  its shard (waits.lua, as wake.lua) and claimed by its shard's owner at once: when
+  that is this worker, a claim of just the woken jobs' shards is sent right away
+  (``claim_now``); another worker's within its poll interval.
+- A permit handed to a waiter is the job's (held by ``""`` in its key's slot, with a
+  deadline of one permit). This worker, having handed it and woken the job in a shard
+  it owns, notes the grant; the job's next claim here starts on it with no second
+  permit call, if it fires within half a permit of the release (``grant_s``) and its
+  task has no rate (a start must be counted in the window). A grant found older asks
+  again: limits.lua's acquire takes a handed permit that has not expired, or queues
+  the job again. The run holds the grant as ``""``: its extensions and its release
+  name ``""``, so a later claim of the same job (its lease lost) that takes the
+  permit under its own holder is never freed by this one.
 - Batches, as the acks: the gates of the jobs fired while one batch is in flight go
   together in the next (permits taken in limits.lua calls of many jobs, then the
   waits in waits.lua calls of many jobs per shard), and so do the releases and their
@@ -57,6 +66,9 @@ Admit = Callable[[tuple[int, str], Job, float, "float | None"], None]
 Gate = tuple[tuple[int, str], Job, float, "float | None"]
 # A permit to release: (task, key, member, holder ("": handed, not taken), limits).
 Handing = tuple[str, str, str, str, Limits]
+# Grants kept before the stale ones are dropped (a grant a claim here never used: its
+# job was claimed by another worker, cancelled, or claimed here after its window).
+GRANTS_KEPT = 10_000
 
 
 class Limiter:
@@ -68,6 +80,8 @@ class Limiter:
         stats: where waits are counted.
         lease_ms: the run's lease: a permit's length, and half the recheck time.
         poke: starts the worker's next claim round at once (a woken job is due now).
+        claim_now: claims the given shards at once (their woken jobs are due now);
+            None: :attr:`poke`.
     """
 
     def __init__(
@@ -78,6 +92,7 @@ class Limiter:
         *,
         lease_ms: int,
         poke: Callable[[], None] | None = None,
+        claim_now: Callable[[set[int]], None] | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.calls = scheduler.store.limits
@@ -86,6 +101,10 @@ class Limiter:
         self.hold_ms = lease_ms  # a permit's length
         self.recheck_ms = 2 * lease_ms  # a permit waiter's due, unless woken first
         self.poke = poke
+        self.claim_now = claim_now
+        # A grant is used within half a permit of its release (s): the permit's deadline
+        # is a whole permit after it, and the run's first extension pushes it.
+        self.grant_s = lease_ms / 2000
         self.admit: Admit | None = None  # the runner's fire, set by the runner
         self.current: dict[str, Limits] = {}  # the limits of record, by task
         self.waiting: dict[str, int] = {}  # jobs waiting, by limited task (at the read)
@@ -93,7 +112,13 @@ class Limiter:
         # fire that stops before its gate check (its lease ran out, its shard left)
         # leaves the entry; a later claim of the same id must not pass on it.
         self.admitted: dict[tuple[int, str], Job] = {}
-        self.held: dict[tuple[int, str], tuple[Job, Limits]] = {}  # permits held here
+        # Permits held here: the job, its limits and the holder its permit is held by
+        # ("<epoch>:<attempt>"; "": the grant a release handed its job).
+        self.held: dict[tuple[int, str], tuple[Job, Limits, str]] = {}
+        # Permits this worker handed to waiters of the shards it owns, by (shard, id):
+        # (task, key, loop time the release was sent: the grant's deadline is at least
+        # a permit after it).
+        self.granted: dict[tuple[int, str], tuple[str, str, float]] = {}
         self._loaded: asyncio.Future[None] | None = None  # the first declare and read
         self._read_at = 0.0  # loop time of the last read
         self._tasks: set[asyncio.Task[Any]] = set()  # gates and releases in flight
@@ -155,6 +180,8 @@ class Limiter:
             return False
         if job.duplicate:
             return False  # acked unrun: no run to limit
+        if self.granted and self._on_grant(key, job):
+            return False
         self._gates.append((key, job, lease_end, due))
         if self._gating is None:
             self._gating = self._spawn(self._gate_rounds())
@@ -198,7 +225,7 @@ class Limiter:
         for (gate, lim), (code, delay) in zip(limited, codes, strict=True):
             key, job = gate[0], gate[1]
             if code == ACQUIRED:
-                self.held[key] = (job, lim)
+                self.held[key] = (job, lim, f"{job.epoch}:{job.attempt}")
                 if owned.get(job.shard) != job.epoch:
                     self.finished(job)  # the shard left meanwhile: its run is not ours
                 else:
@@ -218,6 +245,9 @@ class Limiter:
             with self.scheduler.ownership.guard(shard, epoch):
                 await self.calls.wait_many(shard, waits)
             self.stats.limit_waits += len(waits)
+            if any((shard, job.id) in self.granted for job, _, _ in waits):
+                # Handed a permit while its wait was in flight: its wait made it due now.
+                self._claim({shard})
         except Fenced:
             pass  # counted, and the shard forgotten, by the loader's on_fenced
         except (RedisUnavailable, PostgresUnavailable) as exc:
@@ -226,6 +256,20 @@ class Limiter:
         except Exception:
             self.stats.errors += len(waits)
             logger.exception("%d waiting job(s) left to the reaper", len(waits))
+
+    def _on_grant(self, key: tuple[int, str], job: Job) -> bool:
+        """True if ``job`` starts on the permit a release here handed it (noted in
+        :attr:`granted`): its task, key and window match, and it has no rate."""
+        grant = self.granted.pop(key, None)
+        if grant is None or grant[0] != job.task or grant[1] != job.key:
+            return False
+        lim = self.current.get(job.task)
+        if lim is None or lim.rate_n or not lim.concurrency:
+            return False  # a start is counted in its window by an acquire
+        if asyncio.get_running_loop().time() - grant[2] >= self.grant_s:
+            return False  # asks again: the handed permit may have run out
+        self.held[key] = (job, lim, "")
+        return True
 
     def _admit(self, gate: Gate) -> None:
         if self.admit is not None:
@@ -239,9 +283,7 @@ class Limiter:
         its permit, if it holds one, joins the next batch of releases. O(1)."""
         held = self.held.pop((job.shard, job.id), None)
         if held is not None:
-            lim = held[1]
-            holder = f"{job.epoch}:{job.attempt}"
-            self._releases.append((job.task, job.key, member_of(job), holder, lim))
+            self._releases.append((job.task, job.key, member_of(job), held[2], held[1]))
             if self._releasing is None:
                 self._releasing = self._spawn(self._release_rounds())
 
@@ -268,16 +310,18 @@ class Limiter:
         """Release the permits of ``todo`` (one pipeline); the waiters they were handed
         to are woken by a task of their own (:meth:`_wake`), while the next batch of
         releases goes."""
+        sent = asyncio.get_running_loop().time()
         woken = await self.calls.release_many(todo, self.hold_ms)
         handed = [(r, w) for r, ws in zip(todo, woken, strict=True) for w in ws]
         if handed:
-            self._spawn(self._wake(handed))
+            self._spawn(self._wake(handed, sent))
 
-    async def _wake(self, handed: list[tuple[Handing, str]]) -> None:
+    async def _wake(self, handed: list[tuple[Handing, str]], sent: float) -> None:
         """Make each waiter handed a permit due now (one pipeline of waits.lua calls); a
         waiter that no longer waits (cancelled, done, moved) frees its handed permit
-        in the next batch of releases. A failure leaves the waiters to their recheck
-        time and the permits to their deadline."""
+        in the next batch of releases. The woken jobs of shards this worker owns are
+        claimed at once, on their grants (released at loop time ``sent``). A failure
+        leaves the waiters to their recheck time and the permits to their deadline."""
         try:
             codes = await self.calls.wake_many([(r[0], w) for r, w in handed])
         except (RedisUnavailable, PostgresUnavailable) as exc:
@@ -289,22 +333,48 @@ class Limiter:
             logger.exception("%d wake(s) left to their recheck time", len(handed))
             return
         stale = 0
+        owned = self.scheduler.ownership.owned
+        granted = self.granted
+        if len(granted) > GRANTS_KEPT:
+            self._forget_grants(sent)
+        due_now: set[int] = set()  # owned shards with a job due now
         for (r, waiter), code in zip(handed, codes, strict=True):
             if code == 0:
                 stale += 1
                 self._releases.append((r[0], r[1], waiter, "", r[4]))
-            else:
-                self.stats.limit_wakes += 1
+                continue
+            self.stats.limit_wakes += 1
+            text, _, job_id = waiter.partition("|")
+            shard = int(text)
+            if shard in owned:
+                # Code 2 (still leased: its wait in flight makes it due now): claimed
+                # when its wait lands (_wait), or by this claim if it landed already.
+                granted[(shard, job_id)] = (r[0], r[1], sent)
+                due_now.add(shard)
         if stale and self._releasing is None:
             self._releasing = self._spawn(self._release_rounds())
-        if self.poke is not None and stale < len(handed):
+        if due_now:
+            self._claim(due_now)
+        elif self.poke is not None and stale < len(handed) and self.claim_now is None:
             self.poke()
+
+    def _claim(self, shards: set[int]) -> None:
+        """Claim ``shards`` now: woken jobs are due there."""
+        if self.claim_now is not None:
+            self.claim_now(shards)
+        elif self.poke is not None:
+            self.poke()
+
+    def _forget_grants(self, now: float) -> None:
+        """Drop the grants past their window (never used here)."""
+        for key in [k for k, g in self.granted.items() if now - g[2] >= self.grant_s]:
+            del self.granted[key]
 
     async def extend(self, job: Job) -> None:
         """Push the permit ``job``'s run holds (if any) with its lease."""
         held = self.held.get((job.shard, job.id))
         if held is not None:
-            await self.calls.extend(job, held[1], self.hold_ms)
+            await self.calls.extend(job, held[1], self.hold_ms, held[2])
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)

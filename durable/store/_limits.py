@@ -133,9 +133,12 @@ class LimitCalls(ScriptCalls):
         assert isinstance(reply, list)
         return [m.decode(errors="replace") for m in reply]
 
-    async def extend(self, job: Job, lim: Limits, hold_ms: int) -> bool:
-        """Push ``job``'s permit deadline to now + ``hold_ms`` (with its lease)."""
-        holder = f"{job.epoch}:{job.attempt}"
+    async def extend(self, job: Job, lim: Limits, hold_ms: int, holder: str | None = None) -> bool:
+        """Push ``job``'s permit deadline to now + ``hold_ms`` (with its lease), if
+        ``holder`` holds it (default: the run's ``"<epoch>:<attempt>"``; ``""``: a run
+        started on the permit a release handed to its job)."""
+        if holder is None:
+            holder = f"{job.epoch}:{job.attempt}"
         args: list[object] = ["x", member_of(job), holder, lim, hold_ms, ""]
         return bool(await self._call(job.task, job.key, args))
 
