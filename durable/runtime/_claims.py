@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
@@ -145,6 +146,7 @@ class Claimer:
         self.lock = asyncio.Lock()
         self._stopped = asyncio.Event()  # set by stop() and poke(): wakes run()
         self._woken: set[int] = set()  # shards to claim now (claim_now), not claimed yet
+        self._woken_tokens: dict[int, str] = {}  # shard -> the last woken claim's token
         self._claiming_woken: asyncio.Task[None] | None = None  # claims them
 
     @property
@@ -195,6 +197,69 @@ class Claimer:
         self._woken |= shards
         if self._claiming_woken is None:
             self._claiming_woken = asyncio.ensure_future(self._claim_woken())
+
+    async def take_woken(
+        self, woken: dict[int, list[tuple[str, str]]]
+    ) -> dict[int, list[int] | None]:
+        """Wake the waiters ``woken`` (shard -> ``(task, job id)``), which a release here
+        handed permits to, and lease those now due to this worker in the same call
+        (woken.lua, one a shard, all in flight at once), placed in the wheel as a
+        claim's jobs are. Per shard woken.lua's codes, or None when this worker does
+        not take them (not claiming, the shard not owned or fenced meanwhile, no room
+        in memory): the caller wakes those plainly. A backlog of the slots does not
+        stop them, as it stops claims: each came from a run that ended here and holds
+        a permit, so they take the slots those runs left, not more.
+
+        Raises:
+            RedisUnavailable: if Redis cannot be reached.
+        """
+        out: dict[int, list[int] | None] = dict.fromkeys(woken)
+        runner = self._runner
+        if len(self._placed) + runner.waiting + runner.running >= self.max_loaded:
+            return out
+        async with self.lock:
+            owned = self.scheduler.ownership.owned
+            if not self.claiming:
+                return out
+            shards = [s for s in woken if s in owned]
+            with self._claiming():
+                t_sent = asyncio.get_running_loop().time()
+                got = await asyncio.gather(
+                    *(self._take_woken(s, owned[s], woken[s], t_sent) for s in shards)
+                )
+            out.update(zip(shards, got, strict=True))
+        return out
+
+    async def _take_woken(
+        self, shard: int, epoch: int, woken: list[tuple[str, str]], t_sent: float
+    ) -> list[int] | None:
+        lease_ms = self.lookahead_ms + (
+            self.start_ms if self.start_ms is not None else self.lease_ms
+        )
+        token, forget = secrets.token_hex(8), self._woken_tokens.pop(shard, None)
+        try:
+            with self.scheduler.ownership.guard(shard, epoch):
+                codes, batch = await self.scheduler.store.limits.claim_woken(
+                    shard,
+                    epoch,
+                    woken,
+                    lease_ms,
+                    token=token,
+                    forget=forget,
+                    prestart=self.start_ms is not None,
+                )
+        except Fenced:  # counted, and the shard forgotten, by the loader's on_fenced
+            return None
+        self._woken_tokens[shard] = token
+        t_reply = asyncio.get_running_loop().time()
+        self.stats.claimed += len(batch.jobs)
+        for job in batch.jobs:
+            self._place(
+                job,
+                t_reply + (job.due_ms - batch.now_ms) / 1000,
+                t_sent + (job.deadline_ms - batch.now_ms) / 1000,
+            )
+        return codes
 
     async def _claim_woken(self) -> None:
         try:

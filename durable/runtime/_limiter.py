@@ -44,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from tickwheel.durable.model import Fenced, Job, Limits, PostgresUnavailable, RedisUnavailable
@@ -69,6 +69,11 @@ Handing = tuple[str, str, str, str, Limits]
 # Grants kept before the stale ones are dropped (a grant a claim here never used: its
 # job was claimed by another worker, cancelled, or claimed here after its window).
 GRANTS_KEPT = 10_000
+# A woken job leased here by take_woken (woken.lua's 1), told from a wake's 1 (due now).
+LEASED_HERE = -1
+# Wakes and leases the woken waiters of owned shards (shard -> (task, job id)) in one
+# call a shard: woken.lua's codes by shard, None for a shard not taken there.
+TakeWoken = Callable[[dict[int, list[tuple[str, str]]]], Awaitable[dict[int, "list[int] | None"]]]
 
 
 class Limiter:
@@ -82,6 +87,8 @@ class Limiter:
         poke: starts the worker's next claim round at once (a woken job is due now).
         claim_now: claims the given shards at once (their woken jobs are due now);
             None: :attr:`poke`.
+        take_woken: wakes and leases here the waiters of owned shards in one call a
+            shard (the Claimer's; None: they are woken, then claimed).
     """
 
     def __init__(
@@ -93,6 +100,7 @@ class Limiter:
         lease_ms: int,
         poke: Callable[[], None] | None = None,
         claim_now: Callable[[set[int]], None] | None = None,
+        take_woken: TakeWoken | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.calls = scheduler.store.limits
@@ -102,6 +110,7 @@ class Limiter:
         self.recheck_ms = 2 * lease_ms  # a permit waiter's due, unless woken first
         self.poke = poke
         self.claim_now = claim_now
+        self.take_woken = take_woken
         # A grant is used within half a permit of its release (s): the permit's deadline
         # is a whole permit after it, and the run's first extension pushes it.
         self.grant_s = lease_ms / 2000
@@ -317,13 +326,45 @@ class Limiter:
             self._spawn(self._wake(handed, sent))
 
     async def _wake(self, handed: list[tuple[Handing, str]], sent: float) -> None:
-        """Make each waiter handed a permit due now (one pipeline of waits.lua calls); a
-        waiter that no longer waits (cancelled, done, moved) frees its handed permit
-        in the next batch of releases. The woken jobs of shards this worker owns are
-        claimed at once, on their grants (released at loop time ``sent``). A failure
+        """Make each waiter handed a permit due now; a waiter that no longer waits
+        (cancelled, done, moved) frees its handed permit in the next batch of releases.
+        The waiters of shards this worker owns start on their grants (released at loop
+        time ``sent``): leased here in the same call (:attr:`take_woken`, woken.lua),
+        or claimed at once. The others: one pipeline of waits.lua calls. A failure
         leaves the waiters to their recheck time and the permits to their deadline."""
+        owned = self.scheduler.ownership.owned
+        granted = self.granted
+        if len(granted) > GRANTS_KEPT:
+            self._forget_grants(sent)
+        direct: dict[int, list[int]] = {}  # shard -> indexes into handed
+        plain: list[int] = []
+        for i, (r, waiter) in enumerate(handed):
+            text, _, job_id = waiter.partition("|")
+            shard = int(text)
+            if shard in owned:
+                granted[(shard, job_id)] = (r[0], r[1], sent)  # before it can fire
+                if self.take_woken is not None:
+                    direct.setdefault(shard, []).append(i)
+                    continue
+            plain.append(i)
+        codes = [0] * len(handed)
         try:
-            codes = await self.calls.wake_many([(r[0], w) for r, w in handed])
+            if direct:
+                items = {
+                    shard: [(handed[i][0][0], handed[i][1].partition("|")[2]) for i in ids]
+                    for shard, ids in direct.items()
+                }
+                assert self.take_woken is not None
+                for shard, got in (await self.take_woken(items)).items():
+                    if got is None:
+                        plain += direct[shard]  # not taken here: woken plainly
+                    else:
+                        for i, code in zip(direct[shard], got, strict=True):
+                            codes[i] = LEASED_HERE if code == 1 else code
+            if plain:
+                woken = await self.calls.wake_many([(handed[i][0][0], handed[i][1]) for i in plain])
+                for i, code in zip(plain, woken, strict=True):
+                    codes[i] = code
         except (RedisUnavailable, PostgresUnavailable) as exc:
             self.stats.unavailable += 1
             logger.debug("%d wake(s) left to their recheck time (%s)", len(handed), exc)
@@ -333,24 +374,19 @@ class Limiter:
             logger.exception("%d wake(s) left to their recheck time", len(handed))
             return
         stale = 0
-        owned = self.scheduler.ownership.owned
-        granted = self.granted
-        if len(granted) > GRANTS_KEPT:
-            self._forget_grants(sent)
-        due_now: set[int] = set()  # owned shards with a job due now
+        due_now: set[int] = set()  # owned shards with a woken job to claim
         for (r, waiter), code in zip(handed, codes, strict=True):
+            text, _, job_id = waiter.partition("|")
             if code == 0:
                 stale += 1
                 self._releases.append((r[0], r[1], waiter, "", r[4]))
+                granted.pop((int(text), job_id), None)
                 continue
             self.stats.limit_wakes += 1
-            text, _, job_id = waiter.partition("|")
-            shard = int(text)
-            if shard in owned:
-                # Code 2 (still leased: its wait in flight makes it due now): claimed
-                # when its wait lands (_wait), or by this claim if it landed already.
-                granted[(shard, job_id)] = (r[0], r[1], sent)
-                due_now.add(shard)
+            if code != LEASED_HERE and int(text) in owned:
+                # Due now, or still leased (code 2: its wait, in flight, makes it due
+                # now; claimed when it lands, see _wait, or here if it landed already).
+                due_now.add(int(text))
         if stale and self._releasing is None:
             self._releasing = self._spawn(self._release_rounds())
         if due_now:

@@ -19,8 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tickwheel.durable.model import Job, Limits
+from tickwheel.durable.model import ClaimBatch, DurableError, Job, Limits
 
+from ._codec import claimed_key, claimed_trace, decode_payload
+from ._msgpack import unpack_reply
 from ._scripts import ScriptCalls
 from ._transport import Call
 
@@ -270,6 +272,59 @@ class LimitCalls(ScriptCalls):
                 out[i] = int(code)
         return out
 
+    async def claim_woken(
+        self,
+        shard: int,
+        epoch: int,
+        woken: Sequence[tuple[str, str]],
+        lease_ms: int,
+        *,
+        token: str,
+        forget: str | None = None,
+        prestart: bool = False,
+    ) -> tuple[list[int], ClaimBatch]:
+        """:meth:`wake_many` for the waiters ``woken`` (``(task, job id)``) of ``shard``,
+        leasing to ``epoch`` at once those now due (woken.lua; one call per
+        ``BATCH_JOBS``, pipelined). Per job a code (1 leased: in the batch; 2 still
+        leased, its wait in flight; 3 due now, a claim's to take; 0 not waiting) and the
+        batch of the jobs leased, as :meth:`Store.claim` returns it. ``token`` and
+        ``forget`` are claim.lua's: a call whose reply was lost is sent again with its
+        token and returns the same jobs.
+
+        Raises:
+            Fenced: if ``epoch`` is stale (nothing written).
+            DurableError: if a reply is not woken.lua's.
+        """
+        k = self.keys.shard(shard)
+        reply_key = self.keys.claim_reply(shard, token)
+        forget_key = reply_key if forget is None else self.keys.claim_reply(shard, forget)
+        head = [k.due, k.leased, k.epoch, k.clock, k.prio, k.wakes, k.done, k.paused]
+        calls: list[Call] = []
+        for c in range(0, len(woken), BATCH_JOBS):
+            # One reply key a call: the token's, with the call's index past the first.
+            key = reply_key if not c else f"{reply_key}:{c}"
+            keys: list[str] = [*head, key, forget_key if not c else key]
+            args: list[object] = [epoch, lease_ms, "1" if prestart else "", WAKE_HOLD_MS]
+            call = Call(self._scripts.woken, keys, args, shard)
+            index: dict[str, int] = {}
+            for task, job_id in woken[c : c + BATCH_JOBS]:
+                w = self._index(call, index, self.keys.waits(shard, task))
+                b = self._index(call, index, self.keys.jobs_key(shard, job_id))
+                args += [job_id, w, b, self.keys.bucket_of(job_id)]
+            calls.append(call)
+        codes: list[int] = []
+        jobs: list[Job] = []
+        now_ms = 0
+        for codes_part, packed in await self._pipelined(calls):
+            codes += [int(c) for c in codes_part]
+            try:
+                reply = unpack_reply(packed)
+            except ValueError as exc:
+                raise DurableError(f"woken claim on shard {shard}: {exc}") from None
+            now_ms = max(now_ms, int(reply[0]))
+            jobs += _woken_jobs(reply, shard)
+        return codes, ClaimBatch(shard=shard, now_ms=now_ms, jobs=jobs, dropped=0)
+
     async def wait_many(self, shard: int, waits: Sequence[tuple[Job, int, bool]]) -> None:
         """:meth:`wait` for each ``(job, delay_ms, permit)`` of one ``shard`` and one
         epoch: waits.lua calls of at most ``BATCH_JOBS``, pipelined.
@@ -350,3 +405,35 @@ class LimitCalls(ScriptCalls):
         counts = await self.transport.bounded(count)
         n = self.keys.shards
         return {t: sum(counts[i * n : (i + 1) * n]) for i, t in enumerate(tasks)}
+
+
+def _woken_jobs(reply: list[Any], shard: int) -> list[Job]:
+    """The jobs of woken.lua's claim reply (``{now, 0, 0, rows}``): each row is id, due,
+    deadline, tag, count and the whole record (one-shot jobs only)."""
+    jobs = []
+    i = 3
+    while i < len(reply):
+        ident, due, deadline, tag, count = reply[i : i + 5]
+        f = reply[i + 5 : i + 5 + count]
+        i += 5 + count
+        jobs.append(
+            Job(
+                id=ident.decode(),
+                shard=shard,
+                task=f[0].decode(),
+                payload=f[1] if f[3] == 0 else decode_payload(f[1], f[3]),
+                nominal_ms=f[4],
+                due_ms=due,
+                deadline_ms=deadline,
+                attempt=f[5],
+                max_attempts=f[2],
+                epoch=f[6],
+                recurrence=None,
+                last_error=f[12].decode(errors="replace"),
+                bucket=tag >> 1,
+                timeout_ms=f[13],
+                trace=claimed_trace(f[14]),
+                key=claimed_key(f[15]),
+            )
+        )
+    return jobs
