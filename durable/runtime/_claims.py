@@ -251,15 +251,21 @@ class Claimer:
         except Fenced:  # counted, and the shard forgotten, by the loader's on_fenced
             return None
         self._woken_tokens[shard] = token
-        t_reply = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        t_reply = loop.time()
         self.stats.claimed += len(batch.jobs)
         for job in batch.jobs:
-            self._place(
-                job,
-                t_reply + (job.due_ms - batch.now_ms) / 1000,
-                t_sent + (job.deadline_ms - batch.now_ms) / 1000,
-            )
+            when = t_reply + (job.due_ms - batch.now_ms) / 1000
+            self._place(job, when, t_sent + (job.deadline_ms - batch.now_ms) / 1000)
+            if when <= t_reply:  # due: fired at the loop's next turn, not the wheel's tick
+                loop.call_soon(self._fire_now, (job.shard, job.id))
         return codes
+
+    def _fire_now(self, key: tuple[int, str]) -> None:
+        entry = self._placed.get(key)
+        if entry is not None:
+            entry[1].cancel()
+            self._fire(key)
 
     async def _claim_woken(self) -> None:
         try:
