@@ -48,9 +48,14 @@ BATCH_JOBS = 200
 WAKE_HOLD_MS = 60_000
 
 
-def _counts(lim: Limits) -> list[object]:
+def _counts(lim: Limits) -> tuple[int, int, int]:
     """limits.lua's conc, rate_n and rate_ms of ``lim``."""
-    return [lim.concurrency, lim.rate_n, lim.rate_ms]
+    return (lim.concurrency, lim.rate_n, lim.rate_ms)
+
+
+# One job of a batch: (task, key, its limits' counts, its values: 'A' member, holder,
+# occurrence; 'R' member, holder).
+_Item = tuple[str, str, tuple[int, int, int], list[object]]
 
 
 def member_of(job: Job) -> str:
@@ -167,31 +172,29 @@ class LimitCalls(ScriptCalls):
         )
         return [reply for part in parts for reply in part]
 
-    async def _batched(
-        self, op: str, hold_ms: int, items: Sequence[tuple[str, str, list[object]]]
-    ) -> list[list[Any]]:
-        """limits.lua batch calls (``op`` 'A' or 'R') of ``items`` (task, key, the job's
-        7 values past its group), pipelined: on one Redis up to ``BATCH_JOBS`` jobs a
-        call, whatever their keys; on a cluster one call per flow key (one slot). Each
-        job's part of its call's reply, in the order of ``items``."""
-        by_key: dict[tuple[str, str], list[int]] = {}
-        for i, (task, key, _) in enumerate(items):
-            by_key.setdefault((task, key), []).append(i)
+    async def _batched(self, op: str, hold_ms: int, items: Sequence[_Item]) -> list[list[Any]]:
+        """limits.lua batch calls (``op`` 'A' or 'R') of ``items`` (task, key, its
+        limits' three counts, the job's values), pipelined: on one Redis up to
+        ``BATCH_JOBS`` jobs a call, whatever their keys; on a cluster one call per flow
+        key (one slot). A key's jobs go as one group (its limits once). Each job's part
+        of its call's reply, in the order of ``items``."""
+        by_key: dict[tuple[str, str, tuple[int, int, int]], list[int]] = {}
+        for i, (task, key, counts, _) in enumerate(items):
+            by_key.setdefault((task, key, counts), []).append(i)
         calls: list[Call] = []
         order: list[list[int]] = []  # per call, the items it carries
         keys: list[str] = []
         args: list[object] = []
-        for (task, key), members in by_key.items():
+        for (task, key, counts), members in by_key.items():
             full = len(order) and len(order[-1]) + len(members) > BATCH_JOBS
             if not args or self.transport.cluster or full:
                 keys, args = [], [op, hold_ms]
                 calls.append(Call(self._scripts.limits, keys, args, -1))
                 order.append([])
             keys += self.keys.limit_keys(task, key)
-            group = len(keys) // 5
+            args += [len(members), *counts]
             for i in members:
-                args.append(group)
-                args += items[i][2]
+                args += items[i][3]
                 order[-1].append(i)
         out: list[list[Any]] = [[] for _ in items]
         for ids, reply in zip(order, await self._pipelined(calls), strict=True):
@@ -208,12 +211,11 @@ class LimitCalls(ScriptCalls):
         """:meth:`acquire` for each ``(job, limits)``, in batches (limits.lua 'A'): one
         round trip per node. Each acquire is atomic in its key's slot. The codes in
         order."""
-        items = []
+        items: list[_Item] = []
         for job, lim in jobs:
             holder = f"{job.epoch}:{job.attempt}"
             occurrence = f"{job.nominal_ms}|{job.attempt}"
-            values: list[object] = [member_of(job), holder, *_counts(lim), occurrence]
-            items.append((job.task, job.key, values))
+            items.append((job.task, job.key, _counts(lim), [member_of(job), holder, occurrence]))
         return [(int(r[0]), int(r[1])) for r in await self._batched("A", hold_ms, items)]
 
     async def release_many(
@@ -221,9 +223,8 @@ class LimitCalls(ScriptCalls):
     ) -> list[list[str]]:
         """:meth:`release` for each ``(task, key, member, holder, limits)``, in batches
         (limits.lua 'R'): for each, the members handed a permit (to wake)."""
-        batch = [
-            (task, key, [member, holder, *_counts(lim), ""])
-            for task, key, member, holder, lim in items
+        batch: list[_Item] = [
+            (task, key, _counts(lim), [member, holder]) for task, key, member, holder, lim in items
         ]
         replies = await self._batched("R", hold_ms, batch)
         return [[m.decode(errors="replace") for m in r[1:]] for r in replies]

@@ -28,8 +28,10 @@
 -- Batches (one call for many jobs: the script's own cost paid once, docs/limits.md):
 --   KEYS: 5 per flow key, in the order above (KEYS[5g-4 .. 5g] is group g; on a Redis
 --   Cluster the client sends one slot's groups a call).
---   ARGV[1] 'A' acquire or 'R' release; ARGV[2] hold_ms; then 7 per job: group g,
---   member, holder, conc, rate_n, rate_ms, nominal ('' with 'R').
+--   ARGV[1] 'A' acquire or 'R' release; ARGV[2] hold_ms; then per group, in the order
+--   of KEYS: the count c of its jobs, conc, rate_n, rate_ms, then c jobs of 3 values
+--   with 'A' (member, holder, nominal) or 2 with 'R' (member, holder). The limits go
+--   once a group, not once a job: each value is a string Redis makes for the script.
 --   'A' returns {code_1, delay_1, code_2, delay_2, ...}, as 'a' per job in order;
 --   'R' returns {count_1, member.., count_2, member..}: per job, as 'r', its count first.
 -- Errors: none (the client checks the limits; a Redis error only for a wrong type).
@@ -43,6 +45,28 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- far below QUEUE_STEPS jobs; a double holds 1/4096 ms exactly at today's ms).
 local queued, QUEUE_STEPS = 0, 4096
 
+-- Per key, within a call: how many permits are held (ZCARD of P) and how many waiters
+-- are queued (ZCARD of W), each read once and then kept as this call changes them, so a
+-- batch's later jobs of a key read no count (callgrind: a redis.call is a few thousand
+-- Redis instructions; docs/limits.md, "Costs").
+local held_n, wait_n = {}, {}
+local function held(P)
+  local n = held_n[P]
+  if not n then
+    n = redis.call('ZCARD', P)
+    held_n[P] = n
+  end
+  return n
+end
+local function queued_n(W)
+  local n = wait_n[W]
+  if not n then
+    n = redis.call('ZCARD', W)
+    wait_n[W] = n
+  end
+  return n
+end
+
 -- Permits past their deadline (a worker killed or stalled past its lease) are freed
 -- (once per key a call: `now` does not move within it).
 local expired = {}
@@ -53,6 +77,7 @@ local function expire(P, H)
   if #old > 0 then
     redis.call('ZREM', P, unpack(old))
     redis.call('HDEL', H, unpack(old))
+    if held_n[P] then held_n[P] = held_n[P] - #old end
   end
 end
 
@@ -79,25 +104,31 @@ end
 -- Release m's permit if holder holds it, then hand the free ones to the first waiters:
 -- appended to out (their members); how many were.
 local function release(P, H, W, m, holder, conc, hold, out)
+  expire(P, H)
+  local n = held(P)
   if redis.call('HGET', H, m) == holder then
     redis.call('HDEL', H, m)
-    redis.call('ZREM', P, m)
+    n = n - redis.call('ZREM', P, m)
   end
-  expire(P, H)
-  local n = 0
-  local free = conc - redis.call('ZCARD', P)
-  while free > 0 do
+  local handed = 0
+  while n < conc and queued_n(W) > 0 do
     local top = redis.call('ZPOPMIN', W)
-    if #top == 0 then break end
+    if #top == 0 then
+      wait_n[W] = 0
+      break
+    end
+    wait_n[W] = wait_n[W] - 1
     -- Handed to the waiter: held for it until it takes it (or the deadline passes).
     redis.call('HSET', H, top[1], '')
     redis.call('ZADD', P, now + hold, top[1])
     out[#out + 1] = top[1]
+    handed = handed + 1
     n = n + 1
-    free = free - 1
   end
-  if redis.call('ZCARD', P) == 0 then redis.call('DEL', P, H) end
-  return n
+  held_n[P] = n
+  -- Holders left without a permit (none in a consistent key) go with the last permit.
+  if n == 0 then redis.call('DEL', P, H) end
+  return handed
 end
 
 -- Acquire m's permit: code, delay (as the header's 'a').
@@ -105,15 +136,30 @@ local function acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, no
   local have = false
   if conc > 0 then
     expire(P, H)
+    if rate_n == 0 and held(P) < conc then
+      -- A grant without a rate: the holder is written by the call that tells whether
+      -- it had a permit already (handed to it, or its own: then only its holder and
+      -- deadline change).
+      if redis.call('HSETNX', H, m, holder) == 0 then
+        redis.call('HSET', H, m, holder)
+        redis.call('ZADD', P, now + hold, m)
+        return 1, 0
+      end
+      redis.call('ZADD', P, now + hold, m)
+      held_n[P] = held_n[P] + 1
+      -- Out of the waiters (no call when the key has none).
+      if queued_n(W) > 0 then wait_n[W] = wait_n[W] - redis.call('ZREM', W, m) end
+      return 1, 0
+    end
     local cur = redis.call('HGET', H, m)
     if cur then
       have = true  -- handed to it, or its own (a re-sent acquire, or a later attempt)
-    elseif redis.call('ZCARD', P) >= conc then
-      if not redis.call('ZSCORE', W, m) then
-        -- Queued in the order asked within a call too (a batch shares its `now`).
-        queued = queued + 1
-        redis.call('ZADD', W, now + queued / QUEUE_STEPS, m)
-      end
+    elseif held(P) >= conc then
+      -- Queued in the order asked within a call too (a batch shares its `now`); one
+      -- already queued keeps its place (NX).
+      local q = queued_n(W)
+      queued = queued + 1
+      wait_n[W] = q + redis.call('ZADD', W, 'NX', now + queued / QUEUE_STEPS, m)
       return 2, 0
     end
   end
@@ -153,8 +199,12 @@ local function acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, no
   if conc > 0 then
     redis.call('HSET', H, m, holder)
     redis.call('ZADD', P, now + hold, m)
-    -- Out of the waiters: a member with a permit (handed or its own) is never in them.
-    if not have then redis.call('ZREM', W, m) end
+    if not have then
+      held_n[P] = held(P) + 1
+      -- Out of the waiters: a member with a permit (handed or its own) is never in
+      -- them (no call when the key has none).
+      if queued_n(W) > 0 then wait_n[W] = wait_n[W] - redis.call('ZREM', W, m) end
+    end
   end
   return 1, 0
 end
@@ -162,20 +212,26 @@ end
 local op = ARGV[1]
 if op == 'A' or op == 'R' then
   local hold, out = tonumber(ARGV[2]), {}
-  for i = 3, #ARGV, 7 do
-    local g = 5 * tonumber(ARGV[i]) - 5
-    local m, holder = ARGV[i + 1], ARGV[i + 2]
-    local conc = tonumber(ARGV[i + 3])
-    if op == 'A' then
-      local code, delay = acquire(KEYS[g + 1], KEYS[g + 2], KEYS[g + 3], KEYS[g + 4],
-        KEYS[g + 5], m, holder, conc, tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]), hold,
-        ARGV[i + 6])
-      out[#out + 1] = code
-      out[#out + 1] = delay
-    else
-      local at = #out + 1
-      out[at] = 0
-      out[at] = release(KEYS[g + 1], KEYS[g + 2], KEYS[g + 3], m, holder, conc, hold, out)
+  local width = op == 'A' and 3 or 2
+  local i, g = 3, 0
+  while i <= #ARGV do
+    local c, conc = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+    local rate_n, rate_ms = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+    local P, H, W, S, B = KEYS[g + 1], KEYS[g + 2], KEYS[g + 3], KEYS[g + 4], KEYS[g + 5]
+    g, i = g + 5, i + 4
+    for _ = 1, c do
+      local m, holder = ARGV[i], ARGV[i + 1]
+      if op == 'A' then
+        local code, delay = acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold,
+          ARGV[i + 2])
+        out[#out + 1] = code
+        out[#out + 1] = delay
+      else
+        local at = #out + 1
+        out[at] = 0
+        out[at] = release(P, H, W, m, holder, conc, hold, out)
+      end
+      i = i + width
     end
   end
   return out
