@@ -59,7 +59,7 @@ async def _count(server: TracedServer, jobs: int, keys: int) -> dict[str, float]
             claimed = []
             for shard in range(SHARDS):
                 await s.take(shard)
-                claimed += (await s.claim(shard, limit=jobs, lease=30.0)).jobs
+                claimed += await _claim_all(s, shard)
             claimed.sort(key=lambda j: int(j.id[1:]))
             server.zero()
             codes = await calls.acquire_many([(j, lim) for j in claimed], 30_000)
@@ -94,7 +94,7 @@ async def _count(server: TracedServer, jobs: int, keys: int) -> dict[str, float]
             server.zero()
             again = []
             for shard in range(SHARDS):
-                again += (await s.claim(shard, limit=jobs, lease=30.0)).jobs
+                again += await _claim_all(s, shard)
             out["claimed again"] = server.dump() / len(handed)
             server.zero()
             await calls.acquire_many([(j, lim) for j in again], 30_000)
@@ -102,6 +102,14 @@ async def _count(server: TracedServer, jobs: int, keys: int) -> dict[str, float]
     finally:
         await client.aclose()
     return out
+
+
+async def _claim_all(s: Any, shard: int) -> list[Any]:
+    """Every due job of ``shard``, in claims of at most 1,000."""
+    jobs: list[Any] = []
+    while batch := (await s.claim(shard, limit=1000, lease=30.0)).jobs:
+        jobs += batch
+    return jobs
 
 
 def main() -> None:

@@ -48,7 +48,8 @@ local queued, QUEUE_STEPS = 0, 4096
 -- Per key, within a call: how many permits are held (ZCARD of P) and how many waiters
 -- are queued (ZCARD of W), each read once and then kept as this call changes them, so a
 -- batch's later jobs of a key read no count (callgrind: a redis.call is a few thousand
--- Redis instructions; docs/limits.md, "Costs").
+-- Redis instructions; docs/limits.md, "Costs"). The waiters' count is read only for a
+-- key with several jobs in the call (nil: not known; the calls that need it are made).
 local held_n, wait_n = {}, {}
 local function held(P)
   local n = held_n[P]
@@ -111,13 +112,13 @@ local function release(P, H, W, m, holder, conc, hold, out)
     n = n - redis.call('ZREM', P, m)
   end
   local handed = 0
-  while n < conc and queued_n(W) > 0 do
+  while n < conc and wait_n[W] ~= 0 do
     local top = redis.call('ZPOPMIN', W)
     if #top == 0 then
       wait_n[W] = 0
       break
     end
-    wait_n[W] = wait_n[W] - 1
+    if wait_n[W] then wait_n[W] = wait_n[W] - 1 end
     -- Handed to the waiter: held for it until it takes it (or the deadline passes).
     redis.call('HSET', H, top[1], '')
     redis.call('ZADD', P, now + hold, top[1])
@@ -147,8 +148,12 @@ local function acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, no
       end
       redis.call('ZADD', P, now + hold, m)
       held_n[P] = held_n[P] + 1
-      -- Out of the waiters (no call when the key has none).
-      if queued_n(W) > 0 then wait_n[W] = wait_n[W] - redis.call('ZREM', W, m) end
+      -- Out of the waiters (no call when the key is known to have none).
+      local q = wait_n[W]
+      if q ~= 0 then
+        local r = redis.call('ZREM', W, m)
+        if q then wait_n[W] = q - r end
+      end
       return 1, 0
     end
     local cur = redis.call('HGET', H, m)
@@ -157,9 +162,9 @@ local function acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, no
     elseif held(P) >= conc then
       -- Queued in the order asked within a call too (a batch shares its `now`); one
       -- already queued keeps its place (NX).
-      local q = queued_n(W)
       queued = queued + 1
-      wait_n[W] = q + redis.call('ZADD', W, 'NX', now + queued / QUEUE_STEPS, m)
+      local added = redis.call('ZADD', W, 'NX', now + queued / QUEUE_STEPS, m)
+      if wait_n[W] then wait_n[W] = wait_n[W] + added end
       return 2, 0
     end
   end
@@ -202,8 +207,12 @@ local function acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, no
     if not have then
       held_n[P] = held(P) + 1
       -- Out of the waiters: a member with a permit (handed or its own) is never in
-      -- them (no call when the key has none).
-      if queued_n(W) > 0 then wait_n[W] = wait_n[W] - redis.call('ZREM', W, m) end
+      -- them (no call when the key is known to have none).
+      local q = wait_n[W]
+      if q ~= 0 then
+        local r = redis.call('ZREM', W, m)
+        if q then wait_n[W] = q - r end
+      end
     end
   end
   return 1, 0
@@ -219,6 +228,7 @@ if op == 'A' or op == 'R' then
     local rate_n, rate_ms = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
     local P, H, W, S, B = KEYS[g + 1], KEYS[g + 2], KEYS[g + 3], KEYS[g + 4], KEYS[g + 5]
     g, i = g + 5, i + 4
+    if c > 1 and conc > 0 then queued_n(W) end  -- several jobs: count its waiters once
     for _ = 1, c do
       local m, holder = ARGV[i], ARGV[i + 1]
       if op == 'A' then
