@@ -247,3 +247,66 @@ def test_one_key_runs_one_at_a_time_through_handovers(redis_url: str) -> None:
             assert (state.running, state.handed, state.waiting) == (0, 0, 0)
 
     run(main())
+
+
+def test_woken_ends_each_kind_of_wait_as_the_wake_does(redis_url: str) -> None:
+    """woken.lua on h-kmem's waiting: a permit waiter with a priority leased here has no
+    due or priority entry; one of a paused task goes to due with its priority entry; one
+    still leased (its wait in flight) gets the wake its wait then finds; the counts of
+    waiting jobs end at zero."""
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            calls = s.store.limits
+            k = s.store.keys.shard(0)
+            client = s.store.transport.client
+            await calls.declare({"charge": ONE, "other": ONE})
+            await s.schedule("c0", "charge", key="m")
+            await s.schedule("c1", "charge", key="m", priority=5)
+            await s.schedule("o0", "other", key="m")
+            await s.schedule("o1", "other", key="m", priority=3)
+            await s.schedule("o2", "other", key="m")
+            await s.take(0)
+            jobs = {j.id: j for j in (await s.claim(0, limit=9, lease=30.0)).jobs}
+            order = [("c0", ONE), ("c1", ONE), ("o0", ONE), ("o1", ONE), ("o2", ONE)]
+            codes = await calls.acquire_many([(jobs[i], lim) for i, lim in order], 30_000)
+            assert [c for c, _ in codes] == [ACQUIRED, PERMIT_WAIT, ACQUIRED, PERMIT_WAIT, PERMIT_WAIT]
+            # c1 and o1 wait (in no index); o2's wait is still in flight (leased).
+            await calls.wait_many(0, [(jobs["c1"], 60_000, True), (jobs["o1"], 60_000, True)])
+            assert await calls.waiting(["charge", "other"]) == {"charge": 1, "other": 1}
+            c0, o0 = jobs["c0"], jobs["o0"]
+            handed = await calls.release_many(
+                [
+                    ("charge", "m", member_of(c0), _holder(c0), ONE),
+                    ("other", "m", member_of(o0), _holder(o0), ONE),
+                ],
+                30_000,
+            )
+            assert handed == [[member_of(jobs["c1"])], [member_of(jobs["o1"])]]
+            await s.pause("other")
+            codes, batch = await calls.claim_woken(
+                0, c0.epoch, [("charge", "c1"), ("other", "o1")], 6000, token="e1"
+            )
+            assert codes == [1, 3] and [j.id for j in batch.jobs] == ["c1"]
+            assert await client.zscore(k.due, "c1") is None
+            assert await client.zscore(k.prio, "c1") is None
+            assert await client.zscore(k.due, "o1") is not None  # due now, for a claim
+            assert await client.zscore(k.prio, "o1") is not None  # at its priority
+            assert await calls.waiting(["charge", "other"]) == {"charge": 0, "other": 0}
+            # o2 (still leased) is handed o1's permit: woken.lua says 2, and o2's wait,
+            # landing then, makes it due now, not waiting.
+            await s.resume("other")
+            handed = await calls.release_many(
+                [("other", "m", member_of(jobs["o1"]), "", ONE)], 30_000
+            )
+            assert handed == [[member_of(jobs["o2"])]]
+            codes, batch = await calls.claim_woken(
+                0, c0.epoch, [("other", "o2")], 6000, token="e2", forget="e1"
+            )
+            assert codes == [2] and batch.jobs == []
+            await calls.wait_many(0, [(jobs["o2"], 60_000, True)])
+            info = await s.get("o2")
+            assert info is not None and info.state is JobState.DUE
+            assert await calls.waiting(["charge", "other"]) == {"charge": 0, "other": 0}
+
+    run(main())
