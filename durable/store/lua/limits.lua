@@ -50,20 +50,12 @@ local queued, QUEUE_STEPS = 0, 4096
 -- batch's later jobs of a key read no count (callgrind: a redis.call is a few thousand
 -- Redis instructions; docs/limits.md, "Costs"). The waiters' count is read only for a
 -- key with several jobs in the call (nil: not known; the calls that need it are made).
-local held_n, wait_n = {}, {}
-local function held(P)
-  local n = held_n[P]
+local card_n = {}  -- key -> its ZCARD, kept (P and W: one table, their names differ)
+local function card(Z)
+  local n = card_n[Z]
   if not n then
-    n = redis.call('ZCARD', P)
-    held_n[P] = n
-  end
-  return n
-end
-local function queued_n(W)
-  local n = wait_n[W]
-  if not n then
-    n = redis.call('ZCARD', W)
-    wait_n[W] = n
+    n = redis.call('ZCARD', Z)
+    card_n[Z] = n
   end
   return n
 end
@@ -78,7 +70,7 @@ local function expire(P, H)
   if #old > 0 then
     redis.call('ZREM', P, unpack(old))
     redis.call('HDEL', H, unpack(old))
-    if held_n[P] then held_n[P] = held_n[P] - #old end
+    if card_n[P] then card_n[P] = card_n[P] - #old end
   end
 end
 
@@ -106,19 +98,19 @@ end
 -- appended to out (their members); how many were.
 local function release(P, H, W, m, holder, conc, hold, out)
   expire(P, H)
-  local n = held(P)
+  local n = card(P)
   if redis.call('HGET', H, m) == holder then
     redis.call('HDEL', H, m)
     n = n - redis.call('ZREM', P, m)
   end
   local handed = 0
-  while n < conc and wait_n[W] ~= 0 do
+  while n < conc and card_n[W] ~= 0 do
     local top = redis.call('ZPOPMIN', W)
     if #top == 0 then
-      wait_n[W] = 0
+      card_n[W] = 0
       break
     end
-    if wait_n[W] then wait_n[W] = wait_n[W] - 1 end
+    if card_n[W] then card_n[W] = card_n[W] - 1 end
     -- Handed to the waiter: held for it until it takes it (or the deadline passes).
     redis.call('HSET', H, top[1], '')
     redis.call('ZADD', P, now + hold, top[1])
@@ -126,7 +118,7 @@ local function release(P, H, W, m, holder, conc, hold, out)
     handed = handed + 1
     n = n + 1
   end
-  held_n[P] = n
+  card_n[P] = n
   -- Holders left without a permit (none in a consistent key) go with the last permit.
   if n == 0 then redis.call('DEL', P, H) end
   return handed
@@ -137,7 +129,7 @@ local function acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, no
   local have = false
   if conc > 0 then
     expire(P, H)
-    if rate_n == 0 and held(P) < conc then
+    if rate_n == 0 and card(P) < conc then
       -- A grant without a rate: the holder is written by the call that tells whether
       -- it had a permit already (handed to it, or its own: then only its holder and
       -- deadline change).
@@ -147,24 +139,24 @@ local function acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, no
         return 1, 0
       end
       redis.call('ZADD', P, now + hold, m)
-      held_n[P] = held_n[P] + 1
+      card_n[P] = card_n[P] + 1
       -- Out of the waiters (no call when the key is known to have none).
-      local q = wait_n[W]
+      local q = card_n[W]
       if q ~= 0 then
         local r = redis.call('ZREM', W, m)
-        if q then wait_n[W] = q - r end
+        if q then card_n[W] = q - r end
       end
       return 1, 0
     end
     local cur = redis.call('HGET', H, m)
     if cur then
       have = true  -- handed to it, or its own (a re-sent acquire, or a later attempt)
-    elseif held(P) >= conc then
+    elseif card(P) >= conc then
       -- Queued in the order asked within a call too (a batch shares its `now`); one
       -- already queued keeps its place (NX).
       queued = queued + 1
       local added = redis.call('ZADD', W, 'NX', now + queued / QUEUE_STEPS, m)
-      if wait_n[W] then wait_n[W] = wait_n[W] + added end
+      if card_n[W] then card_n[W] = card_n[W] + added end
       return 2, 0
     end
   end
@@ -205,13 +197,13 @@ local function acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, no
     redis.call('HSET', H, m, holder)
     redis.call('ZADD', P, now + hold, m)
     if not have then
-      held_n[P] = held(P) + 1
+      card_n[P] = card(P) + 1
       -- Out of the waiters: a member with a permit (handed or its own) is never in
       -- them (no call when the key is known to have none).
-      local q = wait_n[W]
+      local q = card_n[W]
       if q ~= 0 then
         local r = redis.call('ZREM', W, m)
-        if q then wait_n[W] = q - r end
+        if q then card_n[W] = q - r end
       end
     end
   end
@@ -228,7 +220,7 @@ if op == 'A' or op == 'R' then
     local rate_n, rate_ms = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
     local P, H, W, S, B = KEYS[g + 1], KEYS[g + 2], KEYS[g + 3], KEYS[g + 4], KEYS[g + 5]
     g, i = g + 5, i + 4
-    if c > 1 and conc > 0 then queued_n(W) end  -- several jobs: count its waiters once
+    if c > 1 and conc > 0 then card(W) end  -- several jobs: count its waiters once
     for _ = 1, c do
       local m, holder = ARGV[i], ARGV[i + 1]
       if op == 'A' then
