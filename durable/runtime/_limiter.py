@@ -14,10 +14,13 @@ Ground rules:
   timer in the shard set; for the rate, due at the start booked for it. Nothing of it
   stays in this process.
 - A run's end (its handler returned, was stopped or failed) releases its permit; the
-  release hands the freed permits to the first waiters, and each is made due now in
-  its shard (waits.lua, as wake.lua) and claimed by its shard's owner at once: when
-  that is this worker, a claim of just the woken jobs' shards is sent right away
-  (``claim_now``); another worker's within its poll interval.
+  release hands the freed permits to the first waiters, and each one's wait ends (it
+  was in no index) and it is claimed by its shard's owner at once. When that is this
+  worker, one call a shard wakes them and leases them here (woken.lua, the Claimer's
+  ``take_woken``), and they fire at the loop's next turn; without it (the Postgres
+  mode, no room in memory), waits.lua wakes them and a claim of just their shards
+  follows (``claim_now``). Another worker's shard: woken by waits.lua, claimed within
+  that worker's poll interval.
 - A permit handed to a waiter is the job's (held by ``""`` in its key's slot, with a
   deadline of one permit). This worker, having handed it and woken the job in a shard
   it owns, notes the grant; the job's next claim here starts on it with no second

@@ -59,20 +59,12 @@ local RECHECK_MAX = 200
 -- redis.call is a few thousand Redis instructions; docs/limits.md, "Costs"). The
 -- waiters' count is read only for a key with several jobs in the call (nil: not
 -- known; the calls that need it are made).
-local held_n, wait_n = {}, {}
-local function held(P)
-  local n = held_n[P]
+local card_n = {}  -- key -> its count, kept (P and W: one table, their names differ)
+local function card(K, count_cmd)  -- count_cmd: 'ZCARD' (P) or 'LLEN' (W)
+  local n = card_n[K]
   if not n then
-    n = redis.call('ZCARD', P)
-    held_n[P] = n
-  end
-  return n
-end
-local function queued_n(W)
-  local n = wait_n[W]
-  if not n then
-    n = redis.call('LLEN', W)
-    wait_n[W] = n
+    n = redis.call(count_cmd, K)
+    card_n[K] = n
   end
   return n
 end
@@ -88,13 +80,13 @@ local function expire(P, H, W)
     local holders = redis.call('HMGET', H, unpack(old))
     redis.call('ZREM', P, unpack(old))
     redis.call('HDEL', H, unpack(old))
-    if held_n[P] then held_n[P] = held_n[P] - #old end
+    if card_n[P] then card_n[P] = card_n[P] - #old end
     -- A permit handed to a waiter that never took it (its wake was lost, or it is
     -- due still, unclaimed): the waiter goes back to the head of the waiters, in order.
     for i = #old, 1, -1 do
       if holders[i] == '' then
         redis.call('LPUSH', W, old[i])
-        if wait_n[W] then wait_n[W] = wait_n[W] + 1 end
+        if card_n[W] then card_n[W] = card_n[W] + 1 end
       end
     end
   end
@@ -126,20 +118,20 @@ local function release(P, H, W, m, holder, conc, hold, out)
   if m ~= '' and redis.call('HGET', H, m) == holder then
     redis.call('HDEL', H, m)
     local r = redis.call('ZREM', P, m)
-    if held_n[P] then held_n[P] = held_n[P] - r end
+    if card_n[P] then card_n[P] = card_n[P] - r end
   end
   expire(P, H, W)
-  local n = held(P)
+  local n = card(P, 'ZCARD')
   local cap = conc
   if conc < 0 then cap = n + RECHECK_MAX end  -- no concurrency limit of record any more
   local handed = 0
-  while n < cap and wait_n[W] ~= 0 do
+  while n < cap and card_n[W] ~= 0 do
     local top = redis.call('LPOP', W)
     if not top then
-      wait_n[W] = 0
+      card_n[W] = 0
       break
     end
-    if wait_n[W] then wait_n[W] = wait_n[W] - 1 end
+    if card_n[W] then card_n[W] = card_n[W] - 1 end
     -- A member with a permit (its own, or handed already) is not handed another.
     if redis.call('HEXISTS', H, top) == 0 then
       -- Handed to the waiter: held for it until it takes it (or the deadline passes).
@@ -150,7 +142,7 @@ local function release(P, H, W, m, holder, conc, hold, out)
       n = n + 1
     end
   end
-  held_n[P] = n
+  card_n[P] = n
   -- Holders left without a permit (none in a consistent key) go with the last permit.
   if n == 0 then redis.call('DEL', P, H) end
   return handed
@@ -163,14 +155,14 @@ local function acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, no
   local have = false
   if conc > 0 then
     expire(P, H, W)
-    if rate_n == 0 and held(P) < conc then
+    if rate_n == 0 and card(P, 'ZCARD') < conc then
       -- A grant without a rate: the holder is written by the call that tells whether
       -- it had a permit already (handed to it, or its own: then only its holder and
       -- deadline change).
       if redis.call('HSETNX', H, m, holder) == 0 then
         redis.call('HSET', H, m, holder)
       else
-        held_n[P] = held_n[P] + 1
+        card_n[P] = card_n[P] + 1
       end
       redis.call('ZADD', P, now + hold, m)
       return 1, 0
@@ -178,11 +170,11 @@ local function acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, no
     local cur = redis.call('HGET', H, m)
     if cur then
       have = true  -- handed to it, or its own (a re-sent acquire, or a later attempt)
-    elseif held(P) >= conc then
+    elseif card(P, 'ZCARD') >= conc then
       -- Queued in the order asked (a re-sent acquire queues it twice: its second entry
       -- finds it holding a permit, or its wake finds it not waiting: 0).
       redis.call('RPUSH', W, m)
-      if wait_n[W] then wait_n[W] = wait_n[W] + 1 end
+      if card_n[W] then card_n[W] = card_n[W] + 1 end
       return 2, 0
     end
   end
@@ -222,7 +214,7 @@ local function acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, no
   if conc > 0 then
     redis.call('HSET', H, m, holder)
     redis.call('ZADD', P, now + hold, m)
-    if not have then held_n[P] = held(P) + 1 end
+    if not have then card_n[P] = card(P, 'ZCARD') + 1 end
   end
   return 1, 0
 end
@@ -255,7 +247,7 @@ if op == 'A' or op == 'R' or op == 'K' then
     local rate_n, rate_ms = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
     local P, H, W, S, B = KEYS[g + 1], KEYS[g + 2], KEYS[g + 3], KEYS[g + 4], KEYS[g + 5]
     g, i = g + 5, i + 4
-    if c > 1 and conc > 0 and op ~= 'K' then queued_n(W) end  -- count its waiters once
+    if c > 1 and conc > 0 and op ~= 'K' then card(W, 'LLEN') end  -- count its waiters once
     for _ = 1, c do
       local m, holder = ARGV[i], ARGV[i + 1]
       if op == 'K' then
