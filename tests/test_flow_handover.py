@@ -204,6 +204,14 @@ def test_a_worker_killed_between_release_and_claim_leaks_no_permit_past_its_leng
             assert info is not None and info.state is JobState.DUE and info.attempt == 1
             state = await s.key_state("charge", "m")
             assert (state.running, state.handed) == (1, 0)
+            # The key's slot took the expired grant for one never taken: c1's entry is
+            # back at the head of the waiters (before c2's two entries, one from each of
+            # its permit calls that queued it: tombstones now). Handed c2's permit, c1
+            # is found not waiting (due, unspent): its wake says 0 (the permit goes on).
+            assert state.waiting == 3
+            out = await calls.release_many([("charge", "m", member_of(c2), _holder(c2), ONE)], hold)
+            assert out == [[member_of(jobs["c1"])]]
+            assert await calls.wake_many([("charge", member_of(jobs["c1"]))]) == [0]
 
     run(main())
 
