@@ -189,6 +189,7 @@ def test_all_keys_of_each_script_land_in_one_slot(
             assert await limits.acquire_many([(job, lim)], 1000) == [(1, 0)]
             await limits.wait_many(job.shard, [(job, 100, True)])
             await limits.wake_many([("t", member_of(job))])
+            await limits.claim_woken(job.shard, job.epoch, [("t", "lk")], 1000, token="w1")
             await s.close()
 
     run(main())

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
@@ -144,6 +145,9 @@ class Claimer:
         # claim reply lands after the shard's jobs were released.
         self.lock = asyncio.Lock()
         self._stopped = asyncio.Event()  # set by stop() and poke(): wakes run()
+        self._woken: set[int] = set()  # shards to claim now (claim_now), not claimed yet
+        self._woken_tokens: dict[int, str] = {}  # shard -> the last woken claim's token
+        self._claiming_woken: asyncio.Task[None] | None = None  # claims them
 
     @property
     def placed(self) -> int:
@@ -159,13 +163,19 @@ class Claimer:
     async def load_once(self) -> bool:
         """One claim round over the owned shards; True if some shard returned a full
         batch (see :meth:`Loader.load_once`)."""
+        return await self._claim_shards(list(self.scheduler.ownership.owned))
+
+    async def _claim_shards(self, shards: list[int]) -> bool:
+        """Claim ``shards`` (those still owned) in turn, while memory and the slots'
+        queue have room; True if some shard returned a full batch."""
         full = False
         prestart = self.start_ms is not None
         lease_ms = self.lookahead_ms + (
             self.start_ms if self.start_ms is not None else self.lease_ms
         )
         runner = self._runner
-        for shard in list(self.scheduler.ownership.owned):
+        owned = self.scheduler.ownership.owned
+        for shard in shards:
             in_memory = len(self._placed) + runner.waiting + runner.running
             if not self.claiming or in_memory >= self.max_loaded:
                 break
@@ -173,9 +183,107 @@ class Claimer:
                 runner.room.clear()
                 break
             async with self.lock:
+                # Checked under the lock: a shutdown hands the loaded jobs back under it.
+                if not self.claiming or shard not in owned:
+                    continue
                 with self._claiming():
                     full = await self._claim(shard, lease_ms, prestart) or full
         return full
+
+    def claim_now(self, shards: set[int]) -> None:
+        """Claim ``shards`` at once, not waiting for the next round: jobs were made due
+        now there (waiters woken by a release here, on the permits it handed them).
+        The claims of one call go in turn; the shards asked for meanwhile go next."""
+        self._woken |= shards
+        if self._claiming_woken is None:
+            self._claiming_woken = asyncio.ensure_future(self._claim_woken())
+
+    async def take_woken(
+        self, woken: dict[int, list[tuple[str, str]]]
+    ) -> dict[int, list[int] | None]:
+        """Wake the waiters ``woken`` (shard -> ``(task, job id)``), which a release here
+        handed permits to, and lease those now due to this worker in the same call
+        (woken.lua, one a shard, all in flight at once), placed in the wheel as a
+        claim's jobs are. Per shard woken.lua's codes, or None when this worker does
+        not take them (not claiming, the shard not owned or fenced meanwhile, no room
+        in memory): the caller wakes those plainly. A backlog of the slots does not
+        stop them, as it stops claims: each came from a run that ended here and holds
+        a permit, so they take the slots those runs left, not more.
+
+        Raises:
+            RedisUnavailable: if Redis cannot be reached.
+        """
+        out: dict[int, list[int] | None] = dict.fromkeys(woken)
+        runner = self._runner
+        if len(self._placed) + runner.waiting + runner.running >= self.max_loaded:
+            return out
+        async with self.lock:
+            owned = self.scheduler.ownership.owned
+            if not self.claiming:
+                return out
+            shards = [s for s in woken if s in owned]
+            with self._claiming():
+                t_sent = asyncio.get_running_loop().time()
+                got = await asyncio.gather(
+                    *(self._take_woken(s, owned[s], woken[s], t_sent) for s in shards)
+                )
+            out.update(zip(shards, got, strict=True))
+        return out
+
+    async def _take_woken(
+        self, shard: int, epoch: int, woken: list[tuple[str, str]], t_sent: float
+    ) -> list[int] | None:
+        lease_ms = self.lookahead_ms + (
+            self.start_ms if self.start_ms is not None else self.lease_ms
+        )
+        token, forget = secrets.token_hex(8), self._woken_tokens.pop(shard, None)
+        try:
+            with self.scheduler.ownership.guard(shard, epoch):
+                codes, batch = await self.scheduler.store.limits.claim_woken(
+                    shard,
+                    epoch,
+                    woken,
+                    lease_ms,
+                    token=token,
+                    forget=forget,
+                    prestart=self.start_ms is not None,
+                )
+        except Fenced:  # counted, and the shard forgotten, by the loader's on_fenced
+            return None
+        self._woken_tokens[shard] = token
+        loop = asyncio.get_running_loop()
+        t_reply = loop.time()
+        self.stats.claimed += len(batch.jobs)
+        for job in batch.jobs:
+            when = t_reply + (job.due_ms - batch.now_ms) / 1000
+            self._place(job, when, t_sent + (job.deadline_ms - batch.now_ms) / 1000)
+            if when <= t_reply:  # due: fired at the loop's next turn, not the wheel's tick
+                loop.call_soon(self._fire_now, (job.shard, job.id))
+        return codes
+
+    def _fire_now(self, key: tuple[int, str]) -> None:
+        entry = self._placed.get(key)
+        if entry is not None:
+            entry[1].cancel()
+            self._fire(key)
+
+    async def _claim_woken(self) -> None:
+        try:
+            while self._woken and self.claiming:
+                shards, self._woken = sorted(self._woken), set()
+                try:
+                    if await self._claim_shards(shards):
+                        self.poke()  # a full batch: more is due, the rounds go on
+                except OUTAGE_ERRORS as exc:  # the jobs stay due: the rounds claim them
+                    self.stats.unavailable += 1
+                    self.outages.failed("loader", exc)
+                    return
+                except Exception:
+                    self.stats.errors += 1
+                    logger.exception("claim of woken jobs failed")
+                    return
+        finally:
+            self._claiming_woken = None
 
     async def _claim(self, shard: int, lease_ms: int, prestart: bool) -> bool:
         """Claim ``shard``'s due jobs and place them; True if the batch was full. Under

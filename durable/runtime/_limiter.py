@@ -14,10 +14,24 @@ Ground rules:
   timer in the shard set; for the rate, due at the start booked for it. Nothing of it
   stays in this process.
 - A run's end (its handler returned, was stopped or failed) releases its permit; the
-  release hands the freed permits to the first waiters, and each is made due now in
-  its shard (waits.lua, as wake.lua) and claimed by its shard's owner at once (this
-  worker's next round is started right away; another worker's within its poll
-  interval).
+  release hands the freed permits to the first waiters, and each one's wait ends (it
+  was in no index) and it is claimed by its shard's owner at once. When that is this
+  worker, one call a shard wakes them and leases them here (woken.lua, the Claimer's
+  ``take_woken``), and they fire at the loop's next turn; without it (the Postgres
+  mode, no room in memory), waits.lua wakes them and a claim of just their shards
+  follows (``claim_now``). Another worker's shard: woken by waits.lua, claimed within
+  that worker's poll interval.
+- A permit handed to a waiter is the job's (held by ``""`` in its key's slot, with a
+  deadline of one permit). This worker, having handed it and woken the job in a shard
+  it owns, notes the grant; the job's next claim here starts on it with no second
+  permit call, if it fires within half a permit of the release (``grant_s``) and its
+  task has no rate (a start must be counted in the window). A grant found older asks
+  again: limits.lua's acquire takes a handed permit that has not expired, or queues
+  the job again. The run holds the grant as ``""``: its extensions and its release
+  name ``""``, so a later claim of the same job (its lease lost) that takes the
+  permit under its own holder is never freed by this one. (limits.lua cannot tell a
+  grant run on from one not taken yet: one past its deadline puts its job back at the
+  head of the waiters, whose wake then finds the job as it is.)
 - Batches, as the acks: the gates of the jobs fired while one batch is in flight go
   together in the next (permits taken in limits.lua calls of many jobs, then the
   waits in waits.lua calls of many jobs per shard), and so do the releases and their
@@ -28,7 +42,7 @@ Ground rules:
   at most a lease. The recheck time (two leases) bounds the wait of a job whose wake
   was lost the same way (its waker killed between the release and the wake): after
   each claim round (at most once per ``RECHECK_PACE`` s) the owner of a shard
-  rechecks the flow keys whose timer there is due (:meth:`Limiter.recheck_soon`):
+  rechecks the flow keys whose timer there is due (``_rechecks.py``):
   permits past their deadline freed, free ones handed to the first waiters, and every
   handed permit not taken yet woken (again).
 - Nothing here raises into the runner: a failed call is counted and logged, and the job
@@ -40,7 +54,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from tickwheel.durable.model import Fenced, Job, Limits, PostgresUnavailable, RedisUnavailable
@@ -48,6 +62,7 @@ from tickwheel.durable.scheduler import Scheduler
 from tickwheel.durable.store import ACQUIRED, PERMIT_WAIT, member_of
 
 from ._loader_stats import LoaderStats
+from ._rechecks import Rechecks
 from ._tasks import TaskRegistry
 
 __all__ = ["LIMITS_REFRESH", "Limiter"]
@@ -56,20 +71,20 @@ logger = logging.getLogger("tickwheel.durable")
 
 # Seconds between two reads of the limits of record by one worker.
 LIMITS_REFRESH = 1.0
-# Seconds between two looks at the owned shards' recheck timers, and flow keys
-# rechecked per shard per look.
-RECHECK_PACE = 1.0
-RECHECK_KEYS = 100
-# Seconds between two looks while no task has limits of record (a limit removed while
-# jobs waited for it leaves them to these looks; a namespace without limits pays one
-# read per owned shard this often).
-RECHECK_IDLE = 30.0
 # Fires a job the gate let through: the runner's fire (key, job, lease end, due).
 Admit = Callable[[tuple[int, str], Job, float, "float | None"], None]
 # A fired job at the gate: the runner's fire's arguments (key, job, lease end, due).
 Gate = tuple[tuple[int, str], Job, float, "float | None"]
 # A permit to release: (task, key, member, holder ("": handed, not taken), limits).
 Handing = tuple[str, str, str, str, Limits]
+# Grants kept before the stale ones are dropped (a grant a claim here never used: its
+# job was claimed by another worker, cancelled, or claimed here after its window).
+GRANTS_KEPT = 10_000
+# A woken job leased here by take_woken (woken.lua's 1), told from a wake's 1 (due now).
+LEASED_HERE = -1
+# Wakes and leases the woken waiters of owned shards (shard -> (task, job id)) in one
+# call a shard: woken.lua's codes by shard, None for a shard not taken there.
+TakeWoken = Callable[[dict[int, list[tuple[str, str]]]], Awaitable[dict[int, "list[int] | None"]]]
 
 
 class Limiter:
@@ -81,6 +96,10 @@ class Limiter:
         stats: where waits are counted.
         lease_ms: the run's lease: a permit's length, and half the recheck time.
         poke: starts the worker's next claim round at once (a woken job is due now).
+        claim_now: claims the given shards at once (their woken jobs are due now);
+            None: :attr:`poke`.
+        take_woken: wakes and leases here the waiters of owned shards in one call a
+            shard (the Claimer's; None: they are woken, then claimed).
     """
 
     def __init__(
@@ -91,6 +110,8 @@ class Limiter:
         *,
         lease_ms: int,
         poke: Callable[[], None] | None = None,
+        claim_now: Callable[[set[int]], None] | None = None,
+        take_woken: TakeWoken | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.calls = scheduler.store.limits
@@ -99,6 +120,11 @@ class Limiter:
         self.hold_ms = lease_ms  # a permit's length
         self.recheck_ms = 2 * lease_ms  # a permit waiter's due, unless woken first
         self.poke = poke
+        self.claim_now = claim_now
+        self.take_woken = take_woken
+        # A grant is used within half a permit of its release (s): the permit's deadline
+        # is a whole permit after it, and the run's first extension pushes it.
+        self.grant_s = lease_ms / 2000
         self.admit: Admit | None = None  # the runner's fire, set by the runner
         self.current: dict[str, Limits] = {}  # the limits of record, by task
         self.waiting: dict[str, int] = {}  # jobs waiting, by limited task (at the read)
@@ -106,7 +132,13 @@ class Limiter:
         # fire that stops before its gate check (its lease ran out, its shard left)
         # leaves the entry; a later claim of the same id must not pass on it.
         self.admitted: dict[tuple[int, str], Job] = {}
-        self.held: dict[tuple[int, str], tuple[Job, Limits]] = {}  # permits held here
+        # Permits held here: the job, its limits and the holder its permit is held by
+        # ("<epoch>:<attempt>"; "": the grant a release handed its job).
+        self.held: dict[tuple[int, str], tuple[Job, Limits, str]] = {}
+        # Permits this worker handed to waiters of the shards it owns, by (shard, id):
+        # (task, key, loop time the release was sent: the grant's deadline is at least
+        # a permit after it).
+        self.granted: dict[tuple[int, str], tuple[str, str, float]] = {}
         self._loaded: asyncio.Future[None] | None = None  # the first declare and read
         self._read_at = 0.0  # loop time of the last read
         self._tasks: set[asyncio.Task[Any]] = set()  # gates and releases in flight
@@ -117,8 +149,7 @@ class Limiter:
         self._gating: asyncio.Task[None] | None = None  # sends the gates' batches
         self._releases: list[Handing] = []  # permits for the next batch of releases
         self._releasing: asyncio.Task[None] | None = None  # sends the releases' batches
-        self._rechecking: asyncio.Task[None] | None = None  # the owned shards' rechecks
-        self._recheck_at = 0.0  # loop time of the last look at the recheck timers
+        self.rechecks = Rechecks(self)  # the safety net of a lost wake
 
     # -- the limits of record -------------------------------------------------------
 
@@ -143,14 +174,14 @@ class Limiter:
         # The metrics' waiting totals, per limited task (one pipeline; never per key).
         self.waiting = await self.calls.waiting(sorted(self.current))
 
-    async def _ready(self) -> None:
+    async def ready(self) -> None:
         """The limits of record are known (started once), and not older than
         ``LIMITS_REFRESH`` s (a refresh in the background)."""
         await self.start()
         loop = asyncio.get_running_loop()
         if loop.time() - self._read_at > LIMITS_REFRESH:
             self._read_at = loop.time()
-            self._spawn(self._refresh())
+            self.spawn(self._refresh())
 
     async def _refresh(self) -> None:
         # On a failure the last limits read stay in force until Redis answers again.
@@ -170,9 +201,11 @@ class Limiter:
             return False
         if job.duplicate:
             return False  # acked unrun: no run to limit
+        if self.granted and self._on_grant(key, job):
+            return False
         self._gates.append((key, job, lease_end, due))
         if self._gating is None:
-            self._gating = self._spawn(self._gate_rounds())
+            self._gating = self.spawn(self._gate_rounds())
         return True
 
     async def _gate_rounds(self) -> None:
@@ -183,7 +216,7 @@ class Limiter:
             while self._gates:
                 batch, self._gates = self._gates, []
                 try:
-                    await self._ready()
+                    await self.ready()
                     await self._gate(batch)
                 except (RedisUnavailable, PostgresUnavailable) as exc:
                     self.stats.unavailable += len(batch)
@@ -213,7 +246,7 @@ class Limiter:
         for (gate, lim), (code, delay) in zip(limited, codes, strict=True):
             key, job = gate[0], gate[1]
             if code == ACQUIRED:
-                self.held[key] = (job, lim)
+                self.held[key] = (job, lim, f"{job.epoch}:{job.attempt}")
                 if owned.get(job.shard) != job.epoch:
                     self.finished(job)  # the shard left meanwhile: its run is not ours
                 else:
@@ -224,7 +257,7 @@ class Limiter:
             waits.setdefault((job.shard, job.epoch), []).append((job, wait_ms, permit))
         for (shard, epoch), jobs in waits.items():
             # Not awaited here: the next batch of gates goes meanwhile.
-            self._spawn(self._wait(shard, epoch, jobs))
+            self.spawn(self._wait(shard, epoch, jobs))
 
     async def _wait(self, shard: int, epoch: int, waits: list[tuple[Job, int, bool]]) -> None:
         """Hand the jobs of one shard back to due, to wait for a permit or a start (a
@@ -233,6 +266,9 @@ class Limiter:
             with self.scheduler.ownership.guard(shard, epoch):
                 await self.calls.wait_many(shard, waits)
             self.stats.limit_waits += len(waits)
+            if any((shard, job.id) in self.granted for job, _, _ in waits):
+                # Handed a permit while its wait was in flight: its wait made it due now.
+                self._claim({shard})
         except Fenced:
             pass  # counted, and the shard forgotten, by the loader's on_fenced
         except (RedisUnavailable, PostgresUnavailable) as exc:
@@ -241,6 +277,20 @@ class Limiter:
         except Exception:
             self.stats.errors += len(waits)
             logger.exception("%d waiting job(s) left to the reaper", len(waits))
+
+    def _on_grant(self, key: tuple[int, str], job: Job) -> bool:
+        """True if ``job`` starts on the permit a release here handed it (noted in
+        :attr:`granted`): its task, key and window match, and it has no rate."""
+        grant = self.granted.pop(key, None)
+        if grant is None or grant[0] != job.task or grant[1] != job.key:
+            return False
+        lim = self.current.get(job.task)
+        if lim is None or lim.rate_n or not lim.concurrency:
+            return False  # a start is counted in its window by an acquire
+        if asyncio.get_running_loop().time() - grant[2] >= self.grant_s:
+            return False  # asks again: the handed permit may have run out
+        self.held[key] = (job, lim, "")
+        return True
 
     def _admit(self, gate: Gate) -> None:
         if self.admit is not None:
@@ -254,11 +304,9 @@ class Limiter:
         its permit, if it holds one, joins the next batch of releases. O(1)."""
         held = self.held.pop((job.shard, job.id), None)
         if held is not None:
-            lim = held[1]
-            holder = f"{job.epoch}:{job.attempt}"
-            self._releases.append((job.task, job.key, member_of(job), holder, lim))
+            self._releases.append((job.task, job.key, member_of(job), held[2], held[1]))
             if self._releasing is None:
-                self._releasing = self._spawn(self._release_rounds())
+                self._releasing = self.spawn(self._release_rounds())
 
     async def _release_rounds(self) -> None:
         """Send the releases in batches until none is left (as :meth:`_gate_rounds`)."""
@@ -283,18 +331,52 @@ class Limiter:
         """Release the permits of ``todo`` (one pipeline); the waiters they were handed
         to are woken by a task of their own (:meth:`_wake`), while the next batch of
         releases goes."""
+        sent = asyncio.get_running_loop().time()
         woken = await self.calls.release_many(todo, self.hold_ms)
         handed = [(r, w) for r, ws in zip(todo, woken, strict=True) for w in ws]
         if handed:
-            self._spawn(self._wake(handed))
+            self.spawn(self._wake(handed, sent))
 
-    async def _wake(self, handed: list[tuple[Handing, str]]) -> None:
-        """Make each waiter handed a permit due now (one pipeline of waits.lua calls); a
-        waiter that no longer waits (cancelled, done, moved) frees its handed permit
-        in the next batch of releases. A failure leaves the waiters to their recheck
-        time and the permits to their deadline."""
+    async def _wake(self, handed: list[tuple[Handing, str]], sent: float) -> None:
+        """Make each waiter handed a permit due now; a waiter that no longer waits
+        (cancelled, done, moved) frees its handed permit in the next batch of releases.
+        The waiters of shards this worker owns start on their grants (released at loop
+        time ``sent``): leased here in the same call (:attr:`take_woken`, woken.lua),
+        or claimed at once. The others: one pipeline of waits.lua calls. A failure
+        leaves the waiters to their recheck time and the permits to their deadline."""
+        owned = self.scheduler.ownership.owned
+        granted = self.granted
+        if len(granted) > GRANTS_KEPT:
+            self._forget_grants(sent)
+        direct: dict[int, list[int]] = {}  # shard -> indexes into handed
+        plain: list[int] = []
+        for i, (r, waiter) in enumerate(handed):
+            text, _, job_id = waiter.partition("|")
+            shard = int(text)
+            if shard in owned:
+                granted[(shard, job_id)] = (r[0], r[1], sent)  # before it can fire
+                if self.take_woken is not None:
+                    direct.setdefault(shard, []).append(i)
+                    continue
+            plain.append(i)
+        codes = [0] * len(handed)
         try:
-            codes = await self.calls.wake_many([(r[0], w) for r, w in handed])
+            if direct:
+                items = {
+                    shard: [(handed[i][0][0], handed[i][1].partition("|")[2]) for i in ids]
+                    for shard, ids in direct.items()
+                }
+                assert self.take_woken is not None
+                for shard, got in (await self.take_woken(items)).items():
+                    if got is None:
+                        plain += direct[shard]  # not taken here: woken plainly
+                    else:
+                        for i, code in zip(direct[shard], got, strict=True):
+                            codes[i] = LEASED_HERE if code == 1 else code
+            if plain:
+                woken = await self.calls.wake_many([(handed[i][0][0], handed[i][1]) for i in plain])
+                for i, code in zip(plain, woken, strict=True):
+                    codes[i] = code
         except (RedisUnavailable, PostgresUnavailable) as exc:
             self.stats.unavailable += 1
             logger.debug("%d wake(s) left to their recheck time (%s)", len(handed), exc)
@@ -304,87 +386,57 @@ class Limiter:
             logger.exception("%d wake(s) left to their recheck time", len(handed))
             return
         stale = 0
+        due_now: set[int] = set()  # owned shards with a woken job to claim
         for (r, waiter), code in zip(handed, codes, strict=True):
+            text, _, job_id = waiter.partition("|")
             if code == 0:
                 stale += 1
                 self._releases.append((r[0], r[1], waiter, "", r[4]))
-            else:
-                self.stats.limit_wakes += 1
+                granted.pop((int(text), job_id), None)
+                continue
+            self.stats.limit_wakes += 1
+            if code != LEASED_HERE and int(text) in owned:
+                # Due now, or still leased (code 2: its wait, in flight, makes it due
+                # now; claimed when it lands, see _wait, or here if it landed already).
+                due_now.add(int(text))
         if stale and self._releasing is None:
-            self._releasing = self._spawn(self._release_rounds())
-        if self.poke is not None and stale < len(handed):
+            self._releasing = self.spawn(self._release_rounds())
+        if due_now:
+            self._claim(due_now)
+        elif self.poke is not None and stale < len(handed) and self.claim_now is None:
             self.poke()
 
-    # -- the safety net of a lost wake -----------------------------------------------
+    def _claim(self, shards: set[int]) -> None:
+        """Claim ``shards`` now: woken jobs are due there."""
+        if self.claim_now is not None:
+            self.claim_now(shards)
+        elif self.poke is not None:
+            self.poke()
+
+    def _forget_grants(self, now: float) -> None:
+        """Drop the grants past their window (never used here)."""
+        for key in [k for k, g in self.granted.items() if now - g[2] >= self.grant_s]:
+            del self.granted[key]
 
     def recheck_soon(self) -> None:
-        """After a claim round: at most once per ``RECHECK_PACE`` s, the flow keys
-        whose recheck timer is due in an owned shard are rechecked in the background
-        (:meth:`_recheck`). O(1) here."""
-        loop = asyncio.get_running_loop()
-        pace = RECHECK_PACE if self.current else RECHECK_IDLE
-        if self._rechecking is not None or loop.time() - self._recheck_at < pace:
-            return
-        self._recheck_at = loop.time()
-        self._rechecking = self._spawn(self._recheck())
+        """After a claim round: the due flow keys' rechecks (:class:`Rechecks`)."""
+        self.rechecks.soon()
 
-    async def _recheck(self) -> None:
-        """Recheck each owned shard's due flow keys: limits.lua 'K' frees the permits
-        past their deadline and hands the free ones to the first waiters; every waiter
-        holding a handed permit is woken (again: a wake is idempotent), and each key's
-        timer is set again while it has waiters. A failure leaves the timers due: the
-        next look tries again."""
-        try:
-            await self._ready()
-            owned = list(self.scheduler.ownership.owned)
-            if owned:
-                for shard, due in (await self.calls.rechecks_due(owned, RECHECK_KEYS)).items():
-                    await self._recheck_keys(shard, due)
-        except (RedisUnavailable, PostgresUnavailable) as exc:
-            self.stats.unavailable += 1
-            logger.debug("flow key recheck left to the next look (%s)", exc)
-        except Exception:
-            self.stats.errors += 1
-            logger.exception("flow key recheck left to the next look")
-        finally:
-            self._rechecking = None
-
-    async def _recheck_keys(self, shard: int, due: list[tuple[str, str, int]]) -> None:
-        lims = [self.current.get(task) for task, _, _ in due]
-        items = [(task, key, lim) for (task, key, _), lim in zip(due, lims, strict=True)]
-        results = await self.calls.recheck_many(items, self.hold_ms)
-        woken: list[tuple[str, str]] = []
-        new: list[bool] = []
-        for (task, _, _), (_, now, before) in zip(due, results, strict=True):
-            woken += [(task, m) for m in now + before]
-            new += [True] * len(now) + [False] * len(before)
-        if woken:
-            codes = await self.calls.wake_many(woken)
-            owner = [i for i, (_, now, before) in enumerate(results) for _ in now + before]
-            for (task, member), code, fresh, i in zip(woken, codes, new, owner, strict=True):
-                lim = lims[i]
-                if code == 0 and (fresh or lim is None):
-                    # Handed now to a job that no longer waits: freed again. (One handed
-                    # before is left to its deadline: its job may be due, not claimed
-                    # yet. Without limits of record, every such permit goes: it gates
-                    # nothing, and it would be handed around again at its deadline.)
-                    self._releases.append((task, due[i][1], member, "", lim or Limits()))
-                elif code != 0:
-                    self.stats.limit_wakes += 1
-            if self._releases and self._releasing is None:
-                self._releasing = self._spawn(self._release_rounds())
-            if self.poke is not None:
-                self.poke()
-        left = [(t, k, when, r[0]) for (t, k, when), r in zip(due, results, strict=True)]
-        await self.calls.rechecked(shard, self.recheck_ms, left)
+    def release_later(self, items: list[Handing]) -> None:
+        """Free ``items`` (handed permits whose job waits no more) in the next batch
+        of releases."""
+        if items:
+            self._releases += items
+            if self._releasing is None:
+                self._releasing = self.spawn(self._release_rounds())
 
     async def extend(self, job: Job) -> None:
         """Push the permit ``job``'s run holds (if any) with its lease."""
         held = self.held.get((job.shard, job.id))
         if held is not None:
-            await self.calls.extend(job, held[1], self.hold_ms)
+            await self.calls.extend(job, held[1], self.hold_ms, held[2])
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

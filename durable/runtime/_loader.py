@@ -183,6 +183,9 @@ class Loader:
             priority_aging=priority_aging,
         )
         self._runner.limiter.poke = self._claims.poke  # a woken waiter is claimed now
+        self._runner.limiter.claim_now = self._claims.claim_now  # ... in its shard only
+        if scheduler.pg is None:  # woken and leased in one call (Postgres: claimed)
+            self._runner.limiter.take_woken = self._claims.take_woken
         # Firing lateness (s): loop time at firing minus the job's due in loop time.
         self.lateness: LatenessHistogram = self._claims.lateness
         # Held while a shard is claimed and placed: giving a shard back takes it, so no

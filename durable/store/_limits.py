@@ -19,8 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tickwheel.durable.model import Job, Limits
+from tickwheel.durable.model import ClaimBatch, DurableError, Job, Limits
 
+from ._codec import claimed_key, claimed_trace, decode_payload
+from ._msgpack import unpack_reply
 from ._scripts import ScriptCalls
 from ._transport import Call
 
@@ -46,9 +48,14 @@ BATCH_JOBS = 200
 WAKE_HOLD_MS = 60_000
 
 
-def _counts(lim: Limits) -> list[object]:
+def _counts(lim: Limits) -> tuple[int, int, int]:
     """limits.lua's conc, rate_n and rate_ms of ``lim``."""
-    return [lim.concurrency, lim.rate_n, lim.rate_ms]
+    return (lim.concurrency, lim.rate_n, lim.rate_ms)
+
+
+# One job of a batch: (task, key, its limits' counts, its values: 'A' member, holder,
+# occurrence; 'R' member, holder).
+_Item = tuple[str, str, tuple[int, int, int], list[object]]
 
 
 def member_of(job: Job) -> str:
@@ -133,9 +140,12 @@ class LimitCalls(ScriptCalls):
         assert isinstance(reply, list)
         return [m.decode(errors="replace") for m in reply]
 
-    async def extend(self, job: Job, lim: Limits, hold_ms: int) -> bool:
-        """Push ``job``'s permit deadline to now + ``hold_ms`` (with its lease)."""
-        holder = f"{job.epoch}:{job.attempt}"
+    async def extend(self, job: Job, lim: Limits, hold_ms: int, holder: str | None = None) -> bool:
+        """Push ``job``'s permit deadline to now + ``hold_ms`` (with its lease), if
+        ``holder`` holds it (default: the run's ``"<epoch>:<attempt>"``; ``""``: a run
+        started on the permit a release handed to its job)."""
+        if holder is None:
+            holder = f"{job.epoch}:{job.attempt}"
         args: list[object] = ["x", member_of(job), holder, lim, hold_ms, ""]
         return bool(await self._call(job.task, job.key, args))
 
@@ -162,31 +172,29 @@ class LimitCalls(ScriptCalls):
         )
         return [reply for part in parts for reply in part]
 
-    async def _batched(
-        self, op: str, hold_ms: int, items: Sequence[tuple[str, str, list[object]]]
-    ) -> list[list[Any]]:
-        """limits.lua batch calls (``op`` 'A' or 'R') of ``items`` (task, key, the job's
-        7 values past its group), pipelined: on one Redis up to ``BATCH_JOBS`` jobs a
-        call, whatever their keys; on a cluster one call per flow key (one slot). Each
-        job's part of its call's reply, in the order of ``items``."""
-        by_key: dict[tuple[str, str], list[int]] = {}
-        for i, (task, key, _) in enumerate(items):
-            by_key.setdefault((task, key), []).append(i)
+    async def _batched(self, op: str, hold_ms: int, items: Sequence[_Item]) -> list[list[Any]]:
+        """limits.lua batch calls (``op`` 'A' or 'R') of ``items`` (task, key, its
+        limits' three counts, the job's values), pipelined: on one Redis up to
+        ``BATCH_JOBS`` jobs a call, whatever their keys; on a cluster one call per flow
+        key (one slot). A key's jobs go as one group (its limits once). Each job's part
+        of its call's reply, in the order of ``items``."""
+        by_key: dict[tuple[str, str, tuple[int, int, int]], list[int]] = {}
+        for i, (task, key, counts, _) in enumerate(items):
+            by_key.setdefault((task, key, counts), []).append(i)
         calls: list[Call] = []
         order: list[list[int]] = []  # per call, the items it carries
         keys: list[str] = []
         args: list[object] = []
-        for (task, key), members in by_key.items():
+        for (task, key, counts), members in by_key.items():
             full = len(order) and len(order[-1]) + len(members) > BATCH_JOBS
             if not args or self.transport.cluster or full:
                 keys, args = [], [op, hold_ms]
                 calls.append(Call(self._scripts.limits, keys, args, -1))
                 order.append([])
             keys += self.keys.limit_keys(task, key)
-            group = len(keys) // 5
+            args += [len(members), *counts]
             for i in members:
-                args.append(group)
-                args += items[i][2]
+                args += items[i][3]
                 order[-1].append(i)
         out: list[list[Any]] = [[] for _ in items]
         for ids, reply in zip(order, await self._pipelined(calls), strict=True):
@@ -208,12 +216,11 @@ class LimitCalls(ScriptCalls):
         """:meth:`acquire` for each ``(job, limits)``, in batches (limits.lua 'A'): one
         round trip per node. Each acquire is atomic in its key's slot. The codes in
         order."""
-        items = []
+        items: list[_Item] = []
         for job, lim in jobs:
             holder = f"{job.epoch}:{job.attempt}"
             occurrence = f"{job.nominal_ms}|{job.attempt}"
-            values: list[object] = [member_of(job), holder, *_counts(lim), occurrence]
-            items.append((job.task, job.key, values))
+            items.append((job.task, job.key, _counts(lim), [member_of(job), holder, occurrence]))
         return [(int(r[0]), int(r[1])) for r in await self._batched("A", hold_ms, items)]
 
     async def release_many(
@@ -221,9 +228,8 @@ class LimitCalls(ScriptCalls):
     ) -> list[list[str]]:
         """:meth:`release` for each ``(task, key, member, holder, limits)``, in batches
         (limits.lua 'R'): for each, the members handed a permit (to wake)."""
-        batch = [
-            (task, key, [member, holder, *_counts(lim), ""])
-            for task, key, member, holder, lim in items
+        batch: list[_Item] = [
+            (task, key, _counts(lim), [member, holder]) for task, key, member, holder, lim in items
         ]
         replies = await self._batched("R", hold_ms, batch)
         return [[m.decode(errors="replace") for m in r[1:]] for r in replies]
@@ -235,10 +241,10 @@ class LimitCalls(ScriptCalls):
         permits past their deadline freed, free ones handed to the first waiters. For
         each: the waiters left, the members handed a permit now, and those handed one
         before and not taken yet (each to be woken)."""
-        batch = []
+        batch: list[_Item] = []
         for task, key, lim in items:
             conc = lim.concurrency if lim is not None and lim.concurrency else -1
-            batch.append((task, key, ["", "", conc, 0, 0, ""]))
+            batch.append((task, key, (conc, 0, 0), []))
         out = []
         for r in await self._batched("K", hold_ms, batch):
             members = [m.decode(errors="replace") for m in r[3:]]
@@ -316,6 +322,58 @@ class LimitCalls(ScriptCalls):
             for i, code in zip(ids, reply, strict=True):
                 out[i] = int(code)
         return out
+
+    async def claim_woken(
+        self,
+        shard: int,
+        epoch: int,
+        woken: Sequence[tuple[str, str]],
+        lease_ms: int,
+        *,
+        token: str,
+        forget: str | None = None,
+        prestart: bool = False,
+    ) -> tuple[list[int], ClaimBatch]:
+        """:meth:`wake_many` for the waiters ``woken`` (``(task, job id)``) of ``shard``,
+        leasing to ``epoch`` at once those now due (woken.lua; one call per
+        ``BATCH_JOBS``, pipelined). Per job a code (1 leased: in the batch; 2 still
+        leased, its wait in flight; 3 due now, a claim's to take; 0 not waiting) and the
+        batch of the jobs leased, as :meth:`Store.claim` returns it. ``token`` and
+        ``forget`` are claim.lua's: a call whose reply was lost is sent again with its
+        token and returns the same jobs.
+
+        Raises:
+            Fenced: if ``epoch`` is stale (nothing written).
+            DurableError: if a reply is not woken.lua's.
+        """
+        k = self.keys.shard(shard)
+        reply_key = self.keys.claim_reply(shard, token)
+        forget_key = reply_key if forget is None else self.keys.claim_reply(shard, forget)
+        head = [k.due, k.leased, k.epoch, k.clock, k.prio, k.wakes, k.done, k.paused]
+        calls: list[Call] = []
+        for c in range(0, len(woken), BATCH_JOBS):
+            # One reply key a call: the token's, with the call's index past the first.
+            key = reply_key if not c else f"{reply_key}:{c}"
+            keys: list[str] = [*head, key, forget_key if not c else key, k.waiting]
+            args: list[object] = [epoch, lease_ms, "1" if prestart else "", WAKE_HOLD_MS]
+            call = Call(self._scripts.woken, keys, args, shard)
+            index: dict[str, int] = {}
+            for _, job_id in woken[c : c + BATCH_JOBS]:
+                b = self._index(call, index, self.keys.jobs_key(shard, job_id))
+                args += [job_id, b, self.keys.bucket_of(job_id)]
+            calls.append(call)
+        codes: list[int] = []
+        jobs: list[Job] = []
+        now_ms = 0
+        for codes_part, packed in await self._pipelined(calls):
+            codes += [int(c) for c in codes_part]
+            try:
+                reply = unpack_reply(packed)
+            except ValueError as exc:
+                raise DurableError(f"woken claim on shard {shard}: {exc}") from None
+            now_ms = max(now_ms, int(reply[0]))
+            jobs += _woken_jobs(reply, shard)
+        return codes, ClaimBatch(shard=shard, now_ms=now_ms, jobs=jobs, dropped=0)
 
     async def wait_many(self, shard: int, waits: Sequence[tuple[Job, int, bool]]) -> None:
         """:meth:`wait` for each ``(job, delay_ms, permit)`` of one ``shard`` and one
@@ -398,3 +456,35 @@ class LimitCalls(ScriptCalls):
         counts = await self.transport.bounded(count)
         n = self.keys.shards
         return {t: sum(counts[i * n : (i + 1) * n]) for i, t in enumerate(tasks)}
+
+
+def _woken_jobs(reply: list[Any], shard: int) -> list[Job]:
+    """The jobs of woken.lua's claim reply (``{now, 0, 0, rows}``): each row is id, due,
+    deadline, tag, count and the whole record (one-shot jobs only)."""
+    jobs = []
+    i = 3
+    while i < len(reply):
+        ident, due, deadline, tag, count = reply[i : i + 5]
+        f = reply[i + 5 : i + 5 + count]
+        i += 5 + count
+        jobs.append(
+            Job(
+                id=ident.decode(),
+                shard=shard,
+                task=f[0].decode(),
+                payload=f[1] if f[3] == 0 else decode_payload(f[1], f[3]),
+                nominal_ms=f[4],
+                due_ms=due,
+                deadline_ms=deadline,
+                attempt=f[5],
+                max_attempts=f[2],
+                epoch=f[6],
+                recurrence=None,
+                last_error=f[12].decode(errors="replace"),
+                bucket=tag >> 1,
+                timeout_ms=f[13],
+                trace=claimed_trace(f[14]),
+                key=claimed_key(f[15]),
+            )
+        )
+    return jobs

@@ -56,6 +56,7 @@ SCRIPT_NAMES = (
     "limits",
     "wake",
     "waits",
+    "woken",
 )
 # Scripts that run without the helpers of _lib.lua: a stream consumer's occurrence claim,
 # registered on the stream's own client (store/_streams.py), not on a Store's.
@@ -173,6 +174,7 @@ class Scripts:
     limits: AsyncScript
     wake: AsyncScript
     waits: AsyncScript
+    woken: AsyncScript
     pause_state: AsyncScript
 
     def __init__(self, client: Client) -> None:

@@ -32,10 +32,12 @@
 -- Batches (one call for many jobs: the script's own cost paid once, docs/limits.md):
 --   KEYS: 5 per flow key, in the order above (KEYS[5g-4 .. 5g] is group g; on a Redis
 --   Cluster the client sends one slot's groups a call).
---   ARGV[1] 'A' acquire, 'R' release or 'K' recheck; ARGV[2] hold_ms; then 7 per job:
---   group g, member, holder, conc, rate_n, rate_ms, nominal ('' with 'R' and 'K';
---   'K' reads only group and conc: conc -1 for a task with no concurrency limit of
---   record any more, whose waiters are all handed out, RECHECK_MAX a call).
+--   ARGV[1] 'A' acquire, 'R' release or 'K' recheck; ARGV[2] hold_ms; then per group,
+--   in the order of KEYS: the count c of its jobs, conc, rate_n, rate_ms, then c jobs
+--   of 3 values with 'A' (member, holder, nominal), 2 with 'R' (member, holder), none
+--   with 'K' (c is 1; 'K' reads only conc: -1 for a task with no concurrency limit of
+--   record any more, whose waiters are all handed out, RECHECK_MAX a call). The limits
+--   go once a group, not once a job: each value is a string Redis makes for the script.
 --   'A' returns {code_1, delay_1, code_2, delay_2, ...}, as 'a' per job in order;
 --   'R' returns {count_1, member.., count_2, member..}: per job, as 'r', its count first.
 --   'K' (the safety net of a lost wake, Limiter's recheck): per key, the permits past
@@ -45,11 +47,27 @@
 --   and not taken yet (`all` in all), each to be woken (again).
 -- Errors: none (the client checks the limits; a Redis error only for a wrong type).
 -- Re-sent safely: an acquire of a member that holds its permit is granted again (its
--- deadline renewed), a queued one is queued twice (above: harmless); a release by a holder that no
--- longer holds it frees nothing of another's.
+-- deadline renewed), a queued one is queued twice (above: harmless); a release by a
+-- holder that no longer holds it frees nothing of another's.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local RECHECK_MAX = 200
+
+-- Per key, within a call: how many permits are held (ZCARD of P) and how many waiters
+-- are queued (LLEN of W, tombstones included), each read once and then kept as this
+-- call changes them, so a batch's later jobs of a key read no count (callgrind: a
+-- redis.call is a few thousand Redis instructions; docs/limits.md, "Costs"). The
+-- waiters' count is read only for a key with several jobs in the call (nil: not
+-- known; the calls that need it are made).
+local card_n = {}  -- key -> its count, kept (P and W: one table, their names differ)
+local function card(K, count_cmd)  -- count_cmd: 'ZCARD' (P) or 'LLEN' (W)
+  local n = card_n[K]
+  if not n then
+    n = redis.call(count_cmd, K)
+    card_n[K] = n
+  end
+  return n
+end
 
 -- Permits past their deadline (a worker killed or stalled past its lease) are freed
 -- (once per key a call: `now` does not move within it).
@@ -62,10 +80,14 @@ local function expire(P, H, W)
     local holders = redis.call('HMGET', H, unpack(old))
     redis.call('ZREM', P, unpack(old))
     redis.call('HDEL', H, unpack(old))
+    if card_n[P] then card_n[P] = card_n[P] - #old end
     -- A permit handed to a waiter that never took it (its wake was lost, or it is
     -- due still, unclaimed): the waiter goes back to the head of the waiters, in order.
     for i = #old, 1, -1 do
-      if holders[i] == '' then redis.call('LPUSH', W, old[i]) end
+      if holders[i] == '' then
+        redis.call('LPUSH', W, old[i])
+        if card_n[W] then card_n[W] = card_n[W] + 1 end
+      end
     end
   end
 end
@@ -95,41 +117,64 @@ end
 local function release(P, H, W, m, holder, conc, hold, out)
   if m ~= '' and redis.call('HGET', H, m) == holder then
     redis.call('HDEL', H, m)
-    redis.call('ZREM', P, m)
+    local r = redis.call('ZREM', P, m)
+    if card_n[P] then card_n[P] = card_n[P] - r end
   end
   expire(P, H, W)
-  local n = 0
-  local free = conc - redis.call('ZCARD', P)
-  if conc < 0 then free = RECHECK_MAX end  -- no concurrency limit of record any more
-  while free > 0 do
+  local n = card(P, 'ZCARD')
+  local cap = conc
+  if conc < 0 then cap = n + RECHECK_MAX end  -- no concurrency limit of record any more
+  local handed = 0
+  while n < cap and card_n[W] ~= 0 do
     local top = redis.call('LPOP', W)
-    if not top then break end
+    if not top then
+      card_n[W] = 0
+      break
+    end
+    if card_n[W] then card_n[W] = card_n[W] - 1 end
     -- A member with a permit (its own, or handed already) is not handed another.
     if redis.call('HEXISTS', H, top) == 0 then
       -- Handed to the waiter: held for it until it takes it (or the deadline passes).
       redis.call('HSET', H, top, '')
       redis.call('ZADD', P, now + hold, top)
       out[#out + 1] = top
+      handed = handed + 1
       n = n + 1
-      free = free - 1
     end
   end
-  if redis.call('ZCARD', P) == 0 then redis.call('DEL', P, H) end
-  return n
+  card_n[P] = n
+  -- Holders left without a permit (none in a consistent key) go with the last permit.
+  if n == 0 then redis.call('DEL', P, H) end
+  return handed
 end
 
--- Acquire m's permit: code, delay (as the header's 'a').
+-- Acquire m's permit: code, delay (as the header's 'a'). A member that gets a permit
+-- stays in the waiters if an old entry of it is there (a tombstone): the release that
+-- pops it skips it while it holds a permit.
 local function acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, nominal)
   local have = false
   if conc > 0 then
     expire(P, H, W)
+    if rate_n == 0 and card(P, 'ZCARD') < conc then
+      -- A grant without a rate: the holder is written by the call that tells whether
+      -- it had a permit already (handed to it, or its own: then only its holder and
+      -- deadline change).
+      if redis.call('HSETNX', H, m, holder) == 0 then
+        redis.call('HSET', H, m, holder)
+      else
+        card_n[P] = card_n[P] + 1
+      end
+      redis.call('ZADD', P, now + hold, m)
+      return 1, 0
+    end
     local cur = redis.call('HGET', H, m)
     if cur then
       have = true  -- handed to it, or its own (a re-sent acquire, or a later attempt)
-    elseif redis.call('ZCARD', P) >= conc then
+    elseif card(P, 'ZCARD') >= conc then
       -- Queued in the order asked (a re-sent acquire queues it twice: its second entry
       -- finds it holding a permit, or its wake finds it not waiting: 0).
       redis.call('RPUSH', W, m)
+      if card_n[W] then card_n[W] = card_n[W] + 1 end
       return 2, 0
     end
   end
@@ -169,6 +214,7 @@ local function acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, no
   if conc > 0 then
     redis.call('HSET', H, m, holder)
     redis.call('ZADD', P, now + hold, m)
+    if not have then card_n[P] = card(P, 'ZCARD') + 1 end
   end
   return 1, 0
 end
@@ -194,22 +240,29 @@ end
 local op = ARGV[1]
 if op == 'A' or op == 'R' or op == 'K' then
   local hold, out = tonumber(ARGV[2]), {}
-  for i = 3, #ARGV, 7 do
-    local g = 5 * tonumber(ARGV[i]) - 5
-    local m, holder = ARGV[i + 1], ARGV[i + 2]
-    local conc = tonumber(ARGV[i + 3])
-    if op == 'K' then
-      recheck(KEYS[g + 1], KEYS[g + 2], KEYS[g + 3], conc, hold, out)
-    elseif op == 'A' then
-      local code, delay = acquire(KEYS[g + 1], KEYS[g + 2], KEYS[g + 3], KEYS[g + 4],
-        KEYS[g + 5], m, holder, conc, tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]), hold,
-        ARGV[i + 6])
-      out[#out + 1] = code
-      out[#out + 1] = delay
-    else
-      local at = #out + 1
-      out[at] = 0
-      out[at] = release(KEYS[g + 1], KEYS[g + 2], KEYS[g + 3], m, holder, conc, hold, out)
+  local width = (op == 'A' and 3) or (op == 'R' and 2) or 0
+  local i, g = 3, 0
+  while i <= #ARGV do
+    local c, conc = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+    local rate_n, rate_ms = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+    local P, H, W, S, B = KEYS[g + 1], KEYS[g + 2], KEYS[g + 3], KEYS[g + 4], KEYS[g + 5]
+    g, i = g + 5, i + 4
+    if c > 1 and conc > 0 and op ~= 'K' then card(W, 'LLEN') end  -- count its waiters once
+    for _ = 1, c do
+      local m, holder = ARGV[i], ARGV[i + 1]
+      if op == 'K' then
+        recheck(P, H, W, conc, hold, out)
+      elseif op == 'A' then
+        local code, delay = acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold,
+          ARGV[i + 2])
+        out[#out + 1] = code
+        out[#out + 1] = delay
+      else
+        local at = #out + 1
+        out[at] = 0
+        out[at] = release(P, H, W, m, holder, conc, hold, out)
+      end
+      i = i + width
     end
   end
   return out
