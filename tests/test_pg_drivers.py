@@ -478,6 +478,38 @@ def test_django_bad_input_writes_nothing(
         _bad_input(redis_server.url, pg_url, attempts)
 
 
+def test_django_atomic_cancel(
+    redis_server: RedisServer, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``SyncScheduler.cancel(conn=connection)`` inside ``transaction.atomic()``: a
+    rollback keeps the job, a commit removes it from both stores once a relay ran;
+    outside ``atomic()`` it is refused with nothing written."""
+    from django.db import transaction
+
+    with django_on(pg_url, monkeypatch) as connection:
+
+        async def main() -> None:
+            await _orders(pg_url)
+            async with _schedulers(redis_server.url, pg_url) as (s, sync):
+                assert s.pg is not None
+                await s.schedule("d", "charge", {"order": "d"}, delay=3600)
+                await s.pg.relay_all(s)
+                with pytest.raises(ValueError, match="atomic"):
+                    sync.cancel("d", conn=connection)
+                with pytest.raises(Declined), transaction.atomic():
+                    assert sync.cancel("d", conn=connection) is True
+                    raise Declined
+                assert await s.pg.relay_all(s) == 0 and await s.get("d") is not None
+                with transaction.atomic():
+                    assert sync.cancel("d", conn=connection) is True
+                assert await s.pg.relay_all(s) == 1
+                assert await s.get("d") is None
+                counts = await table_counts(pg_url)
+                assert counts["tickwheel_jobs"] == 0 and counts["tickwheel_outbox"] == 0
+
+        run(main())
+
+
 # -- the pieces without servers -----------------------------------------------------
 
 

@@ -29,7 +29,7 @@ from ._pauses import pause_sync, resume_sync
 from ._pg_store import PgStore
 from ._prune import prune
 from ._replacing import replace_sync
-from ._sync_ops import cancel_sync, reschedule_sync
+from ._sync_ops import cancel_in_sync, cancel_sync, reschedule_sync
 from ._sync_pool import SyncPgPool
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "PostgresMode",
     "ReconcileResult",
     "SyncPgPool",
+    "cancel_in_sync",
     "cancel_sync",
     "check_schema",
     "enqueue_sync",

@@ -6,19 +6,23 @@ pooled psycopg connection of the SyncScheduler (``_sync_pool.py``) and the same 
 order as every writer does; Redis is changed inside it (only Redis knows whether the job
 is leased), by the ``redis_*`` callable the SyncScheduler passes; the row follows before
 the commit. If Redis fails, the transaction rolls back and nothing changed in either.
+``cancel(conn=)`` runs in the application's transaction instead, as the asyncio
+``cancel(conn=)`` does: PostgreSQL only, Redis by the relays after the commit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from tickwheel.durable.model import JobState
 
 from . import _replacing, _writes
-from ._drivers import SyncDb
+from ._drivers import SyncDb, sync_connection
+from ._errors import translated
 from ._sync_pool import SyncPgPool
 
-__all__ = ["cancel_sync", "reschedule_sync"]
+__all__ = ["cancel_in_sync", "cancel_sync", "reschedule_sync"]
 
 
 def _lock(db: SyncDb, ns: str, job_id: str) -> dict[str, int]:
@@ -45,6 +49,27 @@ def cancel_sync(
         found = (bool(rows) and rows[0][0] == 0) or bool(dropped and dropped[0][0])
         state = redis_cancel()
     return found, state
+
+
+def cancel_in_sync(conn: Any, pool: SyncPgPool, ns: str, job_id: str) -> bool:
+    """``SyncScheduler.cancel(job_id, conn=conn)``: in ``conn``'s transaction, the id's
+    advisory lock (held to its end), its row, outbox rows and any replacement in waiting
+    deleted, and a cancel mark that the relays turn into the Redis removal once the
+    transaction commits. A rollback leaves both stores as they were. True if PostgreSQL
+    had the job pending (or a replacement of it waiting).
+
+    Raises:
+        TypeError, ValueError: for a bad ``conn`` (nothing written).
+        SchemaNotReady: if the database lacks the current schema.
+        PostgresUnavailable: if PostgreSQL cannot be reached or fails transiently.
+    """
+    db = sync_connection(conn)
+    pool.check_schema(db)
+    with translated(None):
+        db.fetch(_writes.LOCK_IDS, ns, [job_id])
+        rows = db.fetch(_writes.CANCEL_IN, ns, job_id)
+        dropped = db.fetch(_replacing.DROP, ns, [job_id])
+    return bool(rows and rows[0][0] == 0) or bool(dropped and dropped[0][0])
 
 
 def reschedule_sync(

@@ -22,6 +22,7 @@ from tickwheel.durable.store import ClaimedRef
 from ._rows import PgJob
 
 __all__ = [
+    "CANCEL_IN",
     "CANCEL_OUTBOX",
     "CANCEL_ROW",
     "DONE_OF",
@@ -258,6 +259,7 @@ WITH o AS (DELETE FROM tickwheel_outbox WHERE ns = $1::text AND id = $2::text RE
 SELECT (SELECT state FROM r), (SELECT count(*) FROM m), (SELECT count(*) FROM o)
 FROM (SELECT pg_notify('tickwheel_outbox', $1::text)) AS n
 """
+CANCEL_IN = _CANCEL_IN  # and SyncScheduler's cancel(conn=) (``_sync_ops.py``)
 
 
 async def cancel_in(conn: Any, ns: str, job_id: str) -> bool:

@@ -357,11 +357,29 @@ class SyncScheduler:
         with contextlib.suppress(RedisUnavailable):
             self.open()
 
-    def cancel(self, job_id: str) -> bool:
+    def cancel(self, job_id: str, *, conn: Any = None) -> bool:
         """Remove a job in any state; True if there was one (:meth:`Scheduler.cancel`).
         In the Postgres mode, from both stores in one PostgreSQL transaction holding the
-        id, as the asyncio :class:`Scheduler` does (docs/postgres.md)."""
+        id, as the asyncio :class:`Scheduler` does (docs/postgres.md).
+
+        ``conn`` (Postgres mode): the application's synchronous connection in its
+        transaction (psycopg 3, a SQLAlchemy ``Connection`` or ``Session``, or Django's
+        ``connection`` inside ``transaction.atomic()``): the job is removed iff that
+        transaction commits (its row in it, Redis by the relays after the commit); True
+        if PostgreSQL had it pending.
+
+        Raises:
+            TypeError, ValueError: naming a bad id or ``conn`` (nothing written).
+        """
         check_job_id(job_id)
+        if conn is not None:
+            if self._pg_pool is None:
+                raise ValueError(
+                    "conn needs the Postgres mode (SyncScheduler(..., postgres_url=...))"
+                )
+            from tickwheel.durable.postgres import cancel_in_sync  # noqa: PLC0415
+
+            return cancel_in_sync(conn, self._pg_pool, self.keys.namespace, job_id)
         self.open()
         shard = self.keys.shard_of(job_id)
         if self._pg_pool is not None:
