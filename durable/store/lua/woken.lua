@@ -52,6 +52,7 @@ if redis.call('EXISTS', KEYS[8]) == 1 then
   pause_all = paused[''] == true
 end
 local codes, out, n = {}, {now, 0, 0}, 3
+batch_start()  -- the counts written once at the end (_lib.lua: BATCH)
 for i = 5, #ARGV, 3 do
   local id, jobs_key = ARGV[i], KEYS[tonumber(ARGV[i + 1])]
   local s = redis.call('HGET', jobs_key, id)
@@ -86,6 +87,7 @@ for i = 5, #ARGV, 3 do
   end
   codes[#codes + 1] = code
 end
+counts_flush(counts_key)
 local packed = cmsgpack.pack(out)
 local result = {codes, packed}
 if n > 3 then redis.call('SET', KEYS[9], cmsgpack.pack(codes, packed), 'PX', lease) end
