@@ -21,7 +21,7 @@ from typing import Any
 
 from tickwheel.durable.model import ClaimBatch, DurableError, Job, Limits
 
-from ._codec import claimed_key, claimed_trace, decode_payload
+from ._codec import DEFAULTS, KEY_FIELD, claimed_key, claimed_trace, decode_payload
 from ._msgpack import unpack_reply
 from ._scripts import ScriptCalls
 from ._transport import Call
@@ -460,13 +460,16 @@ class LimitCalls(ScriptCalls):
 
 def _woken_jobs(reply: list[Any], shard: int) -> list[Job]:
     """The jobs of woken.lua's claim reply (``{now, 0, 0, rows}``): each row is id, due,
-    deadline, tag, count and the whole record (one-shot jobs only)."""
+    deadline, tag, count and the record's first count fields, the trailing defaults
+    left out (one-shot jobs only)."""
     jobs = []
     i = 3
     while i < len(reply):
         ident, due, deadline, tag, count = reply[i : i + 5]
         f = reply[i + 5 : i + 5 + count]
         i += 5 + count
+        if count <= KEY_FIELD:  # the trailing defaults are left out, as in the record
+            f += DEFAULTS[count : KEY_FIELD + 1]
         jobs.append(
             Job(
                 id=ident.decode(),

@@ -55,6 +55,13 @@ local function rec_encode(r)
   return cmsgpack.pack(unpack(r, 1, n))
 end
 
+-- rec_encode, and the count of fields it wrote.
+local function rec_encode_n(r)
+  local n = NFIELDS
+  while n > 0 and r[n] == DEFAULTS[n] do n = n - 1 end
+  return cmsgpack.pack(unpack(r, 1, n)), n
+end
+
 -- Packed values appended to a record of n fields, by rec_with_nominal and by the claim
 -- (which leases a one-shot record so, instead of decoding and encoding it: callgrind,
 -- 10.8k of a claimed job's 87k Redis instructions were the encode): [n] (n <= 3) the
