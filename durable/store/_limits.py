@@ -359,8 +359,8 @@ class LimitCalls(ScriptCalls):
             call = Call(self._scripts.woken, keys, args, shard)
             index: dict[str, int] = {}
             for _, job_id in woken[c : c + BATCH_JOBS]:
-                b = self._index(call, index, self.keys.jobs_key(shard, job_id))
-                args += [job_id, b, self.keys.bucket_of(job_id)]
+                bucket = self.keys.bucket_of(job_id)
+                args += [job_id, self._index(call, index, k.jobs[bucket]), bucket]
             calls.append(call)
         codes: list[int] = []
         jobs: list[Job] = []
@@ -386,8 +386,11 @@ class LimitCalls(ScriptCalls):
         for c in range(0, len(waits), BATCH_JOBS):
             call, index = self._shard_call(shard, "w", waits[0][0].epoch)
             assert isinstance(call.args, list)
+            buckets = self.keys.shard(shard).jobs
             for job, delay_ms, permit in waits[c : c + BATCH_JOBS]:
-                bucket = self._index(call, index, self.keys.jobs_key(shard, job.id))
+                # A claimed job's bucket is the claim's (its reply's tag), not hashed again.
+                b = job.bucket if job.bucket >= 0 else self.keys.bucket_of(job.id)
+                bucket = self._index(call, index, buckets[b])
                 args = [job.id, job.attempt, job.nominal_ms, delay_ms, "1" if permit else ""]
                 call.args.extend((*args, bucket))
             calls.append(call)
