@@ -319,3 +319,52 @@ def test_woken_ends_each_kind_of_wait_as_the_wake_does(redis_url: str) -> None:
             assert await calls.waiting(["charge", "other"]) == {"charge": 0, "other": 0}
 
     run(main())
+
+
+def test_woken_leases_a_waiter_named_twice_once_and_gives_whole_jobs(redis_url: str) -> None:
+    """woken.lua writes its leases at the end of the call: a waiter named twice in one
+    call (queued twice) is leased once, the second naming finding it leased (2, as a
+    wake of a leased job); its rows carry the record as stored (the trailing defaults
+    left out: a job without a key, its payload, attempts and timeout) and the jobs are
+    the ones a claim would give."""
+
+    async def main() -> None:
+        async with open_scheduler(redis_url, shards=1) as s:
+            calls = s.store.limits
+            await calls.declare({"charge": ONE})
+            await s.schedule("c0", "charge")
+            await s.schedule("c1", "charge", {"n": 1}, max_attempts=3)
+            await s.schedule("c2", "charge", b"raw", timeout=7.5)
+            await s.schedule("c3", "charge", key="m")
+            await s.take(0)
+            jobs = {j.id: j for j in (await s.claim(0, limit=9, lease=30.0)).jobs}
+            codes = await calls.acquire_many([(jobs[f"c{i}"], ONE) for i in range(3)], 30_000)
+            assert [c for c, _ in codes] == [ACQUIRED, PERMIT_WAIT, PERMIT_WAIT]
+            await calls.wait_many(0, [(jobs["c1"], 60_000, True), (jobs["c2"], 60_000, True)])
+            assert await calls.waiting(["charge"]) == {"charge": 2}
+            woken = [("charge", "c1"), ("charge", "c1"), ("charge", "c2"), ("charge", "gone")]
+            codes, batch = await calls.claim_woken(0, jobs["c0"].epoch, woken, 6000, token="d1")
+            assert codes == [1, 2, 1, 0]
+            assert [j.id for j in batch.jobs] == ["c1", "c2"]
+            assert await calls.waiting(["charge"]) == {"charge": 0}
+            for job in batch.jobs:
+                was = jobs[job.id]
+                assert (job.payload, job.max_attempts, job.attempt) == (
+                    was.payload,
+                    was.max_attempts,
+                    was.attempt,
+                )
+                assert (job.key, job.timeout_ms, job.bucket) == (
+                    was.key,
+                    was.timeout_ms,
+                    was.bucket,
+                )
+                assert job.nominal_ms == was.nominal_ms and job.epoch == was.epoch
+                info = await s.get(job.id)
+                assert info is not None and info.state is JobState.LEASED
+            # Sent again with its token: the same reply.
+            again = await calls.claim_woken(0, jobs["c0"].epoch, woken, 6000, token="d1")
+            assert again[0] == [1, 2, 1, 0] and [j.id for j in again[1].jobs] == ["c1", "c2"]
+            assert [j.payload for j in again[1].jobs] == [{"n": 1}, b"raw"]
+
+    run(main())

@@ -22,7 +22,8 @@ in a fresh process, the rows in a rotating order:
 bench/probes/_checkout.py) runs the throughput and release rows of both versions, each
 row a fresh process, the rows of a round in a rotating order, and prints each
 version's figures and the ratios of this one to the other (the memory and rate rows
-are this version's only).
+are this version's only). ``--this-dir`` loads this side from a ``durable/`` too (a
+snapshot: the checkout can change while the rounds run).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def _compare(args: argparse.Namespace) -> None:
     docstring)."""
     from bench.probes._checkout import redis_server_type
 
-    versions = {"this": "", "before": args.durable_dir}
+    versions = {"this": args.this_dir, "before": args.durable_dir}
     rows = [(v, n) for v in versions for n in ("off", "on", "release")]
     got: dict[tuple[str, str], list[Any]] = {row: [] for row in rows}
     with redis_server_type()() as server:
@@ -105,6 +106,9 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--durable-dir", default="", help="another checkout's durable/")
+    parser.add_argument(
+        "--this-dir", default="", help="with --durable-dir: this side's durable/ (a snapshot)"
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)  # a row here
     parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()

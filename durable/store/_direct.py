@@ -104,12 +104,18 @@ def pack_evalsha(
                 cache.clear()
             cache[key] = packed
         append(packed)
-    for value in args:
-        if value.__class__ is int and 0 <= value < 256:
-            append(_SMALL[value])
+    for value in args:  # the common classes inline: a flow limits' batch has 8 a job
+        cls = value.__class__
+        if cls is str:
+            data = value.encode()
+        elif cls is int:
+            if 0 <= value < 256:
+                append(_SMALL[value])
+                continue
+            data = b"%d" % value
         else:
             data = _encoded(value)
-            append(_ARG % (len(data), data))
+        append(_ARG % (len(data), data))
     return b"".join(parts)
 
 

@@ -48,6 +48,8 @@ MAX_SHARDS = 16384
 # bucket key, so keep it modest.
 DEFAULT_BUCKETS = 64
 MAX_BUCKETS = 1024
+# Flow keys whose limit key names a Keys keeps made (limit_keys), at most.
+LIMIT_KEYS_KEPT = 10_000
 
 
 class ShardKeys(NamedTuple):
@@ -93,6 +95,7 @@ class Keys:
     """
 
     __slots__ = (
+        "_limit_keys",
         "_shards",
         "buckets",
         "cancels",
@@ -119,6 +122,9 @@ class Keys:
         int_between("shards", shards, 1, MAX_SHARDS)
         int_between("buckets", buckets, 1, MAX_BUCKETS)
         self.namespace = namespace  # the namespace, as given
+        # limit_keys' names by (task, key), made once (a SHA-1 and five formats each);
+        # emptied at LIMIT_KEYS_KEPT entries.
+        self._limit_keys: dict[tuple[str, str], tuple[str, str, str, str, str]] = {}
         self.shards = shards  # shard count N
         self.buckets = buckets  # record hashes per shard
         self.meta = f"{{{namespace}}}:meta"  # STRING "shards:buckets", set on first use
@@ -194,16 +200,23 @@ class Keys:
         tag ``{ns:L:<hash>}``, the first 32 bits of SHA-1 of the task and key in hex, so
         one key's permits are in one slot whatever shards its jobs are in; the names
         hold the task and key themselves, so two keys never share them."""
+        got = self._limit_keys.get((task, key))
+        if got is not None:
+            return got
         name = f"{len(task)}:{task}:{key}"
         digest = hashlib.sha1(name.encode(errors="surrogatepass")).hexdigest()[:8]
         tag = f"{{{self.namespace}:L:{digest}}}"
-        return (
+        got = (
             f"{tag}:p:{name}",
             f"{tag}:h:{name}",
             f"{tag}:q:{name}",  # a LIST (it was a ZSET named :w:)
             f"{tag}:s:{name}",
             f"{tag}:b:{name}",
         )
+        if len(self._limit_keys) >= LIMIT_KEYS_KEPT:
+            self._limit_keys.clear()
+        self._limit_keys[(task, key)] = got
+        return got
 
     def worker_stats(self, token: str) -> str:
         """Return the STRING where the worker ``token`` publishes its counters

@@ -21,7 +21,7 @@ from typing import Any
 
 from tickwheel.durable.model import ClaimBatch, DurableError, Job, Limits
 
-from ._codec import claimed_key, claimed_trace, decode_payload
+from ._codec import DEFAULTS, KEY_FIELD, claimed_key, claimed_trace, decode_payload
 from ._msgpack import unpack_reply
 from ._scripts import ScriptCalls
 from ._transport import Call
@@ -359,8 +359,8 @@ class LimitCalls(ScriptCalls):
             call = Call(self._scripts.woken, keys, args, shard)
             index: dict[str, int] = {}
             for _, job_id in woken[c : c + BATCH_JOBS]:
-                b = self._index(call, index, self.keys.jobs_key(shard, job_id))
-                args += [job_id, b, self.keys.bucket_of(job_id)]
+                bucket = self.keys.bucket_of(job_id)
+                args += [job_id, self._index(call, index, k.jobs[bucket]), bucket]
             calls.append(call)
         codes: list[int] = []
         jobs: list[Job] = []
@@ -386,8 +386,11 @@ class LimitCalls(ScriptCalls):
         for c in range(0, len(waits), BATCH_JOBS):
             call, index = self._shard_call(shard, "w", waits[0][0].epoch)
             assert isinstance(call.args, list)
+            buckets = self.keys.shard(shard).jobs
             for job, delay_ms, permit in waits[c : c + BATCH_JOBS]:
-                bucket = self._index(call, index, self.keys.jobs_key(shard, job.id))
+                # A claimed job's bucket is the claim's (its reply's tag), not hashed again.
+                b = job.bucket if job.bucket >= 0 else self.keys.bucket_of(job.id)
+                bucket = self._index(call, index, buckets[b])
                 args = [job.id, job.attempt, job.nominal_ms, delay_ms, "1" if permit else ""]
                 call.args.extend((*args, bucket))
             calls.append(call)
@@ -460,13 +463,16 @@ class LimitCalls(ScriptCalls):
 
 def _woken_jobs(reply: list[Any], shard: int) -> list[Job]:
     """The jobs of woken.lua's claim reply (``{now, 0, 0, rows}``): each row is id, due,
-    deadline, tag, count and the whole record (one-shot jobs only)."""
+    deadline, tag, count and the record's first count fields, the trailing defaults
+    left out (one-shot jobs only)."""
     jobs = []
     i = 3
     while i < len(reply):
         ident, due, deadline, tag, count = reply[i : i + 5]
         f = reply[i + 5 : i + 5 + count]
         i += 5 + count
+        if count <= KEY_FIELD:  # the trailing defaults are left out, as in the record
+            f += DEFAULTS[count : KEY_FIELD + 1]
         jobs.append(
             Job(
                 id=ident.decode(),

@@ -9,6 +9,9 @@ shards, claimed; then each step's calls, the counters zeroed before and dumped a
 (each figure includes its calls' own cost shared over their jobs; the scripts are
 loaded before):
 
+- **claim** and **ack**: the unlimited job's whole Redis cost (every job's claim, in
+  claims of 1,000; the acks of the jobs granted a permit, one call per shard): the
+  budget a limited job's extra is compared with;
 - **permit taken**: limits.lua 'A' of every job (the first ``4 x keys`` are granted,
   the rest queued as waiters);
 - **wait written**: waits.lua 'w' of the waiters (one call per shard);
@@ -59,7 +62,10 @@ async def _count(server: TracedServer, jobs: int, keys: int) -> dict[str, float]
             claimed = []
             for shard in range(SHARDS):
                 await s.take(shard)
+            server.zero()
+            for shard in range(SHARDS):
                 claimed += await _claim_all(s, shard)
+            out["claim (any job: the unlimited cost)"] = server.dump() / jobs
             claimed.sort(key=lambda j: int(j.id[1:]))
             server.zero()
             codes = await calls.acquire_many([(j, lim) for j in claimed], 30_000)
@@ -87,6 +93,7 @@ async def _count(server: TracedServer, jobs: int, keys: int) -> dict[str, float]
                     epoch = s.ownership.owned[shard]
                     await calls.claim_woken(shard, epoch, items, 6000, token="cg", prestart=True)
                 out["woken and leased (woken.lua)"] = server.dump() / len(handed)
+                await _ack(server, s, granted, out)
                 continue
             server.zero()
             await calls.wake_many([("t", m) for m in handed])
@@ -102,6 +109,18 @@ async def _count(server: TracedServer, jobs: int, keys: int) -> dict[str, float]
     finally:
         await client.aclose()
     return out
+
+
+async def _ack(server: TracedServer, s: Any, granted: list[Any], out: dict[str, float]) -> None:
+    """The acks of the runs ``granted`` (one call per shard, as a worker's ack batches)."""
+    by_shard: dict[int, list[Any]] = {}
+    for job in granted:
+        by_shard.setdefault(job.shard, []).append(job)
+    server.zero()
+    for run in by_shard.values():
+        for c in range(0, len(run), 1000):
+            await s.ack_many(run[c : c + 1000])
+    out["ack (any job: the unlimited cost)"] = server.dump() / len(granted)
 
 
 async def _claim_all(s: Any, shard: int) -> list[Any]:

@@ -55,6 +55,13 @@ local function rec_encode(r)
   return cmsgpack.pack(unpack(r, 1, n))
 end
 
+-- rec_encode, and the count of fields it wrote.
+local function rec_encode_n(r)
+  local n = NFIELDS
+  while n > 0 and r[n] == DEFAULTS[n] do n = n - 1 end
+  return cmsgpack.pack(unpack(r, 1, n)), n
+end
+
 -- Packed values appended to a record of n fields, by rec_with_nominal and by the claim
 -- (which leases a one-shot record so, instead of decoding and encoding it: callgrind,
 -- 10.8k of a claimed job's 87k Redis instructions were the encode): [n] (n <= 3) the
@@ -583,10 +590,36 @@ end
 -- wait (the wake, a claim, a cancel, a reschedule, a replace) clears the flag and the
 -- counts with wait_end (a decoded record) or wait_end_packed (a packed one, about to be
 -- overwritten or deleted).
+-- What one batch call (waits.lua, woken.lua) keeps between its jobs, set by
+-- batch_start: BATCH.deferred sums the counts' changes per field, written once at the
+-- call's end (counts_flush) instead of two HINCRBY a job; BATCH.timers the recheck
+-- timers limit_wait set in this call (member -> when); BATCH.nowakes: the call found
+-- no wake kept, so limit_wait looks none up. Empty in any other call.
+local BATCH = {}
 local function wait_count(counts_key, task, flag, by)
+  local d = BATCH.deferred
+  if d then
+    d[task] = (d[task] or 0) + by
+    if flag == WAIT_PERMIT then d[''] = (d[''] or 0) + by end
+    return
+  end
   if redis.call('HINCRBY', counts_key, task, by) <= 0 then redis.call('HDEL', counts_key, task) end
   if flag == WAIT_PERMIT and redis.call('HINCRBY', counts_key, '', by) <= 0 then
     redis.call('HDEL', counts_key, '')
+  end
+end
+
+local function batch_start()
+  BATCH.deferred, BATCH.timers = {}, {}
+end
+
+local function counts_flush(counts_key)
+  local d = BATCH.deferred
+  BATCH.deferred = nil
+  for field, by in pairs(d) do
+    if by ~= 0 and redis.call('HINCRBY', counts_key, field, by) <= 0 then
+      redis.call('HDEL', counts_key, field)
+    end
   end
 end
 
@@ -611,17 +644,17 @@ local function recheck_member(task, key)
 end
 
 -- Give the leased job `id` (record r, decoded, held by the caller: checked) back,
--- unspent, to wait: for a permit (`permit`), out of due, its key's timer in rechecks_key
+-- unspent, to wait (its lease removed from leased_key; nil: the caller removed it): for a permit (`permit`), out of due, its key's timer in rechecks_key
 -- set to now + delay unless it is due sooner (a timer already due is set again: the
 -- recheck that read it may be about to remove it); for a start of its key, due at now
 -- + delay. A permit wait whose wake came while it was still leased is due now instead,
 -- not waiting. Returns the due (for a permit wait, its recheck bound).
 local function limit_wait(leased_key, due_key, prio_key, counts_key, wakes_key, rechecks_key,
   jobs_key, id, r, now, delay, permit)
-  redis.call('ZREM', leased_key, id)
+  if leased_key then redis.call('ZREM', leased_key, id) end  -- nil: the caller removed it
   r[F_EPOCH] = 0
   local due = now + delay
-  local woke = permit and redis.call('ZSCORE', wakes_key, id)
+  local woke = permit and not BATCH.nowakes and redis.call('ZSCORE', wakes_key, id)
   local flag = permit and WAIT_PERMIT or WAIT_DUE
   if woke and tonumber(woke) >= now then
     redis.call('ZREM', wakes_key, id)
@@ -638,9 +671,16 @@ local function limit_wait(leased_key, due_key, prio_key, counts_key, wakes_key, 
   redis.call('HSET', jobs_key, id, rec_encode(r))
   if flag == WAIT_PERMIT then
     local m = recheck_member(r[F_TASK], r[F_KEY])
-    local at = redis.call('ZSCORE', rechecks_key, m)
-    if not at or tonumber(at) <= now or tonumber(at) > due then
-      redis.call('ZADD', rechecks_key, fmt(due), m)
+    local timers = BATCH.timers
+    local set = timers and timers[m]
+    if not (set and set <= due) then  -- a timer this call set, after now, by due: kept
+      local at = redis.call('ZSCORE', rechecks_key, m)
+      at = at and tonumber(at)
+      if not at or at <= now or at > due then
+        redis.call('ZADD', rechecks_key, fmt(due), m)
+        at = due
+      end
+      if timers and at > now then timers[m] = at end
     end
     return due
   end

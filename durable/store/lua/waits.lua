@@ -53,29 +53,35 @@ if op == 't' then
   end
   return again
 end
+batch_start()  -- the counts written once at the end (_lib.lua: BATCH)
 if op == 'k' then
   local hold = tonumber(ARGV[2])
   for i = 3, #ARGV, 2 do
     out[#out + 1] = limit_wake(KEYS[2], KEYS[1], KEYS[7], KEYS[6], KEYS[5],
       KEYS[tonumber(ARGV[i + 1])], ARGV[i], now, hold)
   end
+  counts_flush(KEYS[7])
   return out
 end
 local err = fence(KEYS[3], ARGV[2])
 if err then return err end
 local epoch = tonumber(ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. fmt(now))
+BATCH.nowakes = redis.call('EXISTS', KEYS[6]) == 0  -- no wake kept: none looked up a job
 for i = 3, #ARGV, 6 do
   local id, jobs_key = ARGV[i], KEYS[tonumber(ARGV[i + 5])]
   local s = redis.call('HGET', jobs_key, id)
-  local r = s and redis.call('ZSCORE', KEYS[1], id) and rec_decode(s)
-  if r and holds(r, epoch, ARGV[i + 1], ARGV[i + 2]) then
+  local r = s and rec_decode(s)
+  -- Held by the caller (its record) and leased (removed here, the lease checked so).
+  if r and holds(r, epoch, ARGV[i + 1], ARGV[i + 2])
+    and redis.call('ZREM', KEYS[1], id) == 1 then
     out[#out + 1] = 3
-    out[#out + 1] = limit_wait(KEYS[1], KEYS[2], KEYS[5], KEYS[7], KEYS[6], KEYS[8], jobs_key,
+    out[#out + 1] = limit_wait(nil, KEYS[2], KEYS[5], KEYS[7], KEYS[6], KEYS[8], jobs_key,
       id, r, now, tonumber(ARGV[i + 3]), ARGV[i + 4] == '1')
   else
     out[#out + 1] = 0
     out[#out + 1] = 0
   end
 end
+counts_flush(KEYS[7])
 return out

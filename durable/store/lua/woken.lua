@@ -24,9 +24,10 @@
 -- Returns: {codes, reply}: per job a code, 1 leased here (in reply), 2 still leased (its
 --   wait, in flight, finds the wake and makes it due now: a claim takes it), 3 due now
 --   but not leased here (recurring, paused, its occurrence done, or a rate waiter: a
---   claim's to decide), 0 not waiting (as wake.lua's 0); reply is claim.lua's msgpack
---   reply ({now, 0, 0, rows}) of the jobs leased, each row the full record (count
---   NFIELDS).
+--   claim's to decide), 0 not waiting (as wake.lua's 0); reply is a msgpack array as
+--   claim.lua's ({now, 0, 0, rows}) of the jobs leased, each row id, due, deadline,
+--   tag, count and the record's first count fields (the trailing defaults left out,
+--   as stored).
 -- Re-sent safely: a call whose reply is kept under KEYS[9] returns it again (nothing
 --   written), as claim.lua does.
 -- Errors: TW_FENCED if ARGV[1] is not the shard's current epoch (nothing written).
@@ -51,9 +52,21 @@ if redis.call('EXISTS', KEYS[8]) == 1 then
   for _, t in ipairs(redis.call('HKEYS', KEYS[8])) do paused[t] = true end
   pause_all = paused[''] == true
 end
-local codes, out, n = {}, {now, 0, 0}, 3
+local codes, rows, total = {}, {'', cmsgpack.pack(now, 0, 0)}, 3
+batch_start()  -- the counts written once at the end (_lib.lua: BATCH)
+-- The leases' writes are buffered (one HSET a bucket, one ZADD) and flushed at the end,
+-- or before a job met again in this call (a waiter queued twice), so that it reads
+-- what the first one wrote.
+local hset, zadd, nz, met = {}, {}, 0, {}
+local function write()
+  flush('HSET', hset)
+  if nz > 0 then bulk('ZADD', leased_key, zadd) end
+  hset, zadd, nz = {}, {}, 0
+end
 for i = 5, #ARGV, 3 do
   local id, jobs_key = ARGV[i], KEYS[tonumber(ARGV[i + 1])]
+  if met[id] then write() end
+  met[id] = true
   local s = redis.call('HGET', jobs_key, id)
   local r = s and rec_decode(s)
   local code
@@ -64,13 +77,15 @@ for i = 5, #ARGV, 3 do
       and not redis.call('ZSCORE', KEYS[7], done_member(r[F_NOMINAL], id)) then
       code = 1  -- leased here: what a claim of it at now writes
       r[F_EPOCH] = epoch
-      redis.call('HSET', jobs_key, id, rec_encode(r))
-      redis.call('ZADD', leased_key, sdeadline, id)
-      out[n + 1], out[n + 2], out[n + 3] = id, now, deadline
-      out[n + 4], out[n + 5] = 2 * tonumber(ARGV[i + 2]), NFIELDS
-      n = n + 5
-      for f = 1, NFIELDS do out[n + f] = r[f] end
-      n = n + NFIELDS
+      local rec, count = rec_encode_n(r)
+      buffer(hset, jobs_key, id, rec)
+      zadd[nz + 1], zadd[nz + 2] = sdeadline, id
+      nz = nz + 2
+      -- Its row: id, due, deadline, tag, field count, then the fields: the record as
+      -- stored (msgpack values one after another), spliced in, not packed again.
+      rows[#rows + 1] = cmsgpack.pack(id, now, deadline, 2 * tonumber(ARGV[i + 2]), count)
+      rows[#rows + 1] = rec
+      total = total + 5 + count
     else
       code = 3  -- due now, as wake.lua makes it
       redis.call('HSET', jobs_key, id, rec_encode(r))
@@ -86,7 +101,12 @@ for i = 5, #ARGV, 3 do
   end
   codes[#codes + 1] = code
 end
-local packed = cmsgpack.pack(out)
+write()
+counts_flush(counts_key)
+-- The reply: one msgpack array (a 32-bit count) of now, 0, 0 and the rows.
+rows[1] = string.char(0xdd, math.floor(total / 16777216) % 256, math.floor(total / 65536) % 256,
+  math.floor(total / 256) % 256, total % 256)
+local packed = table.concat(rows)
 local result = {codes, packed}
-if n > 3 then redis.call('SET', KEYS[9], cmsgpack.pack(codes, packed), 'PX', lease) end
+if total > 3 then redis.call('SET', KEYS[9], cmsgpack.pack(codes, packed), 'PX', lease) end
 return result
