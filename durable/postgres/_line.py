@@ -1,4 +1,5 @@
-"""The producer's line: one connection of its own for ``schedule``'s own statement.
+"""The producer's line: one connection of its own for ``schedule``'s own statement
+(and the worker's: one for its claim check and its ack, each one statement too).
 
 A single ``schedule`` of its own is one statement (its own transaction). Taking a
 connection from asyncpg's pool and giving it back costs more client CPU than sending

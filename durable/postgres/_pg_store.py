@@ -89,6 +89,7 @@ class PgStore:
         self._to_forget: list[int] = []  # outbox rows to delete (relayed_later)
         self._forgetting: asyncio.Task[None] | None = None  # the task deleting them
         self._line = Line()  # the connection held for schedule's own statement
+        self._wline = Line()  # and the one for a worker's claim check and ack
 
     # -- connections ---------------------------------------------------------------
 
@@ -143,6 +144,7 @@ class PgStore:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(forgetting), self.call_timeout)
         await self._line.close()
+        await self._wline.close()
         pool, self._pool = self._pool, None
         if pool is not None:
             with contextlib.suppress(Exception):
@@ -157,6 +159,18 @@ class PgStore:
             with translated(shard):
                 async with (pool or self._pool).acquire(timeout=self.call_timeout) as conn:
                     yield conn
+        finally:
+            _QUIET.reset(token)
+
+    @contextlib.asynccontextmanager
+    async def _held(self, line: Line, shard: int | None) -> AsyncIterator[Any]:
+        """``line``'s connection for one own statement, or a pooled one (``_line.py``)."""
+        await self.open()
+        token = _QUIET.set(True)
+        try:
+            with translated(shard):
+                async with line.use(self._pool, self.url, self.call_timeout) as c:
+                    yield c
         finally:
             _QUIET.reset(token)
 
@@ -221,14 +235,8 @@ class PgStore:
         # Our own commit also deletes the outbox rows relayed_later() holds (lost with a
         # failed statement, they are the relay's: harmless).
         forget, self._to_forget = self._to_forget, []
-        await self.open()
-        token = _QUIET.set(True)  # its release skips the reset, as _conn's does
-        try:
-            with translated(None):
-                async with self._line.use(self._pool, self.url, self.call_timeout) as c:
-                    return await _writes.schedule(c, self.namespace, jobs, notify, forget)
-        finally:
-            _QUIET.reset(token)
+        async with self._held(self._line, None) as c:
+            return await _writes.schedule(c, self.namespace, jobs, notify, forget)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[Any]:
@@ -348,8 +356,7 @@ class PgStore:
             Fenced: if PostgreSQL holds a higher epoch for the shard (its stored epoch
                 is in :func:`stored_epoch` of the exception).
         """
-        await self.open()
-        async with self._conn(shard=shard) as c:
+        async with self._held(self._wline, shard) as c:  # as schedule's (_line.py)
             return await _writes.claim_check(
                 c, self.namespace, shard, epoch, ids=ids, nominals=nominals
             )
@@ -364,8 +371,7 @@ class PgStore:
         Raises:
             Fenced: if ``epoch`` is not the shard's stored epoch (nothing written).
         """
-        await self.open()
-        async with self._conn(shard=shard) as c:
+        async with self._held(self._wline, shard) as c:
             return await _writes.ack(c, self.namespace, shard, epoch, refs)
 
     async def skipped(self, shard: int, epoch: int, moves: Sequence[tuple[str, int, int]]) -> None:
