@@ -185,6 +185,7 @@ async def apply(store: PgStore, sched: RedisSide, limit: int = 500) -> tuple[int
         held = [t for t in taken if t[0].id in locked]
         await _writes.lock(c, ns, [job.id for job, _, _ in held])  # row locks, id order
         done = await _writes.done_of(c, ns, [(job.id, due) for job, due, _ in held])
+        ver = await _writes.version(c) if held else 0  # under the ids' locks
         ended: list[tuple[PgJob, int, int]] = [t for t in held if (t[0].id, t[1]) in done]
         written: list[tuple[PgJob, int, int]] = []
         groups: dict[int, list[tuple[PgJob, int, int]]] = {}
@@ -193,7 +194,7 @@ async def apply(store: PgStore, sched: RedisSide, limit: int = 500) -> tuple[int
                 groups.setdefault(sched.keys.shard_of(t[0].id), []).append(t)
         try:
             for shard, items in groups.items():
-                encoded = [redis_job(job.id, due, job.record) for job, due, _ in items]
+                encoded = [redis_job(job.id, due, job.record, ver) for job, due, _ in items]
                 replies = await sched.store.schedule(shard, encoded, True)
                 for t, reply in zip(items, replies, strict=True):
                     if reply.status in _WRITTEN:
@@ -202,7 +203,7 @@ async def apply(store: PgStore, sched: RedisSide, limit: int = 500) -> tuple[int
                         ended.append(t)
         except RedisUnavailable as exc:
             failure = exc  # commit what Redis accepted, then raise
-        await _writes.overwrite(c, ns, [(job, due) for job, due, _ in written])
+        await _writes.overwrite(c, ns, [(job, due) for job, due, _ in written], ver)
         gone = written + ended
         if gone:
             await c.execute(

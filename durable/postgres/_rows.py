@@ -40,6 +40,7 @@ from tickwheel.durable.store import (
     with_priority,
     with_timeout,
     with_trace,
+    with_version,
 )
 
 __all__ = ["OutboxRow", "PendingRow", "PgJob", "encode_pg_job", "redis_job", "retried_job"]
@@ -138,9 +139,11 @@ class PendingRow:
     job: EncodedJob
 
 
-def redis_job(job_id: str, due_ms: int, record: bytes) -> EncodedJob:
-    """The schedule.lua form of a stored job: its own id at its nominal due."""
-    return EncodedJob(job_id, (job_id.encode(), 0, due_ms, record), record_priority(record))
+def redis_job(job_id: str, due_ms: int, record: bytes, version: int = 0) -> EncodedJob:
+    """The schedule.lua form of a stored job: its own id at its nominal due, its record
+    carrying the row's version (migration 0012; 0: none)."""
+    priority = record_priority(record)
+    return EncodedJob(job_id, (job_id.encode(), 0, due_ms, with_version(record, version)), priority)
 
 
 def retried_job(row: Any) -> EncodedJob:
@@ -177,5 +180,6 @@ def retried_job(row: Any) -> EncodedJob:
     # The priority too (schedule.lua indexes it: EncodedJob.priority).
     priority = record_priority(row["record"])
     fields = with_priority(fields, priority)
-    values = (row["id"].encode(), 0, int(row["run_ms"]), pack_record(fields))
+    record = with_version(pack_record(fields), int(row["version"]))
+    values = (row["id"].encode(), 0, int(row["run_ms"]), record)
     return EncodedJob(row["id"], values, priority)

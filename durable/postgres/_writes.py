@@ -39,6 +39,7 @@ __all__ = [
     "lock",
     "moved",
     "now",
+    "now_version",
     "overwrite",
     "raced_statement",
     "reaped",
@@ -48,6 +49,7 @@ __all__ = [
     "schedule_statement",
     "skipped",
     "undead",
+    "version",
 ]
 
 # $16: notify the relays at commit (migration 0005): only when they are the indexers.
@@ -91,6 +93,8 @@ _FORGET = (
 # The due of ids kept because a concurrent producer created them mid-statement.
 _RACED = "SELECT id, due_ms FROM tickwheel_jobs WHERE ns = $1::text AND id = ANY($2::text[])"
 _NOW = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+# A new row version (migration 0012): the outbox's sequence, as tickwheel_put takes it.
+_VERSION = "SELECT nextval(pg_get_serial_sequence('tickwheel_outbox', 'seq'))"
 # What _drivers.py runs through the other drivers (the same text).
 NOW, RACED = _NOW, _RACED
 # lock(): the ids' advisory locks (transaction-level), then their rows' locks, in id
@@ -124,8 +128,8 @@ LOCK_IDS, LOCKED_ROWS, DONE_OF, MOVED = _LOCK_IDS, _LOCKED_ROWS, _DONE_OF, _MOVE
 CANCEL_OUTBOX, CANCEL_ROW = _CANCEL_OUTBOX, _CANCEL_ROW
 _OVERWRITE = """
 INSERT INTO tickwheel_jobs AS j (ns, id, shard, task, payload, json_payload, max_attempts,
-    due_ms, rkind, rspec, policy, max_catch_up, grace_ms, record)
-SELECT $1, u.* FROM unnest($2::text[], $3::integer[], $4::text[], $5::bytea[],
+    due_ms, rkind, rspec, policy, max_catch_up, grace_ms, record, version)
+SELECT $1, u.*, $15::bigint FROM unnest($2::text[], $3::integer[], $4::text[], $5::bytea[],
     $6::boolean[], $7::integer[], $8::bigint[], $9::smallint[], $10::text[],
     $11::smallint[], $12::integer[], $13::bigint[], $14::bytea[]) AS u
 ON CONFLICT (ns, id) DO UPDATE SET shard = excluded.shard, task = excluded.task,
@@ -133,7 +137,7 @@ ON CONFLICT (ns, id) DO UPDATE SET shard = excluded.shard, task = excluded.task,
     max_attempts = excluded.max_attempts, due_ms = excluded.due_ms, rkind = excluded.rkind,
     rspec = excluded.rspec, policy = excluded.policy, max_catch_up = excluded.max_catch_up,
     grace_ms = excluded.grace_ms, record = excluded.record, state = 0, attempt = 1,
-    run_ms = 0, epoch = 0, updated_at = now()
+    run_ms = 0, epoch = 0, updated_at = now(), version = excluded.version
 """
 
 # -- producers ---------------------------------------------------------------------
@@ -215,8 +219,21 @@ async def done_of(
     return {(r[0], int(r[1])) for r in rows}
 
 
-async def overwrite(conn: Any, ns: str, jobs: Sequence[tuple[PgJob, int]]) -> None:
-    """Upsert ``(job, due)`` rows as pending at attempt 1, in id order."""
+async def now_version(conn: Any) -> tuple[int, int]:
+    """PostgreSQL's clock (ms) and a new row version (:func:`version`), one statement."""
+    row = (await conn.fetch(_NOW + ", " + _VERSION.removeprefix("SELECT ")))[0]
+    return int(row[0]), int(row[1])
+
+
+async def version(conn: Any) -> int:
+    """A new row version for a replace (migration 0012); taken under the ids' locks, so
+    later than the version of every write of them before."""
+    return int((await conn.fetch(_VERSION))[0][0])
+
+
+async def overwrite(conn: Any, ns: str, jobs: Sequence[tuple[PgJob, int]], ver: int) -> None:
+    """Upsert ``(job, due)`` rows as pending at attempt 1 and version ``ver``, in id
+    order."""
     if not jobs:
         return
     jobs = sorted(jobs, key=lambda item: item[0].id)  # rows locked in id order
@@ -232,6 +249,7 @@ async def overwrite(conn: Any, ns: str, jobs: Sequence[tuple[PgJob, int]]) -> No
         list(columns[3]),  # max attempts
         [due for _, due in jobs],
         *(list(col) for col in columns[6:]),  # rkind .. record
+        ver,
     )
 
 
@@ -275,17 +293,22 @@ async def cancel_in(conn: Any, ns: str, job_id: str) -> bool:
 
 
 async def claim_check(
-    conn: Any, ns: str, shard: int, epoch: int, *, ids: Sequence[str], nominals: Sequence[int]
+    conn: Any,
+    ns: str,
+    shard: int,
+    epoch: int,
+    *,
+    ids: Sequence[str],
+    nominals: Sequence[int],
+    versions: Sequence[int] = (),
 ) -> tuple[set[int], set[int]]:
-    """``tickwheel_claim_check``: the 0-based positions done already, and gone."""
-    rows = await conn.fetch(
-        "SELECT pos, gone FROM tickwheel_claim_check($1, $2, $3, $4, $5)",
-        ns,
-        shard,
-        epoch,
-        list(ids),
-        list(nominals),
-    )
+    """``tickwheel_claim_check``: the 0-based positions done already, and gone (no row;
+    or, with the entries' ``versions``, migration 0012, a row of a newer version)."""
+    args = [ns, shard, epoch, list(ids), list(nominals)]
+    if any(versions):  # entries of the previous release's writers have none
+        args.append(list(versions))
+    places = ", ".join(f"${n}" for n in range(1, len(args) + 1))
+    rows = await conn.fetch(f"SELECT pos, gone FROM tickwheel_claim_check({places})", *args)
     done = {int(r[0]) - 1 for r in rows if not r[1]}
     gone = {int(r[0]) - 1 for r in rows if r[1]}
     return done, gone

@@ -39,6 +39,7 @@ from ._codec import (
     with_priority,
     with_timeout,
     with_trace,
+    with_version,
 )
 from ._connect import (
     URL_ENV,
@@ -166,4 +167,5 @@ __all__ = [
     "with_priority",
     "with_timeout",
     "with_trace",
+    "with_version",
 ]

@@ -68,6 +68,7 @@ __all__ = [
     "PRIORITY_FIELD",
     "TIMEOUT_FIELD",
     "TRACE_FIELD",
+    "VERSION_FIELD",
     "ClaimedRef",
     "EncodedJob",
     "claimed_extras",
@@ -89,6 +90,7 @@ __all__ = [
     "with_priority",
     "with_timeout",
     "with_trace",
+    "with_version",
 ]
 
 # The job record's fields, in record order: lua/_lib.lua's F_* constants, lowercased
@@ -112,11 +114,12 @@ FIELDS = (
     "key",
     "priority",
     "wait",
+    "version",
 )
 # Their defaults, in the same order (lua/_lib.lua: DEFAULTS); trailing ones are dropped.
 DEFAULTS: tuple[int | bytes, ...] = (
     *(b"", b"", 5, 0, 0, 1, 0, 0, b"", 0, 0, 0, b"", 0, b""),
-    *(b"", 0, 0),  # key, priority, wait
+    *(b"", 0, 0, 0),  # key, priority, wait, version
 )
 # Record fields of a claim.lua row that is not short (all of them).
 CLAIM_FULL_ROW = len(FIELDS)
@@ -124,6 +127,7 @@ TRACE_FIELD = FIELDS.index("trace")  # its index from 0
 KEY_FIELD = FIELDS.index("key")
 TIMEOUT_FIELD = FIELDS.index("timeout")
 PRIORITY_FIELD = FIELDS.index("priority")
+VERSION_FIELD = FIELDS.index("version")
 
 FLAG_JSON = 1  # record field 4, bit 0: the payload is JSON text
 
@@ -168,6 +172,7 @@ CLAIM_JOB_FIELDS = (
     "timeout_ms",
     "trace",
     "key",
+    "version",
 )
 if tuple(f.name for f in dataclasses.fields(Job)) != CLAIM_JOB_FIELDS:  # pragma: no cover
     raise ImportError("Job's fields changed: update CLAIM_JOB_FIELDS and Store.claim's loop")
@@ -361,6 +366,25 @@ def with_trace(fields: list[int | bytes], trace: bytes) -> list[int | bytes]:
     """Record fields (up to the timeout) with the trace context field after them, the
     fields between at their defaults."""
     return [*fields, *DEFAULTS[len(fields) : TRACE_FIELD], trace]
+
+
+# The packed defaults from field n (from 0) up to the version, by n.
+_PADS = [
+    b"".join(pack_value(d) for d in DEFAULTS[n:VERSION_FIELD]) for n in range(VERSION_FIELD + 1)
+]
+
+
+def with_version(record: bytes, version: int) -> bytes:
+    """A packed record with the version of the PostgreSQL row it was written from as
+    its last field (the fields between at their defaults); as it is for version 0."""
+    if not version:
+        return record
+    unpacker = msgpack.Unpacker(raw=True, max_buffer_size=len(record) + 1)
+    unpacker.feed(record)
+    fields = list(unpacker)
+    if len(fields) > VERSION_FIELD:  # one already: replaced
+        return pack_record([*fields[:VERSION_FIELD], version])
+    return record + _PADS[len(fields)] + pack_value(version)
 
 
 def claimed_extras(reply: Sequence[Any], i: int, count: int) -> tuple[bytes, str]:

@@ -272,9 +272,8 @@ class Store:
             reply = unpack_reply(packed)
         except ValueError as exc:  # not claim.lua's reply: a script of another version?
             raise DurableError(f"claim on shard {shard}: {exc}") from None
-        # The rows, decoded here with _codec.py's pieces (its ground rules say why here):
-        # one slice and one construction per job, by position in CLAIM_JOB_FIELDS order
-        # (keywords cost a scan of __init__'s parameter names each: see _codec.py).
+        # The rows, decoded here with _codec.py's pieces (its ground rules say why here): one
+        # slice and one construction per job, by position in CLAIM_JOB_FIELDS order (see there).
         jobs: list[Job] = []
         append = jobs.append
         new, init, duplicate, short = new_job, init_job, DUPLICATE, CLAIM_SHORT_ROW
@@ -288,12 +287,12 @@ class Store:
                 # Three names a tuple: a fourth here measured ~390 more instructions a job
                 # (callgrind durable-client claim_ack; the compiler builds a tuple then).
                 ep, recurrence, error = epoch, None, ""
-                limit, trace, key = 0, b"", ""
+                limit, trace, key, version = 0, b"", "", 0  # constants: no tuple built
             elif count == timed:  # the short row and the job's own timeout
                 ep, recurrence, error = epoch, None, ""
-                limit, trace, key = reply[i + 11], b"", ""
-            else:  # all 18: a recurring job, one with an error, a trace or a key
-                ep, kind = reply[i + 11], reply[i + 12]
+                limit, trace, key, version = reply[i + 11], b"", "", 0
+            else:  # all 19: a recurring job, one with an error, a trace, a key or a version
+                ep, kind, version = reply[i + 11], reply[i + 12], reply[i + 23]
                 recurrence = recurrence_of(kind, *reply[i + 13 : i + 17]) if kind else None
                 error = reply[i + 17].decode(errors="replace")
                 limit = reply[i + 18]
@@ -320,6 +319,7 @@ class Store:
                 limit,  # timeout_ms
                 trace,  # trace
                 key,  # key
+                version,  # version
             )
             append(job)
         return ClaimBatch(

@@ -30,8 +30,8 @@
 --   count is 6 (task, payload, max, flags, nominal, attempt: the epoch is ARGV[1] and
 --   the rest are at their defaults) for a one-shot job with no error, no timeout of
 --   its own, no trace context and no flow key (a priority alone keeps it short); 7
---   (those 6, then the timeout) for such a job with a timeout of its own; else 18
---   (NFIELDS); the nominal is resolved. dropped counts
+--   (those 6, then the timeout) for such a job with a timeout of its own; else 19
+--   (NFIELDS: also for a record with a version, field 19); the nominal is resolved. dropped counts
 --   one-shot jobs whose occurrence is in done already: removed, not returned. A
 --   recurring job whose occurrence is done comes back leased with dup = 1: the client
 --   acks it unrun, which re-inserts its next occurrence. parked counts the due jobs of paused tasks (a task
@@ -209,7 +209,7 @@ for k = 1, count do
       r[F_EPOCH] = epoch
       buffer(hset, key_of[k], id, rec_encode(r))
       local count = (r[F_RKIND] == 0 and r[F_ERROR] == '' and r[F_TIMEOUT] == 0
-        and r[F_TRACE] == '' and r[F_KEY] == '') and F_ATTEMPT
+        and r[F_TRACE] == '' and r[F_KEY] == '' and r[F_VERSION] == 0) and F_ATTEMPT
         or NFIELDS
       out[n + 5] = count
       n = n + 5
