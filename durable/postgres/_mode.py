@@ -188,7 +188,7 @@ class PostgresMode:
         async with self.store.locked([spec.id for spec in specs]) as (conn, _):
             now, ver = await self.store.now_version(conn)  # the version under the locks
             firsts = [self._first_run(spec, now) for spec in specs]
-            jobs = [encode_pg_job(s, sched.keys.shard_of(s.id), limit) for s in firsts]
+            jobs = [encode_pg_job(s, sched.keys.shard_of(s.id), limit, ver) for s in firsts]
             dues = [now + s.time_ms if s.mode == 1 else s.time_ms for s in firsts]
             done = await self.store.done_of(
                 conn, [(job.id, due) for job, due in zip(jobs, dues, strict=True)]
@@ -215,7 +215,7 @@ class PostgresMode:
             for k, result in enumerate(results):
                 if result is not None and result.status in _WRITTEN:
                     accepted[jobs[k].id] = (jobs[k], dues[k])
-            await self.store.overwrite(conn, list(accepted.values()), ver)
+            await self.store.overwrite(conn, list(accepted.values()))
             if accepted:  # a later write: the ids' replacements in waiting are superseded
                 await conn.execute(_replacing.DROP, self.store.namespace, sorted(accepted))
         if failure is not None:

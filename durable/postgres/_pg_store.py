@@ -268,10 +268,11 @@ class PgStore:
         """The ``(id, nominal)`` pairs whose occurrence is done."""
         return await _writes.done_of(conn, self.namespace, occurrences)
 
-    async def overwrite(self, conn: Any, jobs: Sequence[tuple[PgJob, int]], ver: int) -> None:
-        """Write ``(job, due)`` rows as pending at attempt 1 and version ``ver``, creating
-        or overwriting (whatever state the rows had): what a replace Redis accepted leaves."""
-        await _writes.overwrite(conn, self.namespace, jobs, ver)
+    async def overwrite(self, conn: Any, jobs: Sequence[tuple[PgJob, int]]) -> None:
+        """Write ``(job, due)`` rows as pending at attempt 1 and their jobs' versions,
+        creating or overwriting (whatever state the rows had): what a replace Redis
+        accepted leaves."""
+        await _writes.overwrite(conn, self.namespace, jobs)
 
     async def moved(self, conn: Any, job_id: str, due_ms: int) -> None:
         """A pending job's current occurrence is now at ``due_ms`` (attempt 1)."""

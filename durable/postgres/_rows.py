@@ -54,9 +54,10 @@ class PgJob:
     shard: int
     args: tuple[Any, ...]  # task .. record, after ns, id and shard
     record: bytes  # the Redis record (nominal 0, attempt 1)
+    version: int = 0  # a replace's row version (migration 0012), taken under its locks
 
 
-def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int) -> PgJob:
+def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int, version: int = 0) -> PgJob:
     """Encode a job spec for ``tickwheel_put`` (and its Redis record).
 
     Raises:
@@ -87,7 +88,7 @@ def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int) -> PgJob:
         grace,
         record,
     )
-    return PgJob(spec.id, shard, args, record)
+    return PgJob(spec.id, shard, args, record, version)
 
 
 def record_extras(record: object) -> tuple[int, bytes, bytes]:

@@ -129,9 +129,9 @@ CANCEL_OUTBOX, CANCEL_ROW = _CANCEL_OUTBOX, _CANCEL_ROW
 _OVERWRITE = """
 INSERT INTO tickwheel_jobs AS j (ns, id, shard, task, payload, json_payload, max_attempts,
     due_ms, rkind, rspec, policy, max_catch_up, grace_ms, record, version)
-SELECT $1, u.*, $15::bigint FROM unnest($2::text[], $3::integer[], $4::text[], $5::bytea[],
+SELECT $1, u.* FROM unnest($2::text[], $3::integer[], $4::text[], $5::bytea[],
     $6::boolean[], $7::integer[], $8::bigint[], $9::smallint[], $10::text[],
-    $11::smallint[], $12::integer[], $13::bigint[], $14::bytea[]) AS u
+    $11::smallint[], $12::integer[], $13::bigint[], $14::bytea[], $15::bigint[]) AS u
 ON CONFLICT (ns, id) DO UPDATE SET shard = excluded.shard, task = excluded.task,
     payload = excluded.payload, json_payload = excluded.json_payload,
     max_attempts = excluded.max_attempts, due_ms = excluded.due_ms, rkind = excluded.rkind,
@@ -231,8 +231,8 @@ async def version(conn: Any) -> int:
     return int((await conn.fetch(_VERSION))[0][0])
 
 
-async def overwrite(conn: Any, ns: str, jobs: Sequence[tuple[PgJob, int]], ver: int) -> None:
-    """Upsert ``(job, due)`` rows as pending at attempt 1 and version ``ver``, in id
+async def overwrite(conn: Any, ns: str, jobs: Sequence[tuple[PgJob, int]]) -> None:
+    """Upsert ``(job, due)`` rows as pending at attempt 1, at their jobs' versions, in id
     order."""
     if not jobs:
         return
@@ -249,7 +249,7 @@ async def overwrite(conn: Any, ns: str, jobs: Sequence[tuple[PgJob, int]], ver: 
         list(columns[3]),  # max attempts
         [due for _, due in jobs],
         *(list(col) for col in columns[6:]),  # rkind .. record
-        ver,
+        [job.version for job, _ in jobs],
     )
 
 
