@@ -60,6 +60,7 @@ __all__ = [
     "CLAIM_JOB_FIELDS",
     "CLAIM_SHORT_ROW",
     "CLAIM_TIMED_ROW",
+    "CLAIM_VERSIONED_ROW",
     "DEFAULTS",
     "DUPLICATE",
     "FIELDS",
@@ -137,9 +138,11 @@ _ROW_STRIDE = 2 + len(FIELDS)
 # A claim.lua row: id, due, deadline, tag (bit 0: the occurrence is done already; the
 # rest: the index of the job's record hash), count, then ``count`` record fields: 6 for a
 # one-shot job without an error, a timeout of its own or a trace; 7 (those 6, then the
-# timeout) for such a job with a timeout of its own; all of them (18) otherwise.
+# timeout) for such a job with a timeout of its own; 8 (those 7, then the version) for a
+# one-shot job with a version (the Postgres mode); all of them (19) otherwise.
 CLAIM_SHORT_ROW = 6
 CLAIM_TIMED_ROW = 7
+CLAIM_VERSIONED_ROW = 8  # the timed row, then the version (the Postgres mode's records)
 DUPLICATE = (False, True)  # a row's tag bit 0 as a bool, indexed (no call of bool())
 
 # A claim builds one Job per row as ``init_job(new_job(Job), *CLAIM_JOB_FIELDS values)``:
