@@ -214,3 +214,44 @@ def test_a_replace_keeps_an_entry_of_a_higher_version(
             assert await payload() == b"none"
 
     run(main())
+
+
+def test_a_claimed_job_carries_its_rows_version_through_park_and_retry(
+    private_redis: RedisServer, pg_url: str
+) -> None:
+    """A one-shot job with a timeout and a priority (claim.lua's versioned row): the
+    claimed job has its row's version, timeout and payload; parked by a pause and
+    resumed, then retried, it keeps them, and its ack completes the row."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            ns = s.keys.namespace
+            await s.schedule("x", "t", b"v", delay=0, timeout=7, priority=3)
+            await s.schedule("plain", "u", b"w", delay=0)
+            found = await rows(
+                pg_url, "SELECT id, version FROM tickwheel_jobs WHERE ns = $1 ORDER BY id", ns
+            )
+            versions = {r[0]: int(r[1]) for r in found}
+            assert all(v > 0 for v in versions.values())
+            await s.take(0)
+            await s.pause("t")
+            batch = await s.claim(0, limit=10)
+            assert [(j.id, j.version) for j in batch.jobs] == [("plain", versions["plain"])]
+            assert await s.ack_many(batch.jobs) == [True]
+            await s.resume("t")
+            (job,) = (await s.claim(0, limit=10)).jobs
+            assert (job.id, job.payload, job.timeout_ms) == ("x", b"v", 7000)
+            assert job.version == versions["x"]
+            info = await s.get("x")
+            assert info is not None and info.priority == 3
+            await s.retry(job, "boom", delay=0)
+            (again,) = (await s.claim(0, limit=10)).jobs
+            assert (again.attempt, again.version, again.timeout_ms) == (2, versions["x"], 7000)
+            assert await s.ack_many([again]) == [True]
+            (row,) = await rows(
+                pg_url, "SELECT state FROM tickwheel_jobs WHERE ns = $1 AND id = 'x'", ns
+            )
+            assert row[0] == 1
+
+    run(main())
