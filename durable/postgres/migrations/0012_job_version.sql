@@ -14,9 +14,12 @@
 --
 -- tickwheel_claim_check with a sixth argument (the claimed entries' versions) also
 -- names, as gone, the claimed entries older than their row: the worker removes them
--- unrun and indexes a pending row again. A version of 0 (an entry or a row written
--- before this migration, or by a writer of the previous release) is never compared.
--- The five-argument function is unchanged, for workers of the previous release.
+-- unrun and indexes a pending row again. An entry of version 0 (written before this
+-- migration, or by a writer of the previous release) is never found stale. Its body is
+-- 0010's five-argument one (unchanged, for workers of the previous release), with the
+-- version read in the same key lookup as the row's existence: calling the five-argument
+-- function and then looking the ids up again measured 0.79 against 0.51 ms a check of
+-- 100 ids of pending rows, this body 0.63 against 0.58 (medians of 300 alternated).
 --
 -- tickwheel_put and tickwheel_put_many keep their signatures and results: CREATE OR
 -- REPLACE, bodies restated from 0005 and 0010 with the version added.
@@ -171,17 +174,37 @@ CREATE FUNCTION tickwheel_claim_check(
     p_versions bigint[])
 RETURNS TABLE (pos integer, gone boolean)
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_missing text[];
+    v_stale   bigint[];
 BEGIN
-    -- The epoch, the occurrences done already and the ids with no row: 0006 (0010).
+    -- The epoch, and the occurrences done already, as tickwheel_claimed() has them.
     RETURN QUERY
-        SELECT c.pos, c.gone
-        FROM tickwheel_claim_check(p_ns, p_shard, p_epoch, p_ids, p_nominals) AS c;
-    -- Entries older than their row: stale, taken out unrun as the gone ones are.
+        SELECT c.pos, false
+        FROM tickwheel_claimed(p_ns, p_shard, p_epoch, p_ids, p_nominals) AS c(pos);
+    -- One key lookup per id (0010): the ids with no row, and the entries older than
+    -- their row (stale: taken out unrun as the gone ones are).
+    SELECT array_agg(c.id ORDER BY c.id COLLATE "C") FILTER (WHERE x.version IS NULL),
+           array_agg(c.k) FILTER (WHERE c.ver > 0 AND c.ver < x.version)
+        INTO v_missing, v_stale
+        FROM unnest(p_ids, p_versions) WITH ORDINALITY AS c(id, ver, k)
+        LEFT JOIN LATERAL (SELECT j.version FROM tickwheel_jobs j
+                           WHERE j.ns = p_ns AND j.id = c.id OFFSET 0) AS x ON true;
+    IF v_stale IS NOT NULL THEN
+        RETURN QUERY SELECT s.k::integer, true FROM unnest(v_stale) AS s(k);
+    END IF;
+    IF v_missing IS NULL THEN
+        RETURN;
+    END IF;
+    -- Wait for a replace (or cancel) of these ids that is still committing (0006).
+    PERFORM pg_advisory_xact_lock_shared(hashtextextended(p_ns || ':' || m.id, 0))
+        FROM unnest(v_missing) AS m(id);
+    -- A statement of its own: it sees what those transactions committed.
     RETURN QUERY
         SELECT c.k::integer, true
-        FROM unnest(p_ids, p_versions) WITH ORDINALITY AS c(id, ver, k),
-            LATERAL (SELECT j.version FROM tickwheel_jobs j
-                     WHERE j.ns = p_ns AND j.id = c.id OFFSET 0) AS x
-        WHERE c.ver > 0 AND c.ver < x.version;
+        FROM unnest(p_ids) WITH ORDINALITY AS c(id, k)
+        LEFT JOIN LATERAL (SELECT 1 AS hit FROM tickwheel_jobs j
+                           WHERE j.ns = p_ns AND j.id = c.id OFFSET 0) AS x ON true
+        WHERE c.id = ANY (v_missing) AND x.hit IS NULL;
 END
 $$;
