@@ -204,7 +204,8 @@ class PostgresMode:
                     for i in range(0, len(ks), _REDIS_BATCH):
                         chunk = ks[i : i + _REDIS_BATCH]
                         encoded = [
-                            redis_job(jobs[k].id, dues[k], jobs[k].record, ver) for k in chunk
+                            redis_job(jobs[k].id, dues[k], jobs[k].record, ver, jobs[k].count)
+                            for k in chunk
                         ]
                         replies = await sched.store.schedule(shard, encoded, True)
                         for k, reply in zip(chunk, replies, strict=True):

@@ -34,6 +34,7 @@ from tickwheel.durable.store import (
     EncodedJob,
     encode_payload,
     pack_record,
+    record_count,
     record_fields,
     record_priority,
     with_key,
@@ -55,6 +56,7 @@ class PgJob:
     args: tuple[Any, ...]  # task .. record, after ns, id and shard
     record: bytes  # the Redis record (nominal 0, attempt 1)
     version: int = 0  # a replace's row version (migration 0012), taken under its locks
+    count: int = -1  # the record's number of fields (-1: not known)
 
 
 def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int, version: int = 0) -> PgJob:
@@ -73,7 +75,8 @@ def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int, version: int = 
     # The job's own timeout (JobSpec.timeout_ms), the trace context (JobSpec.trace) and
     # the flow key (JobSpec.key) ride in the record column, no column of their own:
     # retried_job reads them back.
-    record = pack_record(record_fields(spec, data, flags))
+    fields = record_fields(spec, data, flags)
+    record = pack_record(fields)
     args = (
         spec.task,
         data,
@@ -88,7 +91,7 @@ def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int, version: int = 
         grace,
         record,
     )
-    return PgJob(spec.id, shard, args, record, version)
+    return PgJob(spec.id, shard, args, record, version, record_count(fields))
 
 
 def record_extras(record: object) -> tuple[int, bytes, bytes]:
@@ -140,11 +143,14 @@ class PendingRow:
     job: EncodedJob
 
 
-def redis_job(job_id: str, due_ms: int, record: bytes, version: int = 0) -> EncodedJob:
+def redis_job(
+    job_id: str, due_ms: int, record: bytes, version: int = 0, count: int = -1
+) -> EncodedJob:
     """The schedule.lua form of a stored job: its own id at its nominal due, its record
-    carrying the row's version (migration 0012; 0: none)."""
-    priority = record_priority(record)
-    return EncodedJob(job_id, (job_id.encode(), 0, due_ms, with_version(record, version)), priority)
+    carrying the row's version (migration 0012; 0: none); ``count``: its number of
+    fields, if known (``PgJob.count``)."""
+    rec = with_version(record, version, count)
+    return EncodedJob(job_id, (job_id.encode(), 0, due_ms, rec), record_priority(record))
 
 
 def retried_job(row: Any) -> EncodedJob:

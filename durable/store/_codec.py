@@ -84,6 +84,7 @@ __all__ = [
     "new_job",
     "pack_oneshot",
     "pack_record",
+    "record_count",
     "record_fields",
     "record_priority",
     "recurrence_of",
@@ -287,10 +288,7 @@ def decode_payload(data: bytes, flags: int) -> Any:
 def pack_record(fields: Sequence[int | bytes]) -> bytes:
     """A job record: the fields (in :data:`FIELDS` order) as a msgpack stream, trailing
     defaults dropped."""
-    n = len(fields)
-    while n and fields[n - 1] == DEFAULTS[n - 1]:
-        n -= 1
-    return b"".join([pack_value(f) for f in fields[:n]])
+    return b"".join([pack_value(f) for f in fields[: record_count(fields)]])
 
 
 def pack_oneshot(task: bytes, payload: bytes, max_attempts: int, flags: int) -> bytes:
@@ -377,17 +375,29 @@ _PADS = [
 ]
 
 
-def with_version(record: bytes, version: int) -> bytes:
+def with_version(record: bytes, version: int, count: int = -1) -> bytes:
     """A packed record with the version of the PostgreSQL row it was written from as
-    its last field (the fields between at their defaults); as it is for version 0."""
+    its last field (the fields between at their defaults); as it is for version 0.
+    ``count``: the record's number of fields when known (:func:`record_count`; reading
+    them is most of the cost: 3.1 against 0.5 us a job)."""
     if not version:
         return record
-    unpacker = msgpack.Unpacker(raw=True, max_buffer_size=len(record) + 1)
-    unpacker.feed(record)
-    fields = list(unpacker)
-    if len(fields) > VERSION_FIELD:  # one already: replaced
-        return pack_record([*fields[:VERSION_FIELD], version])
-    return record + _PADS[len(fields)] + pack_value(version)
+    if count < 0 or count > VERSION_FIELD:
+        unpacker = msgpack.Unpacker(raw=True, max_buffer_size=len(record) + 1)
+        unpacker.feed(record)
+        fields = list(unpacker)
+        if len(fields) > VERSION_FIELD:  # one already: replaced
+            return pack_record([*fields[:VERSION_FIELD], version])
+        count = len(fields)
+    return record + _PADS[count] + pack_value(version)
+
+
+def record_count(fields: Sequence[int | bytes]) -> int:
+    """The number of fields :func:`pack_record` packs of ``fields``."""
+    n = len(fields)
+    while n and fields[n - 1] == DEFAULTS[n - 1]:
+        n -= 1
+    return n
 
 
 def claimed_extras(reply: Sequence[Any], i: int, count: int) -> tuple[bytes, str]:
