@@ -187,6 +187,7 @@ def retried_job(row: Any) -> EncodedJob:
     # The priority too (schedule.lua indexes it: EncodedJob.priority).
     priority = record_priority(row["record"])
     fields = with_priority(fields, priority)
-    record = with_version(pack_record(fields), int(row["version"]))
+    # The row's version (migration 0012; a row read without the column has none).
+    record = with_version(pack_record(fields), int(row.get("version") or 0))
     values = (row["id"].encode(), 0, int(row["run_ms"]), record)
     return EncodedJob(row["id"], values, priority)
