@@ -388,6 +388,7 @@ class Job:
     # Bounded by the claim, never trusted: tracing parses it, and a bad one is ignored.
     trace: bytes = b""
     key: str = ""  # its flow key (schedule(key=)); "": none (the task's single key)
+    version: int = 0  # the Postgres mode's row version its entry carries; 0: none
 
 
 @dataclass(frozen=True, slots=True)

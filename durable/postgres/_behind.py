@@ -86,7 +86,10 @@ class IndexBehind:
             return
         try:
             await sched.open()
-            await write(sched, [redis_job(job.id, when, job.record) for job, when, _ in created])
+            await write(
+                sched,
+                [redis_job(job.id, when, job.record, v, job.count) for job, when, v in created],
+            )
             self._store.relayed_later([seq for _, _, seq in created])
         except (RedisUnavailable, PostgresUnavailable) as exc:
             logger.warning("%d committed job(s) left to the relay (%s)", len(created), exc)
@@ -145,7 +148,11 @@ class IndexBehind:
                 try:
                     await sched.open()
                     await write(
-                        sched, [redis_job(job.id, when, job.record) for job, when, _ in batch]
+                        sched,
+                        [
+                            redis_job(job.id, when, job.record, v, job.count)
+                            for job, when, v in batch
+                        ],
                     )
                     self._store.relayed_later([seq for _, _, seq in batch])
                 except (RedisUnavailable, PostgresUnavailable) as exc:

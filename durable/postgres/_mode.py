@@ -47,7 +47,7 @@ from ._enqueue import encode_jobs, first_run, needs_now, sorted_by_id
 from ._enqueue import results as enqueue_results
 from ._errors import stored_epoch
 from ._pg_store import MAX_LOCKED, PgStore
-from ._relay import relay_loop
+from ._relay import reindex, relay_loop
 from ._rows import PgJob, encode_pg_job, redis_job
 
 __all__ = ["DEFAULT_RECONCILE_PAGE", "DEFAULT_RELAY_INTERVAL", "PostgresMode", "ReconcileResult"]
@@ -186,9 +186,9 @@ class PostgresMode:
         results: list[ScheduleResult | None] = [None] * len(specs)
         failure: RedisUnavailable | None = None
         async with self.store.locked([spec.id for spec in specs]) as (conn, _):
-            now = await self.store.now(conn)
+            now, ver = await self.store.now_version(conn)  # the version under the locks
             firsts = [self._first_run(spec, now) for spec in specs]
-            jobs = [encode_pg_job(s, sched.keys.shard_of(s.id), limit) for s in firsts]
+            jobs = [encode_pg_job(s, sched.keys.shard_of(s.id), limit, ver) for s in firsts]
             dues = [now + s.time_ms if s.mode == 1 else s.time_ms for s in firsts]
             done = await self.store.done_of(
                 conn, [(job.id, due) for job, due in zip(jobs, dues, strict=True)]
@@ -203,7 +203,10 @@ class PostgresMode:
                 for shard, ks in groups.items():
                     for i in range(0, len(ks), _REDIS_BATCH):
                         chunk = ks[i : i + _REDIS_BATCH]
-                        encoded = [redis_job(jobs[k].id, dues[k], jobs[k].record) for k in chunk]
+                        encoded = [
+                            redis_job(jobs[k].id, dues[k], jobs[k].record, ver, jobs[k].count)
+                            for k in chunk
+                        ]
                         replies = await sched.store.schedule(shard, encoded, True)
                         for k, reply in zip(chunk, replies, strict=True):
                             results[k] = reply
@@ -307,8 +310,8 @@ class PostgresMode:
     async def after_claim(self, sched: RedisSide, batch: ClaimBatch, epoch: int) -> ClaimBatch:
         """Record the epoch in PostgreSQL; ack unrun what PostgreSQL has done already,
         and take out of Redis unrun the jobs PostgreSQL has no row for (cancelled while
-        a producer or a reconcile was still writing them to Redis). Both are added to
-        the batch's ``dropped``.
+        a producer or a reconcile was still writing them to Redis) or a newer version
+        of (a late write: a pending row is indexed again). Both count as ``dropped``.
 
         Raises:
             Fenced: if PostgreSQL holds a higher epoch (Redis lost its epochs): the
@@ -316,11 +319,10 @@ class PostgresMode:
         """
         if not batch.jobs:
             return batch
-        shard = batch.shard
+        shard, claimed = batch.shard, batch.jobs
         try:
-            done, gone = await self.store.claimed(
-                shard, epoch, [j.id for j in batch.jobs], [j.nominal_ms for j in batch.jobs]
-            )
+            noms, vers = [j.nominal_ms for j in claimed], [j.version for j in claimed]
+            done, gone = await self.store.claimed(shard, epoch, [j.id for j in claimed], noms, vers)
         except Fenced as exc:
             with contextlib.suppress(RedisUnavailable):
                 await sched.store.raise_epoch(shard, stored_epoch(exc))
@@ -337,10 +339,11 @@ class PostgresMode:
         for k in sorted(gone):  # leased by this claim: nobody else moves them meanwhile
             await sched.store.cancel(shard, batch.jobs[k].id)
         if gone:
+            await reindex(self.store, [batch.jobs[k].id for k in gone])  # a stale one's row
             logger.warning(
-                "%d claimed job(s) without a PostgreSQL row removed unrun "
-                "from shard %d (cancelled, or written to Redis by a producer without "
-                "postgres_url)",
+                "%d claimed job(s) without a PostgreSQL row, or older than it, removed unrun"
+                " from shard %d (cancelled, a late write, or written to Redis by a producer"
+                " without postgres_url)",
                 len(gone),
                 shard,
             )

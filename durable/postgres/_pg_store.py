@@ -213,6 +213,10 @@ class PgStore:
         async with self._on(conn) as c:
             return await _writes.now(c)
 
+    async def now_version(self, conn: Any) -> tuple[int, int]:
+        """PostgreSQL's clock (ms) and a new row version for a replace (migration 0012)."""
+        return await _writes.now_version(conn)
+
     async def schedule(
         self, jobs: Sequence[PgJob], conn: Any = None, *, notify: bool = True
     ) -> list[tuple[int, int, int]]:
@@ -273,8 +277,9 @@ class PgStore:
         return await _writes.done_of(conn, self.namespace, occurrences)
 
     async def overwrite(self, conn: Any, jobs: Sequence[tuple[PgJob, int]]) -> None:
-        """Write ``(job, due)`` rows as pending at attempt 1, creating or overwriting
-        (whatever state the rows had): what a replace that Redis accepted leaves."""
+        """Write ``(job, due)`` rows as pending at attempt 1 and their jobs' versions,
+        creating or overwriting (whatever state the rows had): what a replace Redis
+        accepted leaves."""
         await _writes.overwrite(conn, self.namespace, jobs)
 
     async def moved(self, conn: Any, job_id: str, due_ms: int) -> None:
@@ -345,12 +350,13 @@ class PgStore:
     # -- workers -------------------------------------------------------------------
 
     async def claimed(
-        self, shard: int, epoch: int, ids: Sequence[str], nominals: Sequence[int]
+        self, shard: int, epoch: int, ids: Sequence[str], nominals: Sequence[int], vers: Any = ()
     ) -> tuple[set[int], set[int]]:
         """Record ``epoch`` as the shard's (it only moves up) and return the 0-based
         positions of the claimed occurrences that are done already, and of those whose
-        job has no row (cancelled: not to be run). An id without a row is looked at
-        again once no replace of it is still committing (migration 0006).
+        job has no row (cancelled: not to be run) or, given the entries' versions
+        ``vers``, a newer one (stale, 0012). An id without a row is looked at again once
+        no replace of it is still committing (0006).
 
         Raises:
             Fenced: if PostgreSQL holds a higher epoch for the shard (its stored epoch
@@ -358,7 +364,7 @@ class PgStore:
         """
         async with self._held(self._wline, shard) as c:  # as schedule's (_line.py)
             return await _writes.claim_check(
-                c, self.namespace, shard, epoch, ids=ids, nominals=nominals
+                c, self.namespace, shard, epoch, ids=ids, nominals=nominals, versions=vers
             )
 
     async def ack(self, shard: int, epoch: int, refs: Sequence[ClaimedRef]) -> list[int]:

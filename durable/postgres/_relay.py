@@ -25,6 +25,7 @@ __all__ = [
     "listen",
     "marks",
     "pending",
+    "reindex",
     "relay_loop",
     "relayed",
     "shard_epochs",
@@ -38,7 +39,8 @@ logger = logging.getLogger("tickwheel.durable")
 # ``mark``: a cancel mark (due -1, ``cancel(conn=)``), resolved by :func:`marks`.
 _TAKE_OUTBOX = """
 SELECT o.seq, o.id, o.due_ms, j.shard, j.record,
-       coalesce(j.state = 0 AND j.due_ms = o.due_ms, false) AS live, o.due_ms < 0 AS mark
+       coalesce(j.state = 0 AND j.due_ms = o.due_ms, false) AS live, o.due_ms < 0 AS mark,
+       j.version
 FROM (SELECT seq, id, due_ms FROM tickwheel_outbox
       WHERE ns = $1 ORDER BY seq LIMIT $2
       FOR UPDATE SKIP LOCKED) o
@@ -49,7 +51,7 @@ ORDER BY o.seq
 _PENDING = """
 SELECT id, shard, due_ms, record, run_ms, attempt, task, payload,
        json_payload, max_attempts, rkind, rspec, policy, max_catch_up,
-       grace_ms
+       grace_ms, version
 FROM tickwheel_jobs
 WHERE ns = $1 AND state = 0 AND (due_ms, id) > ($2, $3)
 ORDER BY due_ms, id LIMIT $4
@@ -62,7 +64,7 @@ async def take_outbox(conn: Any, ns: str, limit: int) -> list[OutboxRow]:
     return [
         OutboxRow(
             int(r[0]),
-            redis_job(r[1], int(r[2]), bytes(r[4])) if r[5] else None,
+            redis_job(r[1], int(r[2]), bytes(r[4]), int(r[7])) if r[5] else None,
             int(r[3]) if r[3] is not None else -1,
             r[1] if r[6] else "",
         )
@@ -110,10 +112,34 @@ async def pending(
         PendingRow(
             int(r[1]),
             int(r[2]),
-            redis_job(r[0], int(r[2]), bytes(r[3])) if not r[4] else retried_job(r),
+            redis_job(r[0], int(r[2]), bytes(r[3]), int(r[15])) if not r[4] else retried_job(r),
         )
         for r in rows
     ]
+
+
+# An outbox row for each pending row of the ids (one key lookup each), and the relays
+# woken at the commit.
+_REINDEX = """
+WITH o AS (
+    INSERT INTO tickwheel_outbox (ns, id, due_ms)
+    SELECT $1, x.id, x.due_ms FROM unnest($2::text[]) AS u(i),
+        LATERAL (SELECT j.id, j.due_ms FROM tickwheel_jobs j
+                 WHERE j.ns = $1 AND j.id = u.i AND j.state = 0 OFFSET 0) AS x
+    RETURNING 1)
+SELECT count(pg_notify('tickwheel_outbox', $1)) FROM (SELECT 1 FROM o LIMIT 1) AS one
+"""
+
+
+async def reindex(store: PgStore, ids: Sequence[str]) -> None:
+    """Hand the pending rows of ``ids`` to the relays (an outbox row each), after their
+    stale Redis entries were removed (migration 0012). A failure is logged: reconcile
+    puts such a row back in Redis."""
+    try:
+        async with store.transaction() as c:
+            await c.execute(_REINDEX, store.namespace, sorted(ids))
+    except PostgresUnavailable as exc:
+        logger.warning("%d job(s) not indexed again (%s): reconcile restores them", len(ids), exc)
 
 
 async def shard_epochs(conn: Any, ns: str) -> dict[int, int]:

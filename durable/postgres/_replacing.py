@@ -20,6 +20,7 @@ done by then is dropped (a replace of a done occurrence is DONE).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -185,6 +186,8 @@ async def apply(store: PgStore, sched: RedisSide, limit: int = 500) -> tuple[int
         held = [t for t in taken if t[0].id in locked]
         await _writes.lock(c, ns, [job.id for job, _, _ in held])  # row locks, id order
         done = await _writes.done_of(c, ns, [(job.id, due) for job, due, _ in held])
+        ver = await _writes.version(c) if held else 0  # under the ids' locks (0012)
+        held = [(dataclasses.replace(job, version=ver), due, gen) for job, due, gen in held]
         ended: list[tuple[PgJob, int, int]] = [t for t in held if (t[0].id, t[1]) in done]
         written: list[tuple[PgJob, int, int]] = []
         groups: dict[int, list[tuple[PgJob, int, int]]] = {}
@@ -193,7 +196,7 @@ async def apply(store: PgStore, sched: RedisSide, limit: int = 500) -> tuple[int
                 groups.setdefault(sched.keys.shard_of(t[0].id), []).append(t)
         try:
             for shard, items in groups.items():
-                encoded = [redis_job(job.id, due, job.record) for job, due, _ in items]
+                encoded = [redis_job(job.id, due, job.record, ver) for job, due, _ in items]
                 replies = await sched.store.schedule(shard, encoded, True)
                 for t, reply in zip(items, replies, strict=True):
                     if reply.status in _WRITTEN:

@@ -34,12 +34,14 @@ from tickwheel.durable.store import (
     EncodedJob,
     encode_payload,
     pack_record,
+    record_count,
     record_fields,
     record_priority,
     with_key,
     with_priority,
     with_timeout,
     with_trace,
+    with_version,
 )
 
 __all__ = ["OutboxRow", "PendingRow", "PgJob", "encode_pg_job", "redis_job", "retried_job"]
@@ -53,9 +55,11 @@ class PgJob:
     shard: int
     args: tuple[Any, ...]  # task .. record, after ns, id and shard
     record: bytes  # the Redis record (nominal 0, attempt 1)
+    version: int = 0  # a replace's row version (migration 0012), taken under its locks
+    count: int = -1  # the record's number of fields (-1: not known)
 
 
-def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int) -> PgJob:
+def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int, version: int = 0) -> PgJob:
     """Encode a job spec for ``tickwheel_put`` (and its Redis record).
 
     Raises:
@@ -71,7 +75,8 @@ def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int) -> PgJob:
     # The job's own timeout (JobSpec.timeout_ms), the trace context (JobSpec.trace) and
     # the flow key (JobSpec.key) ride in the record column, no column of their own:
     # retried_job reads them back.
-    record = pack_record(record_fields(spec, data, flags))
+    fields = record_fields(spec, data, flags)
+    record = pack_record(fields)
     args = (
         spec.task,
         data,
@@ -86,7 +91,7 @@ def encode_pg_job(spec: JobSpec, shard: int, payload_limit: int) -> PgJob:
         grace,
         record,
     )
-    return PgJob(spec.id, shard, args, record)
+    return PgJob(spec.id, shard, args, record, version, record_count(fields))
 
 
 def record_extras(record: object) -> tuple[int, bytes, bytes]:
@@ -138,9 +143,14 @@ class PendingRow:
     job: EncodedJob
 
 
-def redis_job(job_id: str, due_ms: int, record: bytes) -> EncodedJob:
-    """The schedule.lua form of a stored job: its own id at its nominal due."""
-    return EncodedJob(job_id, (job_id.encode(), 0, due_ms, record), record_priority(record))
+def redis_job(
+    job_id: str, due_ms: int, record: bytes, version: int = 0, count: int = -1
+) -> EncodedJob:
+    """The schedule.lua form of a stored job: its own id at its nominal due, its record
+    carrying the row's version (migration 0012; 0: none); ``count``: its number of
+    fields, if known (``PgJob.count``)."""
+    rec = with_version(record, version, count)
+    return EncodedJob(job_id, (job_id.encode(), 0, due_ms, rec), record_priority(record))
 
 
 def retried_job(row: Any) -> EncodedJob:
@@ -177,5 +187,7 @@ def retried_job(row: Any) -> EncodedJob:
     # The priority too (schedule.lua indexes it: EncodedJob.priority).
     priority = record_priority(row["record"])
     fields = with_priority(fields, priority)
-    values = (row["id"].encode(), 0, int(row["run_ms"]), pack_record(fields))
+    # The row's version (migration 0012; a row read without the column has none).
+    record = with_version(pack_record(fields), int(row.get("version") or 0))
+    values = (row["id"].encode(), 0, int(row["run_ms"]), record)
     return EncodedJob(row["id"], values, priority)

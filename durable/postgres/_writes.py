@@ -40,6 +40,7 @@ __all__ = [
     "lock",
     "moved",
     "now",
+    "now_version",
     "overwrite",
     "raced_statement",
     "reaped",
@@ -49,6 +50,7 @@ __all__ = [
     "schedule_statement",
     "skipped",
     "undead",
+    "version",
 ]
 
 # $16: notify the relays at commit (migration 0005): only when they are the indexers.
@@ -72,13 +74,27 @@ CROSS JOIN LATERAL tickwheel_put($16::boolean, $1::text, u.id, u.shard, u.task, 
     u.json, u.max, u.mode, u.t, u.rkind, u.rspec, u.policy, u.cap, u.grace, u.record) AS s
 ORDER BY u.k
 """
-# A batch of distinct ids: one set-based statement (migration 0004).
+# A batch of distinct ids: one set-based statement (migration 0004). Its number and
+# boolean arrays go as text (PostgreSQL's array literal, _numbers): asyncpg's array
+# encoder asks each element whether it is an iterable (ABC checks, ~0.4 us each), 9,000
+# for these arrays of 1,000 jobs.
 _SCHEDULE_DISTINCT = (
     "SELECT status, when_ms, seq FROM tickwheel_put_many($16::boolean, $1::text,"
-    " $2::text[], $3::integer[], $4::text[], $5::bytea[], $6::boolean[], $7::integer[],"
-    " $8::integer[], $9::bigint[], $10::smallint[], $11::text[], $12::smallint[],"
-    " $13::integer[], $14::bigint[], $15::bytea[])"
+    " $2::text[], $3::text::integer[], $4::text[], $5::bytea[], $6::text::boolean[],"
+    " $7::text::integer[], $8::text::integer[], $9::text::bigint[], $10::text::smallint[],"
+    " $11::text[], $12::text::smallint[], $13::text::integer[], $14::text::bigint[],"
+    " $15::bytea[])"
 )
+# The columns of PgJob.args that _SCHEDULE_DISTINCT takes as text: json, max, mode, time,
+# rkind, policy, cap and grace.
+_NUMBERS = frozenset({2, 3, 4, 5, 6, 8, 9, 10})
+
+
+def _numbers(values: Sequence[Any]) -> str:
+    """PostgreSQL's array literal of ints or bools."""
+    return "{" + ",".join(map(str, values)) + "}"
+
+
 # Prefixed to a schedule statement of the library's own transaction: it also deletes
 # outbox rows whose jobs the producer wrote to Redis already (PgStore.relayed_later).
 # A data-modifying WITH runs whether or not the query reads it.
@@ -92,6 +108,8 @@ _FORGET = (
 # The due of ids kept because a concurrent producer created them mid-statement.
 _RACED = "SELECT id, due_ms FROM tickwheel_jobs WHERE ns = $1::text AND id = ANY($2::text[])"
 _NOW = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+# A new row version (migration 0012): the outbox's sequence, as tickwheel_put takes it.
+_VERSION = "SELECT nextval(pg_get_serial_sequence('tickwheel_outbox', 'seq'))"
 # What _drivers.py runs through the other drivers (the same text).
 NOW, RACED = _NOW, _RACED
 # lock(): the ids' advisory locks (transaction-level), then their rows' locks, in id
@@ -125,16 +143,16 @@ LOCK_IDS, LOCKED_ROWS, DONE_OF, MOVED = _LOCK_IDS, _LOCKED_ROWS, _DONE_OF, _MOVE
 CANCEL_OUTBOX, CANCEL_ROW = _CANCEL_OUTBOX, _CANCEL_ROW
 _OVERWRITE = """
 INSERT INTO tickwheel_jobs AS j (ns, id, shard, task, payload, json_payload, max_attempts,
-    due_ms, rkind, rspec, policy, max_catch_up, grace_ms, record)
+    due_ms, rkind, rspec, policy, max_catch_up, grace_ms, record, version)
 SELECT $1, u.* FROM unnest($2::text[], $3::integer[], $4::text[], $5::bytea[],
     $6::boolean[], $7::integer[], $8::bigint[], $9::smallint[], $10::text[],
-    $11::smallint[], $12::integer[], $13::bigint[], $14::bytea[]) AS u
+    $11::smallint[], $12::integer[], $13::bigint[], $14::bytea[], $15::bigint[]) AS u
 ON CONFLICT (ns, id) DO UPDATE SET shard = excluded.shard, task = excluded.task,
     payload = excluded.payload, json_payload = excluded.json_payload,
     max_attempts = excluded.max_attempts, due_ms = excluded.due_ms, rkind = excluded.rkind,
     rspec = excluded.rspec, policy = excluded.policy, max_catch_up = excluded.max_catch_up,
     grace_ms = excluded.grace_ms, record = excluded.record, state = 0, attempt = 1,
-    run_ms = 0, epoch = 0, updated_at = now()
+    run_ms = 0, epoch = 0, updated_at = now(), version = excluded.version
 """
 
 # -- producers ---------------------------------------------------------------------
@@ -155,12 +173,12 @@ def schedule_statement(ns: str, jobs: Sequence[PgJob], notify: bool) -> tuple[st
         job = jobs[0]
         return _SCHEDULE, [ns, job.id, job.shard, *job.args, notify]
     ids = [job.id for job in jobs]
-    distinct = len(set(ids)) == len(ids)
     columns = list(zip(*(job.args for job in jobs), strict=True))
-    return (
-        _SCHEDULE_DISTINCT if distinct else _SCHEDULE_MANY,
-        [ns, ids, [job.shard for job in jobs], *(list(col) for col in columns), notify],
-    )
+    shards = [job.shard for job in jobs]
+    if len(set(ids)) != len(ids):
+        return _SCHEDULE_MANY, [ns, ids, shards, *(list(col) for col in columns), notify]
+    args = [_numbers(c) if k in _NUMBERS else list(c) for k, c in enumerate(columns)]
+    return _SCHEDULE_DISTINCT, [ns, ids, _numbers(shards), *args, notify]
 
 
 def raced_statement(ns: str, jobs: Sequence[PgJob], rows: Sequence[Any]) -> list[Any] | None:
@@ -216,8 +234,21 @@ async def done_of(
     return {(r[0], int(r[1])) for r in rows}
 
 
+async def now_version(conn: Any) -> tuple[int, int]:
+    """PostgreSQL's clock (ms) and a new row version (:func:`version`), one statement."""
+    row = (await conn.fetch(_NOW + ", " + _VERSION.removeprefix("SELECT ")))[0]
+    return int(row[0]), int(row[1])
+
+
+async def version(conn: Any) -> int:
+    """A new row version for a replace (migration 0012); taken under the ids' locks, so
+    later than the version of every write of them before."""
+    return int((await conn.fetch(_VERSION))[0][0])
+
+
 async def overwrite(conn: Any, ns: str, jobs: Sequence[tuple[PgJob, int]]) -> None:
-    """Upsert ``(job, due)`` rows as pending at attempt 1, in id order."""
+    """Upsert ``(job, due)`` rows as pending at attempt 1, at their jobs' versions, in id
+    order."""
     if not jobs:
         return
     jobs = sorted(jobs, key=lambda item: item[0].id)  # rows locked in id order
@@ -233,6 +264,7 @@ async def overwrite(conn: Any, ns: str, jobs: Sequence[tuple[PgJob, int]]) -> No
         list(columns[3]),  # max attempts
         [due for _, due in jobs],
         *(list(col) for col in columns[6:]),  # rkind .. record
+        [job.version for job, _ in jobs],
     )
 
 
@@ -277,17 +309,22 @@ async def cancel_in(conn: Any, ns: str, job_id: str) -> bool:
 
 
 async def claim_check(
-    conn: Any, ns: str, shard: int, epoch: int, *, ids: Sequence[str], nominals: Sequence[int]
+    conn: Any,
+    ns: str,
+    shard: int,
+    epoch: int,
+    *,
+    ids: Sequence[str],
+    nominals: Sequence[int],
+    versions: Sequence[int] = (),
 ) -> tuple[set[int], set[int]]:
-    """``tickwheel_claim_check``: the 0-based positions done already, and gone."""
-    rows = await conn.fetch(
-        "SELECT pos, gone FROM tickwheel_claim_check($1, $2, $3, $4, $5)",
-        ns,
-        shard,
-        epoch,
-        list(ids),
-        list(nominals),
-    )
+    """``tickwheel_claim_check``: the 0-based positions done already, and gone (no row;
+    or, with the entries' ``versions``, migration 0012, a row of a newer version)."""
+    args = [ns, shard, epoch, list(ids), list(nominals)]
+    if any(versions):  # entries of the previous release's writers have none
+        args.append(list(versions))
+    places = ", ".join(f"${n}" for n in range(1, len(args) + 1))
+    rows = await conn.fetch(f"SELECT pos, gone FROM tickwheel_claim_check({places})", *args)
     done = {int(r[0]) - 1 for r in rows if not r[1]}
     gone = {int(r[0]) - 1 for r in rows if r[1]}
     return done, gone

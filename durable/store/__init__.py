@@ -33,12 +33,14 @@ from ._codec import (
     encode_job,
     encode_payload,
     pack_record,
+    record_count,
     record_fields,
     record_priority,
     with_key,
     with_priority,
     with_timeout,
     with_trace,
+    with_version,
 )
 from ._connect import (
     URL_ENV,
@@ -151,6 +153,7 @@ __all__ = [
     "parse_sample",
     "parse_stats_document",
     "read_layout",
+    "record_count",
     "record_fields",
     "record_priority",
     "register",
@@ -166,4 +169,5 @@ __all__ = [
     "with_priority",
     "with_timeout",
     "with_trace",
+    "with_version",
 ]

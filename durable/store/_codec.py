@@ -60,6 +60,7 @@ __all__ = [
     "CLAIM_JOB_FIELDS",
     "CLAIM_SHORT_ROW",
     "CLAIM_TIMED_ROW",
+    "CLAIM_VERSIONED_ROW",
     "DEFAULTS",
     "DUPLICATE",
     "FIELDS",
@@ -68,6 +69,7 @@ __all__ = [
     "PRIORITY_FIELD",
     "TIMEOUT_FIELD",
     "TRACE_FIELD",
+    "VERSION_FIELD",
     "ClaimedRef",
     "EncodedJob",
     "claimed_extras",
@@ -82,6 +84,7 @@ __all__ = [
     "new_job",
     "pack_oneshot",
     "pack_record",
+    "record_count",
     "record_fields",
     "record_priority",
     "recurrence_of",
@@ -89,6 +92,7 @@ __all__ = [
     "with_priority",
     "with_timeout",
     "with_trace",
+    "with_version",
 ]
 
 # The job record's fields, in record order: lua/_lib.lua's F_* constants, lowercased
@@ -112,11 +116,12 @@ FIELDS = (
     "key",
     "priority",
     "wait",
+    "version",
 )
 # Their defaults, in the same order (lua/_lib.lua: DEFAULTS); trailing ones are dropped.
 DEFAULTS: tuple[int | bytes, ...] = (
     *(b"", b"", 5, 0, 0, 1, 0, 0, b"", 0, 0, 0, b"", 0, b""),
-    *(b"", 0, 0),  # key, priority, wait
+    *(b"", 0, 0, 0),  # key, priority, wait, version
 )
 # Record fields of a claim.lua row that is not short (all of them).
 CLAIM_FULL_ROW = len(FIELDS)
@@ -124,6 +129,7 @@ TRACE_FIELD = FIELDS.index("trace")  # its index from 0
 KEY_FIELD = FIELDS.index("key")
 TIMEOUT_FIELD = FIELDS.index("timeout")
 PRIORITY_FIELD = FIELDS.index("priority")
+VERSION_FIELD = FIELDS.index("version")
 
 FLAG_JSON = 1  # record field 4, bit 0: the payload is JSON text
 
@@ -133,9 +139,11 @@ _ROW_STRIDE = 2 + len(FIELDS)
 # A claim.lua row: id, due, deadline, tag (bit 0: the occurrence is done already; the
 # rest: the index of the job's record hash), count, then ``count`` record fields: 6 for a
 # one-shot job without an error, a timeout of its own or a trace; 7 (those 6, then the
-# timeout) for such a job with a timeout of its own; all of them (18) otherwise.
+# timeout) for such a job with a timeout of its own; 8 (those 7, then the version) for a
+# one-shot job with a version (the Postgres mode); all of them (19) otherwise.
 CLAIM_SHORT_ROW = 6
 CLAIM_TIMED_ROW = 7
+CLAIM_VERSIONED_ROW = 8  # the timed row, then the version (the Postgres mode's records)
 DUPLICATE = (False, True)  # a row's tag bit 0 as a bool, indexed (no call of bool())
 
 # A claim builds one Job per row as ``init_job(new_job(Job), *CLAIM_JOB_FIELDS values)``:
@@ -168,6 +176,7 @@ CLAIM_JOB_FIELDS = (
     "timeout_ms",
     "trace",
     "key",
+    "version",
 )
 if tuple(f.name for f in dataclasses.fields(Job)) != CLAIM_JOB_FIELDS:  # pragma: no cover
     raise ImportError("Job's fields changed: update CLAIM_JOB_FIELDS and Store.claim's loop")
@@ -279,10 +288,7 @@ def decode_payload(data: bytes, flags: int) -> Any:
 def pack_record(fields: Sequence[int | bytes]) -> bytes:
     """A job record: the fields (in :data:`FIELDS` order) as a msgpack stream, trailing
     defaults dropped."""
-    n = len(fields)
-    while n and fields[n - 1] == DEFAULTS[n - 1]:
-        n -= 1
-    return b"".join([pack_value(f) for f in fields[:n]])
+    return b"".join([pack_value(f) for f in fields[: record_count(fields)]])
 
 
 def pack_oneshot(task: bytes, payload: bytes, max_attempts: int, flags: int) -> bytes:
@@ -361,6 +367,37 @@ def with_trace(fields: list[int | bytes], trace: bytes) -> list[int | bytes]:
     """Record fields (up to the timeout) with the trace context field after them, the
     fields between at their defaults."""
     return [*fields, *DEFAULTS[len(fields) : TRACE_FIELD], trace]
+
+
+# The packed defaults from field n (from 0) up to the version, by n.
+_PADS = [
+    b"".join(pack_value(d) for d in DEFAULTS[n:VERSION_FIELD]) for n in range(VERSION_FIELD + 1)
+]
+
+
+def with_version(record: bytes, version: int, count: int = -1) -> bytes:
+    """A packed record with the version of the PostgreSQL row it was written from as
+    its last field (the fields between at their defaults); as it is for version 0.
+    ``count``: the record's number of fields when known (:func:`record_count`; reading
+    them is most of the cost: 3.1 against 0.5 us a job)."""
+    if not version:
+        return record
+    if count < 0 or count > VERSION_FIELD:
+        unpacker = msgpack.Unpacker(raw=True, max_buffer_size=len(record) + 1)
+        unpacker.feed(record)
+        fields = list(unpacker)
+        if len(fields) > VERSION_FIELD:  # one already: replaced
+            return pack_record([*fields[:VERSION_FIELD], version])
+        count = len(fields)
+    return record + _PADS[count] + pack_value(version)
+
+
+def record_count(fields: Sequence[int | bytes]) -> int:
+    """The number of fields :func:`pack_record` packs of ``fields``."""
+    n = len(fields)
+    while n and fields[n - 1] == DEFAULTS[n - 1]:
+        n -= 1
+    return n
 
 
 def claimed_extras(reply: Sequence[Any], i: int, count: int) -> tuple[bytes, str]:

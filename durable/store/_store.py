@@ -3,10 +3,10 @@
 Ground rules:
 
 - Each method is one script call (or one pipeline of the same script over shards): no
-  loops over time, no sleeping, no retries. The loops live in ``runtime/``;
-  the owner-side calls that make them, in ``scheduler/``.
-- redis-py's untyped replies stop here: every method returns typed values; the replies
-  that carry a job record are decoded by the codec (``_codec.py``).
+  loops over time, no sleeping, no retries. The loops live in ``runtime/``; the
+  owner-side calls that make them, in ``scheduler/``.
+- redis-py's untyped replies (bytes: the client must not decode them, payloads are bytes)
+  stop here: every method returns typed values; the codec (``_codec.py``) decodes records.
 - Every call goes through the store's transport (``self.transport``, ``_transport.py``):
   bounded, its errors translated, so callers see :class:`RedisUnavailable`,
   :class:`Fenced`, or redis-py's own. The store *has* a transport; it is not one.
@@ -14,7 +14,6 @@ Ground rules:
   ownership is ``_fencing.py``'s, the operator's calls ``_operator_calls.py``'s (the
   store hands each on, so the other layers see one Store); pause and flow limits are
   ``store.pauses`` (``_pauses.py``) and ``store.limits`` (``_limits.py``).
-- The client must not decode responses: payloads are bytes.
 - The client is one Redis or a Redis Cluster (``_connect.py``). Each script touches
   one shard's slot; nothing spans slots, so nothing needs a cross-slot transaction.
   Only :meth:`Store.schedule_many` on one Redis uses MULTI, one per bounded round (all
@@ -48,6 +47,7 @@ from . import _calls as calls
 from ._codec import (
     CLAIM_SHORT_ROW,
     CLAIM_TIMED_ROW,
+    CLAIM_VERSIONED_ROW,
     DUPLICATE,
     ClaimedRef,
     EncodedJob,
@@ -272,28 +272,27 @@ class Store:
             reply = unpack_reply(packed)
         except ValueError as exc:  # not claim.lua's reply: a script of another version?
             raise DurableError(f"claim on shard {shard}: {exc}") from None
-        # The rows, decoded here with _codec.py's pieces (its ground rules say why here):
-        # one slice and one construction per job, by position in CLAIM_JOB_FIELDS order
-        # (keywords cost a scan of __init__'s parameter names each: see _codec.py).
+        # The rows, decoded here with _codec.py's pieces (its ground rules say why here): one
+        # slice and one construction per job, by position in CLAIM_JOB_FIELDS order (see there).
         jobs: list[Job] = []
         append = jobs.append
         new, init, duplicate, short = new_job, init_job, DUPLICATE, CLAIM_SHORT_ROW
-        timed = CLAIM_TIMED_ROW
+        timed, versioned = CLAIM_TIMED_ROW, CLAIM_VERSIONED_ROW
         i, end = 3, len(reply)
         while i < end:
             (ident, due, deadline, tag, count, task, data, mx, flags, nominal, attempt) = reply[
                 i : i + 11
             ]
             if count == short:
-                # Three names a tuple: a fourth here measured ~390 more instructions a job
-                # (callgrind durable-client claim_ack; the compiler builds a tuple then).
+                # Three names a tuple: a fourth measured ~390 more instructions a job (callgrind).
                 ep, recurrence, error = epoch, None, ""
-                limit, trace, key = 0, b"", ""
-            elif count == timed:  # the short row and the job's own timeout
+                limit, trace, key, version = 0, b"", "", 0  # constants: no tuple built
+            elif count in (timed, versioned):  # the timeout (and the row version)
                 ep, recurrence, error = epoch, None, ""
                 limit, trace, key = reply[i + 11], b"", ""
-            else:  # all 18: a recurring job, one with an error, a trace or a key
-                ep, kind = reply[i + 11], reply[i + 12]
+                version = reply[i + 12] if count == versioned else 0
+            else:  # all 19: a recurring job, one with an error, a trace, a key or a version
+                ep, kind, version = reply[i + 11], reply[i + 12], reply[i + 23]
                 recurrence = recurrence_of(kind, *reply[i + 13 : i + 17]) if kind else None
                 error = reply[i + 17].decode(errors="replace")
                 limit = reply[i + 18]
@@ -320,6 +319,7 @@ class Store:
                 limit,  # timeout_ms
                 trace,  # trace
                 key,  # key
+                version,  # version
             )
             append(job)
         return ClaimBatch(

@@ -27,16 +27,19 @@
 --               start of its key (rate: due at its booked start); 2 it waits for a
 --               permit, in no index of its shard (woken into due by limit_wake).
 --               Counted in {ns:s}:kwaitn (wait_end)
+--  19 version   the Postgres mode's version of the job row it was written from (0:
+--               none); kept by every script, compared by the claim check and by a
+--               replace (schedule.lua keeps an entry of a higher version)
 -- Nothing here reads the client's clock: "now" is TIME, never below {ns:s}:clock.
 
 local F_TASK, F_PAYLOAD, F_MAX, F_FLAGS, F_NOMINAL, F_ATTEMPT, F_EPOCH = 1, 2, 3, 4, 5, 6, 7
 local F_RKIND, F_RSPEC, F_POLICY, F_CAP, F_GRACE, F_ERROR, F_TIMEOUT = 8, 9, 10, 11, 12, 13, 14
-local F_TRACE, F_KEY, F_PRIORITY, F_WAIT = 15, 16, 17, 18
-local NFIELDS = 18
+local F_TRACE, F_KEY, F_PRIORITY, F_WAIT, F_VERSION = 15, 16, 17, 18, 19
+local NFIELDS = 19
 -- F_WAIT's values (below: limit_wait).
 local WAIT_DUE, WAIT_PERMIT = 1, 2
 -- Mirrored in _codec.py (DEFAULTS); 5 = DEFAULT_MAX_ATTEMPTS in model/_jobs.py.
-local DEFAULTS = {'', '', 5, 0, 0, 1, 0, 0, '', 0, 0, 0, '', 0, '', '', 0, 0}
+local DEFAULTS = {'', '', 5, 0, 0, 1, 0, 0, '', 0, 0, 0, '', 0, '', '', 0, 0, 0}
 -- unpack() of a long list overflows Lua's C stack (LUAI_MAXCSTACK 8000): chunk bulk calls.
 local CHUNK = 1000
 -- A refusal from inside a helper is raised as a plain string, error('TW_<CODE> ...', 0):
@@ -47,6 +50,17 @@ local function rec_decode(s)
   local r = {cmsgpack.unpack(s)}
   for i = #r + 1, NFIELDS do r[i] = DEFAULTS[i] end
   return r
+end
+
+-- A packed record's version (field 19; 0 when it has none).
+local function rec_version(s)
+  return select(F_VERSION, cmsgpack.unpack(s)) or 0
+end
+
+-- True when packed record have carries a higher version than given, which has one.
+local function rec_newer(have, given)
+  local v = rec_version(given)
+  return v > 0 and rec_version(have) > v
 end
 
 local function rec_encode(r)

@@ -30,8 +30,9 @@
 --   count is 6 (task, payload, max, flags, nominal, attempt: the epoch is ARGV[1] and
 --   the rest are at their defaults) for a one-shot job with no error, no timeout of
 --   its own, no trace context and no flow key (a priority alone keeps it short); 7
---   (those 6, then the timeout) for such a job with a timeout of its own; else 18
---   (NFIELDS); the nominal is resolved. dropped counts
+--   (those 6, then the timeout) for such a job with a timeout of its own; 8 (those 7,
+--   then the version) for such a job with a version (field 19, the Postgres mode), and
+--   a priority or not; else 19 (NFIELDS); the nominal is resolved. dropped counts
 --   one-shot jobs whose occurrence is in done already: removed, not returned. A
 --   recurring job whose occurrence is done comes back leased with dup = 1: the client
 --   acks it unrun, which re-inserts its next occurrence. parked counts the due jobs of paused tasks (a task
@@ -78,9 +79,15 @@ if redis.call('EXISTS', KEYS[11]) == 1 then
   for _, t in ipairs(redis.call('HKEYS', KEYS[11])) do paused[t] = true end
   pause_all = paused[''] == true
 end
--- The record of a one-shot job whose last field is its own timeout `to`, under `epoch`
--- (0: not leased): vals[b - 5 .. b] are its first six fields, 8 .. 13 at their defaults.
-local function timed_record(vals, b, epoch, to)
+-- The record of a one-shot job whose last field is its own timeout `to` or, with `ver`
+-- (the Postgres mode's row version), whose last fields are the timeout, the priority `pr`
+-- and the version, under `epoch` (0: not leased): vals[b - 5 .. b] are its first six
+-- fields, the others at their defaults.
+local function timed_record(vals, b, epoch, to, pr, ver)
+  if ver then
+    return cmsgpack.pack(vals[b - 5], vals[b - 4], vals[b - 3], vals[b - 2], vals[b - 1],
+      vals[b], epoch, 0, '', 0, 0, 0, '', to, '', '', pr, 0, ver)
+  end
   return cmsgpack.pack(vals[b - 5], vals[b - 4], vals[b - 3], vals[b - 2], vals[b - 1],
     vals[b], epoch, 0, '', 0, 0, 0, '', to)
 end
@@ -104,22 +111,30 @@ local recs, key_of, index_of = get_records(ids, count, FIRST)
 -- (below), with no table of its own and no re-encoding; `short[k]` is its field
 -- count (1..6). A one-shot record whose only other field is its own timeout is read
 -- so too (`short[k]` = F_TIMEOUT, the timeout in `tos[k]`) and packed again in one
--- call. Any other record is decoded into `decoded[k]` and encoded again.
+-- call, as is a one-shot record with a version (the Postgres mode: all of its fields,
+-- none leased, no error, trace, key or wait: `short[k]` = F_VERSION, the timeout,
+-- priority and version in `tos[k]`, `prs[k]`, `vers[k]`). Any other record is decoded
+-- into `decoded[k]` and encoded again.
 local vals, short, decoded, members, noms, tos = {}, {}, {}, {}, {}, {}
+local prs, vers = {}, {}
 local mp_unpack, mp_pack, format = cmsgpack.unpack, cmsgpack.pack, string.format
 for k = 1, count do
   local s = recs[k]
   local nominal = 0
   if s then
-    local t, p, mx, fl, nom, att, ep, rk, rs, po, ca, gr, er, to, tr = mp_unpack(s)
+    local t, p, mx, fl, nom, att, ep, rk, rs, po, ca, gr, er, to, tr, ky, pr, wt, ver = mp_unpack(s)
     local n = (ep ~= nil and 7) or (att ~= nil and 6) or (nom ~= nil and 5)
       or (fl ~= nil and 4) or (mx ~= nil and 3) or (p ~= nil and 2) or (t ~= nil and 1) or 0
     if n == 7 and to ~= nil and tr == nil and to ~= 0 and ep == 0 and rk == 0 and rs == ''
       and po == 0 and ca == 0 and gr == 0 and er == '' then
       n = F_TIMEOUT  -- one-shot, no error or trace, a timeout of its own: tos[k]
       tos[k] = to
+    elseif ver ~= nil and ver ~= 0 and ep == 0 and rk == 0 and rs == '' and po == 0
+      and ca == 0 and gr == 0 and er == '' and tr == '' and ky == '' and wt == 0 then
+      n = F_VERSION  -- one-shot with a version: tos[k], prs[k], vers[k]
+      tos[k], prs[k], vers[k] = to, pr, ver
     end
-    if n >= 1 and (n <= 4 or (n <= 6 and nom ~= 0) or n == F_TIMEOUT) then
+    if n >= 1 and (n <= 4 or (n <= 6 and nom ~= 0) or n == F_TIMEOUT or n == F_VERSION) then
       nominal = nom or 0
       if nominal == 0 then nominal = dues[k] end
       local b = 6 * k
@@ -164,8 +179,8 @@ for k = 1, count do
       buffer(hset, key_of[k], id, rec_encode(r))
     elseif m <= 4 then
       buffer(hset, key_of[k], id, rec_with_nominal(recs[k], noms[k]))
-    elseif m == F_TIMEOUT then
-      buffer(hset, key_of[k], id, timed_record(vals, 6 * k, 0, tos[k]))
+    elseif m == F_TIMEOUT or m == F_VERSION then
+      buffer(hset, key_of[k], id, timed_record(vals, 6 * k, 0, tos[k], prs[k], vers[k]))
     end
     parked = parked + 1
     pz[2 * parked - 1], pz[2 * parked] = fmt(due), id
@@ -193,7 +208,7 @@ for k = 1, count do
       elseif m <= 6 then
         leased = recs[k] .. (m == 5 and tails[4] or tails[5])
       else
-        leased = timed_record(vals, b, epoch, tos[k])
+        leased = timed_record(vals, b, epoch, tos[k], prs[k], vers[k])
       end
       buffer(hset, key_of[k], id, leased)
       out[n + 6], out[n + 7], out[n + 8] = vals[b - 5], vals[b - 4], vals[b - 3]
@@ -201,6 +216,9 @@ for k = 1, count do
       if m == F_TIMEOUT then
         out[n + 5], out[n + 12] = F_ATTEMPT + 1, tos[k]
         n = n + 12
+      elseif m == F_VERSION then
+        out[n + 5], out[n + 12], out[n + 13] = F_ATTEMPT + 2, tos[k], vers[k]
+        n = n + 13
       else
         out[n + 5] = F_ATTEMPT
         n = n + 11
@@ -209,7 +227,7 @@ for k = 1, count do
       r[F_EPOCH] = epoch
       buffer(hset, key_of[k], id, rec_encode(r))
       local count = (r[F_RKIND] == 0 and r[F_ERROR] == '' and r[F_TIMEOUT] == 0
-        and r[F_TRACE] == '' and r[F_KEY] == '') and F_ATTEMPT
+        and r[F_TRACE] == '' and r[F_KEY] == '' and r[F_VERSION] == 0) and F_ATTEMPT
         or NFIELDS
       out[n + 5] = count
       n = n + 5

@@ -14,7 +14,9 @@
 -- Returns: {now, status_1, when_1, ..., status_n, when_n}
 --   status 1 created, 2 kept (exists; when = its due, lease deadline or time of death),
 --          3 replaced, 4 busy (leased: never replaced; when = lease deadline),
---          5 done (this occurrence completed already; nothing written)
+--          5 done (this occurrence completed already; nothing written); with
+--          replace on, an entry of a higher version (field 19) than a record that
+--          has one is kept (2)
 -- A job due from the slot after next on goes to the far index (_lib.lua), else to due
 -- (a record with a nominal of its own other than its due always to due: own_nominal).
 -- Errors: none (the client validates every argument).
@@ -67,6 +69,11 @@ for k = 1, n do
       status, when = 4, tonumber(lease)
     elseif done[k] then
       status = 5
+    elseif not prior and rec_newer(recs[k], items[4 * k]) then
+      -- Written from a newer row version (Postgres mode): kept, as with replace off.
+      status = 2
+      when = tonumber(redis.call('ZSCORE', due_key, id) or redis.call('ZSCORE', dead_key, id)
+        or redis.call('ZSCORE', KEYS[8], id)) or far_due(recs[k])
     else
       status = 3
       replaced[id] = true

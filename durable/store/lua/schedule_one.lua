@@ -17,7 +17,9 @@
 -- Returns: {now, status, when}, as schedule.lua for its one job:
 --   status 1 created, 2 kept (exists; when = its due, lease deadline or time of death),
 --          3 replaced, 4 busy (leased: never replaced; when = lease deadline),
---          5 done (this occurrence completed already; nothing written)
+--          5 done (this occurrence completed already; nothing written); with
+--          replace on, an entry of a higher version (field 19) than a record that
+--          has one is kept (2)
 -- Errors: none (the client validates every argument).
 local due_key, leased_key, done_key, dead_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local far_key, faro_key, jobs_key = KEYS[6], KEYS[7], KEYS[8]
@@ -38,6 +40,11 @@ if s then
   end
   if lease then return {now, 4, tonumber(lease)} end
   if done then return {now, 5, due} end
+  if rec_newer(s, ARGV[5]) then  -- written from a newer row version (Postgres mode): kept
+    local when = redis.call('ZSCORE', due_key, id) or redis.call('ZSCORE', dead_key, id)
+      or redis.call('ZSCORE', KEYS[9], id) or far_due(s)
+    return {now, 2, tonumber(when)}
+  end
   if redis.call('ZSCORE', due_key, id) then
     in_due = true
   else
