@@ -38,7 +38,7 @@ from tickwheel.durable.model import (
 )
 from tickwheel.durable.store import ClaimedRef, EncodedJob, Keys, Store
 
-from . import _pauses, _replacing
+from . import _pauses, _replacing, _writes
 from ._behind import REDIS_BATCH as _REDIS_BATCH
 from ._behind import IndexBehind
 from ._clock import warn_of_skew
@@ -186,7 +186,7 @@ class PostgresMode:
         results: list[ScheduleResult | None] = [None] * len(specs)
         failure: RedisUnavailable | None = None
         async with self.store.locked([spec.id for spec in specs]) as (conn, _):
-            now, ver = await self.store.now_version(conn)  # the version under the locks
+            now, ver = await _writes.now_version(conn)  # the version under the locks
             firsts = [self._first_run(spec, now) for spec in specs]
             jobs = [encode_pg_job(s, sched.keys.shard_of(s.id), limit, ver) for s in firsts]
             dues = [now + s.time_ms if s.mode == 1 else s.time_ms for s in firsts]

@@ -9,14 +9,13 @@ Ground rules:
   ``tickwheel_claim_check``, ``tickwheel_ack``): one round trip, one transaction (the
   caller's when it passes its own connection).
 - Every driver error goes through :func:`translate` (``_errors.py``): the caller sees
-  :class:`PostgresUnavailable` (transient), :class:`Fenced`, or the driver's own error
-  for a bug; a failed call rolled back whole.
+  :class:`PostgresUnavailable`, :class:`Fenced`, or a bug's own error; a failed call
+  rolled back whole.
 - The driver (asyncpg, the ``postgres`` extra) is imported on :meth:`PgStore.open`, so
   the Redis-only mode never loads it.
 
-This module holds the connections: the pool, which connection and which transaction a
-call runs on, and the namespace's advisory locks. The SQL each method runs is in
-``_writes.py`` (the job writes) and ``_relay.py`` (the outbox and reconcile's reads).
+This module holds the connections (the pool, which connection and transaction a call
+runs on) and the namespace's advisory locks; the SQL is in ``_writes.py`` and ``_relay.py``.
 """
 
 from __future__ import annotations
@@ -45,10 +44,8 @@ logger = logging.getLogger("tickwheel.durable")
 
 # Connections per store: a worker's loader, relay and acks, and a producer's bursts.
 DEFAULT_POOL_SIZE = 10
-# Ids per locked() transaction: a replace batch is split into these, since advisory
-# locks live in PostgreSQL's shared lock table.
+# Ids per locked() transaction (advisory locks live in PostgreSQL's shared lock table).
 MAX_LOCKED = 500
-# A session-level advisory lock per (namespace, purpose), keyed by a 64-bit hash.
 # Seconds the delete task waits before it deletes what no statement took (_forget).
 _FORGET_AFTER = 0.05
 
@@ -212,10 +209,6 @@ class PgStore:
         """PostgreSQL's clock (ms): a delay in Postgres mode is added to it."""
         async with self._on(conn) as c:
             return await _writes.now(c)
-
-    async def now_version(self, conn: Any) -> tuple[int, int]:
-        """PostgreSQL's clock (ms) and a new row version for a replace (migration 0012)."""
-        return await _writes.now_version(conn)
 
     async def schedule(
         self, jobs: Sequence[PgJob], conn: Any = None, *, notify: bool = True
@@ -498,8 +491,7 @@ class PgStore:
                 await _relay.delete_outbox(c, [b.seq for b in batch])
 
     async def pending(self, after: tuple[int, str] | None, limit: int) -> list[PendingRow]:
-        """A page of pending jobs in (due, id) order, after ``after`` (the partial
-        index on pending rows serves it)."""
+        """A page of pending jobs in (due, id) order, after ``after`` (a partial index)."""
         await self.open()
         async with self._conn() as c:
             return await _relay.pending(c, self.namespace, after, limit)
