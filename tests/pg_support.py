@@ -12,6 +12,7 @@ from durable_support import unique_ns
 
 from tickwheel.durable import Scheduler
 from tickwheel.durable.postgres import migrate
+from tickwheel.durable.postgres._migrate import migrations
 from tickwheel.durable.store._connect import client_from_url
 
 
@@ -22,6 +23,23 @@ async def migrated(url: str) -> None:
         await migrate(conn)
     finally:
         await conn.close()
+
+
+async def migrated_to(conn: Any, last: int) -> None:
+    """The migrations up to ``last`` on ``conn``, recorded as ``migrate`` records them
+    (a database as an older release left it; ``migrate`` applies the rest later)."""
+    await conn.execute(
+        "CREATE TABLE IF NOT EXISTS tickwheel_schema_version (version integer PRIMARY KEY,"
+        " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+    )
+    for m in migrations():
+        if m.version <= last:
+            await conn.execute(m.sql)
+            await conn.execute(
+                "INSERT INTO tickwheel_schema_version (version, name) VALUES ($1, $2)",
+                m.version,
+                m.name,
+            )
 
 
 @contextlib.asynccontextmanager

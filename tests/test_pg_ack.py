@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 import pytest
 from durable_support import client_of, push_clock, run
-from pg_support import pg_scheduler, rows
+from pg_support import migrated_to, pg_scheduler, rows
 
 from tickwheel.durable import JobSpec, Recurrence
 from tickwheel.durable.postgres import _writes, migrate, migrations
@@ -25,22 +25,6 @@ _ROW = "SELECT state, attempt, due_ms, epoch FROM tickwheel_jobs WHERE ns = $1 A
 _PUT = """INSERT INTO tickwheel_jobs (ns, id, shard, task, payload, json_payload,
     max_attempts, due_ms, rkind, rspec, record)
     VALUES ($1, $2, 0, 't', '\\x00', false, 3, $3, $4, $5, '\\x00')"""
-
-
-async def _migrated_to(conn: Any, last: int) -> None:
-    """The migrations up to ``last``, recorded as ``migrate`` records them."""
-    await conn.execute(
-        "CREATE TABLE IF NOT EXISTS tickwheel_schema_version (version integer PRIMARY KEY,"
-        " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-    )
-    for m in migrations():
-        if m.version <= last:
-            await conn.execute(m.sql)
-            await conn.execute(
-                "INSERT INTO tickwheel_schema_version (version, name) VALUES ($1, $2)",
-                m.version,
-                m.name,
-            )
 
 
 async def _row(conn: Any, ns: str, job_id: str) -> tuple[int, ...] | None:
@@ -78,7 +62,7 @@ def test_codes_and_rows_per_job(pg_url: str) -> None:
     async def main() -> None:
         conn = await asyncpg.connect(pg_url)
         try:
-            await _migrated_to(conn, 99)
+            await migrated_to(conn, 99)
             ns = "n"
             await conn.execute("INSERT INTO tickwheel_shard_epochs VALUES ($1, 0, 7)", ns)
             await conn.execute(_PUT, ns, "a", 1000, 0, "")
@@ -135,7 +119,7 @@ def test_an_ack_that_waits_for_the_row_acts_on_its_last_version(pg_url: str, mov
         conn = await asyncpg.connect(pg_url)
         other = await asyncpg.connect(pg_url)
         try:
-            await _migrated_to(conn, 99)
+            await migrated_to(conn, 99)
             ns = "w"
             await conn.execute("INSERT INTO tickwheel_shard_epochs VALUES ($1, 0, 1)", ns)
             await conn.execute(_PUT, ns, "a", 1000, 0, "")
@@ -185,7 +169,7 @@ def test_rows_written_before_0011_are_acked(private_redis: RedisServer, pg_url: 
     async def main() -> None:
         conn = await asyncpg.connect(pg_url)
         try:
-            await _migrated_to(conn, 10)
+            await migrated_to(conn, 10)
             assert await conn.fetchval("SELECT max(version) FROM tickwheel_schema_version") == 10
             async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
                 ns = s.keys.namespace
@@ -232,7 +216,7 @@ def test_a_large_batch_is_one_set(pg_url: str) -> None:
     async def main() -> None:
         conn = await asyncpg.connect(pg_url)
         try:
-            await _migrated_to(conn, 99)
+            await migrated_to(conn, 99)
             ns = "big"
             await conn.execute("INSERT INTO tickwheel_shard_epochs VALUES ($1, 0, 1)", ns)
             await conn.execute(

@@ -16,27 +16,12 @@ from typing import Any
 import asyncpg
 import pytest
 from durable_support import run
-from pg_support import migrated, pg_scheduler, rows
+from pg_support import migrated, migrated_to, pg_scheduler, rows
+from test_pg_behind import _held_writes  # the same hold on the write behind
 
-from tickwheel.durable.postgres import _behind
-from tickwheel.durable.postgres._migrate import migrations
 from tickwheel.durable.postgres._rows import redis_job
 from tickwheel.durable.servers._redis import RedisServer
 from tickwheel.durable.store import pack_record
-
-
-def _held_writes(monkeypatch: pytest.MonkeyPatch) -> tuple[asyncio.Event, asyncio.Event]:
-    """Hold the write behind until the test says so: (started, go_on)."""
-    started, go_on = asyncio.Event(), asyncio.Event()
-    write = _behind.write
-
-    async def held(sched: Any, jobs: Any) -> None:
-        started.set()
-        await go_on.wait()
-        await write(sched, jobs)
-
-    monkeypatch.setattr(_behind, "write", held)
-    return started, go_on
 
 
 def test_a_late_write_after_a_replacement_ran_does_not_run_the_old_version(
@@ -116,18 +101,7 @@ async def _migrate_to(url: str, version: int) -> None:
     conn = await asyncpg.connect(url)
     try:
         async with conn.transaction():
-            await conn.execute(
-                "CREATE TABLE tickwheel_schema_version (version integer PRIMARY KEY,"
-                " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
-            )
-            for m in migrations():
-                if m.version <= version:
-                    await conn.execute(m.sql)
-                    await conn.execute(
-                        "INSERT INTO tickwheel_schema_version (version, name) VALUES ($1, $2)",
-                        m.version,
-                        m.name,
-                    )
+            await migrated_to(conn, version)
     finally:
         await conn.close()
 
