@@ -30,7 +30,8 @@ SUMMARY_ROWS = (
         )
     ),
     ("example", "claim capacity per shard (claim only)", "the document's 5,000/s"),
-    ("limits", "claim+run+ack, concurrency=4", "limits off"),
+    ("limits", "claim+run+ack, concurrency=4, 10 a key", "limits off"),
+    ("limits", "claim+run+ack, concurrency=4, 5 a key", "limits off"),
     ("limits", "rate 10/s", "bullmq limiter (per queue)"),
     *(
         ("postgres", f"Postgres mode {name}", "procrastinate")
@@ -310,7 +311,8 @@ def _limits_notes(raw: dict[str, Any]) -> list[str]:
         return []
     notes = [
         f"One private redis-server, one Worker. claim+run+ack: {size['jobs']:,} jobs over "
-        f"{size['keys']:,} keys; release: {size['release']} jobs of one key at "
+        f"{size['jobs'] // 10:,} keys (10 a key; 5 a key: over {size['jobs'] // 5:,}); "
+        f"release: {size['release']} jobs of one key at "
         f"concurrency=1; memory (MEMORY USAGE of the namespace's keys): {size['memory']:,} "
         f"jobs waiting for one key's permit, then over {size['memory'] // 40:,} keys; "
         f"rate: {size['rate']} jobs of one "
@@ -318,14 +320,16 @@ def _limits_notes(raw: dict[str, Any]) -> list[str]:
         "bench/peers/bullmq_limiter.py says why). Most starts in 1 s: by the handlers' "
         "clock (a start lags its grant by a few ms); surely: grants surely in one window.",
         "",
-        "| repeat | jobs/s off | on | release p50 ms | p99 | max | B pending | B waiting "
+        "| repeat | jobs/s off | on | 5 a key: off | on | release p50 ms | p99 | max "
+        "| B pending | B waiting "
         "| rate: last start s | most in 1 s | surely | bullmq: last start s | most in 1 s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for g in reps:
         rel, rate, bull = g["release_ms"], g["rate"], g.get("bullmq", {})
         notes.append(
             f"| {g['repeat'] + 1} | {g['jobs_per_s_off']:,.0f} | {g['jobs_per_s_on']:,.0f} "
+            f"| {g['jobs_per_s_off_5']:,.0f} | {g['jobs_per_s_on_5']:,.0f} "
             f"| {rel['p50']:.1f} | {rel['p99']:.1f} | {rel['max']:.1f} "
             f"| {g['memory_pending_b']:.0f} | {g['memory_waiting_b']:.0f} "
             f"| {rate['last_start_s']:.2f} | {rate['most_in_1s_by_start']} "
