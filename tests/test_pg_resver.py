@@ -1,0 +1,152 @@
+"""A reschedule takes a new row version (issue 39): a late index write of the job as it
+was before the reschedule is older than the row, so the claim removes it unrun.
+
+Before, a reschedule moved the Redis entry in place and kept its version: a late write
+(the write behind a ``schedule``, a relay's, a reconcile's) of the job at its old due,
+landing after the rescheduled run was acked, or after Redis lost the moved entry, had
+the row's version and an occurrence PostgreSQL had not done, so it ran at the old due.
+Real redis-server and PostgreSQL, started by the tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+from durable_support import run
+from pg_support import migrated, pg_scheduler, rows
+from test_pg_behind import _held_writes  # the same hold on the write behind
+
+from tickwheel.durable import Scheduler, SyncScheduler
+from tickwheel.durable.servers._redis import RedisServer
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+
+Reschedule = Callable[[Scheduler, str, int], Awaitable[bool]]
+
+
+async def _async_reschedule(s: Scheduler, job_id: str, at: int) -> bool:
+    return await s.reschedule(job_id, at=at)
+
+
+def _sync_reschedule(redis_url: str, pg_url: str) -> Reschedule:
+    """The same move through a SyncScheduler of the scheduler's namespace."""
+
+    async def move(s: Scheduler, job_id: str, at: int) -> bool:
+        sync = SyncScheduler.from_url(redis_url, s.keys.namespace, shards=1, postgres_url=pg_url)
+        try:
+            return sync.reschedule(job_id, at=at)
+        finally:
+            sync.close()
+
+    return move
+
+
+def _how(name: str, redis_url: str, pg_url: str) -> Reschedule:
+    return _async_reschedule if name == "scheduler" else _sync_reschedule(redis_url, pg_url)
+
+
+async def _row(pg_url: str, ns: str, job_id: str) -> tuple[int, int, int]:
+    """The row's (state, due_ms, version)."""
+    (row,) = await rows(
+        pg_url,
+        "SELECT state, due_ms, version FROM tickwheel_jobs WHERE ns = $1 AND id = $2",
+        ns,
+        job_id,
+    )
+    return int(row[0]), int(row[1]), int(row[2])
+
+
+@pytest.mark.parametrize("how", ["scheduler", "sync"])
+def test_a_late_write_after_a_rescheduled_run_does_not_run_the_old_occurrence(
+    private_redis: RedisServer, pg_url: str, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """Scheduler A commits x (due at T_old) and its write behind is held; B's relay
+    indexes x from the outbox; B reschedules x to T_new, claims it, runs and acks it.
+    Then A's write lands: x is back in Redis at T_old. The claim removes it unrun
+    (its version is below the row's, which the reschedule raised); on the main before
+    this it ran a second time, as the occurrence T_old, which PostgreSQL has not done."""
+    move = _how(how, private_redis.url, pg_url)
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with (
+            pg_scheduler(private_redis.url, pg_url, shards=1) as a,
+            pg_scheduler(private_redis.url, pg_url, a.keys.namespace, shards=1) as b,
+        ):
+            ns = a.keys.namespace
+            now = int(time.time() * 1000)
+            old, new = now - 5000, now - 2000
+            started, go_on = _held_writes(monkeypatch)
+            await a.schedule("x", "t", b"v", at=old)
+            await asyncio.wait_for(started.wait(), 10)
+            first = (await _row(pg_url, ns, "x"))[2]
+            assert await b.relay() >= 1  # the outbox row: x indexed at T_old
+            assert await move(b, "x", new)
+            state, due, version = await _row(pg_url, ns, "x")
+            assert (state, due) == (0, new) and version > first  # a new version
+            await b.take(0)
+            batch = await b.claim(0, limit=10)
+            assert [(j.id, j.nominal_ms, j.version) for j in batch.jobs] == [("x", new, version)]
+            assert await b.ack_many(batch.jobs) == [True]
+            go_on.set()
+            await a.pg.behind.settled()  # type: ignore[union-attr]
+            found = await b.get("x")
+            assert found is not None and found.nominal_ms == old  # the late write landed
+            batch = await b.claim(0, limit=10)
+            assert [(j.id, j.nominal_ms) for j in batch.jobs] == []  # never ran at T_old
+            assert batch.dropped == 1
+            assert await b.get("x") is None
+            assert await _row(pg_url, ns, "x") == (1, new, version)
+            done = await rows(
+                pg_url, "SELECT nominal_ms FROM tickwheel_done WHERE ns = $1 AND id = 'x'", ns
+            )
+            assert [int(r[0]) for r in done] == [new]  # one run, the rescheduled one
+
+    run(main())
+
+
+@pytest.mark.parametrize("how", ["scheduler", "sync"])
+def test_a_late_write_of_a_rescheduled_pending_job_is_replaced_by_the_row(
+    private_redis: RedisServer, pg_url: str, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """x is indexed, rescheduled to T_new, and Redis then loses its entry; a late write
+    of x at T_old lands before any reconcile. The claim finds the entry older than the
+    pending row: removed unrun, and the relays write the row back at T_new, which runs
+    once. (Before: x ran as T_old, and its ack left the row pending at T_new, for a
+    reconcile to run it again.)"""
+    move = _how(how, private_redis.url, pg_url)
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with (
+            pg_scheduler(private_redis.url, pg_url, shards=1) as a,
+            pg_scheduler(private_redis.url, pg_url, a.keys.namespace, shards=1) as b,
+        ):
+            ns = a.keys.namespace
+            now = int(time.time() * 1000)
+            old, new = now - 5000, now - 2000
+            started, go_on = _held_writes(monkeypatch)
+            await a.schedule("x", "t", b"v", at=old)
+            await asyncio.wait_for(started.wait(), 10)
+            assert await b.relay() >= 1
+            assert await move(b, "x", new)
+            version = (await _row(pg_url, ns, "x"))[2]
+            await b.store.cancel(0, "x")  # Redis lost the moved entry
+            go_on.set()
+            await a.pg.behind.settled()  # type: ignore[union-attr]
+            found = await b.get("x")
+            assert found is not None and found.nominal_ms == old  # the late write landed
+            await b.take(0)
+            batch = await b.claim(0, limit=10)
+            assert batch.jobs == [] and batch.dropped == 1  # stale: removed unrun
+            await b.relay()
+            batch = await b.claim(0, limit=10)
+            assert [(j.id, j.nominal_ms, j.version) for j in batch.jobs] == [("x", new, version)]
+            assert await b.ack_many(batch.jobs) == [True]
+            assert (await b.claim(0, limit=10)).jobs == []
+            assert await _row(pg_url, ns, "x") == (1, new, version)
+
+    run(main())
