@@ -15,12 +15,16 @@ import time
 from collections.abc import Awaitable, Callable
 
 import pytest
+from dashboard_support import api_client, bearer
 from durable_support import run
 from pg_support import migrated, pg_scheduler, rows
 from test_pg_behind import _held_writes  # the same hold on the write behind
+from test_pg_version import _migrate_to
 
 from tickwheel.durable import Scheduler, SyncScheduler
+from tickwheel.durable.postgres._rows import redis_job
 from tickwheel.durable.servers._redis import RedisServer
+from tickwheel.durable.store import pack_record
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -148,5 +152,79 @@ def test_a_late_write_of_a_rescheduled_pending_job_is_replaced_by_the_row(
             assert await b.ack_many(batch.jobs) == [True]
             assert (await b.claim(0, limit=10)).jobs == []
             assert await _row(pg_url, ns, "x") == (1, new, version)
+
+    run(main())
+
+
+def test_the_dashboards_run_now_takes_a_new_version(
+    private_redis: RedisServer, pg_url: str
+) -> None:
+    """The dashboard's "run now" (a reschedule with no delay) on a Postgres-mode
+    namespace: the row and the moved entry get the same new version, and the job runs
+    once at its new occurrence."""
+    far = 4_000_000_000_000
+
+    async def scheduled() -> tuple[str, int]:
+        await migrated(pg_url)
+        async with pg_scheduler(private_redis.url, pg_url, shards=1) as s:
+            await s.schedule("x", "t", b"v", at=far)
+            await s.relay()
+            return s.keys.namespace, (await _row(pg_url, s.keys.namespace, "x"))[2]
+
+    ns, first = run(scheduled())
+    with api_client(private_redis.url, ns, postgres_url=pg_url) as client:
+        r = client.post("/api/job/run-now", json={"id": "x"}, headers=bearer())
+        assert r.status_code == 200, r.text
+
+    async def runs() -> None:
+        async with pg_scheduler(private_redis.url, pg_url, ns, shards=1) as s:
+            state, due, version = await _row(pg_url, ns, "x")
+            assert state == 0 and due < far and version > first
+            await s.take(0)
+            batch = await s.claim(0, limit=10)
+            assert [(j.id, j.nominal_ms, j.version) for j in batch.jobs] == [("x", due, version)]
+            assert await s.ack_many(batch.jobs) == [True]
+            assert await _row(pg_url, ns, "x") == (1, due, version)
+
+    run(runs())
+
+
+@pytest.mark.parametrize("how", ["scheduler", "sync"])
+def test_a_job_written_before_0012_is_rescheduled_at_a_new_version(
+    private_redis: RedisServer, pg_url: str, how: str
+) -> None:
+    """A row written at schema 0010 (version 0) and its entry as the previous release
+    wrote it (no version), then the migration: a reschedule gives both a version, and
+    the job runs once at its new occurrence (no migration of its own: the new version
+    is set by the library's statements, the functions are 0012's)."""
+    move = _how(how, private_redis.url, pg_url)
+
+    async def main() -> None:
+        await _migrate_to(pg_url, 10)
+        now = int(time.time() * 1000)
+        record = pack_record([b"t", b"v"])
+        ns = f"legacy-{how}"
+        await rows(
+            pg_url,
+            "SELECT * FROM tickwheel_put(false, $1, 'x', 0, 't', 'v', false, 5, 0, $2,"
+            " 0::smallint, '', 0::smallint, 0, 0, $3)",
+            ns,
+            now + 60_000,
+            record,
+        )
+        await migrated(pg_url)
+        assert (await _row(pg_url, ns, "x"))[2] == 0
+        async with pg_scheduler(private_redis.url, pg_url, ns, shards=1) as s:
+            await s.store.schedule_many({0: [[redis_job("x", now + 60_000, record)]]}, False)
+            await rows(pg_url, "DELETE FROM tickwheel_outbox WHERE ns = $1", ns)  # indexed
+            assert await move(s, "x", now - 1000)
+            state, due, version = await _row(pg_url, ns, "x")
+            assert (state, due) == (0, now - 1000) and version > 0
+            await s.take(0)
+            batch = await s.claim(0, limit=10)
+            assert [(j.id, j.nominal_ms, j.version) for j in batch.jobs] == [("x", due, version)]
+            assert await s.ack_many(batch.jobs) == [True]
+            assert (await s.claim(0, limit=10)).jobs == []
+            assert await _row(pg_url, ns, "x") == (1, due, version)
 
     run(main())
