@@ -1,5 +1,5 @@
 """What a reschedule costs in the Postgres mode: PostgreSQL statements, Redis calls,
-this process's CPU and the wall time, per reschedule.
+this process's CPU, the wall time and PostgreSQL's execution time, per reschedule.
 
     python -m bench.probes.pg_reschedule [--jobs N] [--rounds R] [--durable-dir DIR]
 
@@ -28,13 +28,13 @@ async def _measure(conn: Any, client: Any, n: int, body: Any) -> tuple[float, ..
     t, w = time.process_time(), time.perf_counter()
     await body()
     cpu, wall = (time.process_time() - t) / n * 1e6, (time.perf_counter() - w) / n * 1e6
-    calls = await conn.fetchval(
-        "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements"
-        " WHERE query NOT LIKE '%pg_stat_statements%'"
+    calls, server = await conn.fetchrow(
+        "SELECT coalesce(sum(calls), 0), coalesce(sum(total_exec_time), 0)"
+        " FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%'"
     )
     stats = await client.info("commandstats")
     scripts = sum(int(v["calls"]) for k, v in stats.items() if k.startswith("cmdstat_eval"))
-    return int(calls) / n, scripts / n, cpu, wall
+    return int(calls) / n, scripts / n, cpu, wall, float(server) / n * 1e3
 
 
 async def _round(pg_url: str, redis_url: str, tag: str, n: int) -> dict[str, tuple[float, ...]]:
@@ -88,11 +88,11 @@ async def _main(n: int, rounds: int) -> None:
         for r in range(rounds):
             for name, value in (await _round(pg.url, redis_server.url, str(r), n)).items():
                 got.setdefault(name, []).append(value)
-    head = ("figure", "PG statements", "Redis calls", "CPU us", "wall us")
-    print(f"{head[0]:18s} {head[1]:>14s} {head[2]:>12s} {head[3]:>8s} {head[4]:>8s}")
+    head = ("figure", "PG statements", "Redis calls", "CPU us", "wall us", "PG exec us")
+    print(f"{head[0]:18s} {head[1]:>14s} {head[2]:>12s}", *(f"{h:>10s}" for h in head[3:]))
     for name, values in got.items():
-        med = [statistics.median(v[k] for v in values) for k in range(4)]
-        print(f"{name:18s} {med[0]:14.2f} {med[1]:12.2f} {med[2]:8.1f} {med[3]:8.1f}")
+        med = [statistics.median(v[k] for v in values) for k in range(5)]
+        print(f"{name:18s} {med[0]:14.2f} {med[1]:12.2f}", *(f"{m:10.1f}" for m in med[2:]))
 
 
 def main() -> None:
