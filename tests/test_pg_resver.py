@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 from dashboard_support import api_client, bearer
@@ -24,7 +25,7 @@ from test_pg_version import _migrate_to
 from tickwheel.durable import Scheduler, SyncScheduler
 from tickwheel.durable.postgres._rows import redis_job
 from tickwheel.durable.servers._redis import RedisServer
-from tickwheel.durable.store import pack_record
+from tickwheel.durable.store import Store, pack_record
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 
@@ -108,6 +109,59 @@ def test_a_late_write_after_a_rescheduled_run_does_not_run_the_old_occurrence(
                 pg_url, "SELECT nominal_ms FROM tickwheel_done WHERE ns = $1 AND id = 'x'", ns
             )
             assert [int(r[0]) for r in done] == [new]  # one run, the rescheduled one
+
+    run(main())
+
+
+def test_a_relays_late_write_after_a_rescheduled_run_does_not_run_the_old_occurrence(
+    private_redis: RedisServer, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The late writer is a relay: it read x's outbox row (live, at T_old) and its
+    Redis write is held; meanwhile the producer's own write indexes x, B reschedules x
+    to T_new, runs and acks it. The relay's write then lands at T_old and the claim
+    removes it unrun."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        async with (
+            pg_scheduler(private_redis.url, pg_url, shards=1) as a,
+            pg_scheduler(private_redis.url, pg_url, a.keys.namespace, shards=1) as b,
+            pg_scheduler(private_redis.url, pg_url, a.keys.namespace, shards=1) as r,
+        ):
+            ns = a.keys.namespace
+            now = int(time.time() * 1000)
+            old, new = now - 5000, now - 2000
+            behind, go_behind = _held_writes(monkeypatch)
+            await a.schedule("x", "t", b"v", at=old)
+            await asyncio.wait_for(behind.wait(), 10)
+            relaying, go_relay = asyncio.Event(), asyncio.Event()
+            write = Store.schedule
+
+            async def held(store: Store, *args: Any) -> Any:
+                if store is r.store:  # the relay's scheduler only
+                    relaying.set()
+                    await go_relay.wait()
+                return await write(store, *args)
+
+            monkeypatch.setattr(Store, "schedule", held)
+            relay = asyncio.create_task(r.relay())
+            await asyncio.wait_for(relaying.wait(), 10)  # x read from the outbox, held
+            go_behind.set()
+            await a.pg.behind.settled()  # type: ignore[union-attr]
+            assert await b.reschedule("x", at=new)
+            version = (await _row(pg_url, ns, "x"))[2]
+            await b.take(0)
+            batch = await b.claim(0, limit=10)
+            assert [(j.id, j.nominal_ms, j.version) for j in batch.jobs] == [("x", new, version)]
+            assert await b.ack_many(batch.jobs) == [True]
+            go_relay.set()
+            assert await asyncio.wait_for(relay, 10) == 1
+            found = await b.get("x")
+            assert found is not None and found.nominal_ms == old  # the relay's write landed
+            batch = await b.claim(0, limit=10)
+            assert batch.jobs == [] and batch.dropped == 1
+            assert await b.get("x") is None
+            assert await _row(pg_url, ns, "x") == (1, new, version)
 
     run(main())
 
