@@ -274,6 +274,10 @@ class PostgresMode:
         has no pending row for it or Redis refused (leased, dead, gone, or the new
         occurrence done already).
 
+        The move takes a new row version (under the row's lock) into the entry and the
+        row: a late index write of the job as it was (a write behind, a relay's) is then
+        older than the row, and a claim removes it unrun (:meth:`after_claim`).
+
         A commit that fails after Redis moved the job leaves Redis ahead of PostgreSQL
         (a reconcile after a Redis loss would bring back the old due) until the same
         reschedule with ``at=`` is repeated.
@@ -288,14 +292,15 @@ class PostgresMode:
             if mode == 0 and await self.store.done_of(conn, [(job_id, time_ms)]):
                 return False
             ns = self.store.namespace  # a replacement in waiting moves, not the job
-            if await conn.fetch(_replacing.MOVE, ns, job_id, mode, time_ms):
+            ((replacement, version),) = await conn.fetch(_replacing.MOVE, ns, job_id, mode, time_ms)
+            if replacement:
                 return True
             if job_id not in pending:
                 return False
-            status, when = await sched.store.reschedule(shard, job_id, mode, time_ms)
+            status, when = await sched.store.reschedule(shard, job_id, mode, time_ms, version)
             if status != 1:
                 return False
-            await self.store.moved(conn, job_id, when)
+            await self.store.moved(conn, job_id, when, version)
         return True
 
     _first_run = staticmethod(first_run)

@@ -275,9 +275,9 @@ class PgStore:
         accepted leaves."""
         await _writes.overwrite(conn, self.namespace, jobs)
 
-    async def moved(self, conn: Any, job_id: str, due_ms: int) -> None:
-        """A pending job's current occurrence is now at ``due_ms`` (attempt 1)."""
-        await _writes.moved(conn, self.namespace, job_id, due_ms)
+    async def moved(self, conn: Any, job_id: str, due_ms: int, version: int) -> None:
+        """A pending job's current occurrence is now at ``due_ms`` (attempt 1), ``version``."""
+        await _writes.moved(conn, self.namespace, job_id, due_ms, version)
 
     def relayed_later(self, seqs: Sequence[int]) -> None:
         """Delete outbox rows whose jobs the producer wrote to Redis itself: in the next

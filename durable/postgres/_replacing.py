@@ -67,12 +67,17 @@ DROP = (
     " RETURNING 1) SELECT count(*) FROM d"
 )
 # A reschedule of an id with a replacement moves the replacement (mode 1: a delay on
-# PostgreSQL's clock), under a new generation; returns a row if there was one.
+# PostgreSQL's clock), under a new generation. One row: whether there was one, and if
+# not, the job's new row version (the outbox's sequence, as _writes.version takes it;
+# the caller holds the row's lock), which the job's Redis entry and row then carry.
 MOVE = (
-    "UPDATE tickwheel_replacing SET gen = nextval('tickwheel_replacing_gen'),"
+    "WITH m AS (UPDATE tickwheel_replacing SET gen = nextval('tickwheel_replacing_gen'),"
     " due_ms = CASE WHEN $3::integer = 1"
     " THEN floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + $4::bigint"
-    " ELSE $4::bigint END WHERE ns = $1::text AND id = $2::text RETURNING due_ms"
+    " ELSE $4::bigint END WHERE ns = $1::text AND id = $2::text RETURNING due_ms)"
+    " SELECT c.n > 0, CASE WHEN c.n = 0 THEN"
+    " nextval(pg_get_serial_sequence('tickwheel_outbox', 'seq')) END"
+    " FROM (SELECT count(*) AS n FROM m) AS c"
 )
 # Oldest generation first, skipping rows another relay holds.
 _TAKE = """

@@ -77,11 +77,13 @@ def reschedule_sync(
     ns: str,
     job_id: str,
     when: tuple[int, int],
-    redis_reschedule: Callable[[], tuple[int, int]],
+    redis_reschedule: Callable[[int], tuple[int, int]],
 ) -> bool:
     """Move a due job to the occurrence ``when`` (``(mode, time_ms)``: 1 a delay, 0 an
     absolute time). False, with nothing changed, if PostgreSQL has no pending row for it
     or Redis refused (leased, dead, gone, or the new occurrence done already).
+    ``redis_reschedule(version)`` moves the Redis entry, writing the job's new row
+    version into it (taken under the row's lock, recorded in the row with the move).
 
     Raises:
         RedisUnavailable, PostgresUnavailable: nothing was moved in either.
@@ -91,12 +93,13 @@ def reschedule_sync(
         pending = _lock(db, ns, job_id)
         if mode == 0 and db.fetch(_writes.DONE_OF, ns, [job_id], [time_ms]):
             return False
-        if db.fetch(_replacing.MOVE, ns, job_id, mode, time_ms):
+        ((replacement, version),) = db.fetch(_replacing.MOVE, ns, job_id, mode, time_ms)
+        if replacement:
             return True  # a replacement in waiting moves, not the job
         if job_id not in pending:
             return False
-        status, due = redis_reschedule()
+        status, due = redis_reschedule(int(version))
         if status != 1:
             return False
-        db.execute(_writes.MOVED, ns, job_id, due)
+        db.execute(_writes.MOVED, ns, job_id, due, int(version))
     return True

@@ -132,9 +132,11 @@ _DONE_OF = (
     " LATERAL (SELECT 1 FROM tickwheel_done d WHERE d.ns = $1::text AND d.id = o.id"
     " AND d.nominal_ms = o.nominal OFFSET 0) AS x"
 )
+# A reschedule: the row at its new occurrence and version (the one its Redis entry took).
 _MOVED = (
     "UPDATE tickwheel_jobs SET due_ms = $3::bigint, attempt = 1, run_ms = 0,"
-    " updated_at = now() WHERE ns = $1::text AND id = $2::text AND state = 0"
+    " version = $4::bigint, updated_at = now()"
+    " WHERE ns = $1::text AND id = $2::text AND state = 0"
 )
 _CANCEL_OUTBOX = "DELETE FROM tickwheel_outbox WHERE ns = $1::text AND id = $2::text"
 _CANCEL_ROW = "DELETE FROM tickwheel_jobs WHERE ns = $1::text AND id = $2::text RETURNING state"
@@ -268,9 +270,9 @@ async def overwrite(conn: Any, ns: str, jobs: Sequence[tuple[PgJob, int]]) -> No
     )
 
 
-async def moved(conn: Any, ns: str, job_id: str, due_ms: int) -> None:
-    """Move a pending row to the occurrence ``due_ms`` at attempt 1."""
-    await conn.execute(_MOVED, ns, job_id, due_ms)
+async def moved(conn: Any, ns: str, job_id: str, due_ms: int, version: int) -> None:
+    """Move a pending row to the occurrence ``due_ms`` at attempt 1, at ``version``."""
+    await conn.execute(_MOVED, ns, job_id, due_ms, version)
 
 
 async def cancel(conn: Any, ns: str, job_id: str) -> bool:

@@ -416,7 +416,7 @@ class SyncScheduler:
                 self.keys.namespace,
                 job_id,
                 (mode, time_ms),
-                lambda: self.store.reschedule(shard, job_id, mode, time_ms),
+                lambda version: self.store.reschedule(shard, job_id, mode, time_ms, version),
             )
         status, _ = self.store.reschedule(shard, job_id, mode, time_ms)
         return status == 1

@@ -243,15 +243,20 @@ def cancel_result(reply: Any) -> JobState | None:
     return JobState(reply) if reply else None
 
 
-def reschedule_call(keys: Keys, shard: int, job_id: str, mode: int, time_ms: int) -> Call:
-    """reschedule.lua."""
+def reschedule_call(
+    keys: Keys, shard: int, job_id: str, mode: int, time_ms: int, *, version: int = 0
+) -> Call:
+    """reschedule.lua; ``version`` (the Postgres mode's new row version) if above 0."""
     k = keys.shard(shard)
+    args: list[Any] = [job_id, mode, time_ms]
+    if version > 0:
+        args.append(version)
     return (
         [
             *(k.due, k.done, k.clock, k.leased, k.dead, k.far, k.faro),
             *(keys.jobs_key(shard, job_id), k.parked, k.parkedx, k.prio, k.waiting),
         ],
-        [job_id, mode, time_ms],
+        args,
     )
 
 

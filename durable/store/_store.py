@@ -20,10 +20,8 @@ Ground rules:
   or nothing per round); on a cluster it is atomic per script call (per shard chunk).
   Either way it is safe to retry whole.
 - With ``replicas`` > 0 the writes that must survive a failover (schedule, cancel,
-  reschedule, and the end states ack, retry, release) go through ``transport.write``,
-  which follows them by ``WAIT`` on the connection that wrote; the rest use
-  ``transport.run``. How calls are bounded, waited for and routed on a cluster is the
-  transport's (``_transport.py``).
+  reschedule, ack, retry, release) go through ``transport.write``, which follows them by
+  ``WAIT`` on the connection that wrote; the rest, ``transport.run`` (``_transport.py``).
 """
 
 from __future__ import annotations
@@ -218,9 +216,11 @@ class Store:
             await self.transport.write(self._scripts.cancel, keys, args, shard)
         )
 
-    async def reschedule(self, shard: int, job_id: str, mode: int, time_ms: int) -> tuple[int, int]:
-        """Move a due job (reschedule.lua); return ``(status, when_ms)``. O(log N)."""
-        keys, args = calls.reschedule_call(self.keys, shard, job_id, mode, time_ms)
+    async def reschedule(
+        self, shard: int, job_id: str, mode: int, time_ms: int, version: int = 0
+    ) -> tuple[int, int]:
+        """Move a due job (reschedule.lua; a Postgres row's ``version``): ``(status, when)``."""
+        keys, args = calls.reschedule_call(self.keys, shard, job_id, mode, time_ms, version=version)
         reply = await self.transport.write(self._scripts.reschedule, keys, args, shard)
         return calls.reschedule_result(reply)
 

@@ -258,9 +258,12 @@ class SyncStore:
         reply = self._run("cancel", calls.cancel_call(self.keys, shard, job_id), shard)
         return calls.cancel_result(reply)
 
-    def reschedule(self, shard: int, job_id: str, mode: int, time_ms: int) -> tuple[int, int]:
-        """Move a due job (reschedule.lua); ``(status, when_ms)``."""
-        call = calls.reschedule_call(self.keys, shard, job_id, mode, time_ms)
+    def reschedule(
+        self, shard: int, job_id: str, mode: int, time_ms: int, version: int = 0
+    ) -> tuple[int, int]:
+        """Move a due job (reschedule.lua); ``(status, when_ms)``; ``version`` as
+        :meth:`Store.reschedule`'s."""
+        call = calls.reschedule_call(self.keys, shard, job_id, mode, time_ms, version=version)
         return calls.reschedule_result(self._run("reschedule", call, shard))
 
     def paused(self) -> dict[str, int]:

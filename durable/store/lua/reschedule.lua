@@ -9,6 +9,8 @@
 -- ARGV[1]  id
 -- ARGV[2]  mode      0: ARGV[3] is an absolute due (ms); 1: a delay (ms) added to now
 -- ARGV[3]  time
+-- ARGV[4]  version   the Postgres mode's new row version (field 19), taken under the
+--          row's lock; absent or 0: the record keeps its own (the Redis-only mode)
 -- Returns: {status, when}: status 1 moved (when = new due), 0 no such job,
 --   2 not due (leased or dead: untouched), 5 the new occurrence is done already.
 -- Errors: none.
@@ -27,6 +29,8 @@ if redis.call('ZSCORE', KEYS[2], done_member(due, id)) then return {5, due} end
 unpark_drop(KEYS[9], KEYS[10], id, s)
 local r = rec_decode(s)
 r[F_NOMINAL], r[F_ATTEMPT], r[F_ERROR] = 0, 1, ''
+local version = tonumber(ARGV[4] or 0)
+if version > r[F_VERSION] then r[F_VERSION] = version end
 wait_end(KEYS[12], r)
 if goes_far(now, due) then
   r[F_NOMINAL] = due
