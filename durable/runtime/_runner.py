@@ -203,10 +203,12 @@ class Runner:
                 logger.debug("job %r waits for a slot", job.id, extra=job_fields(job))
             return
         if self.scheduler.ownership.owned.get(job.shard) != job.epoch:
+            self.limiter.unstarted(job)  # a permit its claim took (its deadline frees it else)
             return  # the shard was lost: counted when it was (the loader's on_fenced)
         if self.wheel.time() >= lease_end:
             # Stalled past the lease: the reaper may have given it to another owner.
             self.stats.expired += 1
+            self.limiter.unstarted(job)
             return
         if self.limiter.gated(key, job, lease_end, due):
             return  # it takes its key's permit first, then fires again (or waits)
