@@ -817,7 +817,8 @@ local function lim_acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold
   local now, card_n = LIM.now, LIM.card
   local have = false
   if conc > 0 then
-    lim_expire(P, H, W)
+    -- A key holding no permit has none past its deadline: no sweep (a fresh key's call).
+    if lim_card(P, 'ZCARD') > 0 then lim_expire(P, H, W) else LIM.expired[P] = true end
     if rate_n == 0 and lim_card(P, 'ZCARD') < conc then
       -- A grant without a rate: the holder is written by the call that tells whether
       -- it had a permit already (handed to it, or its own: then only its holder and
