@@ -264,3 +264,44 @@ async def _until_count(client: Any, prefix: str, n: int, within: float) -> bool:
             return False
         await asyncio.sleep(0.05)
     return True
+
+
+def test_a_worker_hands_back_its_unstarted_jobs_with_their_permits(
+    redis_server: RedisServer,
+) -> None:
+    """Jobs claimed a lookahead early hold their permits in the wheel; a worker that
+    stops hands them back to due and frees those permits at once (not at their
+    deadline, a lease later): the key's waiter is handed one."""
+
+    async def main() -> None:
+        os.environ[SINK_ENV] = redis_server.url
+        from limits_support import registry
+
+        async with open_scheduler(redis_server.url, shards=1) as s:
+            prefix = s.keys.namespace
+            base = await s.now()
+            await s.schedule_many(
+                JobSpec(f"j{i}", "keyed", {"sink": prefix}, key="m", at=base + 4000)
+                for i in range(3)
+            )
+            settings = {**FAST, "lookahead": 6.0, "lease": 30.0}
+            async with running_worker(s, registry, **settings) as w:
+                await _started(w)
+                counts: list[tuple[int, int, int]] = []
+
+                async def claimed() -> bool:
+                    counts.append(await _key_counts(s, "keyed", "m"))
+                    return counts[-1] == (2, 0, 1)
+
+                deadline = asyncio.get_running_loop().time() + 10
+                while not await claimed():
+                    assert asyncio.get_running_loop().time() < deadline, counts[-1]
+                    await asyncio.sleep(0.02)
+            # Freed at once, not at their deadline 30 s on: one went to the waiter j2.
+            assert await _key_counts(s, "keyed", "m") == (0, 1, 0)
+            for i in range(2):
+                info = await s.get(f"j{i}")
+                assert info is not None and info.state is JobState.DUE
+            assert not await runs(client_of(s), prefix)
+
+    run(main())

@@ -426,8 +426,11 @@ class Claimer:
             for key, (job, *_) in self._placed.items()
             if key[0] == shard and (epoch is None or job.epoch <= epoch)
         ]
+        unstarted = self._runner.limiter.unstarted  # a permit its claim took is freed
         for key in keys:
-            self._placed.pop(key)[1].cancel()
+            job, timer, *_ = self._placed.pop(key)
+            timer.cancel()
+            unstarted(job)
         return len(keys)
 
 

@@ -457,8 +457,11 @@ class Runner:
         that waits for a slot is forgotten. True if there was such a job here. O(1)."""
         if self._stopper.cancel(job_id):
             return True
-        if not self._waiting.forget((self.scheduler.keys.shard_of(job_id), job_id)):
+        key = (self.scheduler.keys.shard_of(job_id), job_id)
+        entry = self._waiting.ready.get(key)
+        if entry is None or not self._waiting.forget(key):
             return False
+        self.limiter.unstarted(entry[0])  # a permit its claim took is freed
         self.stats.cancelled += 1
         return True
 
@@ -477,4 +480,4 @@ class Runner:
     def drop_waiting(self, shard: int, epoch: int | None) -> int:
         """Forget the jobs of ``shard`` waiting for a slot (all, or those leased under
         ``epoch`` or before); how many."""
-        return self._waiting.drop(shard, epoch)
+        return self._waiting.drop(shard, epoch, self.limiter.unstarted)
