@@ -305,3 +305,27 @@ def test_a_worker_hands_back_its_unstarted_jobs_with_their_permits(
             assert not await runs(client_of(s), prefix)
 
     run(main())
+
+
+def test_a_claim_grants_its_permits_in_priority_order(redis_server: RedisServer) -> None:
+    """Among due jobs a higher priority is claimed first, so it takes the key's permit
+    first; the lower one, due earlier, waits for it."""
+
+    async def main() -> None:
+        async with open_scheduler(redis_server.url, shards=1) as s:
+            one = Limits(concurrency=1)
+            await s.store.limits.declare({"charge": one})
+            base = await s.now()
+            await s.schedule_many(
+                [
+                    JobSpec("low", "charge", key="m", at=base - 50),
+                    JobSpec("high", "charge", key="m", at=base - 10, priority=5),
+                ]
+            )
+            await s.take(0)
+            batch = await s.leases.claim(0, limit=10, lease=30.0, limits=_limits(charge=one))
+            assert [j.id for j in batch.held] == ["high"] and batch.waited == 1
+            info = await s.get("low")
+            assert info is not None and info.state is JobState.WAITING
+
+    run(main())
