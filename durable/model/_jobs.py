@@ -11,6 +11,7 @@ Ground rules:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import IntEnum
@@ -438,6 +439,8 @@ class ClaimBatch:
     dropped: int  # one-shot jobs dropped because their occurrence was done
     moved: int = 0  # recurring jobs moved unrun by their missed-run policy
     parked: int = 0  # due jobs of paused tasks set aside until a resume (not leased)
+    waited: int = 0  # jobs over their flow key's limit, left waiting (not leased)
+    held: Sequence[Job] = ()  # the jobs among ``jobs`` whose permit the claim took
 
 
 @dataclass(frozen=True, slots=True)

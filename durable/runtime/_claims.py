@@ -291,6 +291,8 @@ class Claimer:
         loop = asyncio.get_running_loop()
         started_ns = 0 if self.tracer is None else self.tracer.now_ns()
         t_sent = loop.time()
+        limiter = self._runner.limiter
+        limits = limiter.for_claim()  # the permits it takes (one Redis, Redis-only mode)
         try:
             batch = await self.leases.claim(
                 shard,
@@ -299,6 +301,7 @@ class Claimer:
                 lease=lease_ms / 1000,
                 prestart=prestart,
                 priority_aging=self.priority_aging,
+                limits=limits,
             )
         except Fenced:  # counted, and the shard forgotten, by the loader's on_fenced
             return False
@@ -316,7 +319,15 @@ class Claimer:
                 t_reply + (job.due_ms - batch.now_ms) / 1000,
                 t_sent + (job.deadline_ms - batch.now_ms) / 1000,
             )
-        return len(batch.jobs) + batch.dropped + batch.moved + batch.parked >= self.limit
+        if batch.held and limits is not None:
+            placed = self._placed
+            for job in batch.held:  # not placed: its run here holds the permit already
+                if (entry := placed.get((job.shard, job.id))) is not None and entry[0] is job:
+                    limiter.took(job, limits)
+        if batch.waited:
+            self.stats.limit_waits += batch.waited
+        got = len(batch.jobs) + batch.dropped + batch.moved + batch.parked + batch.waited
+        return got >= self.limit
 
     def _place(self, job: Job, when: float, lease_end: float) -> None:
         if self._held is not None and self._held(job):
@@ -396,6 +407,7 @@ class Claimer:
         if entry is None:
             return False
         entry[1].cancel()
+        self._runner.limiter.unstarted(entry[0])  # a permit its claim took is freed
         return True
 
     def take_placed(self, shard: int) -> list[Job]:
@@ -414,8 +426,11 @@ class Claimer:
             for key, (job, *_) in self._placed.items()
             if key[0] == shard and (epoch is None or job.epoch <= epoch)
         ]
+        unstarted = self._runner.limiter.unstarted  # a permit its claim took is freed
         for key in keys:
-            self._placed.pop(key)[1].cancel()
+            job, timer, *_ = self._placed.pop(key)
+            timer.cancel()
+            unstarted(job)
         return len(keys)
 
 

@@ -45,6 +45,14 @@ Ground rules:
   rechecks the flow keys whose timer there is due (``_rechecks.py``):
   permits past their deadline freed, free ones handed to the first waiters, and every
   handed permit not taken yet woken (again).
+- On one Redis in the Redis-only mode, the claim takes the permits itself
+  (:meth:`for_claim`: the limits of record of the tasks with a concurrency and no
+  rate, sent with each claim; claim.lua): a job it leases holding its permit is noted
+  here (:meth:`took`) and starts with no permit call; one over the limit was left
+  waiting by the claim, never leased. A job the claim leased with its permit that
+  does not start here (handed back, shed, cancelled, its lease run out) frees it
+  (:meth:`unstarted`). ``in_claim`` False keeps every job on the gate (as a worker of
+  the previous release, whose claim takes no permit: both share the same keys).
 - Nothing here raises into the runner: a failed call is counted and logged, and the job
   is left to its lease (the reaper returns it unspent: a pre-start lease).
 """
@@ -59,7 +67,7 @@ from typing import Any
 
 from tickwheel.durable.model import Fenced, Job, Limits, PostgresUnavailable, RedisUnavailable
 from tickwheel.durable.scheduler import Scheduler
-from tickwheel.durable.store import ACQUIRED, PERMIT_WAIT, member_of
+from tickwheel.durable.store import ACQUIRED, PERMIT_WAIT, ClaimLimits, member_of
 
 from ._loader_stats import LoaderStats
 from ._rechecks import Rechecks
@@ -127,6 +135,10 @@ class Limiter:
         self.grant_s = lease_ms / 2000
         self.admit: Admit | None = None  # the runner's fire, set by the runner
         self.current: dict[str, Limits] = {}  # the limits of record, by task
+        # The claim takes the permits of the tasks with a concurrency and no rate (one
+        # Redis, Redis-only mode: Leases.claim and the store decide); False: the gate.
+        self.in_claim = True
+        self._claim_limits: ClaimLimits | None = None  # for_claim's, made at each read
         self.waiting: dict[str, int] = {}  # jobs waiting, by limited task (at the read)
         # Let through, firing again: the very claim (Job object) its gate admitted. A
         # fire that stops before its gate check (its lease ran out, its shard left)
@@ -170,7 +182,13 @@ class Limiter:
 
     async def _read(self) -> None:
         self._read_at = asyncio.get_running_loop().time()
-        self.current = await self.calls.read()
+        current = await self.calls.read()
+        if current != self.current or self._claim_limits is None:
+            # A rate's start must be counted when it starts, not up to a lookahead
+            # before: a task with a rate keeps the gate.
+            tasks = {t: lim for t, lim in current.items() if lim.concurrency and not lim.rate_n}
+            self._claim_limits = ClaimLimits(self.hold_ms, self.recheck_ms, tasks)
+        self.current = current
         # The metrics' waiting totals, per limited task (one pipeline; never per key).
         self.waiting = await self.calls.waiting(sorted(self.current))
 
@@ -187,6 +205,33 @@ class Limiter:
         # On a failure the last limits read stay in force until Redis answers again.
         with contextlib.suppress(RedisUnavailable, PostgresUnavailable):
             await self._read()
+
+    # -- the permits the claim takes ----------------------------------------------------
+
+    def for_claim(self) -> ClaimLimits | None:
+        """The limits a claim takes its jobs' permits by (None: none, the gate)."""
+        lim = self._claim_limits
+        if not self.in_claim or lim is None or not lim.tasks:
+            return None
+        return lim
+
+    def took(self, job: Job, sent: ClaimLimits) -> None:
+        """The claim (sent ``sent``) leased ``job`` holding its permit (held by
+        ``"<epoch>:<attempt>"``): it starts with no permit call (:meth:`gated`), and
+        :meth:`finished` releases it."""
+        key = (job.shard, job.id)
+        self.held[key] = (job, sent.tasks[job.task], f"{job.epoch}:{job.attempt}")
+        self.admitted[key] = job
+        self.granted.pop(key, None)  # a grant it had: the claim took it (limits.lua's HSET)
+
+    def unstarted(self, job: Job) -> None:
+        """``job`` will not start here (handed back, shed, cancelled, its lease run
+        out): the permit the claim took for it, if this very job holds it, is freed."""
+        key = (job.shard, job.id)
+        held = self.held.get(key)
+        if held is not None and held[0] is job:
+            self.admitted.pop(key, None)
+            self.finished(job)
 
     # -- the gate (the runner's fire) ---------------------------------------------------
 

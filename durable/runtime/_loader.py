@@ -280,6 +280,8 @@ class Loader:
         """Release jobs of one shard and epoch; how many were. A refusal is counted and
         logged, not raised: the reaper returns what was not released."""
         released = 0
+        for job in jobs:  # unstarted: a permit its claim took is freed (Limiter.unstarted)
+            self._runner.limiter.unstarted(job)
         try:
             for i in range(0, len(jobs), MAX_BATCH):
                 released += sum(await self.scheduler.leases.release(jobs[i : i + MAX_BATCH]))

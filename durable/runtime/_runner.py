@@ -203,10 +203,12 @@ class Runner:
                 logger.debug("job %r waits for a slot", job.id, extra=job_fields(job))
             return
         if self.scheduler.ownership.owned.get(job.shard) != job.epoch:
+            self.limiter.unstarted(job)  # a permit its claim took (its deadline frees it else)
             return  # the shard was lost: counted when it was (the loader's on_fenced)
         if self.wheel.time() >= lease_end:
             # Stalled past the lease: the reaper may have given it to another owner.
             self.stats.expired += 1
+            self.limiter.unstarted(job)
             return
         if self.limiter.gated(key, job, lease_end, due):
             return  # it takes its key's permit first, then fires again (or waits)
@@ -455,8 +457,11 @@ class Runner:
         that waits for a slot is forgotten. True if there was such a job here. O(1)."""
         if self._stopper.cancel(job_id):
             return True
-        if not self._waiting.forget((self.scheduler.keys.shard_of(job_id), job_id)):
+        key = (self.scheduler.keys.shard_of(job_id), job_id)
+        entry = self._waiting.ready.get(key)
+        if entry is None or not self._waiting.forget(key):
             return False
+        self.limiter.unstarted(entry[0])  # a permit its claim took is freed
         self.stats.cancelled += 1
         return True
 
@@ -475,4 +480,4 @@ class Runner:
     def drop_waiting(self, shard: int, epoch: int | None) -> int:
         """Forget the jobs of ``shard`` waiting for a slot (all, or those leased under
         ``epoch`` or before); how many."""
-        return self._waiting.drop(shard, epoch)
+        return self._waiting.drop(shard, epoch, self.limiter.unstarted)

@@ -84,14 +84,19 @@ class Waiting:
             jobs.append(job)
         return jobs
 
-    def drop(self, shard: int, epoch: int | None) -> int:
+    def drop(
+        self, shard: int, epoch: int | None, forget: Callable[[Job], None] | None = None
+    ) -> int:
         """Forget the jobs of ``shard`` (all, or those leased under ``epoch`` or
-        before); how many."""
+        before), each told to ``forget``; how many."""
         ready = [
             key
             for key, (job, *_) in self.ready.items()
             if key[0] == shard and (epoch is None or job.epoch <= epoch)
         ]
         for key in ready:
-            self.ready.pop(key)[2].cancel()
+            job, _, shed, _ = self.ready.pop(key)
+            shed.cancel()
+            if forget is not None:
+                forget(job)
         return len(ready)

@@ -32,7 +32,7 @@ from tickwheel.durable.model import (
     finite_seconds_ms,
     int_between,
 )
-from tickwheel.durable.store import ClaimedRef, Keys, Store
+from tickwheel.durable.store import ClaimedRef, ClaimLimits, Keys, Store
 
 from ._claim_plan import plan_batch
 from ._pg_leases import pg_moved_first, pg_retried
@@ -123,6 +123,7 @@ class Leases:
         lease: float | timedelta = DEFAULT_LEASE,
         prestart: bool = False,
         priority_aging: float | timedelta | None = PRIORITY_AGING,
+        limits: ClaimLimits | None = None,
     ) -> ClaimBatch:
         """Lease the owned shard's jobs due by now + lookahead (at most ``limit``).
 
@@ -140,6 +141,12 @@ class Leases:
 
         Recurring jobs get their missed-run policy applied here, with the claim's Redis
         time: a job the policy does not run now is moved (unrun) to its next occurrence.
+
+        With ``limits`` (a worker's flow limits, docs/limits.md), on one Redis in the
+        Redis-only mode, the claim takes the permits of those tasks' one-shot jobs
+        (``ClaimBatch.held``) and leaves the jobs over their key's limit waiting
+        (``ClaimBatch.waited``). The Postgres mode and a cluster ignore it: their
+        limited jobs take their permits at the worker's gate.
 
         Raises:
             NotOwner: if this scheduler does not own ``shard``.
@@ -167,6 +174,8 @@ class Leases:
                 forget=forget,
                 prestart=prestart,
                 aging_ms=aging,
+                # The Postgres mode checks a claim after it (it may drop jobs): the gate.
+                limits=limits if self.pg is None else None,
             )
             received = time.monotonic()
             counters.claim_calls += 1

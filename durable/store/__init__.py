@@ -23,6 +23,7 @@ May import: ``tickwheel.durable.model``, ``tickwheel.wheel`` (for its timeout), 
 
 from __future__ import annotations
 
+from ._calls import ClaimLimits
 from ._codec import (
     KEY_FIELD,
     TIMEOUT_FIELD,
@@ -112,6 +113,7 @@ __all__ = [
     "TIMEOUT_FIELD",
     "TRACE_FIELD",
     "URL_ENV",
+    "ClaimLimits",
     "ClaimedRef",
     "Client",
     "EncodedJob",

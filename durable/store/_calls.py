@@ -9,12 +9,14 @@ Each ``*_call`` returns ``(keys, args)`` for one script call on one shard; each
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
 from tickwheel.durable.model import (
     JobInfo,
     JobState,
+    Limits,
     PostgresModeRequired,
     ScheduleResult,
     ScheduleStatus,
@@ -29,9 +31,11 @@ __all__ = [
     "ROUND_JOBS",
     "SCHEDULE_CHUNK_BYTES",
     "STATUSES",
+    "ClaimLimits",
     "ScheduleCall",
     "cancel_call",
     "cancel_result",
+    "claim_call",
     "flow_call",
     "get_call",
     "get_result",
@@ -128,6 +132,52 @@ def schedule_rounds(
     if current:
         rounds.append(current)
     return rounds
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimLimits:
+    """The flow limits a claim takes its limited jobs' permits by (claim.lua ARGV[7..];
+    docs/limits.md, "How a limited job runs"): a worker's limits of record of the tasks
+    with a concurrency and no rate. Only on one Redis, in the Redis-only mode.
+
+    Args:
+        hold_ms: a permit's length (the run's lease).
+        recheck_ms: a permit waiter's recheck bound (two leases).
+        tasks: task -> its limits (each with a concurrency and no rate).
+    """
+
+    hold_ms: int
+    recheck_ms: int
+    tasks: Mapping[str, Limits]
+    # ARGV[13..]: per task, its name, the start of its keys' names, its concurrency.
+    _tail: list[object] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        tail: list[object] = []
+        for task, lim in self.tasks.items():
+            tail += [task, f"{len(task)}:{task}:", lim.concurrency]  # as Keys.limit_keys
+        object.__setattr__(self, "_tail", tail)
+
+    def args(self, keys: Keys, shard: int) -> list[object]:
+        """claim.lua's ARGV[7..] for ``shard``."""
+        k = keys.shard(shard)
+        head = [self.hold_ms, self.recheck_ms, shard, f"{{{keys.namespace}:L:"]
+        return [*head, k.wakes, k.rechecks, *self._tail]
+
+
+def claim_call(
+    keys: Keys, shard: int, replies: tuple[str, str], args: Sequence[object],
+    limits: ClaimLimits | None,
+) -> Call:  # fmt: skip
+    """claim.lua on ``shard``: ``replies`` its reply key and the one to forget, ``args``
+    its ARGV[1..6], then ``limits``' (None: none)."""
+    k = keys.shard(shard)
+    head = [k.due, k.leased, k.done, k.epoch, k.clock, *replies, k.dead, k.far]
+    tail = [] if limits is None else limits.args(keys, shard)
+    return [*head, k.faro, k.paused, k.parked, k.parkedx, k.prio, k.waiting, *k.jobs], [
+        *args,
+        *tail,
+    ]
 
 
 def init_call(keys: Keys, postgres: bool = False) -> Call:

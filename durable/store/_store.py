@@ -238,6 +238,7 @@ class Store:
         forget: str | None = None,
         prestart: bool = False,
         aging_ms: int = 60_000,
+        limits: calls.ClaimLimits | None = None,
     ) -> ClaimBatch:
         """Lease jobs due by now + lookahead (claim.lua). O(limit log N).
 
@@ -251,34 +252,29 @@ class Store:
             prestart: the leases are pre-start leases (``lease_ms`` short): the reaper
                 returns one never started (no :meth:`extend`) at the same attempt.
             aging_ms: a job late by this much goes before any priority (-1: never).
+            limits: take these tasks' permits (not on a cluster; ``ClaimBatch.held``).
 
         Raises:
             Fenced: if ``epoch`` is stale.
             DurableError: if the reply is not claim.lua's (a msgpack array).
         """
-        k = self.keys.shard(shard)
         reply_key = self.keys.claim_reply(shard, token)
         forget_key = reply_key if forget is None else self.keys.claim_reply(shard, forget)
-        packed = await self.transport.run(
-            self._scripts.claim,
-            [
-                *(k.due, k.leased, k.done, k.epoch, k.clock, reply_key, forget_key, k.dead),
-                *(k.far, k.faro, k.paused, k.parked, k.parkedx, k.prio, k.waiting, *k.jobs),
-            ],
-            [epoch, lookahead_ms, limit, lease_ms, "1" if prestart else "", aging_ms],
-            shard,
-        )
+        args = [epoch, lookahead_ms, limit, lease_ms, "1" if prestart else "", aging_ms]
+        limits = None if self.transport.cluster else limits  # a cluster: the worker's gate
+        keys, args = calls.claim_call(self.keys, shard, (reply_key, forget_key), args, limits)
+        packed = await self.transport.run(self._scripts.claim, keys, args, shard)
         try:
             reply = unpack_reply(packed)
         except ValueError as exc:  # not claim.lua's reply: a script of another version?
             raise DurableError(f"claim on shard {shard}: {exc}") from None
-        # The rows, decoded here with _codec.py's pieces (its ground rules say why here): one
-        # slice and one construction per job, by position in CLAIM_JOB_FIELDS order (see there).
+        # The rows, decoded with _codec.py's pieces (see there): one slice and one Job a row.
         jobs: list[Job] = []
+        held: list[Job] = []  # the jobs whose permit the claim took (tag bit 2)
         append = jobs.append
         new, init, duplicate, short = new_job, init_job, DUPLICATE, CLAIM_SHORT_ROW
         timed, versioned = CLAIM_TIMED_ROW, CLAIM_VERSIONED_ROW
-        i, end = 3, len(reply)
+        i, end = 3 if limits is None else 4, len(reply)
         while i < end:
             (ident, due, deadline, tag, count, task, data, mx, flags, nominal, attempt) = reply[
                 i : i + 11
@@ -315,19 +311,23 @@ class Store:
                 0,  # next_due_ms
                 duplicate[tag & 1],  # duplicate
                 error,  # last_error
-                tag >> 1,  # bucket
+                tag >> 2,  # bucket
                 limit,  # timeout_ms
                 trace,  # trace
                 key,  # key
                 version,  # version
             )
             append(job)
+            if tag & 2:
+                held.append(job)
         return ClaimBatch(
             shard=shard,
             now_ms=int(reply[0]),
             jobs=jobs,
             dropped=int(reply[1]),
             parked=int(reply[2]),
+            waited=0 if limits is None else int(reply[3]),
+            held=held,
         )
 
     async def ack(

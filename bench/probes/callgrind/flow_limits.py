@@ -19,7 +19,10 @@ loaded before):
   the next waiter);
 - **the waiter's start**: woken.lua (woken and leased to the releasing worker in one
   call a shard) where the version has it; and, for every version, the older path: its
-  wake (waits.lua 'k'), a claim of each shard, and the permit taken again ('A').
+  wake (waits.lua 'k'), a claim of each shard, and the permit taken again ('A');
+- where the version has it (``ClaimLimits``), the claim that takes the permits itself
+  (one Redis): every job's claim with its permit taken or its wait written, then the
+  permits released, woken.lua and the acks as above.
 
 ``--durable-dir`` loads ``tickwheel.durable`` from another checkout's ``durable/``
 (bench/probes/_checkout.py), for a before/after.
@@ -40,7 +43,7 @@ CONCURRENCY = 4
 
 
 async def _count(server: TracedServer, jobs: int, keys: int) -> dict[str, float]:
-    from tickwheel.durable import JobSpec, Limits, Scheduler
+    from tickwheel.durable import JobSpec, Limits, Scheduler, store
     from tickwheel.durable.store import ACQUIRED, PERMIT_WAIT, member_of
     from tickwheel.durable.store._connect import client_from_url
     from tickwheel.durable.store._scripts import SCRIPT_NAMES
@@ -49,11 +52,17 @@ async def _count(server: TracedServer, jobs: int, keys: int) -> dict[str, float]
     client = client_from_url(f"redis://127.0.0.1:{server.port}")
     out: dict[str, float] = {}
     try:
-        for path in ("woken", "wake+claim+acquire"):
+        for path in ("woken", "wake+claim+acquire", "in the claim"):
             s = Scheduler(client, f"cg-{path[:5]}", shards=SHARDS, check=False)
             await s.open()
             calls: Any = s.store.limits
             if path == "woken" and not hasattr(calls, "claim_woken"):
+                continue
+            if path == "in the claim":
+                if not hasattr(store, "ClaimLimits"):
+                    continue
+                limits = store.ClaimLimits(30_000, 60_000, {"t": lim})
+                out.update(await _in_the_claim(server, s, limits, jobs, keys))
                 continue
             for name in SCRIPT_NAMES:  # loaded before: no figure counts a first load
                 await client.script_load(getattr(s.store._scripts, name).script)
@@ -108,6 +117,52 @@ async def _count(server: TracedServer, jobs: int, keys: int) -> dict[str, float]
             out["permit taken again"] = server.dump() / len(handed)
     finally:
         await client.aclose()
+    return out
+
+
+async def _in_the_claim(
+    server: TracedServer, s: Any, limits: Any, jobs: int, keys: int
+) -> dict[str, float]:
+    """The claim that takes the permits (this version, one Redis): each job's claim with
+    its permit taken or its wait written, then the releases, woken.lua and the acks."""
+    from tickwheel.durable import JobSpec
+    from tickwheel.durable.store import member_of
+    from tickwheel.durable.store._scripts import SCRIPT_NAMES
+
+    out: dict[str, float] = {}
+    calls: Any = s.store.limits
+    for name in SCRIPT_NAMES:
+        await s.store.client.script_load(getattr(s.store._scripts, name).script)
+    await calls.declare({"t": limits.tasks["t"]})
+    await s.schedule_many([JobSpec(f"j{i}", "t", key=f"k{i % keys}") for i in range(jobs)])
+    for shard in range(SHARDS):
+        await s.take(shard)
+    granted: list[Any] = []
+    waited = 0
+    server.zero()
+    for shard in range(SHARDS):
+        while True:
+            batch = await s.leases.claim(shard, limit=1000, lease=30.0, limits=limits)
+            if not batch.jobs and not batch.waited:
+                break
+            granted += batch.jobs
+            waited += batch.waited
+    out["claim taking its permit or writing its wait (any limited job)"] = server.dump() / jobs
+    lim = limits.tasks["t"]
+    releases = [("t", j.key, member_of(j), f"{j.epoch}:{j.attempt}", lim) for j in granted]
+    server.zero()
+    handed = [m for ms in await calls.release_many(releases, 30_000) for m in ms]
+    out["permit released (in the claim's path)"] = server.dump() / len(granted)
+    woken: dict[int, list[tuple[str, str]]] = {}
+    for member in handed:
+        text, _, job_id = member.partition("|")
+        woken.setdefault(int(text), []).append(("t", job_id))
+    server.zero()
+    for shard, items in woken.items():
+        epoch = s.ownership.owned[shard]
+        await calls.claim_woken(shard, epoch, items, 6000, token="cg2", prestart=True)
+    out["woken and leased (in the claim's path)"] = server.dump() / len(handed)
+    out["waited in the claim (share of the jobs)"] = waited / jobs
     return out
 
 

@@ -738,3 +738,147 @@ local function limit_wake(due_key, leased_key, counts_key, wakes_key, prio_key, 
   end
   return 0
 end
+
+-- A flow key's permits (docs/limits.md): the acquire of limits.lua, here so that claim.lua
+-- makes the same decision in the same keys when it takes its jobs' permits (one Redis
+-- only). The keys of one flow key (Keys.limit_keys): P permits ZSET member -> deadline,
+-- H holders HASH member -> "<epoch>:<attempt>" ('' handed), W waiters LIST, S starts
+-- ZSET, B booked ZSET (limits.lua's header). LIM is one call's state, set by lim_start:
+-- `now` (TIME in ms: this node's clock, never the shard's), `card` the counts of P
+-- (ZCARD) and W (LLEN) read once a call and kept as the call changes them (a
+-- redis.call is a few thousand Redis instructions), `expired` the P swept this call.
+local LIM = {}
+local function lim_start()
+  local t = redis.call('TIME')
+  LIM.now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  LIM.card, LIM.expired = {}, {}
+  return LIM.now
+end
+
+-- The count of K (count_cmd 'ZCARD' for P, 'LLEN' for W), read once a call.
+local function lim_card(K, count_cmd)
+  local n = LIM.card[K]
+  if not n then
+    n = redis.call(count_cmd, K)
+    LIM.card[K] = n
+  end
+  return n
+end
+
+-- Permits past their deadline (a worker killed or stalled past its lease) are freed
+-- (once per key a call: `now` does not move within it).
+local function lim_expire(P, H, W)
+  if LIM.expired[P] then return end
+  LIM.expired[P] = true
+  local card_n = LIM.card
+  local old = redis.call('ZRANGEBYSCORE', P, '-inf', LIM.now, 'LIMIT', 0, 100)
+  if #old > 0 then
+    local holders = redis.call('HMGET', H, unpack(old))
+    redis.call('ZREM', P, unpack(old))
+    redis.call('HDEL', H, unpack(old))
+    if card_n[P] then card_n[P] = card_n[P] - #old end
+    -- A permit handed to a waiter that never took it (its wake was lost, or it is
+    -- due still, unclaimed): the waiter goes back to the head of the waiters, in order.
+    for i = #old, 1, -1 do
+      if holders[i] == '' then
+        redis.call('LPUSH', W, old[i])
+        if card_n[W] then card_n[W] = card_n[W] + 1 end
+      end
+    end
+  end
+end
+
+-- The start time of the rate_n-th latest start or booking (the window's oldest one
+-- that counts), or nil when fewer than rate_n are left in the window.
+local function lim_nth_latest(S, B, rate_n)
+  local a = redis.call('ZREVRANGE', S, 0, rate_n - 1, 'WITHSCORES')
+  local b = redis.call('ZREVRANGE', B, 0, rate_n - 1, 'WITHSCORES')
+  if #a + #b < 2 * rate_n then return nil end
+  local all = {}
+  for i = 2, #a, 2 do all[#all + 1] = tonumber(a[i]) end
+  for i = 2, #b, 2 do all[#all + 1] = tonumber(b[i]) end
+  table.sort(all, function(x, y) return x > y end)
+  return all[rate_n]
+end
+
+-- The instant a full window's own starts leave room for one more: its rate_n-th latest
+-- start leaves it.
+local function lim_room_at(S, rate_n, rate_ms)
+  local a = redis.call('ZREVRANGE', S, rate_n - 1, rate_n - 1, 'WITHSCORES')
+  return tonumber(a[2]) + rate_ms + 1
+end
+
+-- Acquire m's permit for holder, held until now + hold: returns code, delay ({1, 0}
+-- granted; {2, 0} queued in W, waits for a permit; {3, delay} a start is booked for it
+-- in delay ms: limits.lua's 'a'). A member that gets a permit stays in the waiters if
+-- an old entry of it is there (a tombstone): the release that pops it skips it while
+-- it holds a permit.
+local function lim_acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, nominal)
+  local now, card_n = LIM.now, LIM.card
+  local have = false
+  if conc > 0 then
+    -- A key holding no permit has none past its deadline: no sweep (a fresh key's call).
+    if lim_card(P, 'ZCARD') > 0 then lim_expire(P, H, W) else LIM.expired[P] = true end
+    if rate_n == 0 and lim_card(P, 'ZCARD') < conc then
+      -- A grant without a rate: the holder is written by the call that tells whether
+      -- it had a permit already (handed to it, or its own: then only its holder and
+      -- deadline change).
+      if redis.call('HSETNX', H, m, holder) == 0 then
+        redis.call('HSET', H, m, holder)
+      else
+        card_n[P] = card_n[P] + 1
+      end
+      redis.call('ZADD', P, now + hold, m)
+      return 1, 0
+    end
+    local cur = redis.call('HGET', H, m)
+    if cur then
+      have = true  -- handed to it, or its own (a re-sent acquire, or a later attempt)
+    elseif lim_card(P, 'ZCARD') >= conc then
+      -- Queued in the order asked (a re-sent acquire queues it twice: its second entry
+      -- finds it holding a permit, or its wake finds it not waiting: 0).
+      redis.call('RPUSH', W, m)
+      if card_n[W] then card_n[W] = card_n[W] + 1 end
+      return 2, 0
+    end
+  end
+  local start_member = m .. '|' .. nominal
+  if rate_n > 0 then
+    redis.call('ZREMRANGEBYSCORE', S, '-inf', '(' .. (now - rate_ms))
+    redis.call('ZREMRANGEBYSCORE', B, '-inf', '(' .. (now - rate_ms))
+    local mine = string.match(nominal, '^[^|]*')
+    local book_member = m .. '|' .. mine
+    local booked = redis.call('ZSCORE', B, book_member)
+    if booked then redis.call('ZREM', B, book_member) end
+    local started = redis.call('ZSCORE', S, start_member)
+    if not started then
+      -- The window's own starts decide; bookings only place the waiters.
+      local full = redis.call('ZCOUNT', S, now - rate_ms, '+inf') >= rate_n
+      local at = nil
+      if booked then
+        -- It came for its booked start and the window is still full (the grants before
+        -- it lagged their bookings, or it fired a little early): it keeps its place,
+        -- booked again for its own start or, that passed, the instant the window's own
+        -- starts leave room; never behind the later bookings (that cost a whole window
+        -- per lag).
+        if full then at = math.max(tonumber(booked), lim_room_at(S, rate_n, rate_ms)) end
+      else
+        local nth = lim_nth_latest(S, B, rate_n)
+        if nth and nth + rate_ms + 1 > now then at = nth + rate_ms + 1 end
+        if full and not at then at = lim_room_at(S, rate_n, rate_ms) end
+      end
+      if at then
+        redis.call('ZADD', B, at, book_member)
+        if have then redis.call('ZADD', P, at + hold, m) end  -- kept for it meanwhile
+        return 3, at - now
+      end
+      redis.call('ZADD', S, now, start_member)
+    end
+  end
+  if conc > 0 then
+    redis.call('HSET', H, m, holder)
+    redis.call('ZADD', P, now + hold, m)
+    if not have then card_n[P] = lim_card(P, 'ZCARD') + 1 end
+  end
+  return 1, 0
+end

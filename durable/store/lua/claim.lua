@@ -22,11 +22,34 @@
 --                     before any priority, oldest first ('' or absent: 60000; negative:
 --                     no aging). Without priorities (KEYS[14] empty), jobs are claimed
 --                     in due order, as ever.
+-- ARGV[7..] the flow limits the claim takes the permits of (docs/limits.md, "How a
+--          limited job runs"): sent only on one Redis (never a Redis Cluster) and in
+--          the Redis-only mode, by a worker of this version ('' or absent: none, every
+--          limited job takes its permit at the worker's gate, limits.lua):
+--   ARGV[7] hold_ms    a permit's length (the run's lease); the deadline is
+--                      max(now, due) + hold_ms, the job's own lease's
+--   ARGV[8] recheck_ms a permit waiter's recheck bound (limit_wait's delay)
+--   ARGV[9] shard      this shard's number (a permit's member is "<shard>|<id>")
+--   ARGV[10] "{<ns>:L:" the flow keys' tag prefix (Keys.limit_keys)
+--   ARGV[11] wakes     {ns:s}:kwake  ARGV[12] rechecks {ns:s}:krecheck (waits.lua's)
+--   ARGV[13..] 3 per task with a concurrency and no rate: task, "<len>:<task>:" (the
+--              start of its keys' names), conc
+--   A one-shot job of such a task that the claim would lease takes its permit here,
+--   with limits.lua's own acquire (_lib.lua: lim_acquire) in its key's keys: granted,
+--   it is leased and its row's tag says so (below); over the limit it is not leased:
+--   it waits as waits.lua's op 'w' makes it (_lib.lua: limit_wait: field 18, its key's
+--   waiters, the waiting counts, the recheck timer) and is left out of the rows. The
+--   keys of the flow keys and ARGV[11..12] are not in KEYS: they are of other slots
+--   (the flow keys') or named here only. Redis checks neither outside a cluster, and
+--   the client never sends ARGV[7..] to a cluster.
 -- Returns: a msgpack array (one bulk string: it is kept as it is sent, below, and the
 --   client decodes it faster than Redis converts a Lua table of it to RESP):
---   {now, dropped, parked, then per job: id, due, deadline, tag, count, field_1 ..
---   field_count}: tag = dup + 2 * bucket, where bucket is the index from 0 of the job's
---   record hash among KEYS[16..], for the ack to send back, and dup is 0 or 1 (below);
+--   {now, dropped, parked, [waited,] then per job: id, due, deadline, tag, count,
+--   field_1 .. field_count}: waited (only with ARGV[7]) counts the jobs over their flow
+--   key's limit, left waiting; tag = dup + 2 * held + 4 * bucket, held 1 for a job
+--   whose permit the claim took (held by "<epoch>:<attempt>"), where bucket is the
+--   index from 0 of the job's record hash among KEYS[16..], for the ack to send back,
+--   and dup is 0 or 1 (below);
 --   count is 6 (task, payload, max, flags, nominal, attempt: the epoch is ARGV[1] and
 --   the rest are at their defaults) for a one-shot job with no error, no timeout of
 --   its own, no trace context and no flow key (a priority alone keeps it short); 7
@@ -71,7 +94,13 @@ else
   local aging = tonumber(ARGV[6] ~= '' and ARGV[6] or nil) or 60000
   hits, removed = prio_lanes(due_key, KEYS[14], now, horizon, limit, aging)
 end
-if #hits == 0 then return cmsgpack.pack({now, 0, 0}) end
+local lims = nil  -- task -> {its keys' name start, conc}: ARGV[7..]
+if (ARGV[7] or '') ~= '' then
+  lims = {}
+  for i = 13, #ARGV, 3 do lims[ARGV[i]] = {ARGV[i + 1], tonumber(ARGV[i + 2])} end
+end
+if #hits == 0 then return cmsgpack.pack(lims and {now, 0, 0, 0} or {now, 0, 0}) end
+if lims then batch_start() end  -- the waiting counts written once at the end
 -- The paused tasks: one EXISTS when none is (the common case).
 local paused, pause_all = nil, false
 if redis.call('EXISTS', KEYS[11]) == 1 then
@@ -157,8 +186,34 @@ for k = 1, count, CHUNK do
   local part = redis.call('ZMSCORE', done_key, unpack(members, k, math.min(k + CHUNK - 1, count)))
   for j = 1, #part do seen[k + j - 1] = part[j] end
 end
-local out = {now, 0, 0}
-local n, nz = 3, 0
+-- The permits of the limited jobs (ARGV[7..]): held[k] for a granted one. False: it
+-- is leased (granted, or not limited); true: it waits (queued in its key's waiters).
+local held, waited, keys_of = {}, 0, {}
+local function permit_waits(k, id, due)
+  local r, m = decoded[k], short[k]
+  local lim = lims[m and vals[6 * k - 5] or r[F_TASK]]
+  if not lim or (r and r[F_RKIND] ~= 0) then return false end  -- a recurring job: the gate
+  if not LIM.now then lim_start() end
+  local name = lim[1] .. (r and r[F_KEY] or '')
+  local ks = keys_of[name]
+  if not ks then
+    local tag = ARGV[10] .. string.sub(redis.sha1hex(name), 1, 8) .. '}'
+    ks = {tag .. ':p:' .. name, tag .. ':h:' .. name, tag .. ':q:' .. name,
+      tag .. ':s:' .. name, tag .. ':b:' .. name}
+    keys_of[name] = ks
+  end
+  local holder = ARGV[1] .. ':' .. format('%d', m and vals[6 * k] or r[F_ATTEMPT])
+  local hold = tonumber(ARGV[7]) + math.max(due - LIM.now, 0)
+  local code = lim_acquire(ks[1], ks[2], ks[3], ks[4], ks[5], ARGV[9] .. '|' .. id, holder,
+    lim[2], 0, 0, hold, '')
+  if code == 1 then
+    held[k] = true
+    return false
+  end
+  return true
+end
+local out = lims and {now, 0, 0, 0} or {now, 0, 0}
+local n, nz = #out, 0
 local parked, pz, px = 0, {}, {}
 local dropped = 0
 local gone, hset, zadd = {}, {}, {}
@@ -185,6 +240,20 @@ for k = 1, count do
     parked = parked + 1
     pz[2 * parked - 1], pz[2 * parked] = fmt(due), id
     px[2 * parked - 1], px[2 * parked] = '0', park_member(m and vals[6 * k - 5] or r[F_TASK], due, id)
+  elseif lims and permit_waits(k, id, dues[k]) then
+    -- Over its key's limit: given back unleased, to wait for a permit (waits.lua 'w').
+    local r = decoded[k]
+    if not r then
+      r = rec_decode(recs[k])
+      r[F_NOMINAL] = noms[k]
+    end
+    if BATCH.nowakes == nil then  -- the wakes kept, looked at once a call
+      redis.call('ZREMRANGEBYSCORE', ARGV[11], '-inf', '(' .. fmt(now))
+      BATCH.nowakes = redis.call('EXISTS', ARGV[11]) == 0
+    end
+    limit_wait(nil, due_key, KEYS[14], KEYS[15], ARGV[11], ARGV[12], key_of[k], id, r, now,
+      tonumber(ARGV[8]), true)
+    waited = waited + 1
   else
     local due = dues[k]
     local deadline = (due > now and due or now) + lease
@@ -194,7 +263,7 @@ for k = 1, count do
     zadd[nz + 1], zadd[nz + 2] = sdeadline, id
     nz = nz + 2
     out[n + 1], out[n + 2], out[n + 3] = id, due, deadline
-    out[n + 4] = (seen[k] and 1 or 0) + 2 * index_of[k]
+    out[n + 4] = (seen[k] and 1 or 0) + (held[k] and 2 or 0) + 4 * index_of[k]
     if m then
       local b = 6 * k
       -- Leased by appending (rec_tails): the defaults it lacks before the nominal, the
@@ -244,6 +313,10 @@ if parked > 0 then
   bulk('ZADD', KEYS[13], px)
 end
 out[2], out[3] = dropped, parked
+if lims then
+  out[4] = waited
+  counts_flush(KEYS[15])
+end
 local packed = cmsgpack.pack(out)
 if nz > 0 then redis.call('SET', KEYS[6], packed, 'PX', lease) end
 return packed

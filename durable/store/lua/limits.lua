@@ -49,68 +49,12 @@
 -- Re-sent safely: an acquire of a member that holds its permit is granted again (its
 -- deadline renewed), a queued one is queued twice (above: harmless); a release by a
 -- holder that no longer holds it frees nothing of another's.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- The acquire (lim_acquire), the count of a key's permits and waiters read once a call
+-- (lim_card) and the sweep of permits past their deadline (lim_expire) are _lib.lua's:
+-- claim.lua takes permits with them too (one Redis).
+local now = lim_start()
+local card_n = LIM.card
 local RECHECK_MAX = 200
-
--- Per key, within a call: how many permits are held (ZCARD of P) and how many waiters
--- are queued (LLEN of W, tombstones included), each read once and then kept as this
--- call changes them, so a batch's later jobs of a key read no count (callgrind: a
--- redis.call is a few thousand Redis instructions; docs/limits.md, "Costs"). The
--- waiters' count is read only for a key with several jobs in the call (nil: not
--- known; the calls that need it are made).
-local card_n = {}  -- key -> its count, kept (P and W: one table, their names differ)
-local function card(K, count_cmd)  -- count_cmd: 'ZCARD' (P) or 'LLEN' (W)
-  local n = card_n[K]
-  if not n then
-    n = redis.call(count_cmd, K)
-    card_n[K] = n
-  end
-  return n
-end
-
--- Permits past their deadline (a worker killed or stalled past its lease) are freed
--- (once per key a call: `now` does not move within it).
-local expired = {}
-local function expire(P, H, W)
-  if expired[P] then return end
-  expired[P] = true
-  local old = redis.call('ZRANGEBYSCORE', P, '-inf', now, 'LIMIT', 0, 100)
-  if #old > 0 then
-    local holders = redis.call('HMGET', H, unpack(old))
-    redis.call('ZREM', P, unpack(old))
-    redis.call('HDEL', H, unpack(old))
-    if card_n[P] then card_n[P] = card_n[P] - #old end
-    -- A permit handed to a waiter that never took it (its wake was lost, or it is
-    -- due still, unclaimed): the waiter goes back to the head of the waiters, in order.
-    for i = #old, 1, -1 do
-      if holders[i] == '' then
-        redis.call('LPUSH', W, old[i])
-        if card_n[W] then card_n[W] = card_n[W] + 1 end
-      end
-    end
-  end
-end
-
--- The start time of the rate_n-th latest start or booking (the window's oldest one
--- that counts), or nil when fewer than rate_n are left in the window.
-local function nth_latest(S, B, rate_n)
-  local a = redis.call('ZREVRANGE', S, 0, rate_n - 1, 'WITHSCORES')
-  local b = redis.call('ZREVRANGE', B, 0, rate_n - 1, 'WITHSCORES')
-  if #a + #b < 2 * rate_n then return nil end
-  local all = {}
-  for i = 2, #a, 2 do all[#all + 1] = tonumber(a[i]) end
-  for i = 2, #b, 2 do all[#all + 1] = tonumber(b[i]) end
-  table.sort(all, function(x, y) return x > y end)
-  return all[rate_n]
-end
-
--- The instant a full window's own starts leave room for one more: its rate_n-th latest
--- start leaves it.
-local function room_at(S, rate_n, rate_ms)
-  local a = redis.call('ZREVRANGE', S, rate_n - 1, rate_n - 1, 'WITHSCORES')
-  return tonumber(a[2]) + rate_ms + 1
-end
 
 -- Release m's permit if holder holds it, then hand the free ones to the first waiters:
 -- appended to out (their members); how many were.
@@ -120,8 +64,8 @@ local function release(P, H, W, m, holder, conc, hold, out)
     local r = redis.call('ZREM', P, m)
     if card_n[P] then card_n[P] = card_n[P] - r end
   end
-  expire(P, H, W)
-  local n = card(P, 'ZCARD')
+  lim_expire(P, H, W)
+  local n = lim_card(P, 'ZCARD')
   local cap = conc
   if conc < 0 then cap = n + RECHECK_MAX end  -- no concurrency limit of record any more
   local handed = 0
@@ -146,77 +90,6 @@ local function release(P, H, W, m, holder, conc, hold, out)
   -- Holders left without a permit (none in a consistent key) go with the last permit.
   if n == 0 then redis.call('DEL', P, H) end
   return handed
-end
-
--- Acquire m's permit: code, delay (as the header's 'a'). A member that gets a permit
--- stays in the waiters if an old entry of it is there (a tombstone): the release that
--- pops it skips it while it holds a permit.
-local function acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, nominal)
-  local have = false
-  if conc > 0 then
-    expire(P, H, W)
-    if rate_n == 0 and card(P, 'ZCARD') < conc then
-      -- A grant without a rate: the holder is written by the call that tells whether
-      -- it had a permit already (handed to it, or its own: then only its holder and
-      -- deadline change).
-      if redis.call('HSETNX', H, m, holder) == 0 then
-        redis.call('HSET', H, m, holder)
-      else
-        card_n[P] = card_n[P] + 1
-      end
-      redis.call('ZADD', P, now + hold, m)
-      return 1, 0
-    end
-    local cur = redis.call('HGET', H, m)
-    if cur then
-      have = true  -- handed to it, or its own (a re-sent acquire, or a later attempt)
-    elseif card(P, 'ZCARD') >= conc then
-      -- Queued in the order asked (a re-sent acquire queues it twice: its second entry
-      -- finds it holding a permit, or its wake finds it not waiting: 0).
-      redis.call('RPUSH', W, m)
-      if card_n[W] then card_n[W] = card_n[W] + 1 end
-      return 2, 0
-    end
-  end
-  local start_member = m .. '|' .. nominal
-  if rate_n > 0 then
-    redis.call('ZREMRANGEBYSCORE', S, '-inf', '(' .. (now - rate_ms))
-    redis.call('ZREMRANGEBYSCORE', B, '-inf', '(' .. (now - rate_ms))
-    local mine = string.match(nominal, '^[^|]*')
-    local book_member = m .. '|' .. mine
-    local booked = redis.call('ZSCORE', B, book_member)
-    if booked then redis.call('ZREM', B, book_member) end
-    local started = redis.call('ZSCORE', S, start_member)
-    if not started then
-      -- The window's own starts decide; bookings only place the waiters.
-      local full = redis.call('ZCOUNT', S, now - rate_ms, '+inf') >= rate_n
-      local at = nil
-      if booked then
-        -- It came for its booked start and the window is still full (the grants before
-        -- it lagged their bookings, or it fired a little early): it keeps its place,
-        -- booked again for its own start or, that passed, the instant the window's own
-        -- starts leave room; never behind the later bookings (that cost a whole window
-        -- per lag).
-        if full then at = math.max(tonumber(booked), room_at(S, rate_n, rate_ms)) end
-      else
-        local nth = nth_latest(S, B, rate_n)
-        if nth and nth + rate_ms + 1 > now then at = nth + rate_ms + 1 end
-        if full and not at then at = room_at(S, rate_n, rate_ms) end
-      end
-      if at then
-        redis.call('ZADD', B, at, book_member)
-        if have then redis.call('ZADD', P, at + hold, m) end  -- kept for it meanwhile
-        return 3, at - now
-      end
-      redis.call('ZADD', S, now, start_member)
-    end
-  end
-  if conc > 0 then
-    redis.call('HSET', H, m, holder)
-    redis.call('ZADD', P, now + hold, m)
-    if not have then card_n[P] = card(P, 'ZCARD') + 1 end
-  end
-  return 1, 0
 end
 
 -- The recheck of one key ('K'): appended to out as the header says.
@@ -247,13 +120,13 @@ if op == 'A' or op == 'R' or op == 'K' then
     local rate_n, rate_ms = tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
     local P, H, W, S, B = KEYS[g + 1], KEYS[g + 2], KEYS[g + 3], KEYS[g + 4], KEYS[g + 5]
     g, i = g + 5, i + 4
-    if c > 1 and conc > 0 and op ~= 'K' then card(W, 'LLEN') end  -- count its waiters once
+    if c > 1 and conc > 0 and op ~= 'K' then lim_card(W, 'LLEN') end  -- count its waiters once
     for _ = 1, c do
       local m, holder = ARGV[i], ARGV[i + 1]
       if op == 'K' then
         recheck(P, H, W, conc, hold, out)
       elseif op == 'A' then
-        local code, delay = acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold,
+        local code, delay = lim_acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold,
           ARGV[i + 2])
         out[#out + 1] = code
         out[#out + 1] = delay
@@ -299,5 +172,5 @@ if op == 'r' then
 end
 
 -- op 'a': acquire.
-local code, delay = acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, ARGV[8])
+local code, delay = lim_acquire(P, H, W, S, B, m, holder, conc, rate_n, rate_ms, hold, ARGV[8])
 return {code, delay}
