@@ -19,7 +19,16 @@ from limits_support import peaks_by_key, runs
 from pg_support import migrated, pg_scheduler
 from spill_support import SINK_ENV, running_worker, until
 
-from tickwheel.durable import Job, JobSpec, JobState, Limits, Scheduler, Worker
+from tickwheel.durable import (
+    Job,
+    JobSpec,
+    JobState,
+    Limits,
+    Scheduler,
+    TaskContext,
+    TaskRegistry,
+    Worker,
+)
 from tickwheel.durable.runtime._limiter import Limiter
 from tickwheel.durable.servers._redis import RedisClusterServer, RedisServer
 from tickwheel.durable.store import ClaimLimits, LimitCalls, member_of
@@ -269,40 +278,46 @@ async def _until_count(client: Any, prefix: str, n: int, within: float) -> bool:
 def test_a_worker_hands_back_its_unstarted_jobs_with_their_permits(
     redis_server: RedisServer,
 ) -> None:
-    """Jobs claimed a lookahead early hold their permits in the wheel; a worker that
-    stops hands them back to due and frees those permits at once (not at their
-    deadline, a lease later): the key's waiter is handed one."""
+    """Three jobs of one key at concurrency 2, due now, on a worker with one slot: the
+    claim leases two holding their permits (one runs, one waits for the slot) and leaves
+    the third waiting for a permit. A worker that stops hands the unstarted one back to
+    due and frees its permit at once (not at its deadline, a lease later): the key's
+    waiter is handed it. The run in progress keeps its permit until it ends."""
 
     async def main() -> None:
-        os.environ[SINK_ENV] = redis_server.url
-        from limits_support import registry
+        go = asyncio.Event()
+        started: list[str] = []
+        reg = TaskRegistry()
+
+        @reg.task(name="keyed", concurrency=2)
+        async def keyed(ctx: TaskContext) -> None:
+            started.append(ctx.job_id)
+            await go.wait()
 
         async with open_scheduler(redis_server.url, shards=1) as s:
-            prefix = s.keys.namespace
-            base = await s.now()
-            await s.schedule_many(
-                JobSpec(f"j{i}", "keyed", {"sink": prefix}, key="m", at=base + 4000)
-                for i in range(3)
-            )
-            settings = {**FAST, "lookahead": 6.0, "lease": 30.0}
-            async with running_worker(s, registry, **settings) as w:
-                await _started(w)
-                counts: list[tuple[int, int, int]] = []
-
-                async def claimed() -> bool:
-                    counts.append(await _key_counts(s, "keyed", "m"))
-                    return counts[-1] == (2, 0, 1)
-
-                deadline = asyncio.get_running_loop().time() + 10
-                while not await claimed():
-                    assert asyncio.get_running_loop().time() < deadline, counts[-1]
+            await s.schedule_many(JobSpec(f"j{i}", "keyed", key="m") for i in range(3))
+            settings = {**FAST, "lease": 30.0, "max_running": 1}
+            worker = Worker(s, reg, **settings)
+            task = asyncio.ensure_future(worker.run())
+            try:
+                assert await until(lambda: len(started) == 1, 10)
+                assert await _key_counts(s, "keyed", "m") == (2, 0, 1)
+                worker.stop()  # the running handler is waited for; j-unstarted goes back
+                loop = asyncio.get_running_loop()
+                deadline = loop.time() + 10
+                while await _key_counts(s, "keyed", "m") != (1, 1, 0):
+                    assert loop.time() < deadline, await _key_counts(s, "keyed", "m")
                     await asyncio.sleep(0.02)
-            # Freed at once, not at their deadline 30 s on: one went to the waiter j2.
-            assert await _key_counts(s, "keyed", "m") == (0, 1, 0)
-            for i in range(2):
-                info = await s.get(f"j{i}")
-                assert info is not None and info.state is JobState.DUE
-            assert not await runs(client_of(s), prefix)
+                states = {i: await s.get(f"j{i}") for i in range(3)}
+                others = [info for i, info in states.items() if f"j{i}" not in started]
+                assert [info is not None and info.state for info in others] == [
+                    JobState.DUE,
+                    JobState.DUE,
+                ]
+            finally:
+                go.set()
+                await task
+            assert len(started) == 1  # nothing else started meanwhile
 
     run(main())
 

@@ -26,16 +26,16 @@
 --          limited job runs"): sent only on one Redis (never a Redis Cluster) and in
 --          the Redis-only mode, by a worker of this version ('' or absent: none, every
 --          limited job takes its permit at the worker's gate, limits.lua):
---   ARGV[7] hold_ms    a permit's length (the run's lease); the deadline is
---                      max(now, due) + hold_ms, the job's own lease's
+--   ARGV[7] hold_ms    a permit's length (the run's lease): its deadline is now +
+--                      hold_ms, the job's own lease's (only a job due now takes one)
 --   ARGV[8] recheck_ms a permit waiter's recheck bound (limit_wait's delay)
 --   ARGV[9] shard      this shard's number (a permit's member is "<shard>|<id>")
 --   ARGV[10] "{<ns>:L:" the flow keys' tag prefix (Keys.limit_keys)
 --   ARGV[11] wakes     {ns:s}:kwake  ARGV[12] rechecks {ns:s}:krecheck (waits.lua's)
 --   ARGV[13..] 3 per task with a concurrency and no rate: task, "<len>:<task>:" (the
 --              start of its keys' names), conc
---   A one-shot job of such a task that the claim would lease takes its permit here,
---   with limits.lua's own acquire (_lib.lua: lim_acquire) in its key's keys: granted,
+--   A one-shot job of such a task, due now, that the claim would lease takes its permit
+--   here,--   with limits.lua's own acquire (_lib.lua: lim_acquire) in its key's keys: granted,
 --   it is leased and its row's tag says so (below); over the limit it is not leased:
 --   it waits as waits.lua's op 'w' makes it (_lib.lua: limit_wait: field 18, its key's
 --   waiters, the waiting counts, the recheck timer) and is left out of the rows. The
@@ -193,6 +193,11 @@ local function permit_waits(k, id, due)
   local r, m = decoded[k], short[k]
   local lim = lims[m and vals[6 * k - 5] or r[F_TASK]]
   if not lim or (r and r[F_RKIND] ~= 0) then return false end  -- a recurring job: the gate
+  -- A job claimed ahead of its due (the lookahead) takes its permit at the gate, when it
+  -- fires: a permit is never held before its job is due, so a key's later claims of
+  -- jobs due sooner are not kept waiting behind it, and a permit outlives its holder's
+  -- death by one lease at most.
+  if due > now then return false end
   if not LIM.now then lim_start() end
   local name = lim[1] .. (r and r[F_KEY] or '')
   local ks = keys_of[name]
@@ -203,9 +208,8 @@ local function permit_waits(k, id, due)
     keys_of[name] = ks
   end
   local holder = ARGV[1] .. ':' .. format('%d', m and vals[6 * k] or r[F_ATTEMPT])
-  local hold = tonumber(ARGV[7]) + math.max(due - LIM.now, 0)
   local code = lim_acquire(ks[1], ks[2], ks[3], ks[4], ks[5], ARGV[9] .. '|' .. id, holder,
-    lim[2], 0, 0, hold, '')
+    lim[2], 0, 0, tonumber(ARGV[7]), '')
   if code == 1 then
     held[k] = true
     return false
