@@ -17,13 +17,17 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
+import asyncpg
 import pytest
 from durable_support import client_of, push_clock, run
 from pg_support import migrated, pg_scheduler, rows
 from test_pg_behind import _held_writes  # the same hold on the write behind
+from test_pg_keyed import _entries_read, _filled
 
 from tickwheel.durable import JobState, Scheduler
+from tickwheel.durable.postgres import _writes
 from tickwheel.durable.servers._redis import RedisServer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -220,5 +224,106 @@ def test_a_late_write_after_a_reaper_return_is_written_back_at_its_attempt(
             assert (again.attempt, again.nominal_ms) == (2, job.nominal_ms)
             assert await b.ack_many([again]) == [True]
             assert (await _row(pg_url, ns, "x"))[:3] == (1, 2, job.nominal_ms)
+
+    run(main())
+
+
+def test_a_late_write_after_a_redis_loss_does_not_undo_a_recurring_jobs_retry(
+    private_redis: RedisServer, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recurring job's occurrence is retried to attempt 2 with a 30 s backoff; Redis
+    loses everything and the late write (attempt 1 of that occurrence) lands. It is
+    removed unrun; the relays write the row back as the retried occurrence (its
+    recurrence kept), which runs as attempt 2 and moves the row to the next occurrence."""
+
+    async def main() -> None:
+        async with _late_write(
+            private_redis.url, pg_url, monkeypatch, max_attempts=3, every=60
+        ) as (a, b, go_on):
+            ns = b.keys.namespace
+            await b.take(0)
+            (job,) = (await b.claim(0, limit=10)).jobs
+            assert job.attempt == 1 and job.recurrence is not None
+            assert await b.retry(job, "boom", delay=30) is JobState.DUE
+            run_ms = (await _row(pg_url, ns, "x"))[3]
+            await _lose_redis_then_land(a, b, go_on)
+            await b.take(0)
+            batch = await b.claim(0, limit=10)
+            assert batch.jobs == [] and batch.dropped == 1
+            assert await b.relay() == 1
+            back = await b.get("x")
+            assert back is not None and (back.attempt, back.when_ms) == (2, run_ms)
+            await push_clock(b, 0, 31_000)
+            (again,) = (await b.claim(0, limit=10)).jobs
+            assert (again.attempt, again.nominal_ms) == (2, job.nominal_ms)
+            assert again.recurrence is not None
+            assert await b.ack_many([again]) == [True]
+            assert (await _row(pg_url, ns, "x"))[:3] == (0, 1, job.nominal_ms + 60_000)
+            assert await _done(pg_url, ns, "x") == [job.nominal_ms]
+
+    run(main())
+
+
+def test_the_claim_check_reads_one_key_per_id_and_keeps_what_is_not_behind(
+    pg_url: str,
+) -> None:
+    """The seven-argument check on a namespace of 4,000 rows never analyzed reads about
+    one index entry per id (test_pg_keyed's bound), and names as stale exactly the
+    entries behind their row: a dead row, a higher attempt, a later occurrence, an
+    older version. Entries at their row's state, or ahead of it (a higher attempt, a
+    later occurrence, a newer version: Redis ahead), and done occurrences are not."""
+
+    async def main() -> None:
+        await migrated(pg_url)
+        conn = await asyncpg.connect(pg_url)
+        ns = "check-" + str(time.time_ns())
+        try:
+            filled = await _filled(conn, ns)
+            pending, done = filled[1:100:2], filled[0:100:2]
+            ids = [i for i, _ in pending]
+            # Five rows moved on: dead, retried to attempt 3, at a later occurrence.
+            await conn.execute(
+                "UPDATE tickwheel_jobs SET state = 2 WHERE ns = $1 AND id = $2", ns, ids[0]
+            )
+            await conn.execute(
+                "UPDATE tickwheel_jobs SET attempt = 3, run_ms = due_ms + 1"
+                " WHERE ns = $1 AND id = ANY($2::text[])",
+                ns,
+                ids[1:3],
+            )
+            await conn.execute(
+                "UPDATE tickwheel_jobs SET due_ms = due_ms + 60000 WHERE ns = $1 AND id = $2",
+                ns,
+                ids[3],
+            )
+            vers = {
+                r[0]: int(r[1])
+                for r in await conn.fetch(
+                    "SELECT id, version FROM tickwheel_jobs WHERE ns = $1", ns
+                )
+            }
+            nominals = [d for _, d in pending]
+            versions = [vers[i] for i in ids]
+            attempts = [1] * len(ids)
+            attempts[2] = 3  # at its row's attempt
+            attempts[4] = 2  # ahead of its row (attempt 1)
+            versions[5] -= 1  # older than its row
+            versions[6] += 1  # newer than its row: Redis ahead
+            nominals[7] += 1  # a later occurrence than its row's: Redis ahead
+            versions[8] = 0  # no version (a writer of the previous release): compared
+            all_ids = ids + [i for i, _ in done]
+            cols = (versions + [vers[i] for i, _ in done], attempts + [1] * len(done))
+            all_noms = nominals + [d for _, d in done]
+
+            async def check(c: Any) -> None:
+                found_done, gone = await _writes.claim_check(
+                    c, ns, 0, 1, ids=all_ids, nominals=all_noms, cols=cols
+                )
+                assert found_done == set(range(len(ids), len(all_ids)))
+                assert gone == {0, 1, 3, 5}
+
+            assert await _entries_read(conn, "tickwheel_jobs_pkey", check) <= 4 * len(all_ids)
+        finally:
+            await conn.close()
 
     run(main())
