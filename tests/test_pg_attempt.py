@@ -56,19 +56,23 @@ async def _done(pg_url: str, ns: str, job_id: str) -> list[int]:
 
 @asynccontextmanager
 async def _late_write(
-    redis_url: str, pg_url: str, monkeypatch: pytest.MonkeyPatch, **kwargs: object
+    redis_url: str,
+    pg_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    at_ms: int = -1000,
+    **kwargs: object,
 ) -> AsyncIterator[tuple[Scheduler, Scheduler, asyncio.Event]]:
-    """Scheduler A commits job x (due a second ago) and its write behind is held; B's
-    relay indexes x from the outbox. Yields (A, B, go_on): set go_on to let A's write
-    land (then await ``A.pg.behind.settled()``)."""
+    """Scheduler A commits job x (due ``at_ms`` from now: a second ago) and its write
+    behind is held; B's relay indexes x from the outbox. Yields (A, B, go_on): set
+    go_on to let A's write land (then await ``A.pg.behind.settled()``)."""
     await migrated(pg_url)
     async with (
         pg_scheduler(redis_url, pg_url, shards=1) as a,
         pg_scheduler(redis_url, pg_url, a.keys.namespace, shards=1) as b,
     ):
         started, go_on = _held_writes(monkeypatch)
-        now = int(time.time() * 1000)
-        await a.schedule("x", "t", b"v", at=now - 1000, **kwargs)  # type: ignore[arg-type]
+        at = int(time.time() * 1000) + at_ms
+        await a.schedule("x", "t", b"v", at=at, **kwargs)  # type: ignore[arg-type]
         await asyncio.wait_for(started.wait(), 10)
         assert await b.relay() >= 1  # x indexed from its outbox row
         yield a, b, go_on
@@ -323,7 +327,51 @@ def test_the_claim_check_reads_one_key_per_id_and_keeps_what_is_not_behind(
                 assert gone == {0, 1, 3, 5}
 
             assert await _entries_read(conn, "tickwheel_jobs_pkey", check) <= 4 * len(all_ids)
+
+            async def previous(c: Any) -> None:  # a worker of the previous release
+                six = await _writes.claim_check(
+                    c, ns, 0, 1, ids=all_ids, nominals=all_noms, cols=cols[:1]
+                )
+                five = await _writes.claim_check(c, ns, 0, 1, ids=all_ids, nominals=all_noms)
+                assert six[1] == {5} and five[1] == set()  # versions only (0012), none (0006)
+                assert six[0] == five[0] == set(range(len(ids), len(all_ids)))
+
+            await _entries_read(conn, "tickwheel_jobs_pkey", previous)
         finally:
             await conn.close()
+
+    run(main())
+
+
+def test_a_late_write_after_a_redis_loss_does_not_run_a_skipped_occurrence(
+    private_redis: RedisServer, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recurring job (every 60 s, missed runs skipped) first due 150 s ago: its first
+    claim runs it as its latest occurrence (the row moves there first) and skips the two
+    before. Redis loses everything and the late write (the first occurrence) lands: its
+    claim runs nothing (the same plan, an occurrence done), and neither skipped
+    occurrence ever runs; the next one runs once."""
+
+    async def main() -> None:
+        async with _late_write(
+            private_redis.url, pg_url, monkeypatch, -150_000, every=60, missed="skip"
+        ) as (a, b, go_on):
+            ns = b.keys.namespace
+            first = (await _row(pg_url, ns, "x"))[2]
+            await b.take(0)
+            (job,) = (await b.claim(0, limit=10)).jobs
+            assert job.nominal_ms == first + 120_000
+            assert await b.ack_many([job]) == [True]
+            nxt = first + 180_000
+            assert (await _row(pg_url, ns, "x"))[:3] == (0, 1, nxt)
+            await _lose_redis_then_land(a, b, go_on)
+            await b.take(0)
+            assert (await b.claim(0, limit=10)).jobs == []  # nothing runs again
+            assert (await _row(pg_url, ns, "x"))[:3] == (0, 1, nxt)
+            await push_clock(b, 0, nxt - await b.store.now(0) + 100)
+            (job,) = (await b.claim(0, limit=10)).jobs
+            assert job.nominal_ms == nxt
+            assert await b.ack_many([job]) == [True]
+            assert await _done(pg_url, ns, "x") == [first + 120_000, nxt]
 
     run(main())
