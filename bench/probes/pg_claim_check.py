@@ -16,7 +16,8 @@ loaded) and, for ``claim-ack``, a private redis-server.
   (``pg_stat_statements``).
 - ``claim-ack``: ``--jobs`` due jobs in the Postgres mode (one ``schedule_many``), then
   claims of 100 with one ``ack_many`` each until none is left; per job: wall time, this
-  process's CPU, PostgreSQL's execution time. ``--durable-dir``: another checkout's
+  process's CPU, PostgreSQL's execution time (and the claim check's part of it).
+  ``--durable-dir``: another checkout's
   ``durable/`` (``bench/probes/_checkout.py``); run the two in turns.
 """
 
@@ -124,7 +125,7 @@ async def _claim_ack(jobs: int, rounds: int) -> None:
         try:
             await migrate(conn)
             await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
-            got: list[tuple[float, float, float]] = []
+            got: list[tuple[float, ...]] = []
             for r in range(rounds + 1):  # the first round warms up, not counted
                 client = client_from_url(redis_server.url)
                 sched = Scheduler(client, f"c{r}", shards=1, check=False, postgres_url=pg.url)
@@ -137,20 +138,26 @@ async def _claim_ack(jobs: int, rounds: int) -> None:
                     cpu, wall = time.process_time(), time.perf_counter()
                     assert await claim_ack_rounds(sched, 1) == jobs
                     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-                    server = await conn.fetchval(
-                        "SELECT coalesce(sum(total_exec_time), 0) FROM pg_stat_statements"
+                    stats = await conn.fetch(
+                        "SELECT query, total_exec_time FROM pg_stat_statements"
                         " WHERE query NOT LIKE '%pg_stat_statements%'"
                     )
+                    server = sum(float(q[1]) for q in stats)
+                    check = sum(float(q[1]) for q in stats if "claim_check" in q[0])
                     if r:
-                        got.append((wall / jobs * 1e6, cpu / jobs * 1e6, server / jobs * 1e3))
+                        per = (wall, cpu, server / 1e3, check / 1e3)
+                        got.append(tuple(v / jobs * 1e6 for v in per))
                 finally:
                     await sched.close()
                     await client.aclose()
         finally:
             await conn.close()
-    med = [statistics.median(g[k] for g in got) for k in range(3)]
+    med = [statistics.median(g[k] for g in got) for k in range(4)]
     print(f"claim (100) + ack of {jobs} jobs, {rounds} rounds, medians per job:")
-    print(f"  wall {med[0]:.1f} us   CPU {med[1]:.1f} us   PG exec {med[2]:.1f} us")
+    print(
+        f"  wall {med[0]:.1f} us   CPU {med[1]:.1f} us   PG exec {med[2]:.1f} us"
+        f" (of which the claim check {med[3]:.2f} us)"
+    )
 
 
 def main() -> None:

@@ -26,14 +26,13 @@
 -- Redis, except for writers of the previous release), and an occurrence done already
 -- (acked unrun, as before).
 --
--- Same key lookups per id as 0012's: the row's state, due, attempt and version are
--- read from the tuple its primary-key lookup finds, and the done lookup is made in the
--- same pass over the ids (0012 called tickwheel_claimed() for it, then filtering the
--- stale entries against its result would be quadratic in a batch of done occurrences).
--- The epoch is recorded and checked first, as tickwheel_claimed() does (0007 calls it
--- with no ids for that). Measured against the six-argument function, alternated on one
--- PostgreSQL (bench/probes/pg_claim_check.py): see docs/postgres.md. The five- and
--- six-argument functions stay as they are, for workers of the previous release.
+-- Same key lookup per id as 0012's body, which this one restates: the row's state,
+-- due, attempt and version are read from the tuple its primary-key lookup finds. An
+-- occurrence done already is reported done, not stale (its entry is acked unrun, as
+-- before): the stale positions less the done ones, a hashed EXCEPT, only when a claim
+-- has both. Measured against the six-argument function (bench/probes/pg_claim_check.py):
+-- see docs/postgres.md. The five- and six-argument functions stay as they are, for
+-- workers of the previous release.
 
 CREATE FUNCTION tickwheel_claim_check(
     p_ns text, p_shard integer, p_epoch bigint, p_ids text[], p_nominals bigint[],
@@ -41,34 +40,34 @@ CREATE FUNCTION tickwheel_claim_check(
 RETURNS TABLE (pos integer, gone boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_done    bigint[];
+    v_done    integer[];
     v_missing text[];
     v_stale   bigint[];
 BEGIN
-    -- The epoch, as tickwheel_claimed() records and checks it (no ids: 0007 does so).
-    PERFORM * FROM tickwheel_claimed(p_ns, p_shard, p_epoch, '{}', '{}');
-    -- One pass over the ids, a key lookup each in tickwheel_done and tickwheel_jobs:
-    -- the occurrences done already, the ids with no row, the entries behind their row.
-    SELECT array_agg(c.k) FILTER (WHERE d.hit IS NOT NULL),
-           array_agg(c.id ORDER BY c.id COLLATE "C") FILTER (WHERE x.version IS NULL),
+    -- The epoch, and the occurrences done already, as tickwheel_claimed() has them.
+    SELECT array_agg(c.pos) INTO v_done
+        FROM tickwheel_claimed(p_ns, p_shard, p_epoch, p_ids, p_nominals) AS c(pos);
+    -- One key lookup per id (0010): the ids with no row, and the entries behind their
+    -- row (stale: taken out unrun as the gone ones are).
+    SELECT array_agg(c.id ORDER BY c.id COLLATE "C") FILTER (WHERE x.version IS NULL),
            array_agg(c.k) FILTER (
-               WHERE d.hit IS NULL AND x.version IS NOT NULL AND (
-                   (c.ver > 0 AND c.ver < x.version)
+               WHERE (c.ver > 0 AND c.ver < x.version)
                    OR ((c.ver = 0 OR c.ver = x.version) AND (
                        x.state <> 0
                        OR x.due_ms > c.nominal
-                       OR (x.due_ms = c.nominal AND x.attempt > c.att)))))
-        INTO v_done, v_missing, v_stale
+                       OR (x.due_ms = c.nominal AND x.attempt > c.att))))
+        INTO v_missing, v_stale
         FROM unnest(p_ids, p_nominals, p_versions, p_attempts) WITH ORDINALITY
              AS c(id, nominal, ver, att, k)
-        LEFT JOIN LATERAL (SELECT 1 AS hit FROM tickwheel_done dn
-                           WHERE dn.ns = p_ns AND dn.id = c.id AND dn.nominal_ms = c.nominal
-                           OFFSET 0) AS d ON true
         LEFT JOIN LATERAL (SELECT j.version, j.state, j.due_ms, j.attempt
                            FROM tickwheel_jobs j
                            WHERE j.ns = p_ns AND j.id = c.id OFFSET 0) AS x ON true;
     IF v_done IS NOT NULL THEN
-        RETURN QUERY SELECT s.k::integer, false FROM unnest(v_done) AS s(k);
+        RETURN QUERY SELECT d.pos, false FROM unnest(v_done) AS d(pos);
+        IF v_stale IS NOT NULL THEN  -- done wins: acked unrun (a hashed EXCEPT)
+            SELECT array_agg(s.k) INTO v_stale
+                FROM (SELECT unnest(v_stale) EXCEPT SELECT unnest(v_done)) AS s(k);
+        END IF;
     END IF;
     IF v_stale IS NOT NULL THEN
         RETURN QUERY SELECT s.k::integer, true FROM unnest(v_stale) AS s(k);
