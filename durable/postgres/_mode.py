@@ -28,10 +28,8 @@ from typing import Any, Protocol
 from tickwheel.durable.model import (
     ClaimBatch,
     Fenced,
-    Job,
     JobSpec,
     JobState,
-    PostgresUnavailable,
     RedisUnavailable,
     ScheduleResult,
     ScheduleStatus,
@@ -41,13 +39,14 @@ from tickwheel.durable.store import ClaimedRef, EncodedJob, Keys, Store
 from . import _pauses, _replacing, _writes
 from ._behind import REDIS_BATCH as _REDIS_BATCH
 from ._behind import IndexBehind
+from ._claimed import after_claim
 from ._clock import warn_of_skew
 from ._drivers import async_connection
 from ._enqueue import encode_jobs, first_run, needs_now, sorted_by_id
 from ._enqueue import results as enqueue_results
 from ._errors import stored_epoch
 from ._pg_store import MAX_LOCKED, PgStore
-from ._relay import reindex, relay_loop
+from ._relay import relay_loop
 from ._rows import PgJob, encode_pg_job, redis_job
 
 __all__ = ["DEFAULT_RECONCILE_PAGE", "DEFAULT_RELAY_INTERVAL", "PostgresMode", "ReconcileResult"]
@@ -315,57 +314,16 @@ class PostgresMode:
     async def after_claim(self, sched: RedisSide, batch: ClaimBatch, epoch: int) -> ClaimBatch:
         """Record the epoch in PostgreSQL; ack unrun what PostgreSQL has done already,
         and take out of Redis unrun the jobs PostgreSQL has no row for (cancelled while
-        a producer or a reconcile was still writing them to Redis) or a newer version
-        of (a late write: a pending row is indexed again). Both count as ``dropped``.
+        a producer or a reconcile was still writing them to Redis) or a row ahead of (a
+        late write: an older version, a dead or done row, a later occurrence or a
+        higher attempt; a pending row is indexed again, from its state). Both count as
+        ``dropped`` (``_claimed.py``).
 
         Raises:
             Fenced: if PostgreSQL holds a higher epoch (Redis lost its epochs): the
                 Redis epoch is lifted above it first, so the next take is current.
         """
-        if not batch.jobs:
-            return batch
-        shard, claimed = batch.shard, batch.jobs
-        try:
-            noms, vers = [j.nominal_ms for j in claimed], [j.version for j in claimed]
-            done, gone = await self.store.claimed(shard, epoch, [j.id for j in claimed], noms, vers)
-        except Fenced as exc:
-            with contextlib.suppress(RedisUnavailable):
-                await sched.store.raise_epoch(shard, stored_epoch(exc))
-            raise
-        except PostgresUnavailable:
-            # Hand the batch back unrun (no attempt spent): without PostgreSQL nothing
-            # can be acked, and a long outage must not run jobs out of attempts.
-            refs = [ClaimedRef(j.id, j.attempt, j.nominal_ms, j.due_ms) for j in batch.jobs]
-            with contextlib.suppress(RedisUnavailable, Fenced):
-                await sched.store.release(shard, epoch, refs)
-            raise
-        if not done and not gone:
-            return batch
-        for k in sorted(gone):  # leased by this claim: nobody else moves them meanwhile
-            await sched.store.cancel(shard, batch.jobs[k].id)
-        if gone:
-            await reindex(self.store, [batch.jobs[k].id for k in gone])  # a stale one's row
-            logger.warning(
-                "%d claimed job(s) without a PostgreSQL row, or older than it, removed unrun"
-                " from shard %d (cancelled, a late write, or written to Redis by a producer"
-                " without postgres_url)",
-                len(gone),
-                shard,
-            )
-        dups = [j for k, j in enumerate(batch.jobs) if k in done and k not in gone]
-        if dups:
-            refs = [self._ref(j) for j in dups]
-            await sched.store.ack(shard, epoch, refs, sched.dedup_window_ms)
-        jobs = [j for k, j in enumerate(batch.jobs) if k not in done and k not in gone]
-        dropped = batch.dropped + len(batch.jobs) - len(jobs)
-        return dataclasses.replace(batch, jobs=jobs, dropped=dropped)
-
-    @staticmethod
-    def _ref(job: Job) -> ClaimedRef:
-        nxt = job.next_due_ms
-        if not nxt and job.recurrence is not None:
-            nxt = job.recurrence.next_after(job.nominal_ms, job.nominal_ms)
-        return ClaimedRef(job.id, job.attempt, job.nominal_ms, nxt)
+        return await after_claim(self.store, sched, batch, epoch)
 
     async def before_reap(
         self,

@@ -343,13 +343,13 @@ class PgStore:
     # -- workers -------------------------------------------------------------------
 
     async def claimed(
-        self, shard: int, epoch: int, ids: Sequence[str], nominals: Sequence[int], vers: Any = ()
+        self, shard: int, epoch: int, ids: Sequence[str], nominals: Sequence[int], *cols: Any
     ) -> tuple[set[int], set[int]]:
         """Record ``epoch`` as the shard's (it only moves up) and return the 0-based
         positions of the claimed occurrences that are done already, and of those whose
-        job has no row (cancelled: not to be run) or, given the entries' versions
-        ``vers``, a newer one (stale, 0012). An id without a row is looked at again once
-        no replace of it is still committing (0006).
+        job has no row (cancelled: not to be run) or, given the entries' versions and
+        attempts (``cols``), a row ahead of them (stale: 0012, 0013). An id without a row
+        is looked at again once no replace of it is still committing (0006).
 
         Raises:
             Fenced: if PostgreSQL holds a higher epoch for the shard (its stored epoch
@@ -357,7 +357,7 @@ class PgStore:
         """
         async with self._held(self._wline, shard) as c:  # as schedule's (_line.py)
             return await _writes.claim_check(
-                c, self.namespace, shard, epoch, ids=ids, nominals=nominals, versions=vers
+                c, self.namespace, shard, epoch, ids=ids, nominals=nominals, cols=cols
             )
 
     async def ack(self, shard: int, epoch: int, refs: Sequence[ClaimedRef]) -> list[int]:

@@ -36,11 +36,15 @@ logger = logging.getLogger("tickwheel.durable")
 
 # Oldest first, skipping rows another relay holds; ``live``: the job is still pending at
 # the outbox row's due (else there is nothing to write: gone, or moved on since);
-# ``mark``: a cancel mark (due -1, ``cancel(conn=)``), resolved by :func:`marks`.
+# ``mark``: a cancel mark (due -1, ``cancel(conn=)``), resolved by :func:`marks`. A
+# retried row (run_ms set) is written from its columns, as reconcile writes it: at its
+# attempt and run time (0013: so that its entry is not behind the row at its claim).
 _TAKE_OUTBOX = """
 SELECT o.seq, o.id, o.due_ms, j.shard, j.record,
        coalesce(j.state = 0 AND j.due_ms = o.due_ms, false) AS live, o.due_ms < 0 AS mark,
-       j.version
+       j.version, j.run_ms, j.attempt, j.task,
+       CASE WHEN j.run_ms <> 0 THEN j.payload END AS payload, j.json_payload,
+       j.max_attempts, j.rkind, j.rspec, j.policy, j.max_catch_up, j.grace_ms
 FROM (SELECT seq, id, due_ms FROM tickwheel_outbox
       WHERE ns = $1 ORDER BY seq LIMIT $2
       FOR UPDATE SKIP LOCKED) o
@@ -64,7 +68,11 @@ async def take_outbox(conn: Any, ns: str, limit: int) -> list[OutboxRow]:
     return [
         OutboxRow(
             int(r[0]),
-            redis_job(r[1], int(r[2]), bytes(r[4]), int(r[7])) if r[5] else None,
+            None
+            if not r[5]
+            else retried_job(r)
+            if r[8]
+            else redis_job(r[1], int(r[2]), bytes(r[4]), int(r[7])),
             int(r[3]) if r[3] is not None else -1,
             r[1] if r[6] else "",
         )

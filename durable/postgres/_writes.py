@@ -318,12 +318,17 @@ async def claim_check(
     *,
     ids: Sequence[str],
     nominals: Sequence[int],
-    versions: Sequence[int] = (),
+    cols: Sequence[Sequence[int]] = (),
 ) -> tuple[set[int], set[int]]:
     """``tickwheel_claim_check``: the 0-based positions done already, and gone (no row;
-    or, with the entries' ``versions``, migration 0012, a row of a newer version)."""
+    given ``cols``, the entries' versions, migration 0012, a row of a newer version;
+    and their attempts, 0013, a row dead or done, or at a later occurrence or a higher
+    attempt)."""
     args = [ns, shard, epoch, list(ids), list(nominals)]
-    if any(versions):  # entries of the previous release's writers have none
+    versions, attempts = (*cols, (), ())[:2]
+    if attempts:  # 0013: every entry compared with its row's state
+        args += [list(versions) or [0] * len(ids), list(attempts)]
+    elif any(versions):  # entries of the previous release's writers have none
         args.append(list(versions))
     places = ", ".join(f"${n}" for n in range(1, len(args) + 1))
     rows = await conn.fetch(f"SELECT pos, gone FROM tickwheel_claim_check({places})", *args)
