@@ -8,9 +8,11 @@ One private redis-server for the section; each measurement flushes it first
    Worker, a no-op task, without limits and with ``concurrency=4`` (the order
    alternates between repeats). Figure: limited jobs/s over unlimited (the issue's
    target: at least 0.5x). Two shapes, all the jobs due at once in both: 10 a key
-   (``jobs / 10`` keys: 6 of each key's 10 wait once for a permit, the waiting path's
-   cost) and 5 a key (``jobs / 5`` keys: 1 of 5 waits, closer to limits that are a
-   cap the load reaches now and then).
+   (``jobs / 10`` keys) and 5 a key (``jobs / 5`` keys). How many of them wait for a
+   permit depends on where the permits are taken: at the worker's gate (a cluster,
+   the Postgres mode, the release before 2026-12-06) 6 of each key's 10 wait once,
+   and 1 of 5; in the claim (one Redis, the Redis-only mode: docs/limits.md) a claim
+   leases a shard's due jobs spread over the keys, and few wait.
 2. **release latency**: one key, ``concurrency=1``, ``limits_release_jobs`` due at once:
    the time from a run's end to the next run's start, p50 and p99. Figures against
    the issue's target of a 5 ms p99 (a constant, not a peer: above 1 means under it).
@@ -125,7 +127,7 @@ async def _section(plan: Plan, progress: Progress, checks: Checks) -> dict[str, 
     figures = [
         Figure(
             SECTION,
-            "claim+run+ack, concurrency=4, 10 a key (60 % wait once)",
+            "claim+run+ack, concurrency=4, 10 a key due at once",
             "limits off",
             "jobs/s",
             "higher",
@@ -136,7 +138,7 @@ async def _section(plan: Plan, progress: Progress, checks: Checks) -> dict[str, 
         Figure(SECTION, "Redis memory per waiting job, 40 a key", "a pending job", "B", "lower"),
         Figure(
             SECTION,
-            "claim+run+ack, concurrency=4, 5 a key (20 % wait once)",
+            "claim+run+ack, concurrency=4, 5 a key due at once",
             "limits off",
             "jobs/s",
             "higher",
